@@ -1,0 +1,115 @@
+"""
+Checkpoints: one safetensors file per checkpoint, never pickle.
+
+`<name>.safetensors` holds the model weights (keys `model.*`), optionally the optimizer's tensors (`optim.<i>.<name>`)
+and any extra state tensors such as RNG states (`state.<name>`), and in its header, as JSON, everything else: the model
+config, the script's `vars(args)`, the step, metrics and the optimizer's hyper-parameters. Because it is one file written
+to a temp name and renamed over the old one (`os.replace` is atomic on POSIX), a crash while saving leaves the previous
+checkpoint intact, and weights and metadata can never disagree. A `<name>.json` sidecar repeats the metadata for humans
+(and `jq`); loading reads only the safetensors file.
+"""
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from model import GPT, GPTConfig
+
+FORMAT = "nanorlvr-1"
+
+
+def atomic_write_text(path, text):
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def save_checkpoint(path, model, *, args=None, step=0, metrics=None, optimizer=None, state=None):
+    """Write `path` (a .safetensors file) atomically. state: dict name -> tensor (e.g. generator.get_state())."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model = getattr(model, "module", model)  # unwrap DDP
+    sd = model.state_dict()
+    if model.config.tie_embeddings:
+        sd.pop("lm_head.weight")  # the same storage as wte.weight; safetensors refuses shared tensors
+    tensors = {"model." + k: v.detach().contiguous().cpu() for k, v in sd.items()}
+    groups = None
+    if optimizer is not None:
+        osd = optimizer.state_dict()
+        for i, st in osd["state"].items():
+            for name, t in st.items():
+                tensors[f"optim.{i}.{name}"] = t.detach().contiguous().cpu()
+        groups = osd["param_groups"]
+    for name, t in (state or {}).items():
+        tensors["state." + name] = t.detach().contiguous().cpu()
+    meta = {"format": FORMAT, "config": asdict(model.config), "args": args or {}, "step": step,
+            "metrics": metrics or {}, "optimizer_groups": groups}
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata={"nanorlvr": json.dumps(meta)})
+    os.replace(tmp, path)
+    atomic_write_text(path.with_suffix(".json"), json.dumps(meta, indent=2) + "\n")
+
+
+def read_checkpoint(path):
+    """-> (tensors: dict name -> tensor, meta: dict). A clear ValueError naming the file on any problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: checkpoint file not found")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            header = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:
+        raise ValueError(f"{path}: not a readable safetensors checkpoint ({e})") from None
+    if "nanorlvr" not in header:
+        raise ValueError(f"{path}: safetensors file without nanoRLVR metadata (an HF model? pass its directory)")
+    meta = json.loads(header["nanorlvr"])
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{path}: checkpoint format {meta.get('format')!r}, expected {FORMAT!r}")
+    return tensors, meta
+
+
+def _model_state(tensors):
+    return {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+
+
+def load_model(path, device="cpu"):
+    """Build the model a checkpoint describes and load its weights -> (model, meta)."""
+    tensors, meta = read_checkpoint(path)
+    model = GPT(GPTConfig(**meta["config"]))
+    load_weights(model, tensors, path)
+    return model.to(device), meta
+
+
+def load_weights(model, tensors, path):
+    sd = _model_state(tensors)
+    result = model.load_state_dict(sd, strict=False)
+    allowed = {"lm_head.weight"} if model.config.tie_embeddings else set()
+    if set(result.missing_keys) - allowed or result.unexpected_keys:
+        raise ValueError(f"{path}: weights do not fit this model (missing {result.missing_keys[:4]}, "
+                         f"unexpected {result.unexpected_keys[:4]}); was it saved with another config?")
+
+
+def resume(path, model, optimizer=None):
+    """Load weights, optimizer and extra state from `path` into existing objects -> (meta, state tensors)."""
+    tensors, meta = read_checkpoint(path)
+    model = getattr(model, "module", model)
+    if meta["config"] != asdict(model.config):
+        raise ValueError(f"{path}: checkpoint config {meta['config']} differs from the model's {asdict(model.config)}")
+    load_weights(model, tensors, path)
+    if optimizer is not None:
+        if meta["optimizer_groups"] is None:
+            raise ValueError(f"{path}: no optimizer state to resume from")
+        state = {}
+        for k, v in tensors.items():
+            if k.startswith("optim."):
+                _, i, name = k.split(".", 2)
+                state.setdefault(int(i), {})[name] = v
+        optimizer.load_state_dict({"state": state, "param_groups": meta["optimizer_groups"]})
+    extra = {k[len("state."):]: v for k, v in tensors.items() if k.startswith("state.")}
+    return meta, extra

@@ -1,0 +1,140 @@
+"""Prepare text-game data (like nanoGPT's data/*/prepare.py).
+
+    python data/textgame/prepare.py                      # simulator splits -> data/textgame/{train,val,test}.jsonl
+    python data/textgame/prepare.py --n_train 5000 --seed 1 --out_dir /tmp/tg
+    python data/textgame/prepare.py --bytesized32=IN.jsonl --out=OUT.jsonl   # convert real ByteSized32 records
+
+Simulator splits come from data/textgame/simulator.py (see its docstring for the world, the held-out
+combination and the statistics). Files are written atomically (a temporary file, then os.replace), so an
+interrupted run never leaves a half-written split that `ensure_splits` would then trust.
+
+ByteSized32 conversion follows RLVR-World's "full" state-prediction task: the input is the state before the
+action (`current_state.objects` + `current_score_state`) and the action (`tick_state.lastAction`); the target
+is the state after the action AND the world's tick (`tick_state.objects` + `next_score_state`). Objects
+keep only name, uuid, type, properties and contains; the text fields (observation, look, ...) are dropped.
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from data.textgame.simulator import generate_split  # noqa: E402
+from data.textgame.task import compact, is_changed  # noqa: E402
+
+DATA_DIR = Path(__file__).resolve().parent
+DEFAULT_SIZES = {"train": 20000, "val": 500, "test": 1000}
+OBJECT_KEYS = ("name", "uuid", "type", "properties", "contains")
+SCORE_KEYS = ("score", "gameOver", "gameWon")
+
+
+def write_jsonl(records: list[dict], path) -> None:
+    """Write records, one compact JSON per line, atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for record in records:
+                f.write(compact(record) + "\n")
+        os.chmod(tmp, 0o644)  # mkstemp creates files readable by the owner only
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def summary(name: str, records: list[dict]) -> str:
+    changed = sum(map(is_changed, records))
+    return f"{name}: {len(records)} records, {changed} changed ({changed / max(len(records), 1):.1%})"
+
+
+def ensure_splits(data_dir=DATA_DIR, n_train: int = DEFAULT_SIZES["train"], n_val: int = DEFAULT_SIZES["val"],
+                  n_test: int = DEFAULT_SIZES["test"], seed: int = 0, verbose: bool = True) -> dict[str, Path]:
+    """Paths of train/val/test.jsonl in data_dir, generating the ones that are missing."""
+    data_dir = Path(data_dir)
+    paths = {}
+    for split, n in (("train", n_train), ("val", n_val), ("test", n_test)):
+        paths[split] = data_dir / f"{split}.jsonl"
+        if not paths[split].exists():
+            records = generate_split(split, n, seed)
+            write_jsonl(records, paths[split])
+            if verbose:
+                print(f"wrote {paths[split]}  " + summary(split, records))
+    return paths
+
+
+def _state(objects, score, where: str, key: str) -> dict:
+    if not isinstance(objects, list) or not isinstance(score, dict):
+        raise ValueError(f"{where}: '{key}' has no objects list or no score object")
+    kept = []
+    for obj in objects:
+        if not isinstance(obj, dict) or any(k not in obj for k in OBJECT_KEYS):
+            raise ValueError(f"{where}: an object in '{key}' lacks one of {list(OBJECT_KEYS)}")
+        kept.append({k: obj[k] for k in OBJECT_KEYS})
+    return {"objects": kept, "score": {k: score[k] for k in SCORE_KEYS}}
+
+
+def convert_record(raw: dict, where: str = "record") -> dict:
+    """One ByteSized32-State-Prediction record -> our record format ("full" task)."""
+    try:
+        return {"game": raw["game"],
+                "state": _state(raw["current_state"]["objects"], raw["current_score_state"], where, "current_state"),
+                "action": raw["tick_state"]["lastAction"],
+                "next_state": _state(raw["tick_state"]["objects"], raw["next_score_state"], where, "tick_state")}
+    except (KeyError, TypeError) as e:
+        problem = f"missing key {e}" if isinstance(e, KeyError) else str(e)
+        raise ValueError(f"{where}: not a ByteSized32 state-prediction record ({problem})") from None
+
+
+def convert_bytesized32(in_path, out_path) -> list[dict]:
+    """Convert a ByteSized32-State-Prediction .jsonl file; ValueError naming the file and line."""
+    in_path = Path(in_path)
+    records = []
+    with open(in_path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{in_path}:{lineno}"
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: invalid JSON ({e.msg})") from None
+            if not isinstance(raw, dict):
+                raise ValueError(f"{where}: a record must be a JSON object")
+            records.append(convert_record(raw, where))
+    if not records:
+        raise ValueError(f"{in_path}: no records (empty file)")
+    write_jsonl(records, out_path)
+    return records
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--n_train", type=int, default=DEFAULT_SIZES["train"])
+    parser.add_argument("--n_val", type=int, default=DEFAULT_SIZES["val"])
+    parser.add_argument("--n_test", type=int, default=DEFAULT_SIZES["test"])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out_dir", default=str(DATA_DIR), help="where the simulator splits go")
+    parser.add_argument("--bytesized32", help="convert this ByteSized32-State-Prediction .jsonl instead")
+    parser.add_argument("--out", help="output .jsonl of the conversion (with --bytesized32)")
+    args = parser.parse_args(argv)
+    if args.bytesized32:
+        if not args.out:
+            parser.error("--bytesized32 needs --out")
+        records = convert_bytesized32(args.bytesized32, args.out)
+        print(f"wrote {args.out}  " + summary("bytesized32", records))
+        return
+    for split, n in (("train", args.n_train), ("val", args.n_val), ("test", args.n_test)):
+        records = generate_split(split, n, args.seed)
+        path = Path(args.out_dir) / f"{split}.jsonl"
+        write_jsonl(records, path)
+        print(f"wrote {path}  " + summary(split, records))
+
+
+if __name__ == "__main__":
+    main()

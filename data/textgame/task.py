@@ -1,0 +1,109 @@
+"""The text-game state-prediction task: records, diffs, and the text the model reads and writes.
+
+A record is one transition of a text game (one JSON object per line of a .jsonl file):
+
+    {"game": "cook-egg",
+     "state":      {"objects": [...], "score": {"score": 0, "gameOver": false, "gameWon": false}},
+     "action":     "put egg in pot",
+     "next_state": {"objects": [...], "score": {...}}}
+
+Each object is {"name": "pot (ID: 3)", "uuid": 3, "type": "Pot", "properties": {...},
+"contains": ["egg (ID: 4)"]}, the schema of ByteSized32-State-Prediction, so our simulator's records and
+converted ByteSized32 records (data/textgame/prepare.py) go through the same code.
+
+Like RLVR-World (and the "diff" setting of the GPT-simulator paper), the model does not write the whole
+next state: it writes a *difference* {"modified": [full next-state objects that are new or changed],
+"removed": [uuids of objects that disappeared], "score": next score, or {} when the score is unchanged}.
+About half of all transitions change nothing, and their answer is then the short
+{"modified":[],"removed":[],"score":{}}. rewards.apply_diff merges a diff back into the state.
+
+Two objects are "the same" when their properties are equal and they contain the same objects in any order
+(the order of `contains` carries no meaning, as in the GPT-simulator evaluation). Names and types never
+change in practice and are not compared, again as in that evaluation.
+
+The prompt is kept small on purpose, because it is what a tiny model has to read: compact JSON
+(no spaces), and the object keys in the order the data has them (no sorting, so the model always sees
+name, uuid, type, properties, contains in that order). The end-of-sequence token is added by the training
+code, not here.
+"""
+import json
+from pathlib import Path
+
+RECORD_KEYS = ("game", "state", "action", "next_state")
+
+
+def compact(obj) -> str:
+    """JSON without spaces, keys in their given order."""
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def _check_state(state, where: str, key: str) -> None:
+    if not isinstance(state, dict) or not isinstance(state.get("objects"), list) \
+            or not isinstance(state.get("score"), dict):
+        raise ValueError(f"{where}: '{key}' must be an object with an 'objects' list and a 'score' object")
+    for obj in state["objects"]:
+        if not isinstance(obj, dict) or not {"uuid", "properties", "contains"} <= obj.keys():
+            raise ValueError(f"{where}: every object in '{key}' needs 'uuid', 'properties' and 'contains'")
+
+
+def load_records(path) -> list[dict]:
+    """Read a .jsonl file of records; ValueError naming the file and line for anything malformed."""
+    path = Path(path)
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: invalid JSON ({e.msg})") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{where}: a record must be a JSON object")
+            missing = [k for k in RECORD_KEYS if k not in record]
+            if missing:
+                raise ValueError(f"{where}: record is missing key(s) {missing}")
+            _check_state(record["state"], where, "state")
+            _check_state(record["next_state"], where, "next_state")
+            records.append(record)
+    if not records:
+        raise ValueError(f"{path}: no records (empty file)")
+    return records
+
+
+def same_object(a: dict, b: dict) -> bool:
+    """Equal properties, and the same contents in any order."""
+    return a["properties"] == b["properties"] and sorted(a["contains"]) == sorted(b["contains"])
+
+
+def make_diff(state: dict, next_state: dict) -> dict:
+    """The answer the model must produce: what changed from `state` to `next_state`.
+
+    `modified` keeps next_state's object order and holds full objects (new ones included);
+    `removed` lists uuids in state's order; `score` is the next score only if it changed.
+    """
+    before = {obj["uuid"]: obj for obj in state["objects"]}
+    after_uuids = {obj["uuid"] for obj in next_state["objects"]}
+    modified = [obj for obj in next_state["objects"]
+                if obj["uuid"] not in before or not same_object(before[obj["uuid"]], obj)]
+    removed = [obj["uuid"] for obj in state["objects"] if obj["uuid"] not in after_uuids]
+    score = next_state["score"] if next_state["score"] != state["score"] else {}
+    return {"modified": modified, "removed": removed, "score": score}
+
+
+def is_changed(record: dict) -> bool:
+    """Whether the transition changes any object or the score."""
+    diff = make_diff(record["state"], record["next_state"])
+    return bool(diff["modified"] or diff["removed"] or diff["score"])
+
+
+def prompt_text(record: dict) -> str:
+    """What the model reads: the game, the current state, the action, then the cue 'diff:'."""
+    return (f"game:{record['game']}\nstate:{compact(record['state'])}\n"
+            f"action:{record['action']}\ndiff:")
+
+
+def target_text(record: dict) -> str:
+    """What the model must write after the prompt (without the end-of-sequence token)."""
+    return compact(make_diff(record["state"], record["next_state"]))

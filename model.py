@@ -1,0 +1,415 @@
+"""
+One GPT for every task in nanoRLVR: a decoder-only transformer that covers two families.
+
+- GPT-2 style: LayerNorm (with bias), learned absolute positions, GELU (tanh) MLP, biases everywhere, tied embeddings.
+- Llama / Qwen2 style: RMSNorm, rotary positions (RoPE, theta configurable), SwiGLU MLP, grouped-query attention
+  (n_kv_head < n_head), optional q/k/v bias (Qwen2 has it, Llama does not), tied or untied output embedding.
+
+Design choices, for the student:
+- q, k and v live in one fused Linear (`c_attn`) and SwiGLU's gate and up projections in one (`c_fc`): one matmul
+  instead of three or two, which matters on small CPUs. `from_pretrained` concatenates HF's separate tensors.
+- Training batches are right-padded (pads only ever sit after the real tokens), so training needs no attention mask.
+  Generation left-pads prompts of different lengths to a common length and gives each row its own positions, so a
+  row's logits do not depend on what it was batched with; a padding mask keeps real tokens from attending to pads.
+- `generate` keeps a preallocated KV cache per layer and returns log-probs of the sampled tokens under the sampling
+  distribution (temperature / top-k / top-p applied), which at T=1 without filtering equal the model's own log-probs,
+  the "old" log-probs GRPO needs.
+"""
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 1024
+    block_size: int = 1024          # longest sequence (learned positions / RoPE table size)
+    n_layer: int = 4
+    n_head: int = 4
+    n_kv_head: int | None = None    # < n_head: grouped-query attention; default n_head
+    n_embd: int = 128
+    head_dim: int | None = None     # default n_embd // n_head
+    mlp_hidden: int | None = None   # default 4 * n_embd
+    norm: str = "rmsnorm"           # "layernorm" | "rmsnorm"
+    norm_eps: float = 1e-5
+    pos: str = "rope"               # "learned" | "rope"
+    rope_theta: float = 10000.0
+    mlp: str = "swiglu"             # "gelu" | "swiglu"
+    bias: bool = False              # bias on every Linear and LayerNorm (GPT-2)
+    qkv_bias: bool = False          # bias on q, k, v only (Qwen2)
+    tie_embeddings: bool = True
+
+    def __post_init__(self):
+        assert self.norm in ("layernorm", "rmsnorm"), f"norm must be layernorm|rmsnorm, got {self.norm!r}"
+        assert self.pos in ("learned", "rope"), f"pos must be learned|rope, got {self.pos!r}"
+        assert self.mlp in ("gelu", "swiglu"), f"mlp must be gelu|swiglu, got {self.mlp!r}"
+        self.n_kv_head = self.n_kv_head or self.n_head
+        assert self.n_head % self.n_kv_head == 0, "n_head must be a multiple of n_kv_head"
+        self.head_dim = self.head_dim or self.n_embd // self.n_head
+        self.mlp_hidden = self.mlp_hidden or 4 * self.n_embd
+
+    @staticmethod
+    def gpt2(**kw):
+        return GPTConfig(**{**dict(norm="layernorm", pos="learned", mlp="gelu", bias=True, tie_embeddings=True), **kw})
+
+    @staticmethod
+    def llama(**kw):
+        return GPTConfig(**{**dict(norm="rmsnorm", pos="rope", mlp="swiglu", bias=False), **kw})
+
+
+# -----------------------------------------------------------------------------
+# building blocks, bottom up
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def make_norm(config):
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.n_embd, config.norm_eps)
+    return nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
+
+
+def rope_tables(head_dim, length, theta):
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)  # (length, head_dim/2)
+    angles = torch.cat([angles, angles], dim=-1)                                 # (length, head_dim)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    # x: (B, nh, T, hd); cos/sin: (B, 1, T, hd). HF's "rotate half" layout: pairs are (i, i + hd/2).
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        qkv_out = (config.n_head + 2 * config.n_kv_head) * config.head_dim
+        self.c_attn = nn.Linear(config.n_embd, qkv_out, bias=config.bias or config.qkv_bias)
+        self.c_proj = nn.Linear(config.n_head * config.head_dim, config.n_embd, bias=config.bias)
+
+    def forward(self, x, rope, mask, cache, layer):
+        B, T, _ = x.size()
+        hd, nh, nkv = self.head_dim, self.n_head, self.n_kv_head
+        q, k, v = self.c_attn(x).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+        q = q.view(B, T, nh, hd).transpose(1, 2)    # (B, nh, T, hd)
+        k = k.view(B, T, nkv, hd).transpose(1, 2)   # (B, nkv, T, hd)
+        v = v.view(B, T, nkv, hd).transpose(1, 2)   # (B, nkv, T, hd)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if cache is not None:
+            k, v = cache.update(layer, k, v)        # (B, nkv, T_past + T, hd)
+        if nkv != nh:
+            k = k.repeat_interleave(nh // nkv, dim=1)  # (B, nh, T_all, hd)
+            v = v.repeat_interleave(nh // nkv, dim=1)
+        if mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        y = y.transpose(1, 2).contiguous().view(B, T, nh * hd)  # (B, T, nh*hd)
+        return self.c_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.swiglu = config.mlp == "swiglu"
+        self.c_fc = nn.Linear(config.n_embd, (2 if self.swiglu else 1) * config.mlp_hidden, bias=config.bias)
+        self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)
+
+    def forward(self, x):
+        h = self.c_fc(x)
+        if self.swiglu:
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        else:
+            h = F.gelu(h, approximate="tanh")  # GPT-2's "gelu_new"
+        return self.c_proj(h)
+
+
+class Block(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1, self.attn = make_norm(config), Attention(config)
+        self.ln_2, self.mlp = make_norm(config), MLP(config)
+
+    def forward(self, x, rope, mask, cache, layer):
+        x = x + self.attn(self.ln_1(x), rope, mask, cache, layer)
+        return x + self.mlp(self.ln_2(x))
+
+
+class KVCache:
+    """Preallocated keys and values for every layer: (B, n_kv_head, max_len, head_dim) each; `length` is filled."""
+
+    def __init__(self, config, batch, max_len, device, dtype):
+        shape = (batch, config.n_kv_head, max_len, config.head_dim)
+        self.k = [torch.empty(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.length = 0
+
+    def update(self, layer, k, v):
+        T, end = k.size(2), self.length + k.size(2)
+        self.k[layer][:, :, self.length:end] = k
+        self.v[layer][:, :, self.length:end] = v
+        if layer == len(self.k) - 1:
+            self.length = end
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+
+# -----------------------------------------------------------------------------
+# the model
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.block_size, config.n_embd) if config.pos == "learned" else None
+        self.h = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+        self.ln_f = make_norm(config)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
+        if config.pos == "rope":
+            cos, sin = rope_tables(config.head_dim, config.block_size, config.rope_theta)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # GPT-2's scaled init of the residual projections
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_params(self, non_embedding=True):
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.wte.weight.numel() + (self.wpe.weight.numel() if self.wpe is not None else 0)
+        return n
+
+    def flops_per_token(self, T):
+        """Training FLOPs per token (forward + backward) at sequence length T, as in the PaLM paper's appendix B."""
+        c = self.config
+        return 6 * self.num_params(non_embedding=True) + 6 * c.vocab_size * c.n_embd + 12 * c.n_layer * c.n_head * c.head_dim * T
+
+    def _run(self, idx, pos, mask=None, cache=None):
+        # idx, pos: (B, T) long; mask: None (causal) or (B, 1, T, T_all) bool, True = may attend
+        x = self.wte(idx)                                    # (B, T, C)
+        rope = None
+        if self.wpe is not None:
+            x = x + self.wpe(pos)
+        else:
+            rope = (self.rope_cos[pos].unsqueeze(1).to(x.dtype), self.rope_sin[pos].unsqueeze(1).to(x.dtype))  # (B, 1, T, hd)
+        for i, block in enumerate(self.h):
+            x = block(x, rope, mask, cache, i)
+        return self.lm_head(self.ln_f(x))                    # (B, T, vocab)
+
+    def forward(self, idx, targets=None):
+        """idx (B, T) -> logits (B, T, vocab); with targets (B, T) also the mean cross-entropy (targets -1 ignored)."""
+        B, T = idx.size()
+        assert T <= self.config.block_size, f"sequence of {T} tokens > block_size {self.config.block_size}"
+        pos = torch.arange(T, device=idx.device).expand(B, T)
+        logits = self._run(idx, pos)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return logits, loss
+
+    def token_logprobs(self, idx, targets):
+        """Log-probs (B, T) float32 of targets (B, T) under the model fed idx (B, T); entries where targets == -1 are 0."""
+        logits, _ = self(idx)
+        logp = torch.log_softmax(logits.float(), dim=-1)     # (B, T, vocab)
+        out = logp.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        return out.masked_fill(targets < 0, 0.0)
+
+    @torch.inference_mode()
+    def generate(self, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_id=None, generator=None):
+        """Sample continuations of a batch of prompts with a KV cache.
+
+        prompts: list of B token-id lists (lengths may differ; each >= 1). They are left-padded inside; each row gets
+        positions 0..len-1 for its own tokens, so results do not depend on the batch.
+        temperature 0 means greedy. top_k / top_p filter the distribution before sampling.
+        Returns (tokens, logprobs), both (B, N) with N <= max_new_tokens (decoding stops once every row is done):
+        tokens is long, the sampled ids, with -1 after a row's eos_id (the eos itself is kept);
+        logprobs is float32, each sampled token's log-prob under the sampling distribution (for greedy: under the
+        model at T=1), 0 where tokens == -1.
+        """
+        device, B = self.wte.weight.device, len(prompts)
+        lens = torch.tensor([len(p) for p in prompts], device=device)
+        assert int(lens.min()) >= 1, "every prompt needs at least one token"
+        P = int(lens.max())
+        assert P + max_new_tokens <= self.config.block_size, f"prompt {P} + {max_new_tokens} new > block_size"
+        idx = torch.zeros(B, P, dtype=torch.long, device=device)
+        for b, p in enumerate(prompts):
+            idx[b, P - len(p):] = torch.tensor(p, dtype=torch.long, device=device)
+        col = torch.arange(P + max_new_tokens, device=device)
+        valid = col.unsqueeze(0) >= (P - lens).unsqueeze(1)  # (B, P+N) key is a real token (pads are at the left)
+        pos = (col[:P].unsqueeze(0) - (P - lens).unsqueeze(1)).clamp(min=0)  # (B, P)
+        causal = torch.ones(P, P, dtype=torch.bool, device=device).tril()
+        # prefill mask (B, 1, P, P); a pad query may see itself so its softmax row is never empty
+        mask = (causal & valid[:, None, :P]) | torch.eye(P, dtype=torch.bool, device=device)
+        cache = KVCache(self.config, B, P + max_new_tokens, device, self.wte.weight.dtype)
+        logits = self._run(idx, pos, mask.unsqueeze(1), cache)[:, -1]  # (B, vocab)
+        tokens, logprobs = [], []
+        done = torch.zeros(B, dtype=torch.bool, device=device)
+        for t in range(max_new_tokens):
+            tok, lp = sample_next(logits.float(), temperature, top_k, top_p, generator)
+            tok, lp = tok.masked_fill(done, -1), lp.masked_fill(done, 0.0)
+            tokens.append(tok)
+            logprobs.append(lp)
+            if eos_id is not None:
+                done = done | (tok == eos_id)
+            if bool(done.all()) or t == max_new_tokens - 1:
+                break
+            step_mask = valid[:, None, None, :P + t + 1]  # (B, 1, 1, T_all)
+            logits = self._run(tok.clamp(min=0).unsqueeze(1), (lens + t).unsqueeze(1), step_mask, cache)[:, -1]
+        return torch.stack(tokens, 1), torch.stack(logprobs, 1)
+
+    # -------------------------------------------------------------------------
+    # loading pretrained HF-format weights (GPT2LMHeadModel, Qwen2ForCausalLM, LlamaForCausalLM)
+
+    @classmethod
+    def from_pretrained(cls, path, dtype=torch.float32):
+        from safetensors.torch import load_file
+        path = Path(path)
+        cfg_file = path / "config.json"
+        if not cfg_file.is_file():
+            raise ValueError(f"{cfg_file}: missing (expected an HF model directory with config.json + safetensors)")
+        hf = json.loads(cfg_file.read_text())
+        config = config_from_hf(hf, cfg_file)
+        index = path / "model.safetensors.index.json"
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+        sd = {}
+        for f in files:
+            try:
+                sd.update(load_file(str(path / f)))
+            except Exception as e:
+                raise ValueError(f"{path / f}: cannot read safetensors weights ({e})") from None
+        model = cls(config)
+        try:
+            mapped = hf_to_ours(sd, config, hf["model_type"])
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
+        ours = model.state_dict()
+        if config.tie_embeddings:
+            ours.pop("lm_head.weight")
+        missing, unused = sorted(set(ours) - set(mapped)), sorted(set(mapped) - set(ours))
+        if missing or unused:
+            raise ValueError(f"{path}: missing tensors {missing[:5]}, unused tensors {unused[:5]}")
+        for k, v in mapped.items():
+            if v.shape != ours[k].shape:
+                raise ValueError(f"{path}: tensor {k} has shape {tuple(v.shape)}, expected {tuple(ours[k].shape)}")
+        model.load_state_dict(mapped, strict=not config.tie_embeddings)
+        return model.to(dtype)
+
+
+@torch.no_grad()
+def sample_next(logits, temperature, top_k, top_p, generator):
+    """logits (B, V) -> (token (B,), its log-prob (B,) under the distribution actually sampled from)."""
+    if temperature == 0:
+        tok = logits.argmax(-1)
+        return tok, torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        cum = torch.softmax(sorted_logits, -1).cumsum(-1)
+        drop = cum - torch.softmax(sorted_logits, -1) >= top_p  # keep the smallest prefix reaching top_p
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    logp = torch.log_softmax(logits, -1)
+    tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+def config_from_hf(hf, where):
+    kind = hf.get("model_type")
+    if kind == "gpt2":
+        act = hf.get("activation_function", "gelu_new")
+        if act not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise ValueError(f"{where}: activation_function {act!r} unsupported (GPT-2 uses gelu_new)")
+        return GPTConfig.gpt2(vocab_size=hf["vocab_size"], block_size=hf["n_positions"], n_layer=hf["n_layer"],
+                              n_head=hf["n_head"], n_kv_head=hf["n_head"], n_embd=hf["n_embd"],
+                              mlp_hidden=hf.get("n_inner") or 4 * hf["n_embd"], norm_eps=hf["layer_norm_epsilon"])
+    if kind in ("qwen2", "llama"):
+        if hf.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"{where}: hidden_act {hf['hidden_act']!r} unsupported (expected silu)")
+        if hf.get("use_sliding_window") or hf.get("mlp_bias") or (hf.get("rope_scaling") or {}).get("rope_type", "default") != "default":
+            raise ValueError(f"{where}: sliding window, mlp_bias and rope scaling are not supported")
+        theta = hf.get("rope_theta") or (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+        return GPTConfig.llama(vocab_size=hf["vocab_size"], block_size=hf["max_position_embeddings"],
+                               n_layer=hf["num_hidden_layers"], n_head=hf["num_attention_heads"],
+                               n_kv_head=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+                               n_embd=hf["hidden_size"], head_dim=hf.get("head_dim"), mlp_hidden=hf["intermediate_size"],
+                               norm_eps=hf["rms_norm_eps"], rope_theta=float(theta),
+                               qkv_bias=kind == "qwen2" or bool(hf.get("attention_bias")),
+                               tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
+    raise ValueError(f"{where}: model_type {kind!r} unsupported (gpt2, qwen2, llama)")
+
+
+def hf_to_ours(sd, config, kind):
+    """Rename HF tensors to ours, explicitly. GPT-2's Conv1D stores (in, out): transposed here."""
+    if kind == "gpt2":  # names with or without the "transformer." prefix; attn.bias buffers are causal masks
+        sd = {k.removeprefix("transformer."): v for k, v in sd.items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
+    out = {}
+
+    def take(k):
+        if k not in sd:
+            raise ValueError(f"missing tensor {k!r}")
+        return sd.pop(k)
+
+    if kind == "gpt2":
+        out["wte.weight"], out["wpe.weight"] = take("wte.weight"), take("wpe.weight")
+        for i in range(config.n_layer):
+            p = f"h.{i}."
+            for ln in ("ln_1", "ln_2"):
+                out[p + ln + ".weight"], out[p + ln + ".bias"] = take(p + ln + ".weight"), take(p + ln + ".bias")
+            for hf_name, ours in (("attn.c_attn", "attn.c_attn"), ("attn.c_proj", "attn.c_proj"),
+                                  ("mlp.c_fc", "mlp.c_fc"), ("mlp.c_proj", "mlp.c_proj")):
+                out[p + ours + ".weight"] = take(p + hf_name + ".weight").t().contiguous()
+                out[p + ours + ".bias"] = take(p + hf_name + ".bias")
+        out["ln_f.weight"], out["ln_f.bias"] = take("ln_f.weight"), take("ln_f.bias")
+        sd.pop("lm_head.weight", None)  # tied to wte
+    else:
+        out["wte.weight"] = take("model.embed_tokens.weight")
+        for i in range(config.n_layer):
+            p, q = f"model.layers.{i}.", f"h.{i}."
+            out[q + "ln_1.weight"] = take(p + "input_layernorm.weight")
+            out[q + "ln_2.weight"] = take(p + "post_attention_layernorm.weight")
+            out[q + "attn.c_attn.weight"] = torch.cat([take(p + f"self_attn.{x}_proj.weight") for x in "qkv"])
+            if config.qkv_bias:
+                out[q + "attn.c_attn.bias"] = torch.cat([take(p + f"self_attn.{x}_proj.bias") for x in "qkv"])
+            out[q + "attn.c_proj.weight"] = take(p + "self_attn.o_proj.weight")
+            out[q + "mlp.c_fc.weight"] = torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])
+            out[q + "mlp.c_proj.weight"] = take(p + "mlp.down_proj.weight")
+        out["ln_f.weight"] = take("model.norm.weight")
+        if config.tie_embeddings:
+            sd.pop("lm_head.weight", None)
+        else:
+            out["lm_head.weight"] = take("lm_head.weight")
+    for k in sd:  # anything left over is a tensor we do not understand
+        out["unused:" + k] = sd[k]
+    return out

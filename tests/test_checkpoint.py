@@ -1,0 +1,84 @@
+"""Checkpoint round trip (bit-exact, optimizer and RNG state included), atomicity and clear errors."""
+import json
+
+import pytest
+import torch
+
+from checkpoint import load_model, read_checkpoint, resume, save_checkpoint
+from model import GPT, GPTConfig
+
+torch.set_num_threads(1)
+
+
+def trained(config):
+    torch.manual_seed(0)
+    m = GPT(config)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    idx = torch.randint(0, config.vocab_size, (2, 8))
+    for _ in range(3):
+        opt.zero_grad()
+        m(idx, idx)[1].backward()
+        opt.step()
+    return m, opt, idx
+
+
+@pytest.mark.parametrize("config", [GPTConfig.gpt2(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_embd=16),
+                                    GPTConfig.llama(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_kv_head=1,
+                                                    n_embd=16, tie_embeddings=False)])
+def test_round_trip_is_bit_exact(tmp_path, config):
+    m, opt, idx = trained(config)
+    g = torch.Generator().manual_seed(5)
+    g.manual_seed(7)
+    path = tmp_path / "ckpt.safetensors"
+    save_checkpoint(path, m, args={"lr": 0.01}, step=3, metrics={"loss": 1.5}, optimizer=opt,
+                    state={"rng": g.get_state()})
+    m2, meta = load_model(path)
+    for (k, a), (_, b) in zip(m.state_dict().items(), m2.state_dict().items()):
+        assert torch.equal(a, b), k
+    assert meta["step"] == 3 and meta["args"] == {"lr": 0.01} and meta["metrics"] == {"loss": 1.5}
+    assert json.loads(path.with_suffix(".json").read_text())["step"] == 3
+    # resume into fresh objects, then one more identical step on both sides
+    opt2 = torch.optim.AdamW(m2.parameters(), lr=1e-2)
+    _, extra = resume(path, m2, opt2)
+    g2 = torch.Generator()
+    g2.set_state(extra["rng"])
+    assert torch.equal(torch.rand(3, generator=g), torch.rand(3, generator=g2))
+    for model, o in ((m, opt), (m2, opt2)):
+        o.zero_grad()
+        model(idx, idx)[1].backward()
+        o.step()
+    for (k, a), (_, b) in zip(m.state_dict().items(), m2.state_dict().items()):
+        assert torch.equal(a, b), k
+
+
+def test_truncated_file_is_one_clear_error(tmp_path):
+    m, _, _ = trained(GPTConfig.llama(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_embd=16))
+    path = tmp_path / "ckpt.safetensors"
+    save_checkpoint(path, m)
+    path.write_bytes(path.read_bytes()[:500])
+    with pytest.raises(ValueError, match="ckpt.safetensors") as e:
+        load_model(path)
+    assert "\n" not in str(e.value)
+
+
+def test_other_config_is_refused(tmp_path):
+    m, _, _ = trained(GPTConfig.llama(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_embd=16))
+    path = tmp_path / "ckpt.safetensors"
+    save_checkpoint(path, m)
+    other = GPT(GPTConfig.llama(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=16))
+    with pytest.raises(ValueError, match="config"):
+        resume(path, other)
+
+
+def test_failed_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
+    m, _, _ = trained(GPTConfig.llama(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_embd=16))
+    path = tmp_path / "ckpt.safetensors"
+    save_checkpoint(path, m, step=1)
+    import checkpoint
+
+    def crash(*a, **k):
+        raise OSError("disk full")
+    monkeypatch.setattr(checkpoint, "save_file", crash)
+    with pytest.raises(OSError):
+        save_checkpoint(path, m, step=2)
+    assert read_checkpoint(path)[1]["step"] == 1

@@ -1,0 +1,115 @@
+"""End-to-end runs of train_lang.py and eval.py on tiny settings (slow: subprocesses, but well under a minute each)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--vocab_size=300", "--batch_size=8", "--val_n=4",
+        "--test_limit=12", "--max_new_tokens=64", "--group_size=4", "--prompts_per_step=2", "--threads=1"]
+pytestmark = pytest.mark.slow
+
+
+def run(args, cwd=ROOT, **kw):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600, **kw)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return p
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """Data (small splits), tokenizer, 40 MLE steps and 3 RLVR steps from scratch: the whole default pipeline."""
+    tmp = tmp_path_factory.mktemp("lang")
+    run(["data/textgame/prepare.py", "--n_train=400", "--n_val=20", "--n_test=20", f"--out_dir={tmp / 'data'}"])
+    p = run(["train_lang.py", "--init=scratch", f"--data_dir={tmp / 'data'}", f"--out_dir={tmp / 'out'}",
+             "--mle_steps=40", "--eval_every=20", "--rl_steps=3", "--ckpt_every=2", *TINY])
+    return tmp, p.stdout
+
+
+def test_default_pipeline_writes_eval_json(tiny_run):
+    tmp, stdout = tiny_run
+    result = json.loads((tmp / "out" / "eval.json").read_text())
+    for stage in ("mle", "rlvr"):
+        r = result[stage]
+        assert r["n"] == 12 and {"accuracy", "accuracy_changed", "accuracy_unchanged", "sampled"} <= set(r)
+        assert 0.0 <= r["accuracy"] <= 1.0
+    assert "always-no-change baseline" in stdout
+    log = [json.loads(line) for line in (tmp / "out" / "log.jsonl").read_text().splitlines()]
+    rl = [row for row in log if row["stage"] == "rlvr" and "reward_mean" in row]
+    assert len(rl) == 3 and all(k in rl[0] for k in ("kl", "entropy", "clip_frac", "zero_std_frac", "grad_norm"))
+    meta = json.loads((tmp / "out" / "rlvr.json").read_text())
+    assert meta["step"] == 3 and meta["args"]["rl_steps"] == 3 and meta["metrics"]["done"]
+
+
+def test_rerun_reuses_finished_stages(tiny_run):
+    tmp, _ = tiny_run
+    p = run(["train_lang.py", "--init=scratch", f"--data_dir={tmp / 'data'}", f"--out_dir={tmp / 'out'}",
+             "--mle_steps=40", "--rl_steps=3", *TINY])
+    assert "mle.safetensors is complete" in p.stdout and "rlvr.safetensors is complete" in p.stdout
+
+
+def test_eval_cli_side_by_side(tiny_run):
+    tmp, _ = tiny_run
+    out = tmp / "cmp.json"
+    p = run(["eval.py", f"--ckpt={tmp / 'out' / 'rlvr.safetensors'}", f"--compare={tmp / 'out' / 'mle.safetensors'}",
+             f"--data={tmp / 'data' / 'test.jsonl'}", "--limit=6", "--pass_k=2", "--max_new_tokens=32",
+             f"--json={out}"])
+    assert "rlvr.safetensors" in p.stdout and "mle.safetensors" in p.stdout and "pass@2" in p.stdout
+    assert len(json.loads(out.read_text())) == 2
+
+
+def test_bad_init_is_one_clear_line(tmp_path):
+    p = subprocess.run([sys.executable, "train_lang.py", "--init=/nonexistent/ckpt.safetensors",
+                        f"--out_dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "--init /nonexistent/ckpt.safetensors" in p.stderr
+
+
+def test_torchrun_two_ranks_end_identical(tiny_run):
+    tmp, _ = tiny_run
+    out = tmp / "ddp"
+    run(["-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517", "train_lang.py",
+         "--stage=rlvr", f"--init={tmp / 'out' / 'mle.safetensors'}", f"--data_dir={tmp / 'data'}",
+         f"--out_dir={out}", "--rl_steps=2", *TINY])
+    sums = [row["rank_checksums"] for row in map(json.loads, (out / "log.jsonl").read_text().splitlines())
+            if "rank_checksums" in row][0]
+    assert len(sums) == 2 and sums[0] == sums[1]
+
+
+def test_rlvr_from_a_tiny_qwen2_hf_directory(tiny_run, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    tokenizers = pytest.importorskip("tokenizers")
+    tmp, _ = tiny_run
+    from data.textgame.task import load_records, prompt_text, target_text
+    texts = [prompt_text(r) + target_text(r) for r in load_records(tmp / "data" / "train.jsonl")]
+    tk = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tk.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = tokenizers.decoders.ByteLevel()
+    tk.train_from_iterator(texts, tokenizers.trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|endoftext|>"],
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()))
+    tk.save(str(tmp_path / "tokenizer.json"))
+    cfg = transformers.Qwen2Config(vocab_size=tk.get_vocab_size(), hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                   max_position_embeddings=512, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    transformers.Qwen2ForCausalLM(cfg).save_pretrained(tmp_path, safe_serialization=True)
+    out = tmp_path / "out"
+    run(["train_lang.py", "--stage=rlvr", f"--init={tmp_path}", f"--data_dir={tmp / 'data'}", f"--out_dir={out}",
+         "--rl_steps=2", *TINY])
+    result = json.loads((out / "eval.json").read_text())
+    assert result["rlvr"]["n"] == 12
+
+
+def test_webpage_task_runs_end_to_end(tmp_path):
+    run(["data/webpage/prepare.py", "--n_train=300", "--n_val=10", "--n_test=10", f"--out_dir={tmp_path / 'data'}"])
+    run(["train_lang.py", "--task=webpage", "--init=scratch", f"--data_dir={tmp_path / 'data'}",
+         f"--out_dir={tmp_path / 'out'}", "--mle_steps=10", "--eval_every=10", "--rl_steps=2", *TINY])
+    result = json.loads((tmp_path / "out" / "eval.json").read_text())
+    for stage in ("mle", "rlvr"):
+        assert {"precision", "recall", "f1", "n", "f1_changed"} <= set(result[stage])
+    assert 0.0 < result["mle"]["baseline_no_change"]["f1"] < 1.0
