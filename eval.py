@@ -5,6 +5,7 @@ Evaluate world-model checkpoints on a held-out split: one entry point for every 
     python eval.py --task=textgame --ckpt=out/textgame/rlvr.safetensors --compare=out/textgame/mle.safetensors
     python eval.py --task=webpage --ckpt=out/webpage/rlvr.safetensors --json=result.json
     python eval.py --task=textgame --ckpt=/path/to/hf_dir --data=my_test.jsonl --device=cuda
+    python eval.py --task=video --ckpt=out/video/rlvr.safetensors --grid=grid.gif   (flags: video_eval.py)
 
 Every language task writes "what changes" as text and is scored by its reward in rewards.py:
 - textgame: the state difference is merged into the current state and compared with the true next state;
@@ -127,7 +128,7 @@ def fmt(x):
     return "     -" if x is None else f"{100 * x:6.2f}"
 
 
-def print_table(task, rows, file=sys.stdout):
+def print_table(task, rows, file=None):
     """rows: name -> eval JSON. Greedy headline metric overall / changed / unchanged, then T=1 and extras."""
     h = TASKS[task].headline
     extra = ["precision", "recall"] if task == "webpage" else []
@@ -141,8 +142,14 @@ def print_table(task, rows, file=sys.stdout):
 
 
 def main():
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--task", default="textgame")
+    if pre.parse_known_args()[0].task == "video":  # decoded frames, not text: flags of its own (video_eval.py)
+        from video_eval import main as video_main
+        return video_main(sys.argv[1:])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task", default="textgame", choices=sorted(TASKS))
+    p.add_argument("--task", default="textgame", choices=sorted(TASKS) + ["video"],
+                   help="video: see python eval.py --task=video --help")
     p.add_argument("--ckpt", required=True, help="our .safetensors checkpoint or an HF model directory")
     p.add_argument("--compare", default=None, help="a second checkpoint, printed side by side")
     p.add_argument("--data", default=None, help="JSONL records (default: the embedded test split)")

@@ -18,6 +18,10 @@ Variant choices (each a flag of `GRPOConfig`):
 - the KL term goes in the loss (GRPO paper, k3 "low_var_kl" estimator exp(q-p) - (q-p) - 1 with q the reference
   log-prob), not in the reward; `beta` = 0 turns it off and skips the reference model's forward pass.
 - log-probs use logits / temperature, the distribution the sampler drew from, so old and new log-probs agree.
+- `skip_zero_std` (on by default): groups whose rewards are all equal have zero advantage, so their only gradient is
+  the KL term; they are dropped before the update (DAPO's "dynamic sampling" without the re-sampling), which saves
+  most of the compute when a peaked MLE model answers most prompts identically G times. The token-mean is then over
+  the informative groups' tokens. The share of such groups is logged as `zero_std_frac`.
 Under DDP each rank samples its own prompts, so groups never split across ranks; the token-mean is per rank.
 """
 import math
@@ -42,6 +46,7 @@ class GRPOConfig:
     minibatches: int = 1         # optimizer steps per rollout batch
     micro_batch: int = 64        # sequences per forward/backward (gradient accumulation inside a minibatch)
     grad_clip: float = 1.0
+    skip_zero_std: bool = True   # drop groups with no reward spread before the update
 
     def __post_init__(self):
         assert self.loss_agg in ("token-mean", "seq-mean"), f"loss_agg must be token-mean|seq-mean, got {self.loss_agg!r}"
@@ -163,8 +168,11 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_
     device = raw.wte.weight.device
     batch = rollout(raw, prompts, items, reward_fn, cfg, eos_id, generator, sampler)
     t_rollout = time.time() - t0
-    idx, targets, mask = batch["idx"].to(device), batch["targets"].to(device), batch["mask"].to(device)
-    old_logp, adv = batch["old_logp"].to(device), batch["adv"].to(device)
+    r = batch["rewards"].view(-1, cfg.group_size)
+    spread = (r.std(1, unbiased=False) > 0).repeat_interleave(cfg.group_size)  # (N,) the sample's group has signal
+    keep = spread.nonzero().squeeze(1) if cfg.skip_zero_std else torch.arange(len(spread))
+    idx, targets, mask = (batch[k][keep].to(device) for k in ("idx", "targets", "mask"))
+    old_logp, adv = batch["old_logp"][keep].to(device), batch["adv"][keep].to(device)
     ref_logp = torch.zeros_like(old_logp)
     if cfg.beta > 0:
         with torch.no_grad():
@@ -175,11 +183,16 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_
     order = torch.randperm(N, generator=generator).tolist()
     per_mb = math.ceil(N / cfg.minibatches)
     sums = dict(loss=0.0, kl=0.0, entropy=0.0, clip=0.0, grad_norm=0.0)
+    # every rank runs the same number of minibatches (DDP all-reduces in each); an empty one adds no gradient
     for m in range(cfg.minibatches):
         mb = order[m * per_mb:(m + 1) * per_mb]
         n_tok = mask[mb].sum().clamp(min=1)
         chunks = [mb[s:s + cfg.micro_batch] for s in range(0, len(mb), cfg.micro_batch)]
         optimizer.zero_grad(set_to_none=True)
+        if not chunks:  # nothing to learn from here; under DDP still join the other ranks' gradient all-reduce
+            if hasattr(policy, "no_sync"):
+                (policy(batch["idx"][:1].to(device))[0].sum() * 0.0).backward()
+            continue
         for c, chunk in enumerate(chunks):
             sync = c == len(chunks) - 1
             ctx = policy.no_sync() if (not sync and hasattr(policy, "no_sync")) else nullcontext()

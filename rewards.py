@@ -102,10 +102,36 @@ Where we differ, and why:
    one space; "none" in any case is None. The official parser needs "New items:" exactly at the start of
    a line and drops what follows it. A section that is missing holds no items (the official behaviour).
 4. Anything that is not a string scores 0 (the official code would raise); nothing here can raise.
+
+Video (decoded frames)
+----------------------
+Every function takes float tensors (N, 3, H, W) in [0, 1] — the *decoded* prediction and the true frame — and returns
+a per-sample tensor (N,), so a reward is computed for a whole GRPO batch at once. Rewards never raise on model output:
+a non-finite value becomes 0.
+
+- `mae`, `mse`: mean absolute / squared pixel error; `psnr` = 10 log10(1 / mse) (data range 1, mse floored at 1e-10).
+- `ssim`: the Gaussian-window SSIM of Wang et al. 2004 exactly as scikit-image computes it with
+  `structural_similarity(x, y, channel_axis=0, data_range=1, gaussian_weights=True, sigma=1.5,
+  use_sample_covariance=False)`: an 11-tap Gaussian (sigma 1.5, truncated at 3.5 sigma) filters x, y, x^2, y^2, xy;
+  scikit-image pads by reflection and then crops 5 pixels from every border before averaging, which is the same as
+  filtering without padding ("valid" convolution), what we do. Float64 inside, so parity holds to ~1e-7.
+- `LPIPS`: VGG16-LPIPS (Zhang et al. 2018) in plain torch: inputs mapped to [-1, 1] and normalised by LPIPS's
+  scaling layer, features at relu1_2, relu2_2, relu3_3, relu4_3, relu5_3 unit-normalised over channels, squared
+  differences weighted by the learned 1x1 "lin" layers, averaged over space and summed over layers. Weights come from
+  one safetensors file built by bench/convert_lpips.py (keys `features.<i>.weight/bias` as in torchvision's
+  vgg16().features and `lin<k>.weight`); there is no download here. `load_lpips(None)` returns None and callers fall
+  back to SSIM.
+- `repetition_rate`: for multi-step predictions, see its docstring.
+- `REWARDS`: the named RL rewards. "mae+lpips" = -(MAE + LPIPS), the paper's; "mae+ssim" = -(MAE + (1 - SSIM)), the
+  default when no LPIPS weights are given (SSIM, like LPIPS, rewards structure that MAE alone would blur away).
 """
 import json
 import re
 from collections import Counter
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
 # ============================================================================ text game
 
@@ -369,3 +395,143 @@ def web_prf(text, target_text) -> tuple[float, float, float]:
 def web_f1(text, target_text) -> float:
     """The reward: F1 of predicted against true changed items, in [0, 1]. Never raises."""
     return web_prf(text, target_text)[2]
+
+
+# ============================================================================ video
+def mae(pred, true):
+    return (pred - true).abs().flatten(1).mean(1)
+
+
+def mse(pred, true):
+    return (pred - true).pow(2).flatten(1).mean(1)
+
+
+def psnr(pred, true):
+    return 10 * torch.log10(1.0 / mse(pred.double(), true.double()).clamp(min=1e-10)).float()
+
+
+def gaussian_taps(sigma=1.5, truncate=3.5):
+    radius = int(truncate * sigma + 0.5)                     # scipy.ndimage's rule: 5 for sigma 1.5 -> 11 taps
+    x = torch.arange(-radius, radius + 1, dtype=torch.float64)
+    w = torch.exp(-0.5 * (x / sigma) ** 2)
+    return w / w.sum()
+
+
+def ssim(pred, true, data_range=1.0, sigma=1.5):
+    N, C, H, W = pred.shape
+    w = gaussian_taps(sigma).to(pred.device)
+    k = len(w)
+
+    def filt(t):                                             # separable Gaussian, valid region only
+        t = t.reshape(N * C, 1, H, W)
+        return F.conv2d(F.conv2d(t, w.view(1, 1, 1, k)), w.view(1, 1, k, 1))
+
+    x, y = pred.double(), true.double()
+    ux, uy = filt(x), filt(y)
+    vx, vy, vxy = filt(x * x) - ux * ux, filt(y * y) - uy * uy, filt(x * y) - ux * uy
+    c1, c2 = (0.01 * data_range) ** 2, (0.03 * data_range) ** 2
+    s = ((2 * ux * uy + c1) * (2 * vxy + c2)) / ((ux * ux + uy * uy + c1) * (vx + vy + c2))
+    return s.view(N, -1).mean(1).float()
+
+
+# -----------------------------------------------------------------------------
+# LPIPS (VGG16)
+
+VGG16 = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512]
+TAPS = (3, 8, 15, 22, 29)                                    # relu1_2 ... relu5_3 in torchvision's features
+LIN_CHANNELS = (64, 128, 256, 512, 512)
+
+
+class LPIPS(nn.Module):
+    def __init__(self):
+        super().__init__()
+        layers, c = [], 3
+        for v in VGG16:
+            layers += [nn.MaxPool2d(2, 2)] if v == "M" else [nn.Conv2d(c, v, 3, padding=1), nn.ReLU()]
+            c = v if v != "M" else c
+        self.features = nn.Sequential(*layers)
+        self.lins = nn.ModuleList([nn.Conv2d(ch, 1, 1, bias=False) for ch in LIN_CHANNELS])
+        self.register_buffer("shift", torch.tensor([-0.030, -0.088, -0.188]).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("scale", torch.tensor([0.458, 0.448, 0.450]).view(1, 3, 1, 1), persistent=False)
+
+    def forward(self, pred, true):
+        """(N, 3, H, W) in [0, 1] twice -> (N,) distances (computed on the network's device, returned on pred's)."""
+        x = torch.cat([pred, true]).to(self.shift.device, torch.float32) * 2 - 1
+        x = (x - self.shift) / self.scale
+        total, k = 0.0, 0
+        for i, layer in enumerate(self.features):
+            x = layer(x)
+            if i in TAPS:
+                f = x / (x.pow(2).sum(1, keepdim=True).sqrt() + 1e-10)
+                a, b = f.chunk(2)
+                total = total + self.lins[k]((a - b) ** 2).mean((1, 2, 3))
+                k += 1
+        return total.to(pred.device)
+
+
+def load_lpips(path, device="cpu"):
+    """LPIPS with weights from a safetensors file (bench/convert_lpips.py), or None when path is None."""
+    if path is None:
+        return None
+    from safetensors.torch import load_file
+    try:
+        sd = load_file(str(path))
+    except Exception as e:
+        raise ValueError(f"{path}: cannot read LPIPS weights ({e}); build them with bench/convert_lpips.py") from None
+    net = LPIPS()
+    sd = {k.replace("lin", "lins.", 1) if k.startswith("lin") else k: v for k, v in sd.items()}
+    try:
+        net.load_state_dict(sd)
+    except RuntimeError as e:
+        raise ValueError(f"{path}: not LPIPS-VGG weights ({str(e)[:200]})") from None
+    return net.to(device).eval().requires_grad_(False)
+
+
+# -----------------------------------------------------------------------------
+# multi-step: repetition
+
+def repetition_rate(pred_codes, context_codes, true_frames, context_frame, tol=0.05):
+    """Share of predicted frames that repeat the previous frame while the world moved, per sample.
+
+    pred_codes (N, K, L): the K predicted frames' codes; context_codes (N, L): codes of the last context frame;
+    true_frames (N, K, 3, H, W) and context_frame (N, 3, H, W): the truth, in [0, 1].
+    Predicted frame k is a *repetition* when its codes equal those of the frame before it (predicted frame k - 1, or the
+    last context frame for k = 0) while the true frame k differs from the true frame before it (some pixel by more
+    than tol). The rate is repetitions / frames whose truth changed (0 where the truth never changes). -> (N,)"""
+    prev_codes = torch.cat([context_codes[:, None], pred_codes[:, :-1]], 1)
+    repeated = (pred_codes == prev_codes).all(-1)                                        # (N, K)
+    prev_true = torch.cat([context_frame[:, None], true_frames[:, :-1]], 1)
+    changed = (true_frames - prev_true).abs().flatten(2).amax(-1) > tol                  # (N, K)
+    return (repeated & changed).sum(1).float() / changed.sum(1).clamp(min=1).float()
+
+
+# -----------------------------------------------------------------------------
+# named rewards
+
+def reward_mae_ssim(pred, true, lpips_net=None):
+    return -(mae(pred, true) + (1 - ssim(pred, true)))
+
+
+def reward_mae_lpips(pred, true, lpips_net):
+    return -(mae(pred, true) + lpips_net(pred, true))
+
+
+REWARDS = {"mae+ssim": reward_mae_ssim, "mae+lpips": reward_mae_lpips}
+
+
+def pick_reward(name, lpips_net):
+    """'auto' -> 'mae+lpips' when LPIPS weights are loaded, else 'mae+ssim'. Raises on an impossible choice."""
+    if name == "auto":
+        name = "mae+lpips" if lpips_net is not None else "mae+ssim"
+    if name not in REWARDS:
+        raise ValueError(f"unknown video reward {name!r}; choose from {sorted(REWARDS)}")
+    if name == "mae+lpips" and lpips_net is None:
+        raise ValueError("reward mae+lpips needs LPIPS weights (--lpips=FILE, see bench/convert_lpips.py)")
+    return name
+
+
+def video_reward(name, pred, true, lpips_net=None):
+    """Per-sample reward (N,) of decoded predictions against the true frames; never raises on model output."""
+    with torch.no_grad():
+        r = REWARDS[name](pred.float().clamp(0, 1), true.float(), lpips_net)
+    return torch.nan_to_num(r, nan=0.0, posinf=0.0, neginf=0.0)

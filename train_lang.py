@@ -8,7 +8,7 @@ CPU, the default job (embedded data; RLVR starts from the shipped converged MLE 
 CPU, everything from scratch (data, tokenizer, MLE, RLVR):
     python train_lang.py --init=scratch
 Continued-MLE baseline for the same extra wall-clock as RLVR:
-    python train_lang.py --stage=mle --init=checkpoints/textgame_mle.safetensors --mle_minutes=8 --out_dir=out/mle_more
+    python train_lang.py --stage=mle --init=checkpoints/textgame/mle.safetensors --mle_minutes=8 --out_dir=out/mle_more
 1 GPU, from pretrained HF weights (e.g. DeepSeek-R1-Distill-Qwen-1.5B, the paper's base; SFT first, then RLVR):
     python train_lang.py --init=/path/to/hf_dir --device=cuda --dtype=bfloat16 --batch_size=16 --micro_batch=8
 8 GPUs:
@@ -22,21 +22,18 @@ import argparse
 import copy
 import json
 import math
-import os
 import shutil
-import sys
 import time
-import zlib
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from tqdm import tqdm
 
-from checkpoint import atomic_write_text, resume, save_checkpoint
+from checkpoint import atomic_write_text
 from eval import TASKS, eval_lang, load_lang_model, print_table
 from grpo import GRPOConfig, grpo_step
 from model import GPT, GPTConfig
+from runtime import Run, lr_at
 from tokenizer_text import Tokenizer
 
 ROOT = Path(__file__).resolve().parent
@@ -61,21 +58,22 @@ p.add_argument("--n_head", type=int, default=4)
 p.add_argument("--n_embd", type=int, default=128)
 p.add_argument("--block_size", type=int, default=512)
 # MLE
-p.add_argument("--mle_steps", type=int, default=4000)
+p.add_argument("--mle_steps", type=int, default=2000)
 p.add_argument("--mle_minutes", type=float, default=0, help="stop MLE after this wall-clock (0 = no limit)")
 p.add_argument("--batch_size", type=int, default=32)
-p.add_argument("--mle_lr", type=float, default=2e-3)
+p.add_argument("--mle_lr", type=float, default=3e-3)
 p.add_argument("--warmup", type=int, default=100)
 p.add_argument("--weight_decay", type=float, default=0.1)
 # RLVR
-p.add_argument("--rl_steps", type=int, default=100)
-p.add_argument("--prompts_per_step", type=int, default=8)
+p.add_argument("--rl_steps", type=int, default=50)
+p.add_argument("--prompts_per_step", type=int, default=16)
 p.add_argument("--group_size", type=int, default=8)
-p.add_argument("--rl_lr", type=float, default=2e-5)
+p.add_argument("--rl_lr", type=float, default=1e-4)
 p.add_argument("--beta", type=float, default=0.02, help="KL coefficient")
 p.add_argument("--clip_eps", type=float, default=0.2)
 p.add_argument("--loss_agg", default="token-mean", choices=["token-mean", "seq-mean"])
 p.add_argument("--std_norm", type=int, default=1)
+p.add_argument("--skip_zero_std", type=int, default=1, help="drop groups with no reward spread before the update")
 p.add_argument("--minibatches", type=int, default=2)
 p.add_argument("--micro_batch", type=int, default=64)
 p.add_argument("--temperature", type=float, default=1.0)
@@ -92,57 +90,24 @@ p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "fl
 p.add_argument("--compile", type=int, default=0)
 p.add_argument("--threads", type=int, default=1, help="torch CPU threads; 1 is fastest for tiny models on 2 cores")
 p.add_argument("--seed", type=int, default=1337)
-p.add_argument("--ckpt_every", type=int, default=100)
+p.add_argument("--ckpt_every", type=int, default=50)
 args = p.parse_args()
 
 # -----------------------------------------------------------------------------
-# setup: distributed, devices, precision
-ddp = int(os.environ.get("RANK", -1)) != -1
-if ddp:
-    dist.init_process_group(backend="nccl" if args.device.startswith("cuda") else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if args.device.startswith("cuda"):
-        args.device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
-        torch.cuda.set_device(args.device)
-else:
-    rank, world = 0, 1
-master = rank == 0
-torch.set_num_threads(args.threads)
-torch.manual_seed(args.seed)
-device_type = "cuda" if args.device.startswith("cuda") else "cpu"
-autocast = torch.autocast(device_type, dtype=getattr(torch, args.dtype), enabled=args.dtype != "float32")
+# setup: distributed, devices, precision (runtime.py)
 out_dir = Path(args.out_dir or f"out/{args.task}")
+run = Run(args, out_dir)
+master, rank, world, autocast = run.master, run.rank, run.world, run.autocast
+print0, fail, log, barrier = run.print0, run.fail, run.log, run.barrier
 task = TASKS[args.task]
 data = task.data  # load_records, prompt_text, target_text, is_changed
 args.data_dir = args.data_dir or str(ROOT / "data" / args.task)
 args.reward = args.reward or task.rewards[0]
 
-
-def print0(*a, **k):
-    if master:
-        print(*a, **k, flush=True)
-
-
-def fail(msg):
-    print(f"error: {msg}", file=sys.stderr)
-    sys.exit(1)
-
-
-def log(row):
-    if master:
-        with open(out_dir / "log.jsonl", "a") as f:
-            f.write(json.dumps(row) + "\n")
-
-
-def barrier():
-    if ddp:
-        dist.barrier()
-
-
 if args.reward not in task.rewards:
     fail(f"--reward {args.reward}: the {args.task} task has rewards {task.rewards}")
 if args.init == "auto":
-    shipped = ROOT / "checkpoints" / f"{args.task}_mle.safetensors"
+    shipped = ROOT / "checkpoints" / args.task / "mle.safetensors"
     args.init = str(shipped) if shipped.is_file() and args.stage != "mle" else "scratch"
 init_is_ckpt = args.init != "scratch" and Path(args.init).is_file()
 if args.init != "scratch" and not Path(args.init).exists():
@@ -213,53 +178,6 @@ def batch_from(pairs):
     return idx.to(args.device), tgt.to(args.device)
 
 
-def checksum(model):
-    return zlib.crc32(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters()))
-
-
-def wrap(model):
-    model = model.to(args.device)
-    trained = torch.compile(model) if args.compile else model
-    if ddp:
-        trained = torch.nn.parallel.DistributedDataParallel(trained)
-    return model, trained
-
-
-def save_stage(ckpt, model, opt, step, metrics, g):
-    """Checkpoint a stage: weights, optimizer and every rank's sampling generator, so a re-run resumes exactly."""
-    states = [g.get_state()]
-    if ddp:
-        states = [None] * world
-        dist.all_gather_object(states, g.get_state())
-    if master:
-        save_checkpoint(ckpt, model, args=vars(args), step=step, metrics=metrics, optimizer=opt,
-                        state={f"rng{r}": s for r, s in enumerate(states)})
-
-
-def resume_stage(ckpt, model, opt, g, name):
-    """-> (step to continue from, done?). Restores weights, optimizer and this rank's generator."""
-    if not (args.resume and ckpt.is_file()):
-        return 0, False
-    try:
-        meta, state = resume(ckpt, model, opt)
-    except ValueError as e:
-        fail(f"{e} (pass --resume=0 or another --out_dir to start over)")
-    if meta["metrics"].get("done"):
-        print0(f"{name}: {ckpt} is complete, reusing it")
-        return meta["step"], True
-    if f"rng{rank}" not in state:
-        fail(f"{ckpt}: saved by a run with another number of ranks; resume with the same torchrun size")
-    g.set_state(state[f"rng{rank}"])
-    print0(f"{name}: resuming from step {meta['step']}")
-    return meta["step"], False
-
-
-def lr_at(step, total, base):
-    if step < args.warmup:
-        return base * (step + 1) / args.warmup
-    return base * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, (step - args.warmup) / max(1, total - args.warmup)))))
-
-
 def val_accuracy(model, n):
     """Greedy headline metric (textgame: exact accuracy, webpage: F1) on the first n validation records."""
     with autocast:
@@ -276,7 +194,7 @@ def run_mle():
     else:
         model = GPT(GPTConfig.llama(vocab_size=tok.n_vocab, block_size=args.block_size, n_layer=args.n_layer,
                                     n_head=args.n_head, n_embd=args.n_embd))
-    model, trained = wrap(model)
+    model, trained = run.wrap(model, compile=args.compile)
     pairs = [encode(r, True) for r in train_recs]
     keep = [pr for pr in pairs if fits(pr, model.config.block_size)]
     print0(f"mle: {len(keep)}/{len(pairs)} train pairs fit block_size {model.config.block_size}; "
@@ -286,14 +204,14 @@ def run_mle():
     val_pairs = [pr for pr in (encode(r, True) for r in val_recs[:256]) if fits(pr, model.config.block_size)]
     opt = torch.optim.AdamW(model.parameters(), lr=args.mle_lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
     g = torch.Generator().manual_seed(args.seed + rank)
-    step, done = resume_stage(ckpt, model, opt, g, "mle")
+    step, done = run.resume_stage(ckpt, model, opt, g, "mle")
     if done:
         return ckpt
     t_start, metrics = time.time(), {}
     bar = tqdm(total=args.mle_steps, initial=step, desc="mle", disable=not master)
     while step < args.mle_steps:
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.mle_steps, args.mle_lr)
+            group["lr"] = lr_at(step, args.mle_steps, args.mle_lr, args.warmup)
         ids = torch.randint(len(keep), (args.batch_size,), generator=g).tolist()
         idx, tgt = batch_from([keep[i] for i in ids])
         with autocast:
@@ -320,8 +238,7 @@ def run_mle():
                        f"val acc {metrics['val_acc']:.3f} (changed {metrics['val_acc_changed']:.3f})")
             model.train()
             log(metrics)
-        if step % args.ckpt_every == 0 or step == args.mle_steps or timed_out:
-            save_stage(ckpt, model, opt, step, {**metrics, "done": step == args.mle_steps or bool(timed_out)}, g)
+        run.save_stage(ckpt, model, opt, step, metrics, g, done=step == args.mle_steps or bool(timed_out))
         if timed_out:
             print0(f"mle: stopping after {args.mle_minutes} minutes at step {step}")
             break
@@ -336,10 +253,11 @@ def run_rlvr(start):
     ckpt = out_dir / "rlvr.safetensors"
     model = load_lang_model(start, args.device)[0] if start != args.init or start_model is None else start_model
     ref = copy.deepcopy(model).eval().requires_grad_(False) if args.beta > 0 else None
-    model, trained = wrap(model)
+    model, trained = run.wrap(model, compile=args.compile)
     cfg = GRPOConfig(group_size=args.group_size, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                      clip_eps=args.clip_eps, beta=args.beta, loss_agg=args.loss_agg, std_norm=bool(args.std_norm),
-                     minibatches=args.minibatches, micro_batch=args.micro_batch)
+                     minibatches=args.minibatches, micro_batch=args.micro_batch,
+                     skip_zero_std=bool(args.skip_zero_std))
     opt = torch.optim.AdamW(model.parameters(), lr=args.rl_lr, betas=(0.9, 0.99), weight_decay=0.0)
     room = model.config.block_size - args.max_new_tokens
     pool = [(r, encode(r, False)[0]) for r in train_recs]
@@ -350,7 +268,7 @@ def run_rlvr(start):
     print0(f"rlvr: {len(changed)} changed + {len(unchanged)} unchanged train prompts; per step {args.prompts_per_step} "
            f"prompts ({n_unch} unchanged) x {args.group_size} samples x {world} ranks; reward {args.reward}")
     g = torch.Generator().manual_seed(args.seed + 1000 + rank)
-    step, done = resume_stage(ckpt, model, opt, g, "rlvr")
+    step, done = run.resume_stage(ckpt, model, opt, g, "rlvr")
     if done:
         return ckpt
 
@@ -376,16 +294,9 @@ def run_rlvr(start):
                        f"{stats['zero_std_frac']:.2f} kl {stats['kl']:.4f} val acc {stats['val_acc']:.3f} "
                        f"(changed {stats['val_acc_changed']:.3f})")
         log({"stage": "rlvr", **stats})
-        if step % args.ckpt_every == 0 or step == args.rl_steps:
-            save_stage(ckpt, model, opt, step, {**stats, "done": step == args.rl_steps}, g)
+        run.save_stage(ckpt, model, opt, step, stats, g, done=step == args.rl_steps)
     bar.close()
-    if ddp:  # every rank must hold the same weights; a mismatch is a bug worth stopping for
-        sums = [None] * world
-        dist.all_gather_object(sums, checksum(model))
-        print0(f"rlvr: weight checksums per rank {sums}")
-        log({"stage": "rlvr", "rank_checksums": sums})
-        if len(set(sums)) != 1:
-            fail(f"ranks diverged: weight checksums {sums}")
+    run.check_ranks_in_sync(model, "rlvr")
     barrier()
     return ckpt
 
@@ -409,5 +320,4 @@ if args.stage in ("all", "rlvr"):
                f"{task.headline} %:")
         print_table(args.task, rows)
         print0(f"wrote {out_dir / 'eval.json'}; total {(time.time() - t0) / 60:.1f} min")
-if ddp:
-    dist.destroy_process_group()
+run.finish()

@@ -97,3 +97,14 @@ def test_reward_rises_on_a_tiny_task():
                          generator=g, step=s)["reward_mean"] for s in range(40)]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert first < 0.3 and last > 0.8, (first, last)
+
+
+def test_groups_without_reward_spread_are_skipped():
+    model = tiny_model()
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    stats = grpo_step(model, None, opt, [[1, 2], [4]], [None, None], lambda items, comps: [1.0] * len(comps),
+                      GRPOConfig(group_size=4, max_new_tokens=4, beta=0.0), eos_id=None,
+                      generator=torch.Generator().manual_seed(0))
+    assert stats["zero_std_frac"] == 1.0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

@@ -1,0 +1,68 @@
+"""Write the embedded robot-pushing data set: one .npz per episode, in the format RT-1 converters write.
+
+    python data/robot/prepare.py                      # data/robot/{train,val,test}/*.npz + action_stats.json
+    python data/robot/prepare.py --train=200 --out=/tmp/robot
+
+Each file holds `image` (T, 64, 64, 3) uint8 and `action` (T, 2) float32 — exactly the keys of the official
+RLVR-World/iVideoGPT converter for RT-1 and other Open X-Embodiment datasets, so a directory of converted RT-1
+episodes trains with the same code — plus three keys only our generator writes: `background` (the scene without
+gripper and blocks, used by the object-preservation check), `success` and `noise` (the policy's action noise).
+
+Splits are generated from separate random streams (seed, split), so test episodes are held out: no scene of the
+test split is ever trained on. Policy quality is graded: episode i uses action noise NOISE_LEVELS[i % 4], so every
+split mixes expert, slightly noisy, noisy and near-random behaviour (diverse actions teach action conditioning).
+`action_stats.json` (per-dimension min and max over the train split) fixes the 256 action bins, as for RT-1.
+"""
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from data.robot import sim  # noqa: E402
+from data.robot.task import write_action_stats  # noqa: E402
+
+DATA_DIR = Path(__file__).resolve().parent
+DEFAULT_SIZES = {"train": 1000, "val": 32, "test": 64}
+SPLIT_IDS = {"train": 0, "val": 1, "test": 2}
+LENGTH = 16
+
+
+def generate_split(out_dir, split, n, seed=0, length=LENGTH):
+    """Write n episodes of one split to out_dir/split/00000.npz ... -> success rate."""
+    rng = np.random.default_rng([seed, SPLIT_IDS[split]])
+    folder = Path(out_dir) / split
+    folder.mkdir(parents=True, exist_ok=True)
+    wins = 0
+    for i in range(n):
+        ep = sim.episode(rng, length, sim.NOISE_LEVELS[i % len(sim.NOISE_LEVELS)])
+        np.savez_compressed(folder / f"{i:05d}.npz", **ep)
+        wins += bool(ep["success"])
+    return wins / max(n, 1)
+
+
+def ensure_splits(data_dir=DATA_DIR, sizes=None, seed=0, verbose=True):
+    """Generate the splits whose folder is missing, then action_stats.json if missing (from the train split)."""
+    data_dir = Path(data_dir)
+    for split, n in {**DEFAULT_SIZES, **(sizes or {})}.items():
+        if not (data_dir / split).is_dir():
+            t0 = time.time()
+            rate = generate_split(data_dir, split, n, seed)
+            if verbose:
+                print(f"wrote {n} {split} episodes to {data_dir / split} ({rate:.0%} reach the goal, "
+                      f"{time.time() - t0:.0f}s)")
+    if not (data_dir / "action_stats.json").is_file():
+        write_action_stats(data_dir)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=str(DATA_DIR))
+    for split, n in DEFAULT_SIZES.items():
+        p.add_argument(f"--{split}", type=int, default=n, help=f"{split} episodes")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+    ensure_splits(a.out, {"train": a.train, "val": a.val, "test": a.test}, a.seed)

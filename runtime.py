@@ -1,0 +1,139 @@
+"""
+The run plumbing both training scripts share (train_lang.py, train_video.py): everything about *how* a run executes
+(one process or torchrun ranks, devices, precision, logging, checkpoints that resume) and nothing about *what* it
+trains. The scripts stay straight-line nanoGPT style; this module only removes the copy of the same ~100 lines.
+
+    run = Run(args, out_dir)          # after argparse: DDP setup, device per rank, threads, seed, autocast
+    run.print0(...), run.log({...}), run.barrier(), run.fail("message")
+    model, trained = run.wrap(model)  # to device, optionally torch.compile, DDP when launched by torchrun
+    step, done = run.resume_stage(ckpt, model, opt, g, "mle")   # then each step:
+    run.save_stage(ckpt, model, opt, step, metrics, g, done=step == total)
+
+Design choices:
+- torchrun is detected from its RANK environment variable, as in nanoGPT; without it there is one rank and no
+  torch.distributed call is ever made, so a plain `python train_x.py` needs no process group.
+- `args.device` is rewritten to cuda:<LOCAL_RANK> under DDP, so every later `.to(args.device)` and the args saved
+  in checkpoints name the rank's own GPU.
+- A stage checkpoint holds weights, optimizer and *every* rank's sampling generator (gathered to rank 0), so a
+  re-run continues the exact random stream on every rank; a finished stage keeps only its weights and metadata
+  (about a third of the size; nothing is left to resume). Resuming with a different number of ranks is refused.
+- Failures are one line on stderr ("error: ...") and exit status 1, never a traceback, for anything the user
+  can fix with a flag.
+"""
+import json
+import math
+import os
+import sys
+import zlib
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from checkpoint import read_checkpoint, resume, save_checkpoint
+
+
+class Run:
+    """Rank, world size, device and precision of this process, plus the helpers that depend on them."""
+
+    def __init__(self, args, out_dir):
+        self.args, self.out_dir = args, Path(out_dir)
+        self.ddp = int(os.environ.get("RANK", -1)) != -1
+        if self.ddp:
+            dist.init_process_group(backend="nccl" if args.device.startswith("cuda") else "gloo")
+            self.rank, self.world = dist.get_rank(), dist.get_world_size()
+            if args.device.startswith("cuda"):
+                args.device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+                torch.cuda.set_device(args.device)
+        else:
+            self.rank, self.world = 0, 1
+        self.master = self.rank == 0
+        torch.set_num_threads(args.threads)
+        torch.manual_seed(args.seed)
+        device_type = "cuda" if args.device.startswith("cuda") else "cpu"
+        self.autocast = torch.autocast(device_type, dtype=getattr(torch, args.dtype), enabled=args.dtype != "float32")
+
+    def print0(self, *a, **k):
+        if self.master:
+            print(*a, **k, flush=True)
+
+    def fail(self, msg):
+        print(f"error: {msg}", file=sys.stderr)
+        sys.exit(1)
+
+    def log(self, row):
+        """Append one JSON line to out_dir/log.jsonl (rank 0 only)."""
+        if self.master:
+            with open(self.out_dir / "log.jsonl", "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    def barrier(self):
+        if self.ddp:
+            dist.barrier()
+
+    def finish(self):
+        if self.ddp:
+            dist.destroy_process_group()
+
+    def wrap(self, model, compile=False):
+        """-> (model on the device, the module to train: compiled and/or DDP-wrapped around it)."""
+        model = model.to(self.args.device)
+        trained = torch.compile(model) if compile else model
+        if self.ddp:
+            trained = torch.nn.parallel.DistributedDataParallel(trained)
+        return model, trained
+
+    def save_stage(self, ckpt, model, opt, step, metrics, g, done):
+        """Checkpoint a stage every --ckpt_every steps and when it is done: weights, optimizer and every rank's
+        sampling generator, so a re-run resumes exactly. A finished stage keeps only its weights and metadata."""
+        if step % self.args.ckpt_every and not done:
+            return
+        states = [g.get_state()]
+        if self.ddp:
+            states = [None] * self.world
+            dist.all_gather_object(states, g.get_state())
+        if self.master:
+            save_checkpoint(ckpt, model, args=vars(self.args), step=step, metrics={**metrics, "done": done},
+                            optimizer=None if done else opt,
+                            state=None if done else {f"rng{r}": s for r, s in enumerate(states)})
+
+    def resume_stage(self, ckpt, model, opt, g, name):
+        """-> (step to continue from, done?). Restores weights, and for an unfinished stage optimizer and generator."""
+        if not (self.args.resume and ckpt.is_file()):
+            return 0, False
+        try:
+            done = read_checkpoint(ckpt)[1]["metrics"].get("done")
+            meta, state = resume(ckpt, model, None if done else opt)
+        except ValueError as e:
+            self.fail(f"{e} (pass --resume=0 or another --out_dir to start over)")
+        if done:
+            self.print0(f"{name}: {ckpt} is complete, reusing it")
+            return meta["step"], True
+        if f"rng{self.rank}" not in state:
+            self.fail(f"{ckpt}: saved by a run with another number of ranks; resume with the same torchrun size")
+        g.set_state(state[f"rng{self.rank}"])
+        self.print0(f"{name}: resuming from step {meta['step']}")
+        return meta["step"], False
+
+    def check_ranks_in_sync(self, model, stage):
+        """Under DDP every rank must hold the same weights; log their checksums and stop on a mismatch (a bug)."""
+        if not self.ddp:
+            return
+        sums = [None] * self.world
+        dist.all_gather_object(sums, checksum(model))
+        self.print0(f"{stage}: weight checksums per rank {sums}")
+        self.log({"stage": stage, "rank_checksums": sums})
+        if len(set(sums)) != 1:
+            self.fail(f"ranks diverged: weight checksums {sums}")
+
+
+def checksum(model):
+    """CRC32 of all parameters' bytes: equal across ranks iff the weights are bit-identical."""
+    return zlib.crc32(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters()))
+
+
+def lr_at(step, total, base, warmup):
+    """Linear warmup over `warmup` steps, then cosine decay from base to 0.1 * base at step `total`."""
+    if step < warmup:
+        return base * (step + 1) / warmup
+    return base * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup)))))

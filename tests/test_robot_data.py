@@ -1,0 +1,125 @@
+import json
+
+import numpy as np
+import pytest
+
+from data.robot import sim
+from data.robot.prepare import ensure_splits
+from data.robot.task import (N_BINS, Layout, action_bins, clips, episode_files, load_episode, load_split, read_action_stats,
+                             resize_frames)
+
+
+def scene(gripper, block, other=(50.0, 50.0)):
+    return dict(gripper=np.array(gripper, np.float32), blocks=np.array([block, other], np.float32),
+                goal=np.array([10.0, 50.0], np.float32), colors=sim.PALETTE[:2])
+
+
+def test_gripper_moves_by_the_action_and_pushes_blocks():
+    s = sim.step(scene((20, 20), (40, 40)), [1.0, -0.5])
+    assert np.allclose(s["gripper"], [20 + sim.SPEED, 20 - 0.5 * sim.SPEED])
+    assert np.allclose(s["blocks"][0], [40, 40])                  # no contact: the block stays
+    s = scene((30, 40), (30 + sim.GRIP_R + sim.HALF + 1, 40))     # block 1 pixel to the right of the gripper
+    s2 = sim.step(s, [1.0, 0.0])
+    assert s2["blocks"][0][0] > s["blocks"][0][0] and np.isclose(s2["blocks"][0][1], 40)
+    # after the push the disc touches the block's side but does not overlap it
+    assert s2["blocks"][0][0] - sim.HALF - s2["gripper"][0] == pytest.approx(sim.GRIP_R, abs=1e-4)
+
+
+def test_walls_and_block_block_contacts():
+    s = scene((62 - sim.GRIP_R - 2 * sim.HALF, 30), (63 - sim.HALF, 30))   # block against the right wall
+    s2 = sim.step(s, [1.0, 0.0])
+    assert s2["blocks"][0][0] <= 63 - sim.HALF + 1e-5
+    assert s2["blocks"][0][0] - sim.HALF - s2["gripper"][0] >= sim.GRIP_R - 1e-4   # gripper yields
+    s = scene((20, 30), (20 + sim.GRIP_R + sim.HALF + 0.5, 30), other=(20 + sim.GRIP_R + 3 * sim.HALF + 1, 30))
+    s2 = sim.step(s, [1.0, 0.0])
+    assert s2["blocks"][1][0] - s2["blocks"][0][0] >= 2 * sim.HALF - 1e-4   # the pushed block pushes the other
+
+
+def test_expert_reaches_the_goal_more_often_than_random_actions():
+    rng = np.random.default_rng(0)
+    expert = np.mean([sim.episode(rng, 40, 0.0)["success"] for _ in range(12)])
+    rng = np.random.default_rng(0)
+    wins = 0
+    for _ in range(12):
+        s = sim.reset(rng)
+        for _ in range(40):
+            s = sim.step(s, rng.uniform(-1, 1, 2))
+        wins += sim.success(s)
+    assert expert >= 0.5 and expert > wins / 12
+
+
+def test_episode_format_and_determinism():
+    a = sim.episode(np.random.default_rng(3), 6, 0.2)
+    b = sim.episode(np.random.default_rng(3), 6, 0.2)
+    assert a["image"].shape == (6, 64, 64, 3) and a["image"].dtype == np.uint8
+    assert a["action"].shape == (6, 2) and a["action"].dtype == np.float32 and np.abs(a["action"]).max() <= 1
+    assert np.array_equal(a["image"], b["image"])
+    assert a["image"].std() > 5                                   # textured, not flat
+    # the gripper moves between frames: the frames change
+    assert np.abs(a["image"][1:].astype(int) - a["image"][:-1]).max() > 50
+
+
+def test_prepare_writes_held_out_splits(tmp_path):
+    ensure_splits(tmp_path, {"train": 4, "val": 1, "test": 2}, verbose=False)
+    for split, n in (("train", 4), ("val", 1), ("test", 2)):
+        assert len(episode_files(tmp_path, split)) == n
+    with np.load(episode_files(tmp_path, "train")[0]) as z:
+        assert {"image", "action", "background", "success", "noise"} <= set(z.files)
+    train = {f.read_bytes() for f in episode_files(tmp_path, "train")}
+    assert not train & {f.read_bytes() for f in episode_files(tmp_path, "test")}
+    stats = json.loads((tmp_path / "action_stats.json").read_text())
+    assert len(stats["min"]) == 2 and all(lo < hi for lo, hi in zip(stats["min"], stats["max"]))
+    eps = load_split(tmp_path, "test", 32)
+    assert eps[0]["image"].shape == (16, 32, 32, 3) and eps[0]["background"].shape == (32, 32, 3)
+
+
+def test_flat_directory_split_and_rt1_shapes(tmp_path):
+    rng = np.random.default_rng(0)
+    for i in range(20):
+        np.savez(tmp_path / f"ep{i:02d}.npz", image=rng.integers(0, 255, (3, 256, 320, 3), dtype=np.uint8),
+                 action=rng.normal(size=(3, 13)).astype(np.float32))
+    splits = {s: set(episode_files(tmp_path, s)) for s in ("train", "val", "test")}
+    assert [len(splits[s]) for s in ("train", "val", "test")] == [17, 1, 2]
+    assert not (splits["train"] & splits["test"]) and not (splits["train"] & splits["val"])
+    ep = load_episode(sorted(splits["train"])[0], 64)
+    assert ep["image"].shape == (3, 64, 64, 3) and ep["action"].shape == (3, 13) and ep["background"] is None
+    lo, hi = read_action_stats(tmp_path)
+    assert lo.shape == (13,) and (tmp_path / "action_stats.json").is_file()
+
+
+def test_resize_and_bad_files(tmp_path):
+    frames = np.zeros((2, 256, 320, 3), np.uint8)
+    frames[:, :, 160:] = 200
+    small = resize_frames(frames, 64)
+    assert small.shape == (2, 64, 64, 3) and small[0, 0, 0, 0] == 0 and small[0, 0, -1, 0] == 200
+    np.savez(tmp_path / "bad.npz", image=np.zeros((3, 8, 8), np.uint8), action=np.zeros((3, 2)))
+    with pytest.raises(ValueError, match="bad.npz"):
+        load_episode(tmp_path / "bad.npz", 64)
+    np.savez(tmp_path / "noact.npz", image=np.zeros((3, 8, 8, 3), np.uint8))
+    with pytest.raises(ValueError, match="action"):
+        load_episode(tmp_path / "noact.npz", 64)
+
+
+def test_action_bins_and_layout():
+    lo, hi = np.array([-1.0, 0.0], np.float32), np.array([1.0, 10.0], np.float32)
+    b = action_bins(np.array([[-1.0, 0.0], [1.0, 10.0], [0.0, 20.0]], np.float32), lo, hi)
+    assert b.tolist() == [[0, 0], [N_BINS - 1, N_BINS - 1], [128, N_BINS - 1]]
+    lay = Layout(n_codes=16, codes_per_frame=4, action_dim=2)
+    assert lay.vocab_size == 16 + 2 * N_BINS and lay.frame_len == 6
+    codes = np.arange(12).reshape(3, 4)
+    bins = np.array([[0, 1], [2, 3]])
+    seq = lay.sequence(codes, bins)
+    assert seq.tolist() == [0, 1, 2, 3, 16, 16 + 256 + 1, 4, 5, 6, 7, 18, 16 + 256 + 3, 8, 9, 10, 11]
+    idx, tgt = lay.training_pair(codes, bins, context=1)
+    assert idx.tolist() == seq[:-1].tolist()
+    assert tgt.tolist() == [-1] * 5 + [4, 5, 6, 7] + [-1, -1] + [8, 9, 10, 11]   # predicted frames' codes only
+    idx, tgt = lay.training_pair(codes, bins, context=2)
+    assert tgt.tolist() == [-1] * 11 + [8, 9, 10, 11]
+
+
+def test_clips_cut_episodes_into_equal_windows():
+    eps = [dict(image=np.arange(10)[:, None], action=np.arange(10)[:, None] * 2.0, background=None),
+           dict(image=np.arange(3)[:, None], action=np.zeros((3, 1)), background=None)]
+    out = clips(eps, 4)
+    assert [c["image"].ravel().tolist() for c in out] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert out[1]["action"].ravel().tolist() == [8.0, 10.0, 12.0, 14.0] and out[0]["background"] is None

@@ -1,0 +1,97 @@
+"""The shared run plumbing on one process: the learning-rate schedule by hand, stage checkpoints that resume the exact
+generator stream (and shrink to weights once done), one-line failures, and the JSONL log."""
+import argparse
+import json
+import math
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig
+from runtime import Run, checksum, lr_at
+
+torch.set_num_threads(1)
+
+
+def make_run(tmp_path, **kw):
+    args = argparse.Namespace(device="cpu", dtype="float32", threads=1, seed=0, resume=1, ckpt_every=10, **kw)
+    return Run(args, tmp_path)
+
+
+def tiny():
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_embd=16))
+
+
+def test_lr_at_warmup_then_cosine_to_a_tenth():
+    assert lr_at(0, 100, 1.0, 10) == pytest.approx(0.1)
+    assert lr_at(9, 100, 1.0, 10) == pytest.approx(1.0)
+    assert lr_at(10, 100, 1.0, 10) == pytest.approx(1.0)              # cosine starts at the base rate
+    assert lr_at(55, 100, 1.0, 10) == pytest.approx(0.55)             # halfway: 0.1 + 0.45 * (1 + cos(pi / 2))
+    assert lr_at(100, 100, 2.0, 10) == pytest.approx(0.2)
+    assert lr_at(500, 100, 2.0, 10) == pytest.approx(0.2)             # stays at the floor past the end
+    assert lr_at(0, 100, 1.0, 0) == pytest.approx(1.0)                # no warmup
+    assert lr_at(25, 100, 1.0, 0) == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi / 4)))
+
+
+def test_save_resume_round_trip_restores_weights_optimizer_and_generator(tmp_path):
+    run = make_run(tmp_path)
+    model = tiny()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    idx = torch.randint(0, 32, (2, 8))
+    model(idx, idx)[1].backward()
+    opt.step()
+    g = torch.Generator().manual_seed(5)
+    torch.randint(100, (7,), generator=g)
+    ckpt = tmp_path / "stage.safetensors"
+    run.save_stage(ckpt, model, opt, 3, {"loss": 1.5}, g, done=False)
+    assert not ckpt.exists()                                          # step 3 is not a --ckpt_every multiple
+    run.save_stage(ckpt, model, opt, 10, {"loss": 1.5}, g, done=False)
+    expected = torch.randint(100, (20,), generator=g)
+
+    model2 = GPT(model.config)
+    opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-2)
+    g2 = torch.Generator().manual_seed(99)
+    assert run.resume_stage(ckpt, model2, opt2, g2, "mle") == (10, False)
+    assert torch.equal(torch.randint(100, (20,), generator=g2), expected)
+    assert checksum(model2) == checksum(model)
+    assert opt2.state_dict()["state"][0]["step"] == opt.state_dict()["state"][0]["step"]
+
+
+def test_finished_stage_keeps_weights_only_and_is_reused(tmp_path, capsys):
+    run = make_run(tmp_path)
+    model, g = tiny(), torch.Generator().manual_seed(1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    idx = torch.randint(0, 32, (2, 8))
+    model(idx, idx)[1].backward()
+    opt.step()                                                       # Adam's moments: twice the weights
+    ckpt = tmp_path / "stage.safetensors"
+    run.save_stage(ckpt, model, opt, 10, {}, g, done=False)
+    size_resumable = ckpt.stat().st_size
+    run.save_stage(ckpt, model, opt, 13, {}, g, done=True)          # saved although 13 is off the schedule
+    assert ckpt.stat().st_size < size_resumable / 2
+    assert run.resume_stage(ckpt, GPT(model.config), opt, g, "rlvr") == (13, True)
+    assert f"rlvr: {ckpt} is complete, reusing it" in capsys.readouterr().out
+    run.args.resume = 0
+    assert run.resume_stage(ckpt, GPT(model.config), opt, g, "rlvr") == (0, False)
+
+
+def test_fail_is_one_line_on_stderr_and_exit_1(tmp_path, capsys):
+    run = make_run(tmp_path)
+    (tmp_path / "bad.safetensors").write_bytes(b"not a checkpoint")
+    with pytest.raises(SystemExit) as e:
+        run.resume_stage(tmp_path / "bad.safetensors", tiny(), None, torch.Generator(), "mle")
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "--resume=0" in err
+
+
+def test_log_appends_json_lines_and_single_process_needs_no_process_group(tmp_path):
+    run = make_run(tmp_path)
+    assert (run.ddp, run.rank, run.world, run.master) == (False, 0, 1, True)
+    run.log({"stage": "mle", "step": 1})
+    run.log({"stage": "mle", "step": 2})
+    run.barrier()
+    run.check_ranks_in_sync(tiny(), "rlvr")                          # a no-op without DDP: nothing logged
+    rows = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert rows == [{"stage": "mle", "step": 1}, {"stage": "mle", "step": 2}]

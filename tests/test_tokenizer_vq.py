@@ -1,0 +1,107 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tokenizer_vq import FSQ, VQConfig, VQVAE, VectorQuantizer, codebook_stats, load_vq, save_vq
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny convolutions and GPTs run fastest on one thread (and the CI machine has two cores)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.mark.parametrize("quantizer", ["vq", "fsq"])
+def test_shapes_and_roundtrip_api(quantizer):
+    torch.manual_seed(0)
+    vq = VQVAE(VQConfig(quantizer=quantizer, channels=(8, 8, 16), n_codes=64))
+    x = torch.rand(2, 3, 64, 64)
+    rec, loss, idx = vq(x)
+    assert rec.shape == x.shape and idx.shape == (2, 8, 8) and loss.ndim == 0
+    vq.eval()
+    codes = vq.tokenize((x * 255).byte().permute(0, 2, 3, 1).numpy())
+    assert codes.shape == (2, 64) and codes.dtype == torch.long
+    assert 0 <= int(codes.min()) and int(codes.max()) < vq.config.n_codes
+    frames = vq.detokenize(codes)
+    assert frames.shape == (2, 3, 64, 64) and 0 <= float(frames.min()) and float(frames.max()) <= 1
+    # tokenize(detokenize(c)) is not c in general, but decoding the codes of x gives the model's own reconstruction
+    assert torch.allclose(vq.detokenize(vq.tokenize(x)), (vq(x)[0]).clamp(0, 1), atol=1e-5)
+
+
+def test_vq_picks_nearest_code_and_passes_gradients_straight_through():
+    q = VectorQuantizer(4, 2, beta=0.25)
+    q.codebook.data = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [5.0, 5.0]])
+    q.initialised.fill_(True)
+    z = torch.tensor([[[[0.9]], [[0.1]]], [[[0.2]], [[0.7]]]], requires_grad=True)  # (2, 2, 1, 1)
+    zq, loss, idx = q(z)
+    assert idx.flatten().tolist() == [1, 2]
+    assert torch.allclose(zq.detach().flatten(1), torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
+    zq.sum().backward()
+    assert torch.allclose(z.grad, torch.ones_like(z))           # straight-through: d zq / d z = 1
+    expected = 1.25 * F.mse_loss(torch.tensor([[0.9, 0.1], [0.2, 0.7]]), torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
+    assert torch.allclose(loss, expected)
+
+
+def test_codebook_init_from_data_and_dead_code_restart():
+    torch.manual_seed(0)
+    q = VectorQuantizer(16, 3, beta=0.25).train()
+    z = torch.randn(4, 3, 4, 4) + 10.0                            # data far from the random init
+    q(z)
+    flat = z.permute(0, 2, 3, 1).reshape(-1, 3)
+    assert q.codebook.detach().mean() > 9                         # initialised from encoder outputs
+    q.usage.fill_(1.0)
+    q.usage[[3, 7]] = 0.0
+    before = q.codebook.detach().clone()
+    assert q.restart_dead(flat) == 2
+    changed = (q.codebook.detach() != before).any(1)
+    assert changed.nonzero().flatten().tolist() == [3, 7]
+    assert q.usage[3] == 1.0
+
+
+def test_fsq_codes_are_a_bijection():
+    f = FSQ((8, 5, 3))
+    idx = torch.arange(8 * 5 * 3)
+    z = f.lookup(idx)                                             # (120, 3) in [-1, 1]
+    assert z.abs().max() <= 1 and len({tuple(r) for r in z.tolist()}) == 120
+    # feed values that land exactly on the levels back through the quantiser: same indices
+    half_w = torch.tensor([4.0, 2.0, 1.0])
+    digits = z * half_w
+    half_l = (torch.tensor([8.0, 5, 3]) - 1) * (1 + 1e-3) / 2
+    offset = torch.tensor([0.5, 0.0, 0.0])
+    pre = torch.atanh((digits + offset) / half_l) - torch.atanh(offset / half_l)
+    _, loss, back = f(pre.t().reshape(1, 3, 120, 1))
+    assert back.flatten().tolist() == idx.tolist() and loss == 0
+
+
+def test_codebook_stats():
+    s = codebook_stats(torch.tensor([0, 1, 2, 3] * 5), 8)
+    assert s["used"] == 4 and abs(s["perplexity"] - 4.0) < 1e-5
+    assert codebook_stats(torch.zeros(10, dtype=torch.long), 8)["perplexity"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("quantizer", ["vq", "fsq"])
+def test_training_reduces_loss_and_save_load(tmp_path, quantizer):
+    torch.manual_seed(0)
+    vq = VQVAE(VQConfig(channels=(8, 16, 16), n_codes=32, quantizer=quantizer))
+    x = torch.rand(8, 3, 1, 1).expand(8, 3, 32, 32).contiguous()  # flat colours: easy to learn
+    opt = torch.optim.Adam(vq.parameters(), lr=1e-3)
+    errors = []
+    for _ in range(150):
+        rec, qloss, _ = vq(x)
+        err = F.mse_loss(rec, x)
+        opt.zero_grad()
+        (err + qloss).backward()
+        opt.step()
+        errors.append(err.item())
+    assert sum(errors[-5:]) / 5 < 0.3 * errors[0]
+    save_vq(tmp_path / "vq.safetensors", vq, {"psnr_heldout": 1.0})
+    back, header = load_vq(tmp_path / "vq.safetensors")
+    vq.eval()
+    assert header["psnr_heldout"] == 1.0 and back.config == vq.config
+    assert torch.equal(back.tokenize(x), vq.tokenize(x))
+    (tmp_path / "junk.safetensors").write_bytes(b"junk")
+    with pytest.raises(ValueError, match="junk.safetensors"):
+        load_vq(tmp_path / "junk.safetensors")

@@ -1,0 +1,106 @@
+"""End-to-end runs of train_video.py on tiny settings (subprocesses, ~1 min in all): every stage in both modes,
+the evaluation CLI, RT-1-shaped episodes, and a 2-process torchrun (gloo) RLVR run that must end with equal weights."""
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data.robot.prepare import generate_split
+from data.robot.task import write_action_stats
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--vq_steps=3", "--vq_batch=4", "--n_codes=32", "--mle_steps=3", "--batch_size=2", "--n_layer=1",
+        "--n_head=2", "--n_embd=32", "--rl_steps=2", "--prompts_per_step=2", "--group_size=2", "--horizon=3",
+        "--micro_batch=4", "--threads=1", "--clip_len=8"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def run(cmd, timeout=120):
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=ENV)
+    assert r.returncode == 0, f"{' '.join(map(str, cmd))}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r.stdout + r.stderr
+
+
+def train(*args, timeout=120):
+    return run([sys.executable, "train_video.py", *map(str, args), *TINY], timeout)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Tiny embedded-format data and a full --stage=all run from scratch in multi-step mode."""
+    tmp = tmp_path_factory.mktemp("video")
+    for split, n in (("train", 6), ("val", 2), ("test", 2)):
+        generate_split(tmp / "data", split, n, length=8)
+    write_action_stats(tmp / "data")
+    out = train("--data", tmp / "data", "--out_dir", tmp / "out", "--init=scratch", "--mode=multi")
+    return tmp, out
+
+
+@pytest.mark.slow
+def test_all_stages_from_scratch_multi_step(trained):
+    tmp, out = trained
+    o = tmp / "out"
+    for f in ("video_vq", "video_mle", "video_rlvr"):
+        assert (o / f"{f}.safetensors").is_file()
+    assert "reward: mae+ssim" in out and "held-out PSNR" in out
+    rows = json.loads((o / "eval.json").read_text())
+    assert set(rows) == {"mle", "rlvr"}
+    for r in rows.values():
+        assert r["horizon"] == 3 and r["n"] == 2 * 2 * 3 and r["lpips"] is None
+        assert {"mae", "mse", "psnr", "ssim", "repetition_rate", "mae_moving", "copy_last_frame",
+                "tokenizer_ceiling", "objects"} <= set(r)
+    stages = [json.loads(line)["stage"] for line in (o / "log.jsonl").read_text().splitlines()]
+    assert {"tokenizer", "mle", "rlvr"} <= set(stages)
+
+
+@pytest.mark.slow
+def test_single_step_rlvr_from_a_checkpoint_and_eval_cli(trained):
+    tmp, _ = trained
+    o = tmp / "single"
+    train("--data", tmp / "data", "--out_dir", o, "--stage=rlvr", "--init", tmp / "out" / "video_mle.safetensors",
+          "--mode=single")
+    assert json.loads((o / "eval.json").read_text())["rlvr"]["horizon"] == 1
+    run([sys.executable, "video_eval.py", "--ckpt", o / "video_rlvr.safetensors", "--data", tmp / "data",
+         "--json", o / "e.json", "--grid", o / "g.png"])
+    assert json.loads((o / "e.json").read_text())["n"] == 2 * 7 and (o / "g.png").is_file()
+    # a complete stage is reused, not retrained
+    assert "is complete, reusing it" in train("--data", tmp / "data", "--out_dir", o, "--stage=rlvr", "--init",
+                                              tmp / "out" / "video_mle.safetensors", "--mode=single")
+
+
+@pytest.mark.slow
+def test_rt1_format_episodes_train(tmp_path):
+    rng = np.random.default_rng(0)
+    for i in range(12):                                   # flat folder: 10 train, 1 val, 1 test
+        img = np.zeros((10, 256, 320, 3), np.uint8)       # clips of 8 frames; the last 2 are dropped
+        img[:] = rng.integers(0, 255, 3, dtype=np.uint8)
+        for t in range(10):
+            img[t, 100:160, 25 * t:25 * t + 60] = 255                            # something that moves
+        np.savez(tmp_path / f"rt1_{i:02d}.npz", image=img, action=rng.normal(size=(10, 13)).astype(np.float32))
+    out = train("--data", tmp_path, "--out_dir", tmp_path / "out", "--init=scratch", "--mode=single")
+    assert "10 train / 1 val / 1 test clips of 8 frames, 13-dim actions, frames resized to 64x64" in out
+    rows = json.loads((tmp_path / "out" / "eval.json").read_text())
+    assert rows["rlvr"]["n"] == 7 and "objects" not in rows["rlvr"]      # no background in RT-1 files
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_torchrun_two_ranks_rlvr_identical_weights(trained):
+    tmp, _ = trained
+    out = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+               "train_video.py", "--data", str(tmp / "data"), "--out_dir", str(tmp / "ddp"), "--stage=rlvr",
+               "--init", str(tmp / "out" / "video_mle.safetensors"), "--mode=multi", *TINY], timeout=180)
+    sums = re.search(r"weight checksums per rank \[(\d+), (\d+)\]", out)
+    assert sums and sums.group(1) == sums.group(2), out[-2000:]
+    assert (tmp / "ddp" / "eval.json").is_file()

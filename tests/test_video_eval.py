@@ -1,0 +1,98 @@
+import numpy as np
+import pytest
+import torch
+
+from data.robot import sim
+from data.robot.task import Layout
+from model import GPT, GPTConfig
+from tokenizer_vq import VQConfig, VQVAE
+from video_eval import eval_video, frame_codes, rollout, write_grid
+from rewards import mae
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny convolutions and GPTs run fastest on one thread (and the CI machine has two cores)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def tiny(n_codes=16, D=2):
+    torch.manual_seed(0)
+    vq = VQVAE(VQConfig(channels=(4, 4, 8), n_codes=n_codes)).eval()
+    lay = Layout(n_codes, 64, D)
+    gpt = GPT(GPTConfig.llama(vocab_size=lay.vocab_size, block_size=4 * lay.frame_len, n_layer=1, n_head=2, n_embd=16))
+    return vq, lay, gpt
+
+
+def test_rollout_injects_actions_between_sampled_frames():
+    vq, lay, gpt = tiny()
+    prompts = [list(range(66)), list(range(1, 67))]
+    actions = torch.tensor([[[16, 16 + 256 + 5], [17, 16 + 256 + 6]]] * 2)        # (N, horizon - 1, D)
+    tok, lp, sampled = rollout(gpt, prompts, actions, 3, 64, 1.0, torch.Generator().manual_seed(0))
+    assert tok.shape == lp.shape == sampled.shape == (2, 3 * 64 + 2 * 2)
+    assert tok[:, 64:66].tolist() == actions[:, 0].tolist() and tok[:, 130:132].tolist() == actions[:, 1].tolist()
+    assert not sampled[:, 64:66].any() and sampled[:, :64].all() and (lp[:, 64:66] == 0).all()
+    assert (lp[sampled] < 0).all()
+    codes = frame_codes(tok, lay, 3)
+    assert codes.shape == (2, 3, 64) and codes.max() < lay.K
+    bad = tok.clone()
+    bad[0, 0] = lay.K + 3                                                          # an action token where a code belongs
+    assert frame_codes(bad, lay, 3)[0, 0, 0] == 0
+
+
+def test_eval_video_reports_baselines_and_checks(tmp_path):
+    vq, lay, gpt = tiny()
+    rng = np.random.default_rng(0)
+    eps = []
+    for _ in range(2):
+        ep = sim.episode(rng, 5, 0.0)
+        eps.append(dict(image=ep["image"], action=ep["action"], background=ep["background"]))
+    codes = torch.stack([vq.tokenize(ep["image"]) for ep in eps])
+    lo, hi = np.full(2, -1, np.float32), np.ones(2, np.float32)
+    res = eval_video(gpt, vq, eps, codes, lo, hi, context=1, horizon=2, desc=None, grid_path=tmp_path / "g.gif")
+    assert res["n_windows"] == 4 and res["n"] == 8 and res["lpips"] is None
+    for k in ("mse", "mae", "psnr", "ssim", "mae_moving", "repetition_rate"):
+        assert np.isfinite(res[k])
+    # the copy baseline is exactly the last context frame against the truth
+    t = torch.from_numpy(eps[0]["image"]).permute(0, 3, 1, 2).float() / 255
+    copy = torch.cat([mae(t[0:1].expand(2, -1, -1, -1), t[1:3]), mae(t[2:3].expand(2, -1, -1, -1), t[3:5])])
+    t = torch.from_numpy(eps[1]["image"]).permute(0, 3, 1, 2).float() / 255
+    copy = torch.cat([copy, mae(t[0:1].expand(2, -1, -1, -1), t[1:3]), mae(t[2:3].expand(2, -1, -1, -1), t[3:5])])
+    assert abs(res["copy_last_frame"]["mae"] - copy.mean().item()) < 1e-6
+    assert 0 < res["objects"]["pixels_truth"] < 0.3 and 0 <= res["objects"]["recall"] <= 1
+    assert (tmp_path / "g.gif").is_file()
+
+
+def test_write_grid_png(tmp_path):
+    rows = [(torch.rand(3, 8, 8), torch.rand(1, 3, 8, 8), torch.rand(1, 3, 8, 8))] * 2
+    write_grid(rows, tmp_path / "g.png")
+    import imageio.v2 as imageio
+    assert imageio.imread(tmp_path / "g.png").shape == (2 * 8 * 2, 4 * 8 * 2, 3)
+
+
+def test_grpo_with_the_multi_step_sampler_keeps_injected_actions_out_of_the_loss():
+    from grpo import GRPOConfig, grpo_step, rollout as grpo_rollout
+    vq, lay, gpt = tiny()
+    K, L, D = 2, 64, 2
+    cfg = GRPOConfig(group_size=2, max_new_tokens=K * L + D, beta=0.0, micro_batch=4)
+    acts = torch.tensor([[lay.K + 7, lay.K + 256 + 9]])
+    items = [dict(actions=acts), dict(actions=acts)]
+    prompts = [list(range(66)), list(range(2, 68))]
+
+    def sampler(m, ps, its, c, gen):
+        return rollout(m, ps, torch.stack([it["actions"] for it in its]), K, L, c.temperature, gen)
+
+    def reward_fn(its, completions):
+        return [sum(t == 3 for t in c) / len(c) for c in completions]
+
+    g = torch.Generator().manual_seed(0)
+    batch = grpo_rollout(gpt, prompts, items, reward_fn, cfg, None, g, sampler)
+    start = len(prompts[0]) - 1
+    assert batch["mask"][:, start:start + L].all() and not batch["mask"][:, start + L:start + L + D].any()
+    assert batch["mask"][:, start + L + D:start + 2 * L + D].all() and batch["mask"].sum() == 4 * K * L
+    opt = torch.optim.AdamW(gpt.parameters(), lr=1e-3)
+    stats = grpo_step(gpt, None, opt, prompts, items, reward_fn, cfg, None, g, 0, sampler)
+    assert np.isfinite(stats["loss"]) and stats["response_len"] == K * L + D

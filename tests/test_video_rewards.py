@@ -1,0 +1,108 @@
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+from skimage.metrics import peak_signal_noise_ratio, structural_similarity
+
+from rewards import (LPIPS, REWARDS, load_lpips, mae, mse, pick_reward, psnr, repetition_rate, ssim,
+                                 video_reward)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny convolutions and GPTs run fastest on one thread (and the CI machine has two cores)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def image_pairs(seed=0, n=4, size=32):
+    g = torch.Generator().manual_seed(seed)
+    true = torch.rand(n, 3, size, size, generator=g)
+    true[1] = torch.linspace(0, 1, size).view(1, 1, -1).expand(3, size, size)   # smooth
+    true[2] = 0.5                                                                 # flat
+    pred = (true + 0.1 * torch.randn(n, 3, size, size, generator=g)).clamp(0, 1)
+    pred[3] = torch.rand(3, size, size, generator=g)                              # unrelated
+    return pred, true
+
+
+def test_ssim_matches_scikit_image():
+    pred, true = image_pairs()
+    ours = ssim(pred, true)
+    for i in range(len(pred)):
+        ref = structural_similarity(pred[i].numpy().astype(np.float64), true[i].numpy().astype(np.float64),
+                                    channel_axis=0, data_range=1, gaussian_weights=True, sigma=1.5,
+                                    use_sample_covariance=False)
+        assert abs(ours[i].item() - ref) < 1e-4, (i, ours[i].item(), ref)
+    assert ours.shape == (4,) and torch.allclose(ssim(true, true), torch.ones(4))
+
+
+def test_psnr_mae_mse_match_definitions():
+    pred, true = image_pairs(1)
+    for i in range(len(pred)):
+        ref = peak_signal_noise_ratio(true[i].numpy().astype(np.float64), pred[i].numpy().astype(np.float64), data_range=1)
+        assert abs(psnr(pred, true)[i].item() - ref) < 1e-4
+    d = (pred - true).numpy()
+    assert np.allclose(mae(pred, true).numpy(), np.abs(d).reshape(4, -1).mean(1), atol=1e-6)
+    assert np.allclose(mse(pred, true).numpy(), (d ** 2).reshape(4, -1).mean(1), atol=1e-7)
+    assert torch.isfinite(psnr(true, true)).all()   # identical frames: mse floored, no inf
+
+
+def random_lpips_file(path, seed=0):
+    torch.manual_seed(seed)
+    net = LPIPS()
+    sd = {k: v for k, v in net.state_dict().items() if k.startswith("features")}
+    sd.update({f"lin{k}.weight": torch.rand_like(m.weight) for k, m in enumerate(net.lins)})  # lin weights are >= 0
+    save_file(sd, str(path))
+    return path
+
+
+def test_lpips_properties_and_loading(tmp_path):
+    assert load_lpips(None) is None
+    net = load_lpips(random_lpips_file(tmp_path / "lpips.safetensors"))
+    pred, true = image_pairs(2, n=4, size=64)
+    same = net(true, true)
+    diff = net(pred, true)
+    assert same.shape == (4,) and torch.allclose(same, torch.zeros(4), atol=1e-6)
+    assert (diff > 0).all()
+    near = net((true + 0.01).clamp(0, 1), true)
+    assert (near < diff).all()                 # a tiny change is closer than noise
+    save_file({"features.0.weight": torch.zeros(1)}, str(tmp_path / "bad.safetensors"))
+    with pytest.raises(ValueError, match="bad.safetensors"):
+        load_lpips(tmp_path / "bad.safetensors")
+
+
+def test_repetition_rate_counts_repeats_only_where_truth_moves():
+    L = 4
+    ctx_codes = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4]])
+    pred = torch.tensor([[[1, 2, 3, 4], [5, 5, 5, 5], [5, 5, 5, 5]],      # sample 0: frames 0 and 2 repeat
+                         [[9, 2, 3, 4], [9, 2, 3, 5], [9, 2, 3, 6]]])     # sample 1: never repeats
+    ctx = torch.zeros(2, 3, 8, 8)
+    true = torch.zeros(2, 3, 3, 8, 8)
+    true[0, 0, :, 0, 0] = 1.0      # truth moves at frame 0 ...
+    true[0, 1, :, 0, 0] = 0.5      # ... and 1, and frame 2 equals frame 1: its repeat is no error
+    true[0, 2, :, 0, 0] = 0.5
+    true[1, :, :, 0, 0] = torch.tensor([1.0, 0.0, 1.0])[:, None]
+    r = repetition_rate(pred, ctx_codes, true, ctx)
+    assert r.tolist() == [0.5, 0.0]
+    assert pred.shape[-1] == L
+
+
+def test_named_rewards():
+    pred, true = image_pairs(3)
+    assert pick_reward("auto", None) == "mae+ssim"
+    assert pick_reward("auto", object()) == "mae+lpips"
+    with pytest.raises(ValueError):
+        pick_reward("mae+lpips", None)
+    with pytest.raises(ValueError):
+        pick_reward("psnr", None)
+    r = video_reward("mae+ssim", pred, true)
+    assert torch.allclose(r, -(mae(pred, true) + 1 - ssim(pred, true)))
+    assert torch.allclose(video_reward("mae+ssim", true, true), torch.zeros(4), atol=1e-6)
+    assert (r < 0).all() and r[3] < r[0]       # the unrelated frame scores lowest
+    bad = pred.clone()
+    bad[0] = float("nan")
+    out = video_reward("mae+ssim", bad, true)
+    assert torch.isfinite(out).all() and out[0] == 0.0
+    assert set(REWARDS) == {"mae+ssim", "mae+lpips"}
