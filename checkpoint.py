@@ -13,7 +13,6 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 
-import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 

@@ -164,7 +164,7 @@ class KVCache:
         self.length = 0
 
     def update(self, layer, k, v):
-        T, end = k.size(2), self.length + k.size(2)
+        end = self.length + k.size(2)
         self.k[layer][:, :, self.length:end] = k
         self.v[layer][:, :, self.length:end] = v
         if layer == len(self.k) - 1:

@@ -133,3 +133,13 @@ def test_truncated_weights_name_the_file(tmp_path):
     f.write_bytes(f.read_bytes()[:1000])
     with pytest.raises(ValueError, match="model.safetensors"):
         GPT.from_pretrained(tmp_path)
+
+
+def test_sharded_checkpoint_loads(tmp_path):
+    hf = hf_qwen2(tmp_path / "src")
+    hf.save_pretrained(tmp_path / "sharded", safe_serialization=True, max_shard_size="20KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    ours = GPT.from_pretrained(tmp_path / "sharded").eval()
+    idx = torch.randint(0, 90, (2, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.allclose(ours(idx)[0], hf(idx).logits, atol=1e-4, rtol=0)

@@ -5,15 +5,6 @@ import torch.nn.functional as F
 from tokenizer_vq import FSQ, VQConfig, VQVAE, VectorQuantizer, codebook_stats, load_vq, save_vq
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny convolutions and GPTs run fastest on one thread (and the CI machine has two cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.mark.parametrize("quantizer", ["vq", "fsq"])
 def test_shapes_and_roundtrip_api(quantizer):
     torch.manual_seed(0)

@@ -1,5 +1,4 @@
 import numpy as np
-import pytest
 import torch
 
 from data.robot import sim
@@ -8,15 +7,6 @@ from model import GPT, GPTConfig
 from tokenizer_vq import VQConfig, VQVAE
 from video_eval import eval_video, frame_codes, rollout, write_grid
 from rewards import mae
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny convolutions and GPTs run fastest on one thread (and the CI machine has two cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def tiny(n_codes=16, D=2):

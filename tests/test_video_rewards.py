@@ -8,15 +8,6 @@ from rewards import (LPIPS, REWARDS, load_lpips, mae, mse, pick_reward, psnr, re
                                  video_reward)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny convolutions and GPTs run fastest on one thread (and the CI machine has two cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def image_pairs(seed=0, n=4, size=32):
     g = torch.Generator().manual_seed(seed)
     true = torch.rand(n, 3, size, size, generator=g)
