@@ -178,6 +178,10 @@ def batch_from(pairs):
     return idx.to(args.device), tgt.to(args.device)
 
 
+def fmt(x):
+    return "-" if x is None else f"{x:.3f}"  # a metric over an empty subset (no changed records) is None
+
+
 def val_accuracy(model, n):
     """Greedy headline metric (textgame: exact accuracy, webpage: F1) on the first n validation records."""
     with autocast:
@@ -235,7 +239,7 @@ def run_mle():
             if master:
                 metrics["val_acc"], metrics["val_acc_changed"] = val_accuracy(model, args.val_n)
                 print0(f"\nmle step {step}: train loss {loss.item():.4f} val loss {vl:.4f} "
-                       f"val acc {metrics['val_acc']:.3f} (changed {metrics['val_acc_changed']:.3f})")
+                       f"val {task.headline} {metrics['val_acc']:.3f} (changed {fmt(metrics['val_acc_changed'])})")
             model.train()
             log(metrics)
         run.save_stage(ckpt, model, opt, step, metrics, g, done=step == args.mle_steps or bool(timed_out))
@@ -291,8 +295,8 @@ def run_rlvr(start):
             if master:
                 stats["val_acc"], stats["val_acc_changed"] = val_accuracy(model, args.val_n)
                 print0(f"\nrlvr step {step}: reward {stats['reward_mean']:.3f} zero-spread groups "
-                       f"{stats['zero_std_frac']:.2f} kl {stats['kl']:.4f} val acc {stats['val_acc']:.3f} "
-                       f"(changed {stats['val_acc_changed']:.3f})")
+                       f"{stats['zero_std_frac']:.2f} kl {stats['kl']:.4f} val {task.headline} {stats['val_acc']:.3f} "
+                       f"(changed {fmt(stats['val_acc_changed'])})")
         log({"stage": "rlvr", **stats})
         run.save_stage(ckpt, model, opt, step, stats, g, done=step == args.rl_steps)
     bar.close()

@@ -113,3 +113,10 @@ def test_webpage_task_runs_end_to_end(tmp_path):
     for stage in ("mle", "rlvr"):
         assert {"precision", "recall", "f1", "n", "f1_changed"} <= set(result[stage])
     assert 0.0 < result["mle"]["baseline_no_change"]["f1"] < 1.0
+
+
+def test_bfloat16_autocast_on_cpu(tiny_run, tmp_path):
+    tmp, _ = tiny_run
+    run(["train_lang.py", "--stage=rlvr", f"--init={tmp / 'out' / 'mle.safetensors'}", f"--data_dir={tmp / 'data'}",
+         f"--out_dir={tmp_path}", "--rl_steps=1", "--dtype=bfloat16", *TINY])
+    assert json.loads((tmp_path / "eval.json").read_text())["rlvr"]["n"] == 12
