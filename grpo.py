@@ -169,7 +169,8 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_
     batch = rollout(raw, prompts, items, reward_fn, cfg, eos_id, generator, sampler)
     t_rollout = time.time() - t0
     r = batch["rewards"].view(-1, cfg.group_size)
-    spread = (r.std(1, unbiased=False) > 0).repeat_interleave(cfg.group_size)  # (N,) the sample's group has signal
+    has_spread = r.std(1, unbiased=False) > 0  # (P,) the group's rewards differ: it carries a policy gradient
+    spread = has_spread.repeat_interleave(cfg.group_size)  # (N,)
     keep = spread.nonzero().squeeze(1) if cfg.skip_zero_std else torch.arange(len(spread))
     idx, targets, mask = (batch[k][keep].to(device) for k in ("idx", "targets", "mask"))
     old_logp, adv = batch["old_logp"][keep].to(device), batch["adv"][keep].to(device)
@@ -219,10 +220,9 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_
             raise FloatingPointError(f"non-finite gradient norm at step {step}")
         sums["grad_norm"] += gn.item() / cfg.minibatches
         optimizer.step()
-    r = batch["rewards"].view(-1, cfg.group_size)
     lengths = torch.tensor([len(c) for c in batch["completions"]], dtype=torch.float32)
     return dict(step=step, reward_mean=r.mean().item(), reward_max=r.max().item(),
-                zero_std_frac=(r.std(1, unbiased=False) == 0).float().mean().item(),
+                zero_std_frac=1.0 - has_spread.float().mean().item(),
                 kl=sums["kl"], entropy=sums["entropy"], clip_frac=sums["clip"], loss=sums["loss"],
                 grad_norm=sums["grad_norm"], response_len=lengths.mean().item(),
                 eos_frac=batch["eos"].float().mean().item(),
