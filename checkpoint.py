@@ -6,7 +6,11 @@ and any extra state tensors such as RNG states (`state.<name>`), and in its head
 config, the script's `vars(args)`, the step, metrics and the optimizer's hyper-parameters. Because it is one file written
 to a temp name and renamed over the old one (`os.replace` is atomic on POSIX), a crash while saving leaves the previous
 checkpoint intact, and weights and metadata can never disagree. A `<name>.json` sidecar repeats the metadata for humans
-(and `jq`); loading reads only the safetensors file.
+(and `jq`); loading reads only the safetensors file. Any module whose `.config` is a dataclass can be saved and resumed
+(the GPT, and the video tokenizer while it trains); `load_model` builds GPTs only.
+
+No code runs from a file: tensors come through safetensors and everything else through JSON; a file that is not such a
+checkpoint (a pickle named .safetensors, a truncated file, another model's weights) is one ValueError naming the file.
 """
 import json
 import os
@@ -34,7 +38,7 @@ def save_checkpoint(path, model, *, args=None, step=0, metrics=None, optimizer=N
     path.parent.mkdir(parents=True, exist_ok=True)
     model = getattr(model, "module", model)  # unwrap DDP
     sd = model.state_dict()
-    if model.config.tie_embeddings:
+    if getattr(model.config, "tie_embeddings", False):
         sd.pop("lm_head.weight")  # the same storage as wte.weight; safetensors refuses shared tensors
     tensors = {"model." + k: v.detach().contiguous().cpu() for k, v in sd.items()}
     groups = None
@@ -67,9 +71,16 @@ def read_checkpoint(path):
         raise ValueError(f"{path}: not a readable safetensors checkpoint ({e})") from None
     if "nanorlvr" not in header:
         raise ValueError(f"{path}: safetensors file without nanoRLVR metadata (an HF model? pass its directory)")
-    meta = json.loads(header["nanorlvr"])
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{path}: checkpoint format {meta.get('format')!r}, expected {FORMAT!r}")
+    try:
+        meta = json.loads(header["nanorlvr"])
+    except ValueError as e:
+        raise ValueError(f"{path}: unreadable nanoRLVR metadata ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ValueError(f"{path}: checkpoint format {meta.get('format') if isinstance(meta, dict) else meta!r}, "
+                         f"expected {FORMAT!r}")
+    missing = [k for k in ("config", "args", "step", "metrics", "optimizer_groups") if k not in meta]
+    if missing:
+        raise ValueError(f"{path}: checkpoint metadata lacks {missing}")
     return tensors, meta
 
 
@@ -80,7 +91,10 @@ def _model_state(tensors):
 def load_model(path, device="cpu"):
     """Build the model a checkpoint describes and load its weights -> (model, meta)."""
     tensors, meta = read_checkpoint(path)
-    model = GPT(GPTConfig(**meta["config"]))
+    try:
+        model = GPT(GPTConfig(**meta["config"]))
+    except (TypeError, ValueError, AssertionError) as e:
+        raise ValueError(f"{path}: not a GPT checkpoint (config {meta['config']}: {e})") from None
     load_weights(model, tensors, path)
     return model.to(device), meta
 
@@ -88,7 +102,7 @@ def load_model(path, device="cpu"):
 def load_weights(model, tensors, path):
     sd = _model_state(tensors)
     result = model.load_state_dict(sd, strict=False)
-    allowed = {"lm_head.weight"} if model.config.tie_embeddings else set()
+    allowed = {"lm_head.weight"} if getattr(model.config, "tie_embeddings", False) else set()
     if set(result.missing_keys) - allowed or result.unexpected_keys:
         raise ValueError(f"{path}: weights do not fit this model (missing {result.missing_keys[:4]}, "
                          f"unexpected {result.unexpected_keys[:4]}); was it saved with another config?")
@@ -98,8 +112,11 @@ def resume(path, model, optimizer=None):
     """Load weights, optimizer and extra state from `path` into existing objects -> (meta, state tensors)."""
     tensors, meta = read_checkpoint(path)
     model = getattr(model, "module", model)
-    if meta["config"] != asdict(model.config):
-        raise ValueError(f"{path}: checkpoint config {meta['config']} differs from the model's {asdict(model.config)}")
+    ours = json.loads(json.dumps(asdict(model.config)))  # tuples become lists, as in the file
+    if meta["config"] != ours:
+        diff = ", ".join(f"{k}={meta['config'].get(k)!r} there, {ours.get(k)!r} here"
+                         for k in sorted(meta["config"].keys() | ours.keys()) if meta["config"].get(k) != ours.get(k))
+        raise ValueError(f"{path}: saved by a run with another model config ({diff})")
     load_weights(model, tensors, path)
     if optimizer is not None:
         if meta["optimizer_groups"] is None:
@@ -109,6 +126,9 @@ def resume(path, model, optimizer=None):
             if k.startswith("optim."):
                 _, i, name = k.split(".", 2)
                 state.setdefault(int(i), {})[name] = v
-        optimizer.load_state_dict({"state": state, "param_groups": meta["optimizer_groups"]})
+        try:
+            optimizer.load_state_dict({"state": state, "param_groups": meta["optimizer_groups"]})
+        except (ValueError, KeyError, TypeError, RuntimeError) as e:
+            raise ValueError(f"{path}: optimizer state does not fit this model ({e})") from None
     extra = {k[len("state."):]: v for k, v in tensors.items() if k.startswith("state.")}
     return meta, extra

@@ -14,6 +14,7 @@ Every language task writes "what changes" as text and is scored by its reward in
 Each metric is reported overall and on the transitions that change something (`_changed`) or nothing
 (`_unchanged`), greedy (T=0) at the top level of the JSON, sampled (T=1) under "sampled", best-of-k under
 "pass@k", plus the baseline that exposes fake gains: always answering "nothing changes", scored by the same reward.
+`n_cropped` counts prompts too long for the model's block_size, which keep only their last tokens (see `crop`).
 """
 import argparse
 import json
@@ -69,9 +70,19 @@ def load_lang_model(path, device="cpu"):
     return model, load_tokenizer(tok_path), meta
 
 
+def crop(prompts, block_size, max_new_tokens):
+    """Prompts too long to leave min(max_new_tokens, 64, block_size // 2) tokens of room keep their last tokens, as
+    nanoGPT crops its context (the action and the end of the page survive; the top of a long page is lost).
+    -> (prompts, number cropped)"""
+    keep = block_size - min(max_new_tokens, 64, block_size // 2)
+    return [p[-keep:] for p in prompts], sum(len(p) > keep for p in prompts)
+
+
 def generate_texts(model, tok, prompts, max_new_tokens, temperature=0.0, batch_size=64, generator=None, desc=None):
-    """Decode completions of token-id prompts, in batches sorted by length (less padding). -> list of strings."""
+    """Decode completions of token-id prompts, in batches sorted by length (less padding). -> list of strings.
+    A batch gets min(max_new_tokens, the room its longest prompt leaves in block_size) new tokens; see `crop`."""
     model.eval()
+    prompts = crop(prompts, model.config.block_size, max_new_tokens)[0]
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     out = [None] * len(prompts)
     for s in tqdm(range(0, len(order), batch_size), desc=desc, leave=False, disable=desc is None):
@@ -108,6 +119,7 @@ def eval_lang(task, model, tok, records, max_new_tokens=256, batch_size=64, samp
 
     greedy = generate_texts(model, tok, prompts, max_new_tokens, 0.0, batch_size, desc=desc and desc + " greedy")
     res = dict(summarize(score(greedy), changed), n=len(records), n_changed=sum(changed),
+               n_cropped=crop(prompts, model.config.block_size, max_new_tokens)[1],
                baseline_no_change=summarize(score([T.no_change] * len(records)), changed))
     g = torch.Generator().manual_seed(seed)
     if sampled:

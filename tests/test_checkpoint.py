@@ -6,6 +6,7 @@ import torch
 
 from checkpoint import load_model, read_checkpoint, resume, save_checkpoint
 from model import GPT, GPTConfig
+from tokenizer_vq import VQConfig, VQVAE
 
 torch.set_num_threads(1)
 
@@ -82,3 +83,31 @@ def test_failed_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         save_checkpoint(path, m, step=2)
     assert read_checkpoint(path)[1]["step"] == 1
+
+
+def test_any_dataclass_configured_module_resumes_but_only_gpts_load_as_models(tmp_path):
+    torch.manual_seed(0)
+    vq = VQVAE(VQConfig(channels=(4, 4, 8), n_codes=16))     # tuples in its config become JSON lists
+    opt = torch.optim.Adam(vq.parameters(), lr=1e-3)
+    vq(torch.rand(2, 3, 64, 64))[0].sum().backward()
+    opt.step()
+    path = tmp_path / "vq.safetensors"
+    save_checkpoint(path, vq, step=4, optimizer=opt)
+    other = VQVAE(VQConfig(channels=(4, 4, 8), n_codes=16))
+    resume(path, other, torch.optim.Adam(other.parameters(), lr=1e-3))
+    assert all(torch.equal(a, b) for a, b in zip(vq.state_dict().values(), other.state_dict().values()))
+    with pytest.raises(ValueError, match=r"vq\.safetensors: saved by a run with another model config \(n_codes=16 "
+                                         r"there, 32 here\)"):
+        resume(path, VQVAE(VQConfig(channels=(4, 4, 8), n_codes=32)))
+    with pytest.raises(ValueError, match=r"vq\.safetensors: not a GPT checkpoint"):
+        load_model(path)
+
+
+def test_optimizer_of_another_model_is_one_clear_error(tmp_path):
+    m, opt, _ = trained(GPTConfig.llama(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_embd=16))
+    path = tmp_path / "ckpt.safetensors"
+    save_checkpoint(path, m, optimizer=opt)
+    m2 = GPT(m.config)
+    sgd = torch.optim.SGD(list(m2.parameters())[:2], lr=0.1)
+    with pytest.raises(ValueError, match=r"ckpt\.safetensors: optimizer state does not fit this model"):
+        resume(path, m2, sgd)

@@ -30,3 +30,18 @@ def test_print_table_has_baseline_row(capsys):
     print_table("textgame", {"mle": row})
     out = capsys.readouterr().out
     assert "always-no-change baseline" in out and " 50.00" in out and " 45.00" in out
+
+
+def test_prompts_longer_than_the_block_are_cropped_not_fatal():
+    import torch
+    from eval import crop, generate_texts
+    from model import GPT, GPTConfig
+    from tokenizer_text import Tokenizer
+    assert crop([[1, 2, 3, 4, 5], [1, 2]], 6, 200) == ([[3, 4, 5], [1, 2]], 1)  # room min(200, 64, 6 // 2) = 3
+    tok = Tokenizer.train([" ".join(f"w{i % 97} x{i % 13}" for i in range(3000))], 300)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.llama(vocab_size=tok.n_vocab, block_size=32, n_layer=1, n_head=2, n_embd=16))
+    prompts = [tok.encode("abc def " * 40), tok.encode("abc")]      # the first is longer than the block
+    assert len(prompts[0]) > 32
+    out = generate_texts(model, tok, prompts, max_new_tokens=8, batch_size=2)
+    assert len(out) == 2 and all(isinstance(t, str) for t in out)

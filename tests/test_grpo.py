@@ -47,10 +47,15 @@ def test_aggregate_by_hand():
 
 
 def test_pack_masks_completion_and_eos_only():
-    idx, targets, mask = pack([[1, 2], [5]], [[3, 4, 0], [6]])  # 0 = eos, kept in the loss
-    assert idx.tolist() == [[1, 2, 3, 4], [5, 0, 0, 0]]
-    assert targets.tolist() == [[-1, 3, 4, 0], [6, -1, -1, -1]]
-    assert mask.tolist() == [[False, True, True, True], [True, False, False, False]]
+    tokens = torch.tensor([[3, 4, 0], [6, -1, -1]])  # 0 = eos, kept in the loss; -1 = nothing generated
+    prompt_idx, prompt_len, idx, targets = pack([[1, 2], [5]], tokens)
+    assert prompt_idx.tolist() == [[1], [0]] and prompt_len.tolist() == [1, 0]  # prompts less their last token
+    assert idx.tolist() == [[2, 3, 4], [5, 6, 0]]  # the prompt's last token, then the completion shifted by one
+    assert targets.tolist() == [[3, 4, 0], [6, -1, -1]]
+    sampled = torch.tensor([[True, False, True], [True, True, True]])  # an injected token is input, not target
+    assert pack([[1, 2], [5]], tokens, sampled)[3].tolist() == [[3, -1, 0], [6, -1, -1]]
+    _, _, idx, targets = pack([[7, 8]], torch.tensor([[3, 0], [4, 5]]))  # G = 2 rows continue one prompt
+    assert idx.tolist() == [[8, 3], [8, 4]] and targets.tolist() == [[3, 0], [4, 5]]
 
 
 def tiny_model(seed=0):

@@ -82,6 +82,44 @@ def test_sampled_logprobs_equal_fresh_forward(pair):
         assert torch.allclose(fresh, lps[b], atol=1e-5), (fresh, lps[b])
 
 
+def test_shared_prompt_samples_equal_fresh_forward(pair):
+    _, ours = pair  # G samples of a prompt share its prefill (generate) and its one prompt pass (forward(prompts=))
+    prompts = [[1, 2, 3], [7, 8, 9, 10, 11, 12, 13]]
+    toks, lps = ours.generate(prompts, 6, temperature=1.0, generator=torch.Generator().manual_seed(0), num_samples=3)
+    toks = toks.clone()  # out of inference mode
+    assert toks.shape == (6, 6)
+    L = max(map(len, prompts))
+    prompt_idx = torch.tensor([p + [0] * (L - len(p)) for p in prompts])
+    rows = torch.tensor([0, 0, 0, 1, 1, 1])
+    shared, _ = ours(toks, prompts=(prompt_idx, torch.tensor([3, 7]), rows))
+    for n in range(6):
+        p = prompts[n // 3]
+        full, _ = ours(torch.tensor([p + toks[n].tolist()]))
+        assert torch.allclose(shared[n], full[0, len(p):], atol=1e-5)
+        fresh = torch.log_softmax(full[0, len(p) - 1:-1], -1).gather(-1, toks[n, :, None]).squeeze(-1)
+        assert torch.allclose(fresh, lps[n], atol=1e-5)
+
+
+def test_dropping_finished_rows_changes_no_row():
+    torch.manual_seed(0)  # 8 tokens, eos 0: most rows finish early, so finished rows leave the batch several times
+    m = GPT(GPTConfig.llama(vocab_size=8, block_size=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=16)).eval()
+    prompts = [[1, 2], [3], [4, 5, 6], [7, 1, 2, 3]]
+    toks, lps = m.generate(prompts, 24, temperature=1.0, eos_id=0, generator=torch.Generator().manual_seed(1),
+                           num_samples=4)
+    lengths = (toks >= 0).sum(1)
+    assert lengths.min() < lengths.max()  # rows did finish at different steps
+    for n in range(len(toks)):  # every row's log-probs equal a fresh forward pass of its own sequence
+        p, c = prompts[n // 4], toks[n, :lengths[n]].tolist()
+        logits, _ = m(torch.tensor([p + c]))
+        fresh = torch.log_softmax(logits[0, len(p) - 1:-1], -1).gather(-1, torch.tensor(c)[:, None]).squeeze(-1)
+        assert torch.allclose(fresh, lps[n, :len(c)], atol=1e-5)
+        assert all(t == -1 for t in toks[n, lengths[n]:].tolist()) and (c[-1] == 0 or len(c) == toks.size(1))
+    greedy = m.generate(prompts, 24, temperature=0, eos_id=0, num_samples=2)[0]
+    for n in range(len(greedy)):  # and greedy rows equal the same prompt decoded alone
+        alone = m.generate([prompts[n // 2]], 24, temperature=0, eos_id=0)[0][0]
+        assert greedy[n, :len(alone)].tolist() == alone.tolist() and (greedy[n, len(alone):] == -1).all()
+
+
 def test_generate_eos_padding_and_seeding():
     torch.manual_seed(0)
     m = GPT(GPTConfig.llama(vocab_size=8, block_size=64, n_layer=1, n_head=2, n_kv_head=1, n_embd=16)).eval()

@@ -1,14 +1,16 @@
 """The shared run plumbing on one process: the learning-rate schedule by hand, stage checkpoints that resume the exact
-generator stream (and shrink to weights once done), one-line failures, and the JSONL log."""
+generator streams (and shrink to weights once done), one-line failures, NaN handling (--on_nan), and the JSONL log."""
 import argparse
 import json
 import math
 
 import pytest
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from model import GPT, GPTConfig
-from runtime import Run, checksum, lr_at
+from runtime import MAX_SKIPS, Run, checksum, lr_at
 
 torch.set_num_threads(1)
 
@@ -95,3 +97,46 @@ def test_log_appends_json_lines_and_single_process_needs_no_process_group(tmp_pa
     run.check_ranks_in_sync(tiny(), "rlvr")                          # a no-op without DDP: nothing logged
     rows = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert rows == [{"stage": "mle", "step": 1}, {"stage": "mle", "step": 2}]
+
+
+def test_nonfinite_stops_or_skips_and_still_stops_after_max_skips(tmp_path, capsys):
+    model = tiny()
+    run = make_run(tmp_path, on_nan="stop")
+    with pytest.raises(SystemExit):
+        run.nonfinite("mle", 7, model, "non-finite loss (nan)")
+    err = capsys.readouterr().err
+    assert err.startswith("error: mle: non-finite loss (nan) at step 7; stopping before it reaches the weights")
+    assert err.count("\n") == 1
+    run = make_run(tmp_path, on_nan="skip")
+    for step in [3, 5, *range(10, 10 + MAX_SKIPS)]:        # isolated skips, then MAX_SKIPS in a row: all allowed
+        run.nonfinite("rlvr", step, model, f"non-finite GRPO loss at step {step}")
+    skipped = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in skipped] == [3, 5, *range(10, 10 + MAX_SKIPS)] and skipped[0]["stage"] == "rlvr"
+    with pytest.raises(SystemExit):                          # one more in a row: stop
+        run.nonfinite("rlvr", 10 + MAX_SKIPS, model, "non-finite reward")
+    assert f"({MAX_SKIPS} steps in a row already skipped)" in capsys.readouterr().err
+    with torch.no_grad():
+        model.wte.weight[0, 0] = float("nan")
+    with pytest.raises(SystemExit):                          # skipping cannot repair non-finite weights
+        make_run(tmp_path, on_nan="skip").nonfinite("mle", 1, model, "non-finite loss (nan)")
+    assert "the weights are non-finite" in capsys.readouterr().err
+
+
+def test_resume_restores_the_global_generator_and_refuses_another_world_size(tmp_path, capsys):
+    run = make_run(tmp_path)
+    model, g = tiny(), torch.Generator().manual_seed(3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ckpt = tmp_path / "stage.safetensors"
+    torch.manual_seed(11)
+    run.save_stage(ckpt, model, opt, 10, {}, g, done=False)
+    expected = torch.rand(5)                                 # the global stream after the checkpoint
+    torch.manual_seed(0)
+    assert run.resume_stage(ckpt, model, opt, g, "mle") == (10, False)
+    assert torch.equal(torch.rand(5), expected)
+    with safe_open(str(ckpt), framework="pt") as f:
+        header, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    tensors["state.rng1"] = tensors["state.rng0"].clone()    # as if saved by two ranks
+    save_file(tensors, str(ckpt), metadata=header)
+    with pytest.raises(SystemExit):
+        run.resume_stage(ckpt, model, opt, g, "mle")
+    assert "another number of ranks" in capsys.readouterr().err

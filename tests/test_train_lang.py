@@ -72,7 +72,7 @@ def test_bad_init_is_one_clear_line(tmp_path):
 def test_torchrun_two_ranks_end_identical(tiny_run):
     tmp, _ = tiny_run
     out = tmp / "ddp"
-    run(["-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517", "train_lang.py",
+    run(["-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "train_lang.py",
          "--stage=rlvr", f"--init={tmp / 'out' / 'mle.safetensors'}", f"--data_dir={tmp / 'data'}",
          f"--out_dir={out}", "--rl_steps=2", *TINY])
     sums = [row["rank_checksums"] for row in map(json.loads, (out / "log.jsonl").read_text().splitlines())

@@ -80,7 +80,7 @@ def test_grpo_with_the_multi_step_sampler_keeps_injected_actions_out_of_the_loss
 
     g = torch.Generator().manual_seed(0)
     batch = grpo_rollout(gpt, prompts, items, reward_fn, cfg, None, g, sampler)
-    start = len(prompts[0]) - 1
+    start = 0  # the batch holds the completions only; each prompt is stored once (batch["prompt_idx"])
     assert batch["mask"][:, start:start + L].all() and not batch["mask"][:, start + L:start + L + D].any()
     assert batch["mask"][:, start + L + D:start + 2 * L + D].all() and batch["mask"].sum() == 4 * K * L
     opt = torch.optim.AdamW(gpt.parameters(), lr=1e-3)

@@ -14,6 +14,8 @@ split mixes expert, slightly noisy, noisy and near-random behaviour (diverse act
 `action_stats.json` (per-dimension min and max over the train split) fixes the 256 action bins, as for RT-1.
 """
 import argparse
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -45,12 +47,17 @@ def generate_split(out_dir, split, n, seed=0, length=LENGTH):
 
 
 def ensure_splits(data_dir=DATA_DIR, sizes=None, seed=0, verbose=True):
-    """Generate the splits whose folder is missing, then action_stats.json if missing (from the train split)."""
+    """Generate the splits whose folder is missing (each in a temporary folder renamed when complete, so a killed
+    run never leaves a partial split that a re-run would trust), then action_stats.json if missing."""
     data_dir = Path(data_dir)
     for split, n in {**DEFAULT_SIZES, **(sizes or {})}.items():
         if not (data_dir / split).is_dir():
             t0 = time.time()
-            rate = generate_split(data_dir, split, n, seed)
+            partial = data_dir / f".{split}.partial"   # written there, then renamed: a killed run leaves no half split
+            shutil.rmtree(partial, ignore_errors=True)
+            rate = generate_split(partial, split, n, seed)
+            os.replace(partial / split, data_dir / split)
+            partial.rmdir()
             if verbose:
                 print(f"wrote {n} {split} episodes to {data_dir / split} ({rate:.0%} reach the goal, "
                       f"{time.time() - t0:.0f}s)")

@@ -200,3 +200,30 @@ def episode(rng, length, noise):
     bg = (np.clip(background, 0, 1) * 255 + 0.5).astype(np.uint8)
     return dict(image=np.stack(frames), action=np.stack(actions).astype(np.float32), background=bg,
                 success=np.bool_(success(shown)), noise=np.float32(noise))
+
+
+def policy_action(state, policy, rng):
+    """A policy of graded quality: a float is the expert plus Gaussian action noise of that std (as in `episode`),
+    "random" draws uniform actions in [-1, 1]^2 (no knowledge of the scene at all)."""
+    if policy == "random":
+        return rng.uniform(-1, 1, 2).astype(np.float32)
+    return np.clip(expert_action(state) + float(policy) * rng.standard_normal(2).astype(np.float32), -1, 1)
+
+
+def policy_episode(scene_rng, policy_rng, length, policy):
+    """Roll out a policy in a scene drawn from scene_rng (the same draws as `episode`, so one scene seed gives the same
+    scene whatever the policy); the policy's randomness comes from policy_rng.
+    -> dict(image (T, H, W, 3) uint8, action (T, 2) float32, success (T,) bool (`success` of the state each frame
+    shows), block (T, 2) float32 (target block centre per frame), goal (2,), color (3,) the target block's colour)."""
+    state = reset(scene_rng)
+    background = draw_goal(render_background(scene_rng), state["goal"])
+    frames, actions, wins, blocks = [], [], [], []
+    for _ in range(length):
+        frames.append(render(background, state))
+        wins.append(success(state))
+        blocks.append(state["blocks"][0])
+        a = policy_action(state, policy, policy_rng)
+        actions.append(a)
+        state = step(state, a)
+    return dict(image=np.stack(frames), action=np.stack(actions).astype(np.float32), success=np.array(wins),
+                block=np.stack(blocks), goal=state["goal"], color=state["colors"][0])

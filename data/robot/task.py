@@ -49,20 +49,32 @@ def resize_frames(frames, size):
     return x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
 
 
+def read_npz(path, keys=None):
+    """The arrays of an .npz file (only `keys` if given) -> dict. Never unpickles: an object array or a pickle
+    file is refused (allow_pickle=False), as is anything unreadable, with a ValueError naming the file."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files if keys is None or k in keys}
+    except Exception as e:   # zipfile, OSError, numpy's ValueError for pickles: all mean "not an episode"
+        raise ValueError(f"{path}: cannot read the .npz episode ({e})") from None
+    if not all(isinstance(a, np.ndarray) for a in arrays.values()):   # numpy hands other zip members over as bytes
+        raise ValueError(f"{path}: not an .npz episode (a zip of files other than .npy arrays)")
+    return arrays
+
+
 def load_episode(path, size):
     """-> dict(image (T, size, size, 3) uint8, action (T, D) float32, background (size, size, 3) uint8 or None)."""
-    try:
-        with np.load(path) as z:
-            ep = {k: z[k] for k in z.files}
-    except Exception as e:
-        raise ValueError(f"{path}: cannot read the .npz episode ({e})") from None
+    ep = read_npz(path)
     if "image" not in ep or "action" not in ep:
         raise ValueError(f"{path}: an episode needs 'image' and 'action' arrays, found {sorted(ep)}")
     img, act = ep["image"], ep["action"]
-    if img.ndim != 4 or img.shape[-1] != 3 or img.dtype != np.uint8:
+    if img.ndim != 4 or img.shape[-1] != 3 or img.dtype != np.uint8 or 0 in img.shape:
         raise ValueError(f"{path}: 'image' must be (T, H, W, 3) uint8, got {img.shape} {img.dtype}")
-    if act.ndim != 2 or len(act) != len(img) or len(img) < 2:
-        raise ValueError(f"{path}: 'action' must be (T, D) with the T = {len(img)} >= 2 of 'image', got {act.shape}")
+    if act.ndim != 2 or len(act) != len(img) or len(img) < 2 or not np.issubdtype(act.dtype, np.number):
+        raise ValueError(f"{path}: 'action' must be numbers (T, D) with the T = {len(img)} >= 2 of 'image', "
+                         f"got {act.shape} {act.dtype}")
+    if not np.isfinite(act).all():
+        raise ValueError(f"{path}: 'action' holds NaN or inf values")
     bg = ep.get("background")
     return dict(image=resize_frames(img, size), action=act.astype(np.float32),
                 background=None if bg is None else resize_frames(bg[None], size)[0])
@@ -72,7 +84,12 @@ def load_split(data_dir, split, size, limit=0):
     files = episode_files(data_dir, split)[:limit or None]
     if not files:
         raise ValueError(f"{data_dir}: no .npz episodes for the {split} split")
-    return [load_episode(f, size) for f in files]
+    episodes = [load_episode(f, size) for f in files]
+    for f, ep in zip(files, episodes):
+        if ep["action"].shape[1] != episodes[0]["action"].shape[1]:
+            raise ValueError(f"{f}: {ep['action'].shape[1]}-dim actions, but {files[0]} has "
+                             f"{episodes[0]['action'].shape[1]}")
+    return episodes
 
 
 def clips(episodes, length):
@@ -89,17 +106,39 @@ def clips(episodes, length):
 # action bins
 
 def write_action_stats(data_dir):
-    """Per-dimension min/max of the actions of the train split -> data_dir/action_stats.json."""
-    acts = np.concatenate([np.load(f)["action"] for f in episode_files(data_dir, "train")])
+    """Per-dimension min/max of the actions of the train split -> data_dir/action_stats.json (written atomically)."""
+    files = episode_files(data_dir, "train")
+    if not files:
+        raise ValueError(f"{data_dir}: no .npz episodes for the train split")
+    acts = [read_npz(f, ("action",)).get("action") for f in files]
+    for f, a in zip(files, acts):
+        if a is None or a.ndim != 2 or a.shape[1] != acts[0].shape[1] or not np.issubdtype(a.dtype, np.number) \
+                or not np.isfinite(a).all():
+            raise ValueError(f"{f}: 'action' must be a finite number array (T, D) like in {files[0]}")
+    acts = np.concatenate(acts)
     stats = {"min": acts.min(0).tolist(), "max": acts.max(0).tolist(), "n_bins": N_BINS}
-    (Path(data_dir) / "action_stats.json").write_text(json.dumps(stats) + "\n")
+    path = Path(data_dir) / "action_stats.json"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(stats) + "\n")
+    tmp.replace(path)
     return stats
 
 
 def read_action_stats(data_dir):
     path = Path(data_dir) / "action_stats.json"
-    stats = json.loads(path.read_text()) if path.is_file() else write_action_stats(data_dir)
-    return np.array(stats["min"], np.float32), np.array(stats["max"], np.float32)
+    if not path.is_file():
+        stats = write_action_stats(data_dir)
+        return np.array(stats["min"], np.float32), np.array(stats["max"], np.float32)
+    try:
+        stats = json.loads(path.read_text())
+        lo, hi = np.array(stats["min"], np.float32), np.array(stats["max"], np.float32)
+        ok = lo.ndim == 1 and lo.shape == hi.shape and np.isfinite(lo).all() and np.isfinite(hi).all()
+    except (OSError, ValueError, KeyError, TypeError):
+        ok = False
+    if not ok:
+        raise ValueError(f"{path}: not action statistics {{\"min\": [...], \"max\": [...]}} of finite numbers; "
+                         f"delete it to recompute")
+    return lo, hi
 
 
 def action_bins(actions, lo, hi):

@@ -354,3 +354,41 @@ def generate_split(split: str, n: int, seed: int = 0) -> list[dict]:
         held_out = split == "test" and HELD_OUT <= set(core + pool) and rng.random() < P_HELD_OUT_TEST
         records.extend(run_episode(sample_room(split, game, held_out, rng), rng))
     return records[:n]
+
+
+# ---------------------------------------------------------------------- planning (plan.py)
+def valid_actions(w: World) -> list[tuple]:
+    """The admissible commands of a state, as a text-game environment lists them for an agent: each verb
+    applied to the objects whose kind takes it, given what the state shows (what the agent holds, what is
+    open, what is on). They may still do nothing (take from a closed fridge, put into a closed box), which
+    a world model has to predict. look, inventory and examine never change the state: "wait" stands for them."""
+    actions = [("wait",)]
+    for kind in w.by_kind:
+        if kind in MOVABLE and w.parent(kind) != "agent":
+            actions.append(("take", kind))
+        if kind in OPENABLE:
+            actions.append(("close" if w.props(kind)["isOpen"] else "open", kind))
+        if kind in SWITCHABLE:
+            actions.append(("turn off" if w.props(kind)["isOn"] else "turn on", kind))
+    for kind in w.by_kind:
+        if kind in MOVABLE and w.parent(kind) == "agent":
+            actions += [("put", kind, dest) for dest in w.by_kind if kind in ACCEPTS.get(dest, ())]
+            if kind in FOOD:
+                actions.append(("eat", kind))
+    if "plant" in w.by_kind:
+        actions.append(("water", "plant"))
+    return actions
+
+
+def planning_rooms(n: int, seed: int = 0, split: str = "test") -> list[World]:
+    """n initial rooms for planning episodes: the games in turn, room layouts of `split` (in test, held-out
+    egg+fridge rooms as often as in its records), drawn from a random stream of their own, so the data
+    splits are untouched."""
+    if split not in SPLIT_BUCKETS:
+        raise ValueError(f"unknown split {split!r}; expected one of {sorted(SPLIT_BUCKETS)}")
+    rng, games, rooms = random.Random(f"textgame-plan:{split}:{seed}"), sorted(GAMES), []
+    for i in range(n):
+        core, pool, _ = GAMES[games[i % len(games)]]
+        held_out = split == "test" and HELD_OUT <= set(core + pool) and rng.random() < P_HELD_OUT_TEST
+        rooms.append(sample_room(split, games[i % len(games)], held_out, rng))
+    return rooms

@@ -46,12 +46,20 @@ def _check_state(state, where: str, key: str) -> None:
             raise ValueError(f"{where}: every object in '{key}' needs 'uuid', 'properties' and 'contains'")
 
 
+def utf8_lines(f, path):
+    """The lines of a text file opened as UTF-8; a file that is not UTF-8 is a ValueError naming it."""
+    try:
+        yield from f
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason}); expected JSON lines") from None
+
+
 def load_records(path) -> list[dict]:
     """Read a .jsonl file of records; ValueError naming the file and line for anything malformed."""
     path = Path(path)
     records = []
     with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+        for lineno, line in enumerate(utf8_lines(f, path), start=1):
             if not line.strip():
                 continue
             where = f"{path}:{lineno}"

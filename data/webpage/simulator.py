@@ -47,6 +47,7 @@ train: mean prompt 605 characters (max 1117), mean answer 122 (median 106, 95th 
 trained on train (2.9 characters a token), 0.2% of train records (filtering a long product list) exceed
 512 tokens of prompt + answer.
 """
+import copy
 import random
 import zlib
 from functools import partial
@@ -472,3 +473,93 @@ def generate_split(split: str, n: int, seed: int = 0) -> list[dict]:
     while len(records) < n:
         records.extend(run_episode(sample_page(split, rng), rng))
     return records[:n]
+
+
+# ---------------------------------------------------------------------- planning (plan.py)
+CLICKABLE = ("link", "button", "tab", "checkbox", "combobox", "option", "textbox", "searchbox")
+
+
+def valid_actions(page: Page, texts=()) -> list[tuple]:
+    """What a browser agent can do on the visible page: click any interactive element (by its role), hover
+    any link, type each of the goal's `texts` into any text field, scroll either way, go back, press Enter.
+    Most do nothing useful; a world model has to tell which do."""
+    actions = []
+    for node in page.visible():
+        if node.role in CLICKABLE:
+            actions.append(("click", node.id))
+        if node.role == "link":
+            actions.append(("hover", node.id))
+        if node.role in ("textbox", "searchbox"):
+            actions += [("type", node.id, text) for text in texts]
+    return actions + [("scroll", "down"), ("scroll", "up"), ("go_back",), ("press", "enter")]
+
+
+def make_goal(page: Page, instruction: str, solution: list[tuple], marks: list[list[int]], texts=()) -> dict | None:
+    """A goal: after step i of a working `solution`, the nodes `marks[i]` (ids) show certain lines; those
+    lines are condition i, the last one is the goal itself, the earlier ones are milestones on the way.
+    None when the solution leaves a marked node off screen or the goal holds already."""
+    sim, conditions = copy.deepcopy(page), []
+    for action, ids in zip(solution, marks):
+        sim.act(action)
+        shown = {n.id: n.line() for n in sim.visible()}
+        if any(i not in shown for i in ids):
+            return None
+        conditions.append([shown[i] for i in ids])
+    if set(conditions[-1]) <= set(page.render().splitlines()):
+        return None
+    return {"instruction": instruction, "texts": list(texts), "conditions": conditions, "solution": solution}
+
+
+def sample_goal(page: Page, rng: random.Random) -> dict | None:
+    """One task for this page, of the kinds its site offers (see make_goal), or None."""
+    options = []
+    if isinstance(page, AdminPage):   # navigate: open a menu, click one of its sections
+        menu = rng.choice(page.menus)
+        item = rng.choice([i for i in menu.data["items"] if i.name != page.heading.name])
+        options.append((f"open {item.name} from the {menu.name} menu", [("click", menu.id), ("click", item.id)],
+                        [[menu.id], [page.heading.id, page.root.id]], ()))
+    if isinstance(page, Dashboard):
+        tab = rng.choice([t for t in page.tabs if not t.attrs["selected"]])
+        options.append((f"show the {tab.name} tab", [("click", tab.id)], [[tab.id, page.panel.id]], ()))
+        tip = page.help.data["tip"]
+        options.append(("read the help tooltip", [("hover", page.help.id)], [[tip.id]], ()))
+    if isinstance(page, Catalog):
+        word = rng.choice(rng.choice(page.products).name.split()[:2])
+        word = word.lower() if rng.random() < 0.5 else word
+        if sum(word.lower() in p.name.lower() for p in page.products) < len(page.products):
+            value = page.search.data["value"]
+            options.append((f"search the products for {word}", [("type", page.search.id, word),
+                            ("click", page.button.id)], [[value.id], [value.id, page.count.id]], (word,)))
+        if page.pager is not None:
+            options.append(("go to the next page of products", [("click", page.next.id)], [[page.pager.id]], ()))
+    if isinstance(page, CustomerForm):   # fill both required fields, then save
+        values = {**FIELDS, **HELD_OUT_FIELDS}
+        (f0, v0), (f1, v1) = [(f, rng.choice(values[f.name])) for f in page.fields[:2]]
+        ids = [f0.data["value"].id, f1.data["value"].id]
+        options.append((f"save a customer with {f0.name} {v0} and {f1.name} {v1}",
+                        [("type", f0.id, v0), ("type", f1.id, v1), ("click", page.save.id)],
+                        [ids[:1], ids[1:], [page.saved.id] + ids], (v0, v1)))
+    if isinstance(page, Forum):
+        up, reply = rng.choice(page.posts)
+        title = page.nodes[up.id - 3].name          # the post's heading, two nodes before its Upvote
+        options.append((f"upvote the post '{title}'", [("click", up.id)], [[up.id, up.data["score"].id]], ()))
+        text, box = rng.choice(COMMENTS), reply.data["box"]
+        options.append((f"comment '{text}' on the post '{title}'",
+                        [("click", reply.id), ("type", box.id, text), ("click", reply.data["post"].id)],
+                        [[reply.data["post"].id], [box.data["value"].id],
+                         [reply.data["comment"].id, reply.data["count"].id]], (text,)))
+    return make_goal(page, *rng.choice(options))
+
+
+def planning_episodes(n: int, seed: int = 0, split: str = "test") -> list[tuple[Page, dict]]:
+    """n (fresh page, goal) pairs of `split`'s sites, stores and users, drawn from a random stream of their
+    own (the data splits are untouched); pages whose sampled goal cannot be shown on screen are skipped."""
+    if split not in SPLIT_BUCKETS:
+        raise ValueError(f"unknown split {split!r}; expected one of {sorted(SPLIT_BUCKETS)}")
+    rng, episodes = random.Random(f"webpage-plan:{split}:{seed}"), []
+    while len(episodes) < n:
+        page = sample_page(split, rng)
+        goal = sample_goal(page, rng)
+        if goal is not None:
+            episodes.append((page, goal))
+    return episodes

@@ -36,6 +36,7 @@ the page, the action, then the cue "changes:". The end-of-sequence token is adde
 """
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 REQUIRED_KEYS = ("observation", "action", "next_observation")
@@ -79,6 +80,45 @@ def diff_text(observation: str, next_observation: str) -> str:
     return format_sections(diff_items(observation, next_observation))
 
 
+def _key(line: str) -> str:
+    m = _ID.match(line)
+    return m.group(1) if m else line
+
+
+def apply_changes(observation: str, items: dict[str, list[str]]) -> str:
+    """The page after a (predicted) change: `items` {"new", "deleted", "updated"} (lists of tree lines, as
+    rewards.parse_sections reads an answer) merged into `observation`. Lines are matched by their [id] (a
+    line without one by its whole text): deleted ones go, updated ones take their new line, a new line goes
+    before the first line with a larger id (ids follow document order), else at the end. "None" items, and
+    deleted or updated items that match no line, are skipped. The inverse of diff_items:
+    apply_changes(obs, diff_items(obs, nxt)) has the lines of nxt (for pages whose ids follow document order,
+    as ours and WebArena's do)."""
+    def real(section):
+        return [line for line in items.get(section, []) if line != "None"]
+    gone, updates, out = Counter(_key(line) for line in real("deleted")), {}, []
+    for line in real("updated"):
+        updates.setdefault(_key(line), []).append(line)
+    for line in tree_lines(observation):
+        key = _key(line)
+        if gone[key] > 0:
+            gone[key] -= 1
+        else:
+            out.append(updates[key].pop(0) if updates.get(key) else line)
+    for line in real("new"):
+        key = _key(line)
+        later = [i for i, old in enumerate(out) if key.isdigit() and _key(old).isdigit() and int(_key(old)) > int(key)]
+        out.insert(later[0] if later else len(out), line)
+    return "\n".join(out)
+
+
+def utf8_lines(f, path):
+    """The lines of a text file opened as UTF-8; a file that is not UTF-8 is a ValueError naming it."""
+    try:
+        yield from f
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason}); expected JSON lines") from None
+
+
 def load_records(path) -> list[dict]:
     """Read a .jsonl file of records; ValueError naming the file and line for anything malformed.
 
@@ -87,7 +127,7 @@ def load_records(path) -> list[dict]:
     path = Path(path)
     records = []
     with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+        for lineno, line in enumerate(utf8_lines(f, path), start=1):
             if not line.strip():
                 continue
             where = f"{path}:{lineno}"

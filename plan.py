@@ -1,0 +1,439 @@
+"""
+Planning with a language world model: model-predictive control (MPC) in the text game and on the web site.
+
+    python plan.py --task=textgame --planners=random,sim,checkpoints/textgame/mle.safetensors,out/textgame/rlvr.safetensors
+    python plan.py --task=webpage --planners=random,sim,checkpoints/webpage/mle.safetensors,out/webpage/rlvr.safetensors
+    python plan.py --task=textgame --planners=random,checkpoints/textgame/mle.safetensors --act=sim   (decisions only)
+    python plan.py --task=textgame --planners=sim --episodes=20 --split=val --json=plan.json      (a quick look)
+    python plan.py --task=webpage --planners=out/webpage/rlvr.safetensors --device=cuda --batch_size=256
+
+A world model is worth what it lets an agent do. At every step the agent lists the environment's valid actions,
+predicts each one's next state with the world model (all candidates of all running episodes in one batched greedy
+generate call), scores each predicted state with a fixed value function, takes the best (ties broken at random,
+seeded) in the *real* simulator, and repeats until the goal is reached, the game is lost or the step cap.
+A planner is `random` (a uniformly random valid action: the floor), `sim` (the true simulator as the planner's
+model: the ceiling, which is the value function's own limit), or a world-model checkpoint (ours or an HF dir).
+Design: one-step lookahead over every valid action, with a fixed hand-written value function. Deeper search costs
+|actions|^depth predictions (12-25 candidates a step here), and a fixed value function makes the world model the
+only thing that differs between the rows of the table.
+
+Text game (data/textgame/simulator.py): win the room's game (`gameWon`; eating the egg or bread loses) within 20
+steps, from initial rooms with the test split's room layouts (held-out egg+fridge rooms included), never train's.
+Valid actions: `valid_actions` (each verb on the objects it applies to). The model reads the state and the action
+and writes a diff; rewards.parse_diff + apply_diff turn it into the predicted next state. Value function:
+    V(s) = +100 if s is won, -100 if lost (gameOver without gameWon, or a core object of the game gone),
+           else -(estimated actions from s to the win),
+the estimate summed from the state alone, per game: for each object the goal needs somewhere, 1 to take it unless
+held, +1 if a closed fridge/box encloses it, 1 to put it, +1 if the destination is closed; +1 per appliance to
+switch on; plus the world ticks the goal still needs (heating 20 degrees, cooling 10, growing 1 per tick; see
+`steps_to_win`). It falls by at least 1 at each step of a working solution, so the `sim` planner never stalls (it
+wins all 100 test episodes). Objects are identified by uuid, as the reward does (a predicted "pot (ID: 2)" that
+carries the knife's uuid is read as the knife). An unreadable prediction is worth -inf.
+
+Web page (data/webpage/simulator.py): a fresh test-split page and a goal (open a section from a menu, show a tab,
+read a tooltip, search the catalog, go to its next page, save a customer with two given fields, upvote a post or
+comment on it), within 8 steps. A goal is a list of conditions, each a set of accessibility-tree lines that show
+after one step of a working solution; the last condition is the goal (`make_goal`). Valid actions:
+`valid_actions` (click anything interactive, hover links, type the goal's texts into fields, scroll, back,
+Enter). The model writes the changed lines; task.apply_changes merges them into the page. Value function:
+    V(page) = (number of milestone conditions whose lines all show) + 10 * (the goal's lines all show).
+
+Reported per planner: success rate, mean steps of the successful episodes and of all (capped ones count the cap),
+lost rate, `agree` (share of steps whose action is among the true simulator's best under the same value function:
+decision accuracy; `random` gives its chance level), `wm_acc` (the world model's accuracy on the actions it took:
+exact next state for the text game, F1 of the changed lines for the web), `cand_acc` (the same over every candidate
+it scored), and per game or site success. `--act=sim` lets the true-simulator planner act while every planner still
+decides (success is then the simulator's): decisions scored on the states a perfect planner visits, without the
+compounding of a model's own mistakes. `--split=val` draws episodes from validation layouts, for development.
+Seeded and deterministic on CPU.
+"""
+import argparse
+import copy
+import json
+import math
+import random
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from checkpoint import atomic_write_text
+from data.textgame import simulator as tg_sim, task as tg_task
+from data.webpage import simulator as web_sim, task as web_task
+from eval import generate_texts, load_lang_model
+from rewards import apply_diff, parse_diff, parse_sections, textgame_reward, web_prf
+
+# -----------------------------------------------------------------------------
+# text game: value function
+
+WIN, LOSE = 100.0, -100.0
+_ID = re.compile(r"\(ID: (\d+)\)")
+
+
+def _num(value, default):
+    """A number of plain size from a prediction (not a bool, nan, inf or 10**400), else default."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < 1e9
+    return value if ok else default
+
+
+class Room:
+    """A text-game state read by object kind; tolerant of anything a world model may have written. Objects are
+    identified by uuid, as the reward does: `kinds` (uuid -> kind, from the current true state) names the known
+    ones, so a predicted "pot (ID: 2)" with the knife's uuid 2 is read as the knife; new uuids go by their name."""
+
+    def __init__(self, state, kinds=None):
+        kinds, state = kinds or {}, state if isinstance(state, dict) else {}
+
+        def kind_of(name, uuid=None):
+            m = _ID.search(name) if uuid is None else None
+            uuid = int(m.group(1)) if m else uuid
+            return (kinds.get(uuid) if isinstance(uuid, int) else None) or name.split(" (ID")[0]
+        objects = state.get("objects") if isinstance(state.get("objects"), list) else []
+        self.objects = {kind_of(o["name"], o.get("uuid")): o for o in objects
+                        if isinstance(o, dict) and isinstance(o.get("name"), str)}
+        self.parents = {}
+        for kind, o in self.objects.items():
+            for name in o.get("contains") if isinstance(o.get("contains"), list) else []:
+                if isinstance(name, str):
+                    self.parents[kind_of(name)] = kind
+        self.score = state.get("score") if isinstance(state.get("score"), dict) else {}
+
+    def prop(self, kind, key, default):
+        props = self.objects.get(kind, {}).get("properties")
+        value = props.get(key) if isinstance(props, dict) else None
+        if isinstance(default, bool):
+            return value if isinstance(value, bool) else default
+        return _num(value, default)
+
+    def ancestors(self, kind):
+        chain = []
+        while kind in self.parents and len(chain) <= len(self.objects):  # a predicted cycle ends too
+            kind = self.parents[kind]
+            chain.append(kind)
+        return chain
+
+    def closed(self, kind):
+        return kind in tg_sim.OPENABLE and not self.prop(kind, "isOpen", False)
+
+    def fetch(self, x, dest):
+        """Actions to get x into dest ("agent": to hold it): open what encloses it, take it, open dest, put it."""
+        where = self.parents.get(x)
+        if where == dest:
+            return 0
+        steps = 0 if where == "agent" else 1 + any(self.closed(a) for a in self.ancestors(x))
+        if dest != "agent":
+            steps += 1 + any(self.closed(a) for a in [dest] + self.ancestors(dest))
+        return steps
+
+
+def steps_to_win(game, r):
+    """Estimated actions from Room r to the win of `game` (see the module docstring)."""
+    def off(kind):
+        return not r.prop(kind, "isOn", False)
+
+    def ticks(kind, target, step):  # world ticks to bring kind's temperature to target
+        return max(0, math.ceil((target - r.prop(kind, "temp", tg_sim.ROOM_TEMP)) / step))
+
+    def fill():  # water appears at the first tick with the cup in a running sink
+        return max(1, r.fetch("cup", "sink") + off("sink"))
+
+    if game == "cook-egg":
+        heat = 0 if r.prop("egg", "isCooked", False) else ticks("egg", tg_sim.COOKED_AT, tg_sim.HEAT_STEP)
+        return r.fetch("egg", "pot") + r.fetch("pot", "stove") + off("stove") + heat
+    if game == "water-plant":  # watering gives 2 water, then each tick turns 1 water into 1 growth; won at 2
+        need = max(0, 2 - r.prop("plant", "growth", 0))
+        if r.prop("plant", "water", 0) >= need:
+            return need
+        return (r.fetch("cup", "agent") if "water" in r.objects else fill() + 1) + need
+    if game == "chill-milk":
+        return r.fetch("milk", "fridge") + ticks("milk", tg_sim.MIN_TEMP, -tg_sim.COOL_STEP)
+    if game == "pack-box":  # take what is not packed, open the box once, put each in, close the box
+        todo = [k for k in ("knife", "bread") if r.parents.get(k) != "box"]
+        box_open = r.prop("box", "isOpen", False)
+        return sum(r.fetch(k, "agent") + 1 for k in todo) + (bool(todo) and not box_open) + bool(todo or box_open)
+    # boil-water: fill the cup at the sink, then cup on the running stove until the water reaches 100
+    boil = tg_sim.MAX_TEMP - tg_sim.ROOM_TEMP
+    water = (r.fetch("cup", "stove") + ticks("water", tg_sim.MAX_TEMP, tg_sim.HEAT_STEP) if "water" in r.objects
+             else fill() + 2 + math.ceil(boil / tg_sim.HEAT_STEP))
+    return water + off("stove")
+
+
+def textgame_value(game, state, kinds=None):
+    """V(s): +100 won, -100 lost, else -steps_to_win; -inf for an unreadable prediction (None). kinds: see Room."""
+    if state is None:
+        return -math.inf
+    r = Room(state, kinds)
+    if r.score.get("gameWon") is True:
+        return WIN
+    if r.score.get("gameOver") is True or any(k not in r.objects for k in tg_sim.GAMES[game][0]):
+        return LOSE
+    return -float(steps_to_win(game, r))
+
+
+def web_value(goal, page):
+    """V(page) = milestones shown + 10 * goal shown; a condition shows when all its lines are on the page."""
+    lines = {" ".join(line.split()) for line in page.splitlines()}
+    shown = [all(" ".join(c.split()) in lines for c in cond) for cond in goal["conditions"]]
+    return sum(shown[:-1]) + 10.0 * shown[-1]
+
+# -----------------------------------------------------------------------------
+# environments: one episode each, the same interface for both tasks
+
+
+class TextGame:
+    max_steps, max_new_tokens = 20, 200
+
+    def __init__(self, world):
+        self.w = world
+
+    @staticmethod
+    def episodes(n, seed, split="test"):
+        return [TextGame(w) for w in tg_sim.planning_rooms(n, seed, split)]
+
+    def label(self):
+        return self.w.game
+
+    def observe(self):
+        return self.w.snapshot()
+
+    def candidates(self):
+        return tg_sim.valid_actions(self.w)
+
+    def prompt(self, obs, action):
+        return tg_task.prompt_text({"game": self.w.game, "state": obs, "action": tg_sim.action_text(action)})
+
+    def simulate(self, action):
+        w = copy.deepcopy(self.w)
+        w.act(action)
+        w.tick()
+        return w.snapshot()
+
+    def from_text(self, obs, text):
+        diff = parse_diff(text)
+        return None if diff is None else apply_diff(obs, diff)
+
+    def value(self, state):
+        return textgame_value(self.w.game, state, {o["uuid"]: k for k, o in self.w.by_kind.items()})
+
+    def step(self, action):
+        self.w.act(action)
+        self.w.tick()
+
+    def won(self):
+        return self.w.score["gameWon"]
+
+    def lost(self):
+        return self.w.score["gameOver"] and not self.w.score["gameWon"]
+
+    def accuracy(self, text, obs, next_obs):
+        return textgame_reward(text, obs, next_obs, "binary")
+
+
+class WebPage:
+    max_steps, max_new_tokens = 8, 160
+
+    def __init__(self, page, goal):
+        self.page, self.goal = page, goal
+
+    @staticmethod
+    def episodes(n, seed, split="test"):
+        return [WebPage(p, g) for p, g in web_sim.planning_episodes(n, seed, split)]
+
+    def label(self):
+        return self.page.site
+
+    def observe(self):
+        return self.page.render()
+
+    def candidates(self):
+        return web_sim.valid_actions(self.page, self.goal["texts"])
+
+    def prompt(self, obs, action):
+        return web_task.prompt_text({"site": self.page.site, "observation": obs,
+                                     "action": web_sim.action_text(action)})
+
+    def simulate(self, action):
+        page = copy.deepcopy(self.page, {id(self.page.rng): self.page.rng})  # acting never draws from rng
+        page.act(action)
+        return page.render()
+
+    def from_text(self, obs, text):
+        return web_task.apply_changes(obs, parse_sections(text))
+
+    def value(self, page):
+        return web_value(self.goal, page)
+
+    def step(self, action):
+        self.page.act(action)
+
+    def won(self):
+        return web_value(self.goal, self.page.render()) >= 10
+
+    def lost(self):
+        return False
+
+    def accuracy(self, text, obs, next_obs):
+        return web_prf(text, web_task.diff_text(obs, next_obs))[2]
+
+
+ENVS = {"textgame": TextGame, "webpage": WebPage}
+
+# -----------------------------------------------------------------------------
+# the planner
+
+
+def lm_predictor(path, device="cpu", batch_size=64):
+    """A world-model checkpoint -> predict(prompts, max_new_tokens) -> greedy completions (texts)."""
+    model, tok, _ = load_lang_model(path, device)
+
+    def predict(prompts, max_new_tokens):
+        ids = [tok.encode(p) for p in prompts]
+        fits = [i for i, x in enumerate(ids) if len(x) < model.config.block_size]  # too long: no prediction
+        texts = [""] * len(prompts)
+        with torch.no_grad():
+            for i, t in zip(fits, generate_texts(model, tok, [ids[i] for i in fits], max_new_tokens, 0.0, batch_size)):
+                texts[i] = t
+        return texts
+    return predict
+
+
+def plan(envs, planner, predict=None, seed=0, max_steps=None, max_new_tokens=None, act="planner"):
+    """Run every episode to its end with `planner` ("random", "sim" or "model", which uses `predict`).
+    act="sim": the true-simulator planner acts instead, so a model's decisions are scored on the states a perfect
+    planner visits (no compounding of its own mistakes). -> list of per-episode dicts: label, success, lost,
+    steps, agree (per step), acc (the taken action's prediction), cand_acc (every candidate's; model only)."""
+    E = type(envs[0])
+    max_steps, max_new_tokens = max_steps or E.max_steps, max_new_tokens or E.max_new_tokens
+    rngs = [random.Random(f"plan:{seed}:{i}") for i in range(len(envs))]
+    out = [dict(label=e.label(), success=False, lost=False, steps=0, agree=[], acc=[], cand_acc=[]) for e in envs]
+
+    def best(values, rng):  # index of the best value, ties broken at random
+        top = max(values)
+        return rng.choice([j for j, v in enumerate(values) if v == top])
+
+    for _ in range(max_steps):
+        live = [i for i, e in enumerate(envs) if not (e.won() or e.lost())]
+        if not live:
+            break
+        obs = {i: envs[i].observe() for i in live}
+        cands = {i: envs[i].candidates() for i in live}
+        truth = {i: [envs[i].simulate(a) for a in cands[i]] for i in live}
+        true_values = {i: [envs[i].value(s) for s in truth[i]] for i in live}
+        if planner == "model":
+            pairs = [(i, a) for i in live for a in cands[i]]
+            texts = predict([envs[i].prompt(obs[i], a) for i, a in pairs], max_new_tokens)
+            by_env = {i: [] for i in live}
+            for (i, _), t in zip(pairs, texts):
+                by_env[i].append(t)
+        for i in live:
+            e, rng, r = envs[i], rngs[i], out[i]
+            if planner == "random":
+                j = rng.randrange(len(cands[i]))
+            elif planner == "sim":
+                j = best(true_values[i], rng)
+            else:
+                j = best([e.value(e.from_text(obs[i], t)) for t in by_env[i]], rng)
+                acc = [e.accuracy(t, obs[i], s) for t, s in zip(by_env[i], truth[i])]
+                r["acc"].append(acc[j])
+                r["cand_acc"].append(sum(acc) / len(acc))
+            r["agree"].append(true_values[i][j] == max(true_values[i]))
+            e.step(cands[i][best(true_values[i], rng) if act == "sim" else j])
+            r["steps"] += 1
+    for e, r in zip(envs, out):
+        r["success"], r["lost"] = bool(e.won()), bool(e.lost())
+    return out
+
+
+def summarize(results, max_steps):
+    def mean(xs):
+        return sum(xs) / len(xs) if xs else None
+    wins = [r for r in results if r["success"]]
+    s = dict(episodes=len(results), success=mean([r["success"] for r in results]),
+             steps_success=mean([r["steps"] for r in wins]), steps_all=mean([r["steps"] for r in results]),
+             lost=mean([r["lost"] for r in results]), agree=mean([a for r in results for a in r["agree"]]),
+             wm_acc=mean([a for r in results for a in r["acc"]]),
+             cand_acc=mean([a for r in results for a in r["cand_acc"]]), max_steps=max_steps)
+    labels = sorted({r["label"] for r in results})
+    s["success_by"] = {k: mean([r["success"] for r in results if r["label"] == k]) for k in labels}
+    return s
+
+
+def pct(x):
+    return "     -" if x is None else f"{100 * x:6.2f}"
+
+
+def num(x):
+    return "    -" if x is None else f"{x:5.2f}"
+
+
+def print_table(rows):
+    print(f"{'planner':<40} {'success%':>8} {'steps(won)':>10} {'steps(all)':>10} {'lost%':>6} {'agree%':>7} "
+          f"{'wm_acc%':>7} {'cand_acc%':>9} {'min':>5}")
+    for name, s in rows.items():
+        print(f"{name:<40} {pct(s['success']):>8} {num(s['steps_success']):>10} {num(s['steps_all']):>10} "
+              f"{pct(s['lost']):>6} {pct(s['agree']):>7} {pct(s['wm_acc']):>7} {pct(s['cand_acc']):>9} "
+              f"{s['minutes']:5.1f}")
+    labels = list(next(iter(rows.values()))["success_by"])
+    print(f"\nsuccess % by {'game' if 'cook-egg' in labels else 'site'}:")
+    print(f"{'planner':<40} " + " ".join(f"{k:>11}" for k in labels))
+    for name, s in rows.items():
+        print(f"{name:<40} " + " ".join(f"{pct(s['success_by'][k]):>11}" for k in labels))
+
+# -----------------------------------------------------------------------------
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="\n\n".join(__doc__.split("\n\n")[:2]),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    # what to plan
+    p.add_argument("--task", default="textgame", choices=sorted(ENVS))
+    p.add_argument("--planners", default="random,sim",
+                   help="comma-separated: random, sim (the true simulator), or world-model checkpoints / HF dirs")
+    p.add_argument("--episodes", type=int, default=100, help="held-out episodes (test-split rooms or sites)")
+    p.add_argument("--split", default="test", choices=("test", "val"),
+                   help="whose room layouts / sites (val: for development)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max_steps", type=int, default=0, help="step cap (0 = task default: textgame 20, webpage 8)")
+    p.add_argument("--act", default="planner", choices=("planner", "sim"),
+                   help="sim: the true-simulator planner acts; each planner's decisions are scored on its states")
+    # world model
+    p.add_argument("--max_new_tokens", type=int, default=0, help="0 = task default: textgame 200, webpage 160")
+    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for tiny models)")
+    # output
+    p.add_argument("--json", default=None, help="write the summaries and per-episode results here")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.episodes < 1:
+        sys.exit(f"error: --episodes must be >= 1 (got {args.episodes})")
+    names = [x.strip() for x in args.planners.split(",") if x.strip()]
+    for name in names:
+        if name not in ("random", "sim") and not Path(name).exists():
+            sys.exit(f"error: --planners: {name!r} is neither random, sim nor an existing checkpoint")
+    E = ENVS[args.task]
+    max_steps = args.max_steps or E.max_steps
+    rows, episodes = {}, {}
+    for name in names:
+        t0 = time.time()
+        predict = None
+        if name not in ("random", "sim"):
+            try:
+                predict = lm_predictor(name, args.device, args.batch_size)
+            except ValueError as e:
+                sys.exit(f"error: --planners: {e}")
+        results = plan(E.episodes(args.episodes, args.seed, args.split), name if predict is None else "model", predict,
+                       args.seed, max_steps, args.max_new_tokens, args.act)
+        rows[name] = dict(summarize(results, max_steps), minutes=(time.time() - t0) / 60)
+        episodes[name] = results
+        print(f"{name}: success {pct(rows[name]['success']).strip()}% in {rows[name]['minutes']:.1f} min", flush=True)
+    print()
+    print_table(rows)
+    if args.json:
+        atomic_write_text(args.json, json.dumps({"args": vars(args), "summary": rows, "episodes": episodes}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
