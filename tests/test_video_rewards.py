@@ -27,6 +27,11 @@ def test_ssim_matches_scikit_image():
                                     use_sample_covariance=False)
         assert abs(ours[i].item() - ref) < 1e-4, (i, ours[i].item(), ref)
     assert ours.shape == (4,) and torch.allclose(ssim(true, true), torch.ones(4))
+    wide_pred, wide_true = pred[:, :, :20], true[:, :, :20]                       # not square: 20 x 32
+    ref = structural_similarity(wide_pred[0].numpy().astype(np.float64), wide_true[0].numpy().astype(np.float64),
+                                channel_axis=0, data_range=1, gaussian_weights=True, sigma=1.5,
+                                use_sample_covariance=False)
+    assert abs(ssim(wide_pred, wide_true)[0].item() - ref) < 1e-4
 
 
 def test_psnr_mae_mse_match_definitions():
