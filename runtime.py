@@ -159,6 +159,19 @@ class Run:
         self.fail(f"{msg}; stopping before it reaches the weights (the last checkpoint is intact; "
                   f"--on_nan=skip skips such steps)")
 
+    def update(self, stage, step, model, opt, loss, grad_clip=None):
+        """One optimizer step of `loss`, guarded: a non-finite loss or (with grad_clip) gradient norm goes to
+        `nonfinite` (stop, or skip the step) before it can reach the weights."""
+        opt.zero_grad(set_to_none=True)
+        if not torch.isfinite(loss):
+            return self.nonfinite(stage, step, model, f"non-finite loss ({loss.item()})")
+        loss.backward()
+        if grad_clip is not None:
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+            if not torch.isfinite(norm):
+                return self.nonfinite(stage, step, model, f"non-finite gradient norm ({norm.item()})")
+        opt.step()
+
     def check_ranks_in_sync(self, model, stage):
         """Under DDP every rank must hold the same weights; log their checksums and stop on a mismatch (a bug)."""
         if not self.ddp:

@@ -244,16 +244,7 @@ def run_mle():
         idx, tgt = batch_from([keep[i] for i in ids])
         with autocast:
             _, loss = trained(idx, tgt)
-        opt.zero_grad(set_to_none=True)
-        if not torch.isfinite(loss):
-            run.nonfinite("mle", step, model, f"non-finite loss ({loss.item()})")   # stops, or skips the step
-        else:
-            loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            if torch.isfinite(norm):
-                opt.step()
-            else:
-                run.nonfinite("mle", step, model, f"non-finite gradient norm ({norm.item()})")
+        run.update("mle", step, model, opt, loss, grad_clip=1.0)   # a NaN/inf stops the run, or skips the step
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")

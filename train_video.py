@@ -209,12 +209,7 @@ def train_tokenizer():
         with autocast:
             rec, qloss, _ = trained(x)
             loss = F.mse_loss(rec.float(), x) + qloss
-        opt.zero_grad(set_to_none=True)
-        if torch.isfinite(loss):
-            loss.backward()
-            opt.step()
-        else:
-            run.nonfinite("tokenizer", step, vq, f"non-finite loss ({loss.item()})")   # stops, or skips the step
+        run.update("tokenizer", step, vq, opt, loss)   # a NaN/inf stops the run, or skips the step
         step += 1
         if args.quantizer == "vq" and step % 50 == 0 and step < 0.8 * args.vq_steps:
             with torch.no_grad():
@@ -316,16 +311,7 @@ def run_mle(vq, layout, start_model):
         idx, tgt = window_batch(train_tok, ids, starts, n, layout)
         with autocast:
             _, loss = trained(idx, tgt)
-        opt.zero_grad(set_to_none=True)
-        if not torch.isfinite(loss):
-            run.nonfinite("mle", step, model, f"non-finite loss ({loss.item()})")   # stops, or skips the step
-        else:
-            loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            if torch.isfinite(norm):
-                opt.step()
-            else:
-                run.nonfinite("mle", step, model, f"non-finite gradient norm ({norm.item()})")
+        run.update("mle", step, model, opt, loss, grad_clip=1.0)   # a NaN/inf stops the run, or skips the step
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")
