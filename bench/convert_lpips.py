@@ -9,6 +9,10 @@ The official model is `lpips.LPIPS(net="vgg")`: torchvision's ImageNet VGG16 fea
 five learned 1x1 "lin" layers (`lin<k>.model.1.weight`, shipped inside the lpips package). We write
 `features.<i>.weight/bias` (torchvision's names) and `lin<k>.weight`, then check on random images that our plain-torch
 LPIPS gives the official distances (to 1e-5). Only this converter imports lpips/torchvision; the runtime does not.
+
+`--random_vgg=1` builds torchvision's VGG16 with random weights instead (no download; the lin layers are still the
+official ones shipped in the lpips package): the file is useless as a metric, but it lets a machine without internet
+check our LPIPS against the official code (tests/test_video_rewards.py does, in CI).
 """
 import argparse
 import sys
@@ -21,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rewards import load_lpips  # noqa: E402
 
 
-def convert(out):
+def convert(out, random_vgg=False):
     import lpips                                            # official package, only here
-    official = lpips.LPIPS(net="vgg", verbose=False).eval()
+    official = lpips.LPIPS(net="vgg", pnet_rand=random_vgg, verbose=False).eval()
     tensors = {}
     for s in range(1, 6):
         for name, module in getattr(official.net, f"slice{s}").named_children():   # name = torchvision index
@@ -41,9 +45,12 @@ def convert(out):
     print(f"wrote {out}: {len(tensors)} tensors; max |ours - official| on random images = {err:.2e}")
     if err > 1e-5:
         sys.exit("error: our LPIPS disagrees with the official one")
+    return official
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="checkpoints/lpips_vgg.safetensors")
-    convert(p.parse_args().out)
+    p.add_argument("--random_vgg", type=int, default=0, help="1: random VGG16 weights, for parity checks offline")
+    args = p.parse_args()
+    convert(args.out, bool(args.random_vgg))

@@ -102,3 +102,47 @@ def test_named_rewards():
     out = video_reward("mae+ssim", bad, true)
     assert torch.isfinite(out).all() and out[0] == -3.0 and (out[1:] == r[1:]).all()  # NaN: the worst score
     assert set(REWARDS) == {"mae+ssim", "mae+lpips"}
+
+
+def import_official_lpips():
+    """The official lpips package, or skip. PyPI's torchvision is a CUDA build: beside the CPU torch of CI its compiled
+    ops do not load and `import torchvision` fails in its __init__, though VGG16 needs none of them. Then the package is
+    mounted without running that __init__, so lpips still builds torchvision's own VGG16 module."""
+    import importlib.util
+    import sys
+    import types
+    try:
+        import torchvision.models  # noqa: F401
+    except ImportError:
+        pytest.skip("lpips/torchvision not installed (.ci/run installs them beside the suite for this test)")
+    except RuntimeError:
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]
+        spec = importlib.util.find_spec("torchvision")
+        package = types.ModuleType("torchvision")
+        package.__path__ = list(spec.submodule_search_locations)
+        sys.modules["torchvision"] = package
+    return pytest.importorskip("lpips")
+
+
+def test_lpips_matches_official_package(tmp_path):
+    """Parity with the lpips package (official network code and its shipped lin weights) on torchvision's VGG16 with
+    random weights, through bench/convert_lpips.py. The ImageNet VGG16 weights cannot be fetched here, so what this
+    checks is the architecture, scaling, normalisation, taps and averaging, and the converter, not the weights."""
+    import warnings
+    import_official_lpips()
+    import bench.convert_lpips as convert_lpips
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")               # torchvision's deprecation notes about `pretrained`
+        official = convert_lpips.convert(tmp_path / "lpips.safetensors", random_vgg=True)   # exits on > 1e-5
+    ours = load_lpips(tmp_path / "lpips.safetensors")
+    assert all((getattr(official, f"lin{k}").model[-1].weight >= 0).all() for k in range(5))   # the shipped ones
+    for seed, (h, w) in enumerate([(64, 64), (48, 80), (16, 16)]):
+        g = torch.Generator().manual_seed(seed)
+        true = torch.rand(3, 3, h, w, generator=g)
+        pred = (true + 0.2 * torch.randn(3, 3, h, w, generator=g)).clamp(0, 1)
+        with torch.no_grad():
+            ref = official(pred, true, normalize=True).flatten()
+        assert torch.allclose(ours(pred, true), ref, atol=1e-5, rtol=1e-4), (h, w, ours(pred, true), ref)
+        assert ref.min() > 0
