@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = {"bench_rollout.py": "ours / HF", "bench_grpo.py": "TRL / ours", "bench_mle.py": "MFU",
-           "bench_rewards.py": "ours / scikit-image", "bench_e2e.py": "live tensors"}
+           "bench_rewards.py": "ours / scikit-image", "bench_e2e.py": "live tensors", "rl_headroom.py": "best-of-G"}
 
 
 @pytest.mark.slow
