@@ -3,7 +3,7 @@ Train a language world model: MLE (supervised next-state prediction), then RLVR 
 the reward), then compare both on the held-out test split. Tasks: textgame (exact next state, the default) and
 webpage (F1 of predicted page changes: add --task=webpage to any command below).
 
-CPU, the default job (embedded data; RLVR starts from the shipped converged MLE checkpoint; ~10 min on 2 cores):
+CPU, the default job (embedded data; RLVR starts from the shipped converged MLE checkpoint; 4-10 min on 2 cores):
     python train_lang.py
 CPU, everything from scratch (data, tokenizer, MLE, RLVR):
     python train_lang.py --init=scratch
