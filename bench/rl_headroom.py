@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from common import machine  # noqa: E402  (puts the repository root on sys.path)
-from eval import TASKS, generate_texts, load_lang_model  # noqa: E402
+from checkpoint import atomic_write_text  # noqa: E402
+from eval import TASKS, generate_texts, load_lang_model, summarize  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from rewards import parse_diff  # noqa: E402
 from tokenizer_text import Tokenizer  # noqa: E402
@@ -83,21 +84,13 @@ samples = [score(generate_texts(model, tok, prompts, args.max_new_tokens, args.t
 per_record = list(zip(*samples))      # (records, G)
 
 # -----------------------------------------------------------------------------
-# summary, overall and on changed / unchanged records
-def summary(keep):
-    idx = [i for i in range(len(records)) if keep(i)]
-    if not idx:
-        return None
-    mean = lambda xs: sum(xs) / len(idx)  # noqa: E731
-    return dict(n=len(idx), greedy=mean(greedy[i] for i in idx),
-                sample_mean=mean(sum(per_record[i]) / args.G for i in idx),
-                best_of_G=mean(max(per_record[i]) for i in idx),
-                headroom=mean(float(max(per_record[i]) > greedy[i]) for i in idx),
-                zero_spread_groups=mean(float(max(per_record[i]) == min(per_record[i])) for i in idx))
-
-
-result = {"all": summary(lambda i: True), "changed": summary(lambda i: changed[i]),
-          "unchanged": summary(lambda i: not changed[i]), "G": args.G, "temperature": args.temperature}
+# summary, overall and on changed / unchanged records (eval.summarize averages each per-record field)
+METRICS = ("greedy", "sample_mean", "best_of_G", "headroom", "zero_spread_groups")
+per_record_metrics = [dict(zip(METRICS, (greedy[i], sum(rs) / args.G, max(rs), float(max(rs) > greedy[i]),
+                                         float(max(rs) == min(rs)))))
+                      for i, rs in enumerate(per_record)]
+result = dict(summarize(per_record_metrics, changed), n=len(records), n_changed=sum(changed), G=args.G,
+              temperature=args.temperature)
 if args.task == "textgame":      # what a wrong greedy answer gets wrong, on changed transitions
     errors = {}
     for i, r in enumerate(records):
@@ -121,12 +114,12 @@ if args.task == "textgame":      # what a wrong greedy answer gets wrong, on cha
 print(f"machine: {machine()}")
 print(f"{args.task}, {len(records)} records, {args.G} samples each at T={args.temperature}, reward {headline_reward}:")
 print(f"{'part':<10} {'n':>5} {'greedy':>8} {'sample':>8} {'best-of-G':>10} {'headroom':>9} {'zero-spread':>12}")
-for part in ("all", "changed", "unchanged"):
-    s = result[part]
-    if s:
-        print(f"{part:<10} {s['n']:>5} {100 * s['greedy']:>8.2f} {100 * s['sample_mean']:>8.2f} "
-              f"{100 * s['best_of_G']:>10.2f} {100 * s['headroom']:>9.2f} {100 * s['zero_spread_groups']:>12.2f}")
+for part, suffix, n in (("all", "", len(records)), ("changed", "_changed", result["n_changed"]),
+                        ("unchanged", "_unchanged", len(records) - result["n_changed"])):
+    if n:
+        print(f"{part:<10} {n:>5}" + "".join(f" {100 * result[m + suffix]:>{w}.2f}"
+                                              for m, w in zip(METRICS, (8, 8, 10, 9, 12))))
 if "greedy_errors_changed" in result:
     print("greedy errors on changed records:", json.dumps(result["greedy_errors_changed"]))
 if args.json:
-    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    atomic_write_text(args.json, json.dumps(result, indent=2) + "\n")
