@@ -1,143 +1,17 @@
 """Verifiable rewards: the task metric of each world model, computed on the *decoded* prediction.
 
-RLVR-World's point is that the reward is the metric itself, measured on what the model wrote, so every
-function here takes the model's text (or decoded output) and the ground truth, and returns a float. A
-reward never raises on model output: text that cannot be read scores 0.
+RLVR-World's point is that the reward is the metric itself, measured on what the model wrote: every reward here
+takes the model's output and the ground truth and returns a float, and never raises on model output (text that
+cannot be read scores 0; a video frame that cannot be scored gets the worst reward). Text rewards read at most
+MAX_ANSWER_CHARS characters, and their work is linear in the answer's length.
 
-Bounded work. A text reward reads at most MAX_ANSWER_CHARS characters of the model's answer (100,000, far
-more than the 1024 tokens of the largest --max_new_tokens in our commands can spell): a longer answer scores
-0 unread. Below that cap every step is linear in the text's length (regular expressions whose
-alternatives are disjoint, the one nested repetition possessive, so matching stays linear; the C JSON decoder;
-at most _MAX_STARTS = 8 candidate '{' positions, each tried as is and in at most two repaired versions; a
-repair that loops in Python over brackets only and gives up beyond _MAX_DEPTH = 100 nested ones), so the
-worst answer under the cap costs a few dozen linear passes, and nothing is quadratic.
-tests/test_rewards_fuzz.py checks the range of every reward on >= 10,000 random and mutated inputs each, and
-the worst constructions we know of at the cap.
+One section per domain, each opening with its public reward:
+- text game: `textgame_reward(text, state, next_state, kind)`, kind "binary" or "task_specific";
+- web page: `web_f1(text, target_text)`;
+- video: `video_reward(name, pred, true, lpips_net)`, name "mae+ssim" or "mae+lpips".
 
-The file is organised by domain, one section each; the text-game section comes first.
-
-Text game (ByteSized32-style state prediction)
-----------------------------------------------
-The model writes a difference JSON {"modified": [...], "removed": [...], "score": {...}} (see
-data/textgame/task.py). `parse_diff` reads it, `apply_diff` merges it into the current state, and the
-merged state is compared with the true next state.
-
-Where the formulas come from. We matched the official RLVR-World text-game reward, the functions
-`compute_score` / `compute_score_(solution_str, ground_truth, extra_info, reward_type)` of the verl reward
-of RLVR-World's language world models (github thuml/RLVR-World, lang_wm; read through a code-search index
-that did not show the file's path), and the GPT-simulator evaluation it builds on (github
-cognitiveailab/GPT-simulator, scripts/evaluate.py: `evaluate`, `get_state_diff_detail_v2`):
-
-* answer extraction (official): the text after the last "The final answer is:" (or "final state is:",
-  "final game state is:"), else the last ```json fenced block if it has at least 10 characters, else the
-  whole text; Python's True/False/None are read as JSON. The official code then calls the json_repair
-  library; we repair the common damage ourselves (trailing commas, unclosed brackets/strings, single
-  quotes, junk before or after the JSON).
-* object-property accuracy = correct / (correct + errors) over the true next state's objects (official
-  `evaluate`): a missing object is one error; an object without a properties dict is one error; each true
-  property key is one check (missing or different = error); each object's contents, compared as a
-  multiset, is one check. Values are compared with Python `==`, as there (so JSON 1 equals true).
-* score accuracy = fraction of the true score keys (score, gameOver, gameWon) predicted equal (official).
-* exact = both accuracies are 1; reward "binary" is exact (official `reward_type == "binary"`).
-* changed-property accuracy (official `correct_gold_num_record`): the fraction of the fields that truly
-  changed from state to next state which the prediction gets right.
-* task_specific = 0.09 * object-property accuracy + 0.01 * score accuracy + 0.2 * exact
-  + changed-property accuracy, the last term only when some field changed (official weights). The truth
-  scores 1.3 on a changed transition and 0.3 on an unchanged one.
-
-Where we deliberately differ, and why:
-
-1. New objects (the fix). The official merge keeps only objects of the current state, so an object that
-   the transition creates (a hole dug, water poured) can never be predicted, and the true answer scores 0
-   on 51 of the 2,954 ByteSized32 test transitions. `apply_diff` adds a modified object whose uuid is new.
-2. Because objects can now be added, spurious ones must cost something: each predicted object absent from
-   the true next state, and each predicted property key the true object lacks, is one error in the
-   object-property accuracy (the official code ignores both; the extra key even crashes its
-   changed-property count, giving 0). So exact means: same uuids, equal properties, same contents.
-3. Changed fields are defined uniformly on a flattened state (every property value, every object's
-   contents, every score value; an absent object has no fields): a field changed when its value or its
-   presence differs between state and next state. This counts what the official code skips: the score
-   fields (it gives the truth 0.3 on a score-only change such as "answer 220g" in scale-weigh), removed
-   objects and removed keys (it cannot count a correct removal), the properties of new objects, and the
-   changed fields of an object the prediction wrongly dropped (counted as wrong, not skipped). Hence the
-   rule "truth scores 1.3 exactly when the transition changes something".
-4. A diff of the wrong shape ("modified" not a list of objects with an integer uuid, "removed" not a list,
-   "score" not an object) is unparseable and scores 0; a missing key means "nothing" (the official code
-   returns 0 when "modified" or "removed" is missing).
-
-Web page (accessibility-tree changes)
--------------------------------------
-The model writes what an action changes on a page as three sections of accessibility-tree lines
-(data/webpage/task.py makes the true answer):
-
-    New items:
-    [1288] link 'Retry Synchronization'
-
-    Deleted items:
-    None
-
-    Updated items:
-    [1251] button 'System Messages: 1'
-
-The reward is the F1 score between the predicted and the true items, as in RLVR-World, where it is the
-verifiable reward of the web-page world model (paper, SFT -> RLVR: F1 49.94 -> 65.11, precision
-48.99 -> 72.77, recall 56.05 -> 64.55). Precision and recall are exposed for evaluation.
-
-Where the definition comes from. The RLVR-World language-world-model code, file
-`lang_wm/verl/verl/utils/reward_score/web_agent.py`, functions `parse_magento_log` and
-`compute_score(solution_str, ground_truth, p=0.0)` (read through the code search index, in the copy of
-the repository at github yfpeng1234/rl-world; the index holds no lang_wm folder for thuml/RLVR-World).
-There, each text is split into the sections "New items", "Deleted items", "Updated items" by lines that
-start with those headers; every other non-blank, stripped line after a header is an item of that
-section, so a section written `None` holds the item "None" and None-vs-None is a match; lines before
-the first header are ignored. For each section the true and predicted items are matched one-to-one
-(a Hungarian assignment whose cost is 0 for equal strings), and the matches of all sections are pooled:
-precision = matches / predicted items, recall = matches / true items, reward = their harmonic mean.
-Pooling means a long answer that lists the whole page is punished through precision, which is the point
-("use mix of precision and recall to avoid the model generating a lot of useless items", says the
-official docstring). A later version of that repository's reward dispatcher calls a `compute_score_`
-that the index does not hold; we match the `compute_score` we could read.
-
-Where we differ, and why:
-1. Duplicates. The official code stores each section as a *set*, so an item written twice counts once.
-   We use multisets (the issue's specification): the Hungarian matching of exact strings is then a
-   multiset intersection, and each extra copy is one more unmatched prediction, so a model stuck in a
-   repetition loop loses precision. True answers never repeat a line (ids are unique), so the truth
-   scores the same either way.
-2. Both texts without any item: 1.0 here, 0.0 there (precision and recall are 0 by convention). It cannot
-   happen with our targets, which always hold at least the three `None`s.
-3. Robust reading. Headers are recognised case-insensitively, with or without the colon and with any
-   spacing ("updated  Items :"); text after a header's colon on the same line is an item ("New items:
-   None" works); a repeated header continues its section; runs of whitespace inside an item count as
-   one space; "none" in any case is None. The official parser needs "New items:" exactly at the start of
-   a line and drops what follows it. A section that is missing holds no items (the official behaviour).
-4. Anything that is not a string scores 0 (the official code would raise); nothing here can raise.
-
-Video (decoded frames)
-----------------------
-Every function takes float tensors (N, 3, H, W) in [0, 1] — the *decoded* prediction and the true frame — and returns
-a per-sample tensor (N,), so a reward is computed for a whole GRPO batch at once. Rewards never raise on model output:
-`video_reward` clamps the prediction to [0, 1] (so +-inf pixels read as 1 and 0) and a sample whose reward is still
-non-finite (a NaN pixel) gets 0. The plain metrics propagate NaN, so an evaluation shows a broken model. Tensors of
-the wrong shape or dtype, or non-finite true frames, are the caller's bug, not model output: a ValueError says what
-was expected. Ranges: mae, mse in [0, 1]; psnr in [0, 100] dB; ssim in [-1, 1]; "mae+ssim" in [-3, 0]; "mae+lpips"
-<= 0 (LPIPS's learned weights are non-negative).
-
-- `mae`, `mse`: mean absolute / squared pixel error; `psnr` = 10 log10(1 / mse) (data range 1, mse floored at 1e-10).
-- `ssim`: the Gaussian-window SSIM of Wang et al. 2004 exactly as scikit-image computes it with
-  `structural_similarity(x, y, channel_axis=0, data_range=1, gaussian_weights=True, sigma=1.5,
-  use_sample_covariance=False)`: an 11-tap Gaussian (sigma 1.5, truncated at 3.5 sigma) filters x, y, x^2, y^2, xy;
-  scikit-image pads by reflection and then crops 5 pixels from every border before averaging, which is the same as
-  filtering without padding ("valid" convolution), what we do. Float64 inside, so parity holds to ~1e-7.
-- `LPIPS`: VGG16-LPIPS (Zhang et al. 2018) in plain torch: inputs mapped to [-1, 1] and normalised by LPIPS's
-  scaling layer, features at relu1_2, relu2_2, relu3_3, relu4_3, relu5_3 unit-normalised over channels, squared
-  differences weighted by the learned 1x1 "lin" layers, averaged over space and summed over layers. Weights come from
-  one safetensors file built by bench/convert_lpips.py (keys `features.<i>.weight/bias` as in torchvision's
-  vgg16().features and `lin<k>.weight`); there is no download here. `load_lpips(None)` returns None and callers fall
-  back to SSIM.
-- `repetition_rate`: for multi-step predictions, see its docstring.
-- `REWARDS`: the named RL rewards. "mae+lpips" = -(MAE + LPIPS), the paper's; "mae+ssim" = -(MAE + (1 - SSIM)), the
-  default when no LPIPS weights are given (SSIM, like LPIPS, rewards structure that MAE alone would blur away).
+docs/rewards.md holds where each formula comes from, where we deliberately differ from the official RLVR-World
+rewards and why, the text game's answer contract on truncated answers, and the bounds on the work.
 """
 import itertools
 import json
@@ -148,13 +22,16 @@ import torch
 import torch.nn as nn
 
 # ============================================================================ text game
+# The model writes a difference JSON {"modified": [new or changed objects], "removed": [uuids], "score": {...} or {}
+# when unchanged} (data/textgame/task.py). `parse_diff` reads it, `apply_diff` merges it into the current state, and
+# the merged state is compared with the true next state. Contract (official): an answer without the key "modified"
+# or "removed" scores 0; one without "score" predicts no score (never exact). Formulas: docs/rewards.md.
 
 TEXTGAME_KINDS = ("binary", "task_specific")
-DIFF_KEYS = ("modified", "removed", "score")
 _FINAL_ANSWER = re.compile(r"the final (?:answer|state|game state) is:", re.IGNORECASE)
 _PY_LITERAL = re.compile(r"\b(True|False|None)\b")
 _TRAILING_COMMA = re.compile(r",(\s*[}\]])")
-MAX_ANSWER_CHARS = 100_000   # longer answers score 0 unread (see "Bounded work" above)
+MAX_ANSWER_CHARS = 100_000   # longer answers score 0 unread (docs/rewards.md, "Bounded work")
 _MAX_STARTS = 8   # how many '{' positions to try: bounds the work on long junk
 _MAX_DEPTH = 100  # the repair gives up on deeper nesting (the decoder itself stops at the recursion limit)
 # from where it is applied, skip whole strings and other characters (in C, possessively), up to the next bracket or the
@@ -164,140 +41,44 @@ _ABSENT = object()   # a field that does not exist in a state
 _INVALID = object()  # contents that are not a list of names: equal to nothing else
 
 
-def _last_fenced(text: str) -> str | None:
-    """The stripped content of the last ```json block, as the official regex r"```json\\s*([\\s\\S]*?)\\s*```" finds
-    it, or None. By str.find: that regex takes quadratic time on a long run of whitespace after an unclosed fence."""
-    last, pos = None, 0
-    while (start := text.find("```json", pos)) != -1:
-        end = text.find("```", start + 7)
-        if end == -1:
-            break
-        last, pos = text[start + 7:end].strip(), end + 3
-    return last
+def textgame_reward(text, state: dict, next_state: dict, kind: str = "binary") -> float:
+    """The reward of one answer: kind "binary" (0 or 1) or "task_specific" (0 to 1.3). An answer whose diff lacks
+    "modified" or "removed" (e.g. a truncated one) scores 0; any text, or any non-string, scores without raising."""
+    if kind not in TEXTGAME_KINDS:
+        raise ValueError(f"unknown text-game reward kind {kind!r}; expected one of {TEXTGAME_KINDS}")
+    return textgame_metrics(text, state, next_state)[kind]
 
 
-def _answer_segment(text: str) -> str:
-    """The part of the model's text that should hold the JSON (official extraction rules)."""
-    finals = list(_FINAL_ANSWER.finditer(text))
-    if finals:
-        return text[finals[-1].end():]
-    fenced = _last_fenced(text)
-    if fenced is not None and len(fenced) >= 10:
-        return fenced
-    return text
+def textgame_metrics(text, state: dict, next_state: dict) -> dict:
+    """All text-game metrics of one answer: parsed, exact (0/1), object_acc, score_acc, changed_acc
+    (None when nothing changed), and the two rewards binary and task_specific."""
+    diff = parse_diff(text)
+    if diff is None:  # unreadable, the wrong shape, or "modified" / "removed" missing: no credit at all
+        changed = _fields(state) != _fields(next_state)
+        return {"parsed": False, "exact": 0, "object_acc": 0.0, "score_acc": 0.0,
+                "changed_acc": 0.0 if changed else None, "binary": 0.0, "task_specific": 0.0}
+    return _score_metrics(diff, state, next_state)
 
 
-def _close_brackets(text: str) -> str | None:
-    """The JSON value that `text` starts with, cut where it ends; or, when the text ends first (a truncated
-    answer), closed: an unterminated string gets its quote, a final comma goes, unclosed {/[ are closed.
-    None if brackets mismatch or nest deeper than _MAX_DEPTH. Python sees only the brackets; the regex skips the rest."""
-    closers, pos = [], 0
-    while (m := _JSON_TOKEN.match(text, pos)) is not None:
-        token, pos = m.group(1), m.end()
-        if token == '"':  # a string that never closes runs to the end of the text
-            return text + '"' + "".join(reversed(closers))
-        if token in "{[":
-            closers.append("}" if token == "{" else "]")
-            if len(closers) > _MAX_DEPTH:
-                return None
-        elif not closers or closers.pop() != token:
-            return None
-        elif not closers:  # the first value is complete; what follows is not read
-            return text[:pos]
-    text = text.rstrip()
-    return (text[:-1] if text.endswith(",") else text) + "".join(reversed(closers))
-
-
-def _variants(text: str):
-    """The text as is, then repaired: trailing commas, unclosed brackets, then single quotes."""
-    yield text
-    repaired = _close_brackets(_TRAILING_COMMA.sub(r"\1", text))
-    if repaired is not None:
-        yield repaired
-    if "'" in text:
-        swapped = _close_brackets(_TRAILING_COMMA.sub(r"\1", text.replace("'", '"')))
-        if swapped is not None:
-            yield swapped
-
-
-def _is_uuid(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _validated(obj) -> dict | None:
-    """A diff with all three keys if `obj` has the diff shape, else None."""
-    if not isinstance(obj, dict) or not any(key in obj for key in DIFF_KEYS):
-        return None
-    diff = {"modified": obj.get("modified", []), "removed": obj.get("removed", []),
-            "score": obj.get("score", {})}
-    if not (isinstance(diff["modified"], list) and isinstance(diff["removed"], list)
-            and isinstance(diff["score"], dict)):
-        return None
-    if not all(isinstance(o, dict) and _is_uuid(o.get("uuid")) for o in diff["modified"]):
-        return None
-    return diff
-
-
-def parse_diff(text) -> dict | None:
-    """Read the model's difference JSON from its text; None when there is none to be read.
-
-    Tries each of the first few '{' in the answer segment, each as is and repaired, and returns the first
-    JSON object with the diff shape (so junk before or after the JSON, and inner objects, are skipped).
-    Text longer than MAX_ANSWER_CHARS is not read.
-    """
-    if not isinstance(text, str) or len(text) > MAX_ANSWER_CHARS:
-        return None
-    segment = _PY_LITERAL.sub(lambda m: {"True": "true", "False": "false", "None": "null"}[m.group(1)],
-                              _answer_segment(text))
-    decoder = json.JSONDecoder()
-    starts = [m.start() for m in itertools.islice(re.finditer(r"\{", segment), _MAX_STARTS)]
-    for start in starts:
-        for candidate in _variants(segment[start:]):
-            try:
-                obj, _ = decoder.raw_decode(candidate)
-            except (ValueError, RecursionError):  # bad JSON, too-long integers, too-deep nesting
-                continue
-            diff = _validated(obj)
-            if diff is not None:
-                return diff
-    return None
-
-
-def apply_diff(state: dict, diff: dict) -> dict:
-    """Merge a diff into a state (inputs are not modified).
-
-    A modified object replaces the object with its uuid, or is added when the uuid is new (the official
-    merge drops new objects; see the module docstring). Removed uuids are deleted, and removal wins over
-    modification. A non-empty score replaces the score.
-    """
-    removed = {u for u in diff["removed"] if _is_uuid(u)}
-    changes = {obj["uuid"]: obj for obj in diff["modified"]}
-    objects = [changes.pop(obj["uuid"], obj) for obj in state["objects"] if obj["uuid"] not in removed]
-    objects += [obj for uuid, obj in changes.items() if uuid not in removed]
-    return {"objects": objects, "score": diff["score"] if diff["score"] else state["score"]}
-
-
-def _contents(obj: dict):
-    """An object's contents as a sorted tuple of names (order does not matter), or _INVALID."""
-    contains = obj.get("contains")
-    if isinstance(contains, list) and all(isinstance(name, str) for name in contains):
-        return tuple(sorted(contains))
-    return _INVALID
-
-
-def _fields(state: dict) -> dict:
-    """Flatten a state: (uuid, "p", key) -> property value, (uuid, "contains") -> contents,
-    ("score", key) -> score value. An object that is absent has no fields."""
-    fields = {}
-    for obj in state["objects"]:
-        uuid = obj["uuid"]
-        if isinstance(obj.get("properties"), dict):
-            for key, value in obj["properties"].items():
-                fields[(uuid, "p", key)] = value
-        fields[(uuid, "contains")] = _contents(obj)
-    for key, value in state["score"].items():
-        fields[("score", key)] = value
-    return fields
+def _score_metrics(diff: dict, state: dict, next_state: dict) -> dict:
+    """The metrics of a parsed diff (formulas and their sources: docs/rewards.md)."""
+    pred = apply_diff(state, diff)
+    correct, errors = _object_counts(pred, next_state)
+    object_acc = correct / (correct + errors) if correct + errors else 1.0
+    true_score = next_state["score"]
+    score_right = sum(1 for key, value in true_score.items()
+                      if key in pred["score"] and pred["score"][key] == value)
+    score_acc = score_right / len(true_score) if true_score else 1.0
+    exact = int(errors == 0 and score_right == len(true_score))
+    # a field changed when its value or presence differs between state and next state; the share predicted right
+    before, after, predicted = _fields(state), _fields(next_state), _fields(pred)
+    changed = [f for f in before.keys() | after.keys() if before.get(f, _ABSENT) != after.get(f, _ABSENT)]
+    changed_acc = (sum(1 for f in changed if predicted.get(f, _ABSENT) == after.get(f, _ABSENT))
+                   / len(changed)) if changed else None
+    # official weights: the truth scores 1.3 on a changed transition, 0.3 on an unchanged one
+    task_specific = (9 * object_acc + score_acc + 20 * exact) / 100 + (changed_acc or 0.0)
+    return {"parsed": True, "exact": exact, "object_acc": object_acc, "score_acc": score_acc,
+            "changed_acc": changed_acc, "binary": float(exact), "task_specific": task_specific}
 
 
 def _object_counts(pred: dict, true: dict) -> tuple[int, int]:
@@ -327,52 +108,177 @@ def _object_counts(pred: dict, true: dict) -> tuple[int, int]:
     return correct, errors
 
 
-def _score_metrics(diff: dict, state: dict, next_state: dict) -> dict:
-    pred = apply_diff(state, diff)
-    correct, errors = _object_counts(pred, next_state)
-    object_acc = correct / (correct + errors) if correct + errors else 1.0
-    true_score = next_state["score"]
-    score_right = sum(1 for key, value in true_score.items()
-                      if key in pred["score"] and pred["score"][key] == value)
-    score_acc = score_right / len(true_score) if true_score else 1.0
-    exact = int(errors == 0 and score_right == len(true_score))
-    before, after, predicted = _fields(state), _fields(next_state), _fields(pred)
-    changed = [f for f in before.keys() | after.keys() if before.get(f, _ABSENT) != after.get(f, _ABSENT)]
-    changed_acc = (sum(1 for f in changed if predicted.get(f, _ABSENT) == after.get(f, _ABSENT))
-                   / len(changed)) if changed else None
-    task_specific = (9 * object_acc + score_acc + 20 * exact) / 100 + (changed_acc or 0.0)
-    return {"parsed": True, "exact": exact, "object_acc": object_acc, "score_acc": score_acc,
-            "changed_acc": changed_acc, "binary": float(exact), "task_specific": task_specific}
+def _fields(state: dict) -> dict:
+    """Flatten a state: (uuid, "p", key) -> property value, (uuid, "contains") -> contents,
+    ("score", key) -> score value. An object that is absent has no fields."""
+    fields = {}
+    for obj in state["objects"]:
+        uuid = obj["uuid"]
+        if isinstance(obj.get("properties"), dict):
+            for key, value in obj["properties"].items():
+                fields[(uuid, "p", key)] = value
+        fields[(uuid, "contains")] = _contents(obj)
+    for key, value in state["score"].items():
+        fields[("score", key)] = value
+    return fields
 
 
-def textgame_metrics(text, state: dict, next_state: dict) -> dict:
-    """All text-game metrics of one answer: parsed, exact (0/1), object_acc, score_acc, changed_acc
-    (None when nothing changed), and the two rewards binary and task_specific."""
-    diff = parse_diff(text)
-    if diff is None:
-        changed = _fields(state) != _fields(next_state)
-        return {"parsed": False, "exact": 0, "object_acc": 0.0, "score_acc": 0.0,
-                "changed_acc": 0.0 if changed else None, "binary": 0.0, "task_specific": 0.0}
-    return _score_metrics(diff, state, next_state)
+def _contents(obj: dict):
+    """An object's contents as a sorted tuple of names (order does not matter), or _INVALID."""
+    contains = obj.get("contains")
+    if isinstance(contains, list) and all(isinstance(name, str) for name in contains):
+        return tuple(sorted(contains))
+    return _INVALID
 
 
-def textgame_reward(text, state: dict, next_state: dict, kind: str = "binary") -> float:
-    """The reward of one answer: kind "binary" (0 or 1) or "task_specific" (0 to 1.3)."""
-    if kind not in TEXTGAME_KINDS:
-        raise ValueError(f"unknown text-game reward kind {kind!r}; expected one of {TEXTGAME_KINDS}")
-    return textgame_metrics(text, state, next_state)[kind]
+def apply_diff(state: dict, diff: dict) -> dict:
+    """Merge a diff into a state (inputs are not modified).
+
+    A modified object replaces the object with its uuid, or is added when the uuid is new (the official
+    merge drops new objects; docs/rewards.md). Removed uuids are deleted, and removal wins over
+    modification. An empty score {} keeps the state's score, a non-empty one replaces it, and None (an answer
+    that wrote no "score") predicts no score at all.
+    """
+    removed = {u for u in diff["removed"] if _is_uuid(u)}
+    changes = {obj["uuid"]: obj for obj in diff["modified"]}
+    objects = [changes.pop(obj["uuid"], obj) for obj in state["objects"] if obj["uuid"] not in removed]
+    objects += [obj for uuid, obj in changes.items() if uuid not in removed]
+    score = diff["score"]
+    return {"objects": objects, "score": state["score"] if score == {} else ({} if score is None else score)}
+
+
+def parse_diff(text) -> dict | None:
+    """Read the model's difference JSON from its text; None when there is none to be read.
+
+    Tries each of the first few '{' in the answer segment, each as is and repaired, and returns the first
+    JSON object with the diff shape (so junk before or after the JSON, and inner objects, are skipped).
+    The repair only closes strings and brackets, so it never adds the key a truncated answer lacks.
+    Text longer than MAX_ANSWER_CHARS is not read.
+    """
+    if not isinstance(text, str) or len(text) > MAX_ANSWER_CHARS:
+        return None
+    segment = _PY_LITERAL.sub(lambda m: {"True": "true", "False": "false", "None": "null"}[m.group(1)],
+                              _answer_segment(text))
+    decoder = json.JSONDecoder()
+    starts = [m.start() for m in itertools.islice(re.finditer(r"\{", segment), _MAX_STARTS)]
+    for start in starts:
+        for candidate in _variants(segment[start:]):
+            try:
+                obj, _ = decoder.raw_decode(candidate)
+            except (ValueError, RecursionError):  # bad JSON, too-long integers, too-deep nesting
+                continue
+            diff = _validated(obj)
+            if diff is not None:
+                return diff
+    return None
+
+
+def _validated(obj) -> dict | None:
+    """The diff {"modified", "removed", "score"} that `obj` holds, or None when it lacks "modified" or "removed" (the
+    official contract: a truncated answer must not earn credit) or has the wrong shape. "score" may be absent: None."""
+    if not isinstance(obj, dict) or "modified" not in obj or "removed" not in obj:
+        return None
+    diff = {"modified": obj["modified"], "removed": obj["removed"], "score": obj.get("score")}
+    if not (isinstance(diff["modified"], list) and isinstance(diff["removed"], list)
+            and ("score" not in obj or isinstance(diff["score"], dict))):
+        return None
+    if not all(isinstance(o, dict) and _is_uuid(o.get("uuid")) for o in diff["modified"]):
+        return None
+    return diff
+
+
+def _is_uuid(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _variants(text: str):
+    """The text as is, then repaired: trailing commas, unclosed brackets, then single quotes."""
+    yield text
+    repaired = _close_brackets(_TRAILING_COMMA.sub(r"\1", text))
+    if repaired is not None:
+        yield repaired
+    if "'" in text:
+        swapped = _close_brackets(_TRAILING_COMMA.sub(r"\1", text.replace("'", '"')))
+        if swapped is not None:
+            yield swapped
+
+
+def _close_brackets(text: str) -> str | None:
+    """The JSON value that `text` starts with, cut where it ends; or, when the text ends first (a truncated
+    answer), closed: an unterminated string gets its quote, a final comma goes, unclosed {/[ are closed.
+    None if brackets mismatch or nest deeper than _MAX_DEPTH. Python sees only the brackets; the regex skips the rest."""
+    closers, pos = [], 0
+    while (m := _JSON_TOKEN.match(text, pos)) is not None:
+        token, pos = m.group(1), m.end()
+        if token == '"':  # a string that never closes runs to the end of the text
+            return text + '"' + "".join(reversed(closers))
+        if token in "{[":
+            closers.append("}" if token == "{" else "]")
+            if len(closers) > _MAX_DEPTH:
+                return None
+        elif not closers or closers.pop() != token:
+            return None
+        elif not closers:  # the first value is complete; what follows is not read
+            return text[:pos]
+    text = text.rstrip()
+    return (text[:-1] if text.endswith(",") else text) + "".join(reversed(closers))
+
+
+def _answer_segment(text: str) -> str:
+    """The part of the model's text that should hold the JSON (official extraction rules)."""
+    finals = list(_FINAL_ANSWER.finditer(text))
+    if finals:
+        return text[finals[-1].end():]
+    fenced = _last_fenced(text)
+    if fenced is not None and len(fenced) >= 10:
+        return fenced
+    return text
+
+
+def _last_fenced(text: str) -> str | None:
+    """The stripped content of the last ```json block, as the official regex r"```json\\s*([\\s\\S]*?)\\s*```" finds
+    it, or None. By str.find: that regex takes quadratic time on a long run of whitespace after an unclosed fence."""
+    last, pos = None, 0
+    while (start := text.find("```json", pos)) != -1:
+        end = text.find("```", start + 7)
+        if end == -1:
+            break
+        last, pos = text[start + 7:end].strip(), end + 3
+    return last
 
 
 # ============================================================================ web page
+# The model writes the items an action adds, deletes and updates on a page, in three sections of accessibility-tree
+# lines (data/webpage/task.py); the reward is the F1 of its items against the true ones (docs/rewards.md).
 SECTION_KEYS = ("new", "deleted", "updated")
 _HEADER = re.compile(r"(new|deleted|updated)\s+items\s*(?::\s*(.*))?", re.IGNORECASE)
 _SPACES = re.compile(r"\s+")
 
 
-def _item(line: str) -> str:
-    """An item as compared: inner whitespace runs made one space, None spelled one way."""
-    line = _SPACES.sub(" ", line)
-    return "None" if line.lower() == "none" else line
+def web_f1(text, target_text) -> float:
+    """The reward: F1 of predicted against true changed items, in [0, 1]. Never raises."""
+    return web_prf(text, target_text)[2]
+
+
+def web_prf(text, target_text) -> tuple[float, float, float]:
+    """(precision, recall, f1) of the items in `text` against those in `target_text`, pooled over sections.
+
+    Matches per section are the multiset intersection of the exact items. No items on either side
+    gives (1, 1, 1); a side without items gives 0 for the ratio it divides. A prediction longer than
+    MAX_ANSWER_CHARS scores (0, 0, 0) unread. Never raises.
+    """
+    if not isinstance(text, str) or not isinstance(target_text, str) or len(text) > MAX_ANSWER_CHARS:
+        return 0.0, 0.0, 0.0
+    pred, true = parse_sections(text), parse_sections(target_text)
+    matched = sum(sum((Counter(pred[k]) & Counter(true[k])).values()) for k in SECTION_KEYS)
+    n_pred = sum(len(pred[k]) for k in SECTION_KEYS)
+    n_true = sum(len(true[k]) for k in SECTION_KEYS)
+    if n_pred == 0 and n_true == 0:
+        return 1.0, 1.0, 1.0
+    precision = matched / n_pred if n_pred else 0.0
+    recall = matched / n_true if n_true else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return precision, recall, f1
 
 
 def parse_sections(text) -> dict[str, list[str]]:
@@ -400,33 +306,49 @@ def parse_sections(text) -> dict[str, list[str]]:
     return sections
 
 
-def web_prf(text, target_text) -> tuple[float, float, float]:
-    """(precision, recall, f1) of the items in `text` against those in `target_text`, pooled over sections.
-
-    Matches per section are the multiset intersection of the exact items. No items on either side
-    gives (1, 1, 1); a side without items gives 0 for the ratio it divides. A prediction longer than
-    MAX_ANSWER_CHARS scores (0, 0, 0) unread. Never raises.
-    """
-    if not isinstance(text, str) or not isinstance(target_text, str) or len(text) > MAX_ANSWER_CHARS:
-        return 0.0, 0.0, 0.0
-    pred, true = parse_sections(text), parse_sections(target_text)
-    matched = sum(sum((Counter(pred[k]) & Counter(true[k])).values()) for k in SECTION_KEYS)
-    n_pred = sum(len(pred[k]) for k in SECTION_KEYS)
-    n_true = sum(len(true[k]) for k in SECTION_KEYS)
-    if n_pred == 0 and n_true == 0:
-        return 1.0, 1.0, 1.0
-    precision = matched / n_pred if n_pred else 0.0
-    recall = matched / n_true if n_true else 0.0
-    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-    return precision, recall, f1
-
-
-def web_f1(text, target_text) -> float:
-    """The reward: F1 of predicted against true changed items, in [0, 1]. Never raises."""
-    return web_prf(text, target_text)[2]
+def _item(line: str) -> str:
+    """An item as compared: inner whitespace runs made one space, None spelled one way."""
+    line = _SPACES.sub(" ", line)
+    return "None" if line.lower() == "none" else line
 
 
 # ============================================================================ video
+# Every function takes float tensors (N, 3, H, W) in [0, 1], the *decoded* prediction and the true frames, and
+# returns a per-sample tensor (N,), a reward for a whole GRPO batch at once. Wrong shapes or dtypes and non-finite
+# true frames are the caller's bug: a ValueError says what was expected. Ranges and sources: docs/rewards.md.
+WORST_VIDEO_REWARD = -3.0   # the floor of -(MAE + (1 - SSIM)): MAE <= 1, SSIM >= -1
+
+
+def video_reward(name, pred, true, lpips_net=None):
+    """Per-sample reward (N,) of decoded predictions against the true frames; never raises on model output.
+
+    The prediction is clamped to [0, 1] (+-inf pixels read as 1 and 0); a sample holding a NaN or infinite pixel, or
+    whose reward is still non-finite, gets WORST_VIDEO_REWARD (-3), never a neutral 0 that RL could learn to reach."""
+    if name not in REWARDS:
+        raise ValueError(f"unknown video reward {name!r}; choose from {sorted(REWARDS)}")
+    _check_frames(pred, true, min_side=11)
+    if not torch.isfinite(true).all():
+        raise ValueError("video reward: the true frames hold non-finite values")
+    with torch.no_grad():
+        r = REWARDS[name](pred.float().clamp(0, 1), true.float(), lpips_net)
+    bad = ~torch.isfinite(pred.reshape(len(pred), -1)).all(1) | ~torch.isfinite(r)
+    return r.masked_fill(bad, WORST_VIDEO_REWARD)
+
+
+def pick_reward(name, lpips_net):
+    """'auto' -> 'mae+lpips' when LPIPS weights are loaded, else 'mae+ssim'. Raises on an impossible choice."""
+    if name == "auto":
+        name = "mae+lpips" if lpips_net is not None else "mae+ssim"
+    if name not in REWARDS:
+        raise ValueError(f"unknown video reward {name!r}; choose from {sorted(REWARDS)}")
+    if name == "mae+lpips" and lpips_net is None:
+        raise ValueError("reward mae+lpips needs LPIPS weights (--lpips=FILE, see bench/convert_lpips.py)")
+    return name
+
+
+# -----------------------------------------------------------------------------
+# metrics
+
 def _check_frames(pred, true, min_side=None):
     """Two float tensors of one shape (N, ...); with min_side, (N, 3, H, W) with H, W >= min_side. Else ValueError."""
     shapes = [f"{tuple(t.shape)} {t.dtype}" if torch.is_tensor(t) else type(t).__name__ for t in (pred, true)]
@@ -555,7 +477,8 @@ def repetition_rate(pred_codes, context_codes, true_frames, context_frame, tol=0
 
 
 # -----------------------------------------------------------------------------
-# named rewards
+# named rewards: "mae+lpips" = -(MAE + LPIPS), the paper's; "mae+ssim" = -(MAE + (1 - SSIM)), the default without LPIPS
+# weights (SSIM, like LPIPS, rewards structure that MAE alone would blur away)
 
 def reward_mae_ssim(pred, true, lpips_net=None):
     return -(mae(pred, true) + (1 - ssim(pred, true)))
@@ -566,29 +489,3 @@ def reward_mae_lpips(pred, true, lpips_net):
 
 
 REWARDS = {"mae+ssim": reward_mae_ssim, "mae+lpips": reward_mae_lpips}
-WORST_VIDEO_REWARD = -3.0   # the floor of -(MAE + (1 - SSIM)): MAE <= 1, SSIM >= -1
-
-
-def pick_reward(name, lpips_net):
-    """'auto' -> 'mae+lpips' when LPIPS weights are loaded, else 'mae+ssim'. Raises on an impossible choice."""
-    if name == "auto":
-        name = "mae+lpips" if lpips_net is not None else "mae+ssim"
-    if name not in REWARDS:
-        raise ValueError(f"unknown video reward {name!r}; choose from {sorted(REWARDS)}")
-    if name == "mae+lpips" and lpips_net is None:
-        raise ValueError("reward mae+lpips needs LPIPS weights (--lpips=FILE, see bench/convert_lpips.py)")
-    return name
-
-
-def video_reward(name, pred, true, lpips_net=None):
-    """Per-sample reward (N,) of decoded predictions against the true frames; never raises on model output."""
-    if name not in REWARDS:
-        raise ValueError(f"unknown video reward {name!r}; choose from {sorted(REWARDS)}")
-    _check_frames(pred, true, min_side=11)
-    if not torch.isfinite(true).all():
-        raise ValueError("video reward: the true frames hold non-finite values")
-    with torch.no_grad():
-        r = REWARDS[name](pred.float().clamp(0, 1), true.float(), lpips_net)
-    # a prediction holding NaN/inf gets the worst score, never a neutral 0 that RL could learn to exploit
-    bad = ~torch.isfinite(pred.reshape(len(pred), -1)).all(1) | ~torch.isfinite(r)
-    return r.masked_fill(bad, WORST_VIDEO_REWARD)

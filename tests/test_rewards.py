@@ -144,7 +144,8 @@ def test_contents_order_does_not_matter():
 def test_unchanged_transition():
     assert both(truth(STOVE_STATE, STOVE_STATE), STOVE_STATE, STOVE_STATE) == (1.0, pytest.approx(0.3))
     assert both('{"modified":[],"removed":[],"score":{}}', STOVE_STATE, STOVE_STATE) == (1.0, pytest.approx(0.3))
-    wrong = compact({"modified": [obj("stove", 3, "Stove", {"isOn": True}, ["pot (ID: 1)"])]})
+    wrong = compact({"modified": [obj("stove", 3, "Stove", {"isOn": True}, ["pot (ID: 1)"])], "removed": [],
+                     "score": {}})
     # 7/8 objects, score right, no changed-field term
     assert both(wrong, STOVE_STATE, STOVE_STATE) == (0.0, pytest.approx(0.09 * 7 / 8 + 0.01))
 
@@ -163,12 +164,59 @@ def test_wrapped_and_damaged_truth_still_scores_max(wrap):
     assert both(text, STOVE_STATE, STOVE_NEXT) == (1.0, pytest.approx(1.3))
 
 
-def test_truncated_answer_is_repaired_and_scored():
+def test_answer_without_modified_or_removed_scores_zero():
+    # the reward hole: '{"modified": [' was repaired to {"modified": []} and scored 1.0 on unchanged transitions
+    for text in ('{"modified": [', '{"modified": []}', '{"removed": []}', '{"modified":[],"score":{}}',
+                 '{"removed":[],"score":{}}', '{"score":{}}', '{"modified":[],"removed"'):
+        assert both(text, STOVE_STATE, STOVE_STATE) == (0.0, 0.0), text
+        assert both(text, STOVE_STATE, STOVE_NEXT) == (0.0, 0.0), text
     full = truth(STOVE_STATE, STOVE_NEXT)
-    text = full[:full.index('"temp":40', full.index("egg")) + len('"temp":40')]
-    # repaired to modified = [pot, egg with only temp]; the stove keeps isOn false. Checks: agent 1/1,
-    # pot 2/2, egg 1/3 (isCooked and contains missing), stove 1/2 -> 5/8; changed 2/3 (stove isOn wrong)
-    assert both(text, STOVE_STATE, STOVE_NEXT) == (0.0, pytest.approx(0.09 * 5 / 8 + 0.01 + 2 / 3))
+    cut = full[:full.index('"temp":40', full.index("egg")) + len('"temp":40')]   # truncated inside "modified"
+    assert both(cut, STOVE_STATE, STOVE_NEXT) == (0.0, 0.0)
+    # both keys in a damaged answer: the repair reads it. modified = [pot, egg with only temp], cut inside
+    # "removed": no score written. Checks: agent 1/1, pot 2/2, egg 1/3 (isCooked and contains missing), stove 1/2
+    # -> 5/8; score 0/3 (none predicted); changed: pot and egg temp right, stove isOn wrong -> 2/3
+    damaged = cut + '}}],"removed":['
+    assert both(damaged, STOVE_STATE, STOVE_NEXT) == (0.0, pytest.approx(0.09 * 5 / 8 + 2 / 3))
+
+
+def test_answer_without_score_predicts_no_score():
+    # the official merge adds no score entry: every true score key is missing, so never exact
+    no_score = '{"modified":[],"removed":[]}'
+    m = textgame_metrics(no_score, STOVE_STATE, STOVE_STATE)
+    assert m["parsed"] and m["score_acc"] == 0.0 and both(no_score, STOVE_STATE, STOVE_STATE) == (0.0, 0.09)
+    # on a changed transition the score fields are unchanged fields, so only objects count: 5/8 checks right (the
+    # pot's and egg's temperatures and the stove's isOn are wrong), changed 0/3
+    assert both(no_score, STOVE_STATE, STOVE_NEXT) == (0.0, pytest.approx(0.09 * 5 / 8))
+    # "score": {} means unchanged; "score": null is the wrong shape
+    assert both('{"modified":[],"removed":[],"score":{}}', STOVE_STATE, STOVE_STATE) == (1.0, pytest.approx(0.3))
+    assert both('{"modified":[],"removed":[],"score":null}', STOVE_STATE, STOVE_STATE) == (0.0, 0.0)
+
+
+def check_every_prefix(state, next_state):
+    """Every prefix of the true answer: never raises, none lacking a key earns anything, none beats the full answer,
+    and the binary reward only when nothing but closing brackets is cut. Returns how many prefixes earned > 0."""
+    full = truth(state, next_state)
+    best = both(full, state, next_state)
+    content = full.rstrip("}]")            # the answer without its final closing brackets
+    has_removed = full.index('"removed":') + len('"removed":') + 1   # shortest prefix with both keys' values begun
+    paid = 0
+    for n in range(len(full)):
+        binary, task = both(full[:n], state, next_state)
+        if n < has_removed:
+            assert (binary, task) == (0.0, 0.0), full[:n]
+        assert task <= best[1] + 1e-12, full[:n]
+        assert binary == 0.0 or n >= len(content), full[:n]
+        paid += task > 0
+    return paid
+
+
+def test_every_prefix_of_a_correct_answer(sim_records, shared_records):
+    records = sim_records[::5] + shared_records       # 140 simulator records, 40 ByteSized32 transitions
+    paid = [check_every_prefix(r["state"], r["next_state"]) for r in records]
+    assert sum(paid) > 0   # prefixes with both keys keep their partial, task-specific credit
+    assert check_every_prefix(STOVE_STATE, STOVE_NEXT) and check_every_prefix(SINK_STATE, SINK_NEXT)
+    assert check_every_prefix(STOVE_STATE, STOVE_STATE) > 0
 
 
 @pytest.mark.parametrize("text", [
@@ -187,9 +235,11 @@ def test_unparseable_scores_zero(text):
 
 
 def test_parse_diff_defaults_and_odd_values():
-    assert parse_diff('{"removed":[3]}') == {"modified": [], "removed": [3], "score": {}}
+    assert parse_diff('{"removed":[3],"modified":[]}') == {"modified": [], "removed": [3], "score": None}
+    assert parse_diff('{"removed":[3]}') is None and parse_diff('{"modified":[]}') is None
     # an infinite temperature is just a wrong value; junk in "removed" matches nothing
-    text = compact({"modified": [obj("pot", 1, "Pot", {"temp": 40}, ["egg (ID: 2)"])]}).replace("40", "1e999")
+    text = compact({"modified": [obj("pot", 1, "Pot", {"temp": 40}, ["egg (ID: 2)"])], "removed": []}).replace(
+        "40", "1e999")
     assert parse_diff(text)["modified"][0]["properties"]["temp"] == float("inf")
     junk = '{"modified":[],"removed":[[1],{"a":2},"3",true,null],"score":{}}'
     assert both(junk, STOVE_STATE, STOVE_STATE) == (1.0, pytest.approx(0.3))

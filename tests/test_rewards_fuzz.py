@@ -1,6 +1,6 @@
 """Property tests of every reward in rewards.py (hypothesis, derandomized so CI is deterministic): on >= 10,000
 random and mutated inputs per reward (truncated JSON, wrong types, huge numbers, NaN, deep nesting, unicode, empty
-text; NaN/inf/huge pixels in four dtypes), every result is a finite number in the documented range and nothing
+text, every prefix of true and mutated answers; NaN/inf/huge pixels in four dtypes), every result is a finite number in the documented range and nothing
 raises. Hypothesis costs ~1 ms per drawn example on a busy core, ten times a reward call, so most examples are a
 seed from which plain Python builds a batch of inputs (each one checked on its own). One exception in count:
 "mae+lpips" costs a VGG16 pass per input (~3.5 ms at 16x16 on one core), so it gets >= 150 inputs; its input
@@ -151,6 +151,8 @@ def test_textgame_rewards_are_finite_and_in_range():
             assert math.isfinite(m["task_specific"]) and 0.0 <= m["task_specific"] <= 1.3 + 1e-12
             for key in ("object_acc", "score_acc", "changed_acc"):
                 assert m[key] is None or 0.0 <= m[key] <= 1.0
+            if isinstance(text, str) and "\\u" not in text and ("modified" not in text or "removed" not in text):
+                assert m["task_specific"] == 0.0 and not m["parsed"]   # a key not even written: no credit
             kind = ("binary", "task_specific")[n[0] % 2]     # the reward GRPO calls agrees with the metrics
             assert textgame_reward(text, state, nxt, kind) == m[kind]
             outcomes.add((m["parsed"], m["binary"]))
@@ -160,6 +162,31 @@ def test_textgame_rewards_are_finite_and_in_range():
     assert n[0] >= 10_000
     # the fuzz reached every branch: unreadable, read but wrong, exactly right
     assert outcomes == {(False, 0.0), (True, 0.0), (True, 1.0)}
+
+
+def test_truncated_answers_earn_nothing_for_a_missing_key():
+    """Every prefix of a true, a wrapped or a mutated answer: nothing raises, a prefix without the "removed" key (our
+    answers write it after "modified") scores 0, and the binary reward needs all but the closing brackets."""
+    n = [0]
+
+    @settings(max_examples=150, **FUZZ)
+    @given(SEEDS)
+    def check(seed):
+        rng = random.Random(seed)
+        state, nxt = rng.choice(TEXTGAME)
+        truth = textgame_target({"state": state, "next_state": nxt})
+        text = wrap(truth, rng) if rng.random() < 0.5 else wrap(mutate(truth, rng), rng)
+        for cut in range(len(text) + 1):
+            prefix = text[:cut]
+            m = textgame_metrics(prefix, state, nxt)
+            if '"removed"' not in prefix:
+                assert m["binary"] == 0.0 and m["task_specific"] == 0.0, prefix
+            if truth in text and m["binary"] == 1.0:   # cut within the truth: only its closing brackets may go
+                assert truth.rstrip("}]") in prefix, prefix
+            n[0] += 1
+
+    check()
+    assert n[0] >= 10_000
 
 
 def test_web_rewards_are_finite_and_in_range():
