@@ -25,11 +25,33 @@ from model import GPT, GPTConfig
 FORMAT = "nanorlvr-1"
 
 
-def atomic_write_text(path, text):
+def atomic_write(path, write):
+    """Write `path` all or nothing: `write(tmp)` fills a temp file beside it, which is then renamed over `path`
+    (os.replace is atomic on POSIX), so a crash leaves the old file (or none), never half a file. The temp name holds
+    the process id, so two processes writing the same file never share a temp file."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path, text):
+    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def write_json(path, obj):
+    """Pretty JSON (indented, one trailing newline), atomically: eval results, run summaries."""
+    atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+def write_jsonl(path, records):
+    """One compact JSON object per line, atomically: data splits."""
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in records))
 
 
 def save_checkpoint(path, model, *, args=None, step=0, metrics=None, optimizer=None, state=None):
@@ -52,10 +74,8 @@ def save_checkpoint(path, model, *, args=None, step=0, metrics=None, optimizer=N
         tensors["state." + name] = t.detach().contiguous().cpu()
     meta = {"format": FORMAT, "config": asdict(model.config), "args": args or {}, "step": step,
             "metrics": metrics or {}, "optimizer_groups": groups}
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata={"nanorlvr": json.dumps(meta)})
-    os.replace(tmp, path)
-    atomic_write_text(path.with_suffix(".json"), json.dumps(meta, indent=2) + "\n")
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata={"nanorlvr": json.dumps(meta)}))
+    write_json(path.with_suffix(".json"), meta)
 
 
 def read_checkpoint(path):

@@ -15,37 +15,20 @@ keep only name, uuid, type, properties and contains; the text fields (observatio
 """
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from checkpoint import write_jsonl  # noqa: E402
 from data.textgame.simulator import generate_split  # noqa: E402
-from data.textgame.task import compact, is_changed  # noqa: E402
+from data.textgame.task import is_changed  # noqa: E402
 
 DATA_DIR = Path(__file__).resolve().parent
 DEFAULT_SIZES = {"train": 20000, "val": 500, "test": 1000}
 OBJECT_KEYS = ("name", "uuid", "type", "properties", "contains")
 SCORE_KEYS = ("score", "gameOver", "gameWon")
-
-
-def write_jsonl(records: list[dict], path) -> None:
-    """Write records, one compact JSON per line, atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for record in records:
-                f.write(compact(record) + "\n")
-        os.chmod(tmp, 0o644)  # mkstemp creates files readable by the owner only
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def summary(name: str, records: list[dict]) -> str:
@@ -62,7 +45,7 @@ def ensure_splits(data_dir=DATA_DIR, n_train: int = DEFAULT_SIZES["train"], n_va
         paths[split] = data_dir / f"{split}.jsonl"
         if not paths[split].exists():
             records = generate_split(split, n, seed)
-            write_jsonl(records, paths[split])
+            write_jsonl(paths[split], records)
             if verbose:
                 print(f"wrote {paths[split]}  " + summary(split, records))
     return paths
@@ -109,7 +92,7 @@ def convert_bytesized32(in_path, out_path) -> list[dict]:
             records.append(convert_record(raw, where))
     if not records:
         raise ValueError(f"{in_path}: no records (empty file)")
-    write_jsonl(records, out_path)
+    write_jsonl(out_path, records)
     return records
 
 
@@ -132,7 +115,7 @@ def main(argv=None) -> None:
     for split, n in (("train", args.n_train), ("val", args.n_val), ("test", args.n_test)):
         records = generate_split(split, n, args.seed)
         path = Path(args.out_dir) / f"{split}.jsonl"
-        write_jsonl(records, path)
+        write_jsonl(path, records)
         print(f"wrote {path}  " + summary(split, records))
 
 

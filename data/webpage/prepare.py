@@ -17,8 +17,6 @@ made single) and writes it to --out. Put your train.jsonl, val.jsonl and test.js
 pass it as --data_dir to train_lang.py / eval.py; `ensure_splits` uses a folder's files as they are.
 """
 import argparse
-import json
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -26,26 +24,13 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from checkpoint import write_jsonl  # noqa: E402
 from data.webpage.simulator import generate_split  # noqa: E402
 from data.webpage.task import DEFAULT_SITE, is_changed, load_records, prompt_text, target_text  # noqa: E402
 
 DATA_DIR = Path(__file__).resolve().parent
 SPLITS = ("train", "val", "test")
 DEFAULT_SIZES = {"train": 20000, "val": 500, "test": 1000}
-
-
-def write_jsonl(path: Path, records: list[dict]) -> None:
-    """Write one JSON object per line, atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for record in records:
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def summary(records: list[dict]) -> str:
