@@ -9,17 +9,10 @@ Design choices, for the student:
 - q, k and v live in one fused Linear (`c_attn`) and SwiGLU's gate and up projections in one (`c_fc`): one matmul
   instead of three or two, which matters on small CPUs. `from_pretrained` concatenates HF's separate tensors.
 - Training batches are right-padded (pads only ever sit after the real tokens), so training needs no attention mask.
-  Generation left-pads prompts of different lengths to a common length and gives each row its own positions, so a
-  row's logits do not depend on what it was batched with; a padding mask keeps real tokens from attending to pads.
-- `generate` returns log-probs of the sampled tokens under the sampling distribution (temperature / top-k / top-p
-  applied), which at T=1 without filtering equal the model's own log-probs, the "old" log-probs GRPO needs.
-- Fast rollouts (bench/bench_rollout.py measures them against HF `generate`): each prompt is prefilled once and its
-  keys and values are kept once (KVCache), however many samples continue it (`num_samples`, GRPO's G), and decoding
-  attends to them per prompt (`decode_attention`) instead of copying them per sample or per query head; the
-  generated tokens' keys and values go to preallocated buffers; rows that reached EOS leave the batch once they are a
-  quarter of it; sampling draws one uniform per row (inverse CDF) rather than one exponential per vocabulary entry.
-- The GRPO update runs each prompt once for all the samples that continue it (`forward(prompts=)`), with the same
-  logits as the concatenated sequences: most of a text-game sequence is its prompt.
+- The GRPO update runs each prompt once for all the samples that continue it (`forward(prompts=)`, through a
+  `PromptCache`), with the same logits as the concatenated sequences: most of a text-game sequence is its prompt.
+- Sampling (KV cache, decode attention, `generate`) lives in engine.py, as nanochat keeps its engine apart from its
+  model; this file is the training path.
 """
 import json
 import math
@@ -119,54 +112,20 @@ class Attention(nn.Module):
         v = v.view(B, T, nkv, hd).transpose(1, 2)   # (B, nkv, T, hd)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        if cache is not None and cache.k_prompt[layer] is not None and cache.rows is None:  # generating 1 token/row
-            y = decode_attention(q, *cache.append(layer, k, v), cache, layer)
+        if cache is not None and cache.rows is None:  # a prompt pass: keep its keys and values for what follows
+            cache.k[layer], cache.v[layer] = k.contiguous(), v.contiguous()
+        elif cache is not None:  # rows continuing the prompts cache.rows: their prompt's keys and values come first
+            k = torch.cat([cache.k[layer][cache.rows], k], dim=2)  # (B, nkv, Lp + T, hd)
+            v = torch.cat([cache.v[layer][cache.rows], v], dim=2)
+        if nkv != nh:
+            k = k.repeat_interleave(nh // nkv, dim=1)  # (B, nh, T_all, hd)
+            v = v.repeat_interleave(nh // nkv, dim=1)
+        if mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
-            if cache is not None and cache.k_prompt[layer] is None:  # a prompt pass: keep its keys and values
-                cache.k_prompt[layer], cache.v_prompt[layer] = k.contiguous(), v.contiguous()
-            elif cache is not None:  # rows continuing the prompts cache.rows: their prompt's keys come first
-                k = torch.cat([cache.k_prompt[layer][cache.rows], k], dim=2)  # (B, nkv, Lp + T, hd)
-                v = torch.cat([cache.v_prompt[layer][cache.rows], v], dim=2)
-            if nkv != nh:
-                k = k.repeat_interleave(nh // nkv, dim=1)  # (B, nh, T_all, hd)
-                v = v.repeat_interleave(nh // nkv, dim=1)
-            if mask is None:
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            else:
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         y = y.transpose(1, 2).contiguous().view(B, T, nh * hd)  # (B, T, nh*hd)
         return self.c_proj(y)
-
-
-def decode_attention(q, ks, vs, cache, layer):
-    """Attention of one new query per row to its prompt's and its own generated keys and values.
-
-    q (R, nh, 1, hd): the live rows of a grid of N = B * S rows, S samples of each of B prompts (cache.slots maps them
-    to the grid once finished rows are dropped; None = all N, in order). ks, vs (R, nkv, t, hd): each row's generated
-    keys and values. The prompts' keys and values, (B, nkv, P, hd) with bias (B, 1, 1, P) masking left padding, are
-    stored once per prompt: the S * nh / nkv queries that share a prompt and a kv head attend to them in one matmul,
-    so the prompt part of the cache is read once per prompt, not once per sample and per query head (grouped-query
-    attention needs no copy of the cache). One softmax over both parts' scores joins them."""
-    kp, vp, bias, S, slots = cache.k_prompt[layer], cache.v_prompt[layer], cache.prompt_bias, cache.samples, cache.slots
-    R, nh, _, hd = q.shape
-    B, nkv, P, _ = kp.shape
-    N, g, scale = B * S, nh // nkv, hd ** -0.5
-
-    def by_prompt(x):  # live rows (R, nkv, g, X) -> (B, nkv, S*g, X): a prompt's samples side by side (dropped: 0)
-        if slots is not None:
-            x = x.new_zeros(N, *x.shape[1:]).index_copy_(0, slots, x)
-        return x.reshape(B, S, nkv, g, -1).transpose(1, 2).reshape(B, nkv, S * g, -1)
-
-    def by_row(x):     # (B, nkv, S*g, X) -> live rows (R, nkv, g, X)
-        x = x.reshape(B, nkv, S, g, -1).transpose(1, 2).reshape(N, nkv, g, -1)
-        return x if slots is None else x[slots]
-
-    q = q.reshape(R, nkv, g, hd)
-    s_prompt = by_row(by_prompt(q) @ kp.transpose(-1, -2) * scale + bias)  # (R, nkv, g, P)
-    s_new = q @ ks.transpose(-1, -2) * scale                                # (R, nkv, g, t)
-    p_prompt, p_new = torch.softmax(torch.cat([s_prompt, s_new], -1), -1).split([P, ks.size(2)], -1)
-    y = by_row(by_prompt(p_prompt) @ vp) + p_new @ vs                       # (R, nkv, g, hd)
-    return y.view(R, nh, 1, hd)
 
 
 class MLP(nn.Module):
@@ -197,33 +156,13 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-class KVCache:
-    """Keys and values of prompts that several rows continue, kept by a prompt pass: (B, n_kv_head, P, head_dim) per
-    layer, computed once per prompt however many rows continue it.
+class PromptCache:
+    """Keys and values of a batch of prompts, (B, n_kv_head, P, head_dim) per layer, kept by a prompt pass (`rows`
+    None) so that other rows can continue the prompts without running them again: `forward(prompts=)` sets `rows`
+    (N,) long, row n continuing prompt rows[n]; engine.py's sampler attends to them from its decode step."""
 
-    Generating (rows None): `samples` rows continue each prompt; `prompt_bias` (B, 1, 1, P) masks the prompts' left
-    padding; the generated tokens' keys and values go to preallocated (R, n_kv_head, max_new, head_dim) buffers for
-    the R rows still decoding, which are the grid rows `slots` (None: all B * samples, in order).
-    Training (rows (N,) long): row n continues prompt rows[n] with all its tokens at once (`GPT.forward(prompts=)`)."""
-
-    def __init__(self, config, rows, max_new, device, dtype, samples=1):
-        shape = (rows, config.n_kv_head, max_new, config.head_dim)
-        self.k_prompt, self.v_prompt = [None] * config.n_layer, [None] * config.n_layer
-        self.prompt_bias, self.rows, self.samples, self.slots = None, None, samples, None
-        self.k = [torch.empty(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
-        self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
-        self.length = 0  # generated tokens stored before the current step (`generate` advances it)
-
-    def append(self, layer, k, v):
-        """Store the current step's (R, n_kv_head, 1, head_dim) keys and values; return the layer's generated ones."""
-        t = self.length
-        self.k[layer][:, :, t], self.v[layer][:, :, t] = k.squeeze(2), v.squeeze(2)
-        return self.k[layer][:, :, :t + 1], self.v[layer][:, :, :t + 1]
-
-    def keep(self, live):
-        """Go on with the current rows `live` (long) only: finished rows are dropped from the batch."""
-        self.slots = live if self.slots is None else self.slots[live]
-        self.k, self.v = [k[live] for k in self.k], [v[live] for v in self.v]
+    def __init__(self, n_layer):
+        self.k, self.v, self.rows = [None] * n_layer, [None] * n_layer, None
 
 
 # -----------------------------------------------------------------------------
@@ -270,8 +209,8 @@ class GPT(nn.Module):
 
     def _run(self, idx, pos, mask=None, cache=None, last=False):
         # idx, pos: (B, T) long; mask: None (causal) or (B, 1, T, T_all) float, added to the attention scores (0 where
-        # a query may attend, -inf where not); cache: an empty KVCache to run prompts into, or a filled one to continue
-        # them (see KVCache); last: logits of the last position only (B, 1, vocab)
+        # a query may attend, -inf where not); cache: an empty PromptCache to run prompts into, or a filled one with
+        # rows set to continue them; last: logits of the last position only (B, 1, vocab)
         x = self.wte(idx)                                    # (B, T, C)
         rope = None
         if self.wpe is not None:
@@ -298,7 +237,7 @@ class GPT(nn.Module):
             prompt_idx, prompt_len, rows = prompts
             B, L = prompt_idx.size()
             assert L + T <= self.config.block_size, f"prompt {L} + {T} tokens > block_size {self.config.block_size}"
-            cache = KVCache(self.config, 0, 0, device, self.wte.weight.dtype)
+            cache = PromptCache(self.config.n_layer)
             self._run(prompt_idx, torch.arange(L, device=device).expand(B, L), None, cache, last=True)  # fills cache
             cache.rows = rows
             causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
@@ -318,57 +257,10 @@ class GPT(nn.Module):
         out = logp.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
         return out.masked_fill(targets < 0, 0.0)
 
-    @torch.inference_mode()
-    def generate(self, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_id=None, generator=None,
-                 num_samples=1):
-        """Sample continuations of a batch of prompts with a KV cache.
-
-        prompts: list of B token-id lists (lengths may differ; each >= 1). They are left-padded inside; each row gets
-        positions 0..len-1 for its own tokens, so results do not depend on the batch.
-        num_samples: continuations per prompt; each prompt is prefilled once and its KV cache shared by its samples
-        (rows b*num_samples .. b*num_samples+num_samples-1 of the output belong to prompt b).
-        temperature 0 means greedy. top_k / top_p filter the distribution before sampling.
-        Returns (tokens, logprobs), both (B*num_samples, N) with N <= max_new_tokens (decoding stops once every row is
-        done): tokens is long, the sampled ids, with -1 after a row's eos_id (the eos itself is kept);
-        logprobs is float32, each sampled token's log-prob under the sampling distribution (for greedy: under the
-        model at T=1), 0 where tokens == -1.
-        """
-        device, B = self.wte.weight.device, len(prompts)
-        lens = torch.tensor([len(p) for p in prompts], device=device)
-        assert int(lens.min()) >= 1, "every prompt needs at least one token"
-        P = int(lens.max())
-        assert P + max_new_tokens <= self.config.block_size, f"prompt {P} + {max_new_tokens} new > block_size"
-        idx = torch.tensor([[0] * (P - len(p)) + list(p) for p in prompts], dtype=torch.long, device=device)
-        col = torch.arange(P, device=device)
-        valid = col.unsqueeze(0) >= (P - lens).unsqueeze(1)  # (B, P) key is a real token (pads are at the left)
-        pos = (col.unsqueeze(0) - (P - lens).unsqueeze(1)).clamp(min=0)  # (B, P)
-        causal = torch.ones(P, P, dtype=torch.bool, device=device).tril()
-        # prefill mask (B, 1, P, P); a pad query may see itself so its softmax row is never empty
-        allowed = (causal & valid[:, None]) | torch.eye(P, dtype=torch.bool, device=device)
-        dtype, S = self.wte.weight.dtype, num_samples
-        cache = KVCache(self.config, B * S, max_new_tokens, device, dtype, samples=S)
-        cache.prompt_bias = additive(valid, dtype)[:, None, None, :]  # (B, 1, 1, P)
-        logits = self._run(idx, pos, additive(allowed.unsqueeze(1), dtype), cache, last=True)[:, -1]  # (B, vocab)
-        if S > 1:  # the samples of a prompt start from its one prefill
-            lens, logits = lens.repeat_interleave(S), logits.repeat_interleave(S, dim=0)
-        tokens = torch.full((B * S, max_new_tokens), -1, dtype=torch.long, device=device)
-        logprobs = torch.zeros(B * S, max_new_tokens, device=device)
-        rows = torch.arange(B * S, device=device)       # the output rows still being decoded
-        done = torch.zeros(B * S, dtype=torch.bool, device=device)
-        for t in range(max_new_tokens):
-            tok, lp = sample_next(logits.float(), temperature, top_k, top_p, generator)
-            tokens[rows, t], logprobs[rows, t] = tok.masked_fill(done, -1), lp.masked_fill(done, 0.0)
-            if eos_id is not None:
-                done = done | (tok == eos_id)
-            if t == max_new_tokens - 1 or (eos_id is not None and bool(done.all())):
-                break
-            if eos_id is not None and 4 * int(done.sum()) >= len(done):  # a quarter has finished: drop them
-                live = (~done).nonzero().squeeze(1)
-                rows, lens, tok, done = rows[live], lens[live], tok[live], done[live]
-                cache.keep(live)
-            logits = self._run(tok.unsqueeze(1), (lens + t).unsqueeze(1), None, cache)[:, -1]
-            cache.length += 1
-        return tokens[:, :t + 1], logprobs[:, :t + 1]
+    def generate(self, prompts, max_new_tokens, **kw):
+        """Sampling lives in engine.py: see engine.generate (kept here for the callers not yet switched to it)."""
+        import engine  # imported here: engine imports this file
+        return engine.generate(self, prompts, max_new_tokens, **kw)
 
     # -------------------------------------------------------------------------
     # loading pretrained HF-format weights (GPT2LMHeadModel, Qwen2ForCausalLM, LlamaForCausalLM)
@@ -406,30 +298,6 @@ class GPT(nn.Module):
                 raise ValueError(f"{path}: tensor {k} has shape {tuple(v.shape)}, expected {tuple(ours[k].shape)}")
         model.load_state_dict(mapped, strict=not config.tie_embeddings)
         return model.to(dtype)
-
-
-@torch.no_grad()
-def sample_next(logits, temperature, top_k, top_p, generator):
-    """logits (B, V) -> (token (B,), its log-prob (B,) under the distribution actually sampled from)."""
-    if temperature == 0:
-        tok = logits.argmax(-1)
-        return tok, torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)
-    logits = logits / temperature
-    if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None:
-        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-        cum = torch.softmax(sorted_logits, -1).cumsum(-1)
-        drop = cum - torch.softmax(sorted_logits, -1) >= top_p  # keep the smallest prefix reaching top_p
-        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
-    logp = torch.log_softmax(logits, -1)
-    # inverse-CDF sampling: one uniform per row instead of multinomial's one exponential per vocabulary entry; u stays
-    # below the total, so the first cdf entry above it is a token of non-zero probability
-    cdf = logp.double().exp().cumsum(-1)
-    u = torch.rand(len(cdf), 1, generator=generator, dtype=torch.float64, device=logits.device)
-    tok = torch.searchsorted(cdf, u * cdf[:, -1:] * (1 - 1e-9), right=True).squeeze(-1)
-    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 
 def additive(allowed, dtype):
