@@ -1,31 +1,28 @@
 """
 GRPO (Group Relative Policy Optimization), written out by hand; every task plugs into the same loop.
 
-One step:
-1. rollout: for each of P prompts sample G completions with the KV cache (`GPT.generate(num_samples=G)`: each prompt
-   is prefilled once for its G samples), keeping the sampler's log-probs as the "old" policy's log-probs (no extra
-   forward pass recomputes them).
+One step (`grpo_step`):
+1. rollout: for each prompt sample G completions with the KV cache (`GPT.generate(num_samples=G)`: each prompt is
+   prefilled once for its G samples), keeping the sampler's log-probs as the "old" policy's log-probs.
 2. reward: the task's `reward_fn(items, completions)` scores the *decoded* completions (a verifiable metric).
-3. advantages: A = (r - mean of its group) / (std of its group + eps); a group whose rewards are all equal carries no
-   signal (A = 0) and is counted in the log as `zero_std_frac`.
-4. update: PPO-clip on per-token ratios plus a KL penalty to a frozen reference model (its log-probs computed once
-   per rollout), masked to completion tokens (the EOS token is in the loss; padding is not), gradient clipping,
-   optionally several minibatches per rollout. Both models run each prompt once per micro-batch, however many of its
-   samples are in it (`GPT.forward(prompts=)`; bench/bench_grpo.py times the step against TRL's).
+3. dynamic sampling (DAPO): a group whose G rewards are all equal has zero advantage, so no policy gradient; it is
+   dropped, and the step samples more prompts (`next_prompts(n)`) until it holds `prompts_per_step` groups with
+   reward spread, or `max_rounds` rounds have run. The share of dropped groups is logged as `zero_std_frac`.
+4. advantages: A = (r - mean of its group) / (std of its group + eps) (`std_norm=False`: Dr. GRPO's r - mean).
+5. update: `ppo_epochs` passes over the kept groups, each in `minibatches` optimizer steps, of PPO-clip on per-token
+   ratios, plus a KL penalty to a frozen reference model (k3 estimator, `beta`) and minus an entropy bonus
+   (`entropy_coef`), masked to completion tokens (EOS in, padding out), with gradient clipping. Both models run each
+   prompt once per micro-batch, however many of its samples are in it (`GPT.forward(prompts=)`).
 
-Variant choices (each a flag of `GRPOConfig`):
-- loss aggregation `loss_agg`: "token-mean" (default; every completion token weighs the same, as in DAPO and verl's
-  default, so long answers, e.g. big state changes, are not down-weighted) or "seq-mean" (the GRPO paper: mean over
-  tokens within a sequence, then over sequences).
-- std normalisation `std_norm`: on by default (GRPO paper); off gives Dr. GRPO's r - mean.
-- the KL term goes in the loss (GRPO paper, k3 "low_var_kl" estimator exp(q-p) - (q-p) - 1 with q the reference
-  log-prob), not in the reward; `beta` = 0 turns it off and skips the reference model's forward pass.
-- log-probs use logits / temperature, the distribution the sampler drew from, so old and new log-probs agree.
-- `skip_zero_std` (on by default): groups whose rewards are all equal have zero advantage, so their only gradient is
-  the KL term; they are dropped before the update (DAPO's "dynamic sampling" without the re-sampling), which saves
-  most of the compute when a peaked MLE model answers most prompts identically G times. The token-mean is then over
-  the informative groups' tokens. The share of such groups is logged as `zero_std_frac`.
-Under DDP each rank samples its own prompts, so groups never split across ranks; the token-mean is per rank.
+Choices (fields of `GRPOConfig`): loss aggregation "token-mean" (default, DAPO / verl: every completion token weighs
+the same, so long answers are not down-weighted) or "seq-mean" (the GRPO paper); log-probs use logits / temperature,
+the distribution the sampler drew from. `shuffle_rewards` is the placebo control: each round's rewards are permuted
+across its whole batch before the spread filter and the advantages, so a run has all the machinery but no signal
+(the log keeps the true rewards). When the forward pass runs in a
+low-precision dtype (bf16 / fp16 autocast, or non-fp32 weights) the sampler's log-probs differ from the update's, so
+the old log-probs are recomputed with the training model on the update's exact path (as verl does) and the first
+minibatch's ratio is exactly 1. Under DDP each rank samples its own prompts, so groups never split across ranks, and
+every rank runs the same number of optimizer steps.
 """
 import math
 import time
@@ -39,17 +36,22 @@ import torch.nn.functional as F
 @dataclass
 class GRPOConfig:
     group_size: int = 8          # G completions per prompt
+    prompts_per_step: int = 0    # groups with reward spread a step collects (0: as many as the prompts it is given)
+    max_rounds: int = 4          # sampling rounds a step may take to collect them (then it updates on what it has)
     max_new_tokens: int = 128
     temperature: float = 1.0
     clip_eps: float = 0.2        # PPO clip range
-    beta: float = 0.04           # KL coefficient (0 = no reference model)
+    beta: float = 0.001          # KL coefficient (the official recipe's; 0 = no reference model)
+    entropy_coef: float = 0.0    # entropy bonus (official: 0.001 for the language world models)
     loss_agg: str = "token-mean"  # "token-mean" | "seq-mean"
     std_norm: bool = True        # divide advantages by the group std
     adv_eps: float = 1e-6
-    minibatches: int = 1         # optimizer steps per rollout batch
+    ppo_epochs: int = 1          # passes over each rollout batch
+    minibatches: int = 1         # optimizer steps per pass
     micro_batch: int = 64        # sequences per forward/backward (gradient accumulation inside a minibatch)
     grad_clip: float = 1.0
-    skip_zero_std: bool = True   # drop groups with no reward spread before the update
+    skip_zero_std: bool = True   # drop groups with no reward spread (and sample more prompts in their place)
+    shuffle_rewards: bool = False  # placebo: permute the rewards across the rollout batch
 
     def __post_init__(self):
         assert self.loss_agg in ("token-mean", "seq-mean"), f"loss_agg must be token-mean|seq-mean, got {self.loss_agg!r}"
@@ -72,77 +74,90 @@ def k3_kl(logp, ref_logp):
     return torch.exp(d) - d - 1
 
 
-def aggregate(per_token, mask, how):
-    """Masked mean of (N, T) per-token values: over all tokens ("token-mean") or per sequence then over sequences."""
+def clipped_objective(logp, old_logp, adv, clip_eps):
+    """Per-token PPO-clip loss (N, T) (to minimise), the ratio (N, T) and the per-token 'was clipped' indicator."""
+    ratio = torch.exp(logp - old_logp)                          # pi / pi_old, per token
+    a = adv.unsqueeze(1)                                        # (N, 1): one advantage per sequence
+    unclipped, clipped = ratio * a, ratio.clamp(1 - clip_eps, 1 + clip_eps) * a
+    return -torch.min(unclipped, clipped), ratio, (clipped < unclipped).float()  # pessimistic bound
+
+
+def aggregate(per_token, mask, how, n_tokens=None, n_seqs=None):
+    """Masked mean of per-token values (n, T): "token-mean" = sum over masked tokens / n_tokens (default: their count);
+    "seq-mean" = sum over rows of each row's masked mean / n_seqs (default: the rows). Given a whole minibatch's
+    n_tokens / n_seqs, a micro-batch's result is its share of the minibatch's mean, and the shares add up to it."""
     mask = mask.to(per_token.dtype)
     if how == "token-mean":
-        return (per_token * mask).sum() / mask.sum().clamp(min=1)
-    per_seq = (per_token * mask).sum(1) / mask.sum(1).clamp(min=1)
-    return per_seq.mean()
+        return (per_token * mask).sum() / (mask.sum().clamp(min=1) if n_tokens is None else max(n_tokens, 1))
+    per_seq = (per_token * mask).sum(1) / mask.sum(1).clamp(min=1)  # (n,) each row's mean over its tokens
+    return per_seq.sum() / max(len(per_seq) if n_seqs is None else n_seqs, 1)
 
 
-def clipped_objective(logp, old_logp, adv, clip_eps):
-    """Per-token PPO-clip loss (N, T) (to minimise) and the per-token 'was clipped' indicator; adv is (N,)."""
-    ratio = torch.exp(logp - old_logp)
-    a = adv.unsqueeze(1)
-    unclipped, clipped = ratio * a, ratio.clamp(1 - clip_eps, 1 + clip_eps) * a
-    return -torch.min(unclipped, clipped), (clipped < unclipped).float()
+def grpo_loss(logp, old_logp, ref_logp, entropy, adv, mask, cfg, n_tokens=None, n_seqs=None):
+    """The GRPO loss of n rows (every input (n, T) but adv (n,)), aggregated by `aggregate` (given a minibatch's
+    n_tokens / n_seqs: a micro-batch's share of it), and the per-token ratio, clip indicator and KL, for the log."""
+    pg, ratio, was_clipped = clipped_objective(logp, old_logp, adv, cfg.clip_eps)
+    kl = k3_kl(logp, ref_logp)                                       # 0 where the policy equals the reference
+    per_token = pg + cfg.beta * kl - cfg.entropy_coef * entropy      # maximise reward and entropy, stay near the ref
+    return aggregate(per_token, mask, cfg.loss_agg, n_tokens, n_seqs), dict(ratio=ratio, clip=was_clipped, kl=kl)
 
 
 # -----------------------------------------------------------------------------
 # rollouts
 
-def pack(prompts, tokens, sampled=None):
-    """The update's inputs, each prompt stored once (G = N / P rows continue each prompt, as GPT.generate orders them).
-
-    prompts: P token-id lists; tokens (N, T): the completions, -1 after EOS; sampled (N, T) bool or None: False marks
-    tokens the task injected (inputs, never targets). Returns prompt_idx (P, L) the right-padded prompts without their
-    last token, prompt_len (P,) their lengths, and per row idx (N, T) = the prompt's last token then the completion
-    without its last token, targets (N, T) = the completion (-1 where there is none or it was injected): the model fed
-    prompt + idx[n, :t+1] predicts targets[n, t]. The loss mask is targets >= 0 (EOS included, padding not)."""
-    P, G = len(prompts), len(tokens) // len(prompts)
-    L = max(len(p) for p in prompts) - 1
-    prompt_idx = torch.tensor([p[:-1] + [0] * (L + 1 - len(p)) for p in prompts], dtype=torch.long).view(P, L)
-    prompt_len = torch.tensor([len(p) - 1 for p in prompts])
-    last = torch.tensor([p[-1] for p in prompts]).repeat_interleave(G)
-    tokens = tokens.cpu().clone()  # a normal tensor (GPT.generate returns inference-mode ones)
-    idx = torch.cat([last.unsqueeze(1), tokens[:, :-1].clamp(min=0)], dim=1)
-    targets = tokens if sampled is None else tokens.masked_fill(~sampled.cpu(), -1)
-    return prompt_idx, prompt_len, idx, targets
-
-
-def completion_lists(tokens):
-    """(N, T) tokens from GPT.generate (-1 after EOS) -> list of N token lists."""
-    return [row[:n] for row, n in zip(tokens.tolist(), (tokens >= 0).sum(1).tolist())]
-
-
 @torch.no_grad()
 def rollout(model, prompts, items, reward_fn, cfg, eos_id, generator, sampler=None):
-    """Sample G completions per prompt and score them. Returns a dict of per-sample tensors/lists (N = P * G).
+    """Sample G completions per prompt and score them. Returns per-sample (N = P * G, rows grouped by prompt) tokens
+    (N, T) (-1 after EOS), old_logp (N, T), mask (N, T) (True on sampled tokens), rewards (N,) and completions (lists).
 
     sampler: None (GPT.generate) or a function (model, prompts, items, cfg, generator) -> (tokens, logprobs,
     sampled), all (N, T), for completions with tokens the task injects rather than samples (the true actions between
     predicted video frames): positions where `sampled` is False stay in the sequence but out of the loss."""
     G = cfg.group_size
-    rep_prompts = [p for p in prompts for _ in range(G)]
-    rep_items = [it for it in items for _ in range(G)]
     model.eval()
-    sampled = None
     if sampler is None:  # each prompt is prefilled once; its G samples share its KV cache
         tokens, old_lp = model.generate(prompts, cfg.max_new_tokens, temperature=cfg.temperature,
                                         eos_id=eos_id, generator=generator, num_samples=G)
+        sampled = None
     else:
-        tokens, old_lp, sampled = sampler(model, rep_prompts, rep_items, cfg, generator)
+        reps = [(p, it) for p, it in zip(prompts, items) for _ in range(G)]
+        tokens, old_lp, sampled = sampler(model, [p for p, _ in reps], [it for _, it in reps], cfg, generator)
     model.train()
-    completions = completion_lists(tokens)
-    rewards = torch.tensor(reward_fn(rep_items, completions), dtype=torch.float32)
+    tokens, old_lp = tokens.cpu().clone(), old_lp.float().cpu().clone()  # normal tensors (generate's: inference mode)
+    mask = tokens >= 0 if sampled is None else sampled.cpu() & (tokens >= 0)
+    completions = [row[:n] for row, n in zip(tokens.tolist(), (tokens >= 0).sum(1).tolist())]
+    rewards = torch.tensor(reward_fn([it for it in items for _ in range(G)], completions), dtype=torch.float32)
     if not torch.isfinite(rewards).all():
         raise FloatingPointError("reward_fn returned a non-finite reward")
-    prompt_idx, prompt_len, idx, targets = pack(prompts, tokens, sampled)
-    adv = group_advantages(rewards.view(-1, G), cfg.std_norm, cfg.adv_eps).view(-1)
-    return dict(prompt_idx=prompt_idx, prompt_len=prompt_len, rows=torch.arange(len(prompts)).repeat_interleave(G),
-                idx=idx, targets=targets, mask=targets >= 0, old_logp=old_lp.float().cpu(), adv=adv, rewards=rewards,
-                completions=completions, eos=torch.tensor([bool(c) and c[-1] == eos_id for c in completions]))
+    return dict(tokens=tokens, old_logp=old_lp, mask=mask, rewards=rewards, completions=completions)
+
+
+def pad_cat(tensors, value):
+    """Stack (n_i, T_i) tensors into one (sum n_i, max T_i), right-padding each row with `value`."""
+    out = torch.full((sum(len(t) for t in tensors), max(t.size(1) for t in tensors)), value, dtype=tensors[0].dtype)
+    start = 0
+    for t in tensors:
+        out[start:start + len(t), :t.size(1)] = t
+        start += len(t)
+    return out
+
+
+def pack(prompts, tokens, mask=None):
+    """The update's inputs, each prompt stored once (G = N / P rows continue each prompt, as GPT.generate orders them).
+
+    prompts: P token-id lists; tokens (N, T): the completions, -1 after EOS; mask (N, T) bool or None: False marks
+    tokens out of the loss (injected by the task: inputs, never targets). Returns prompt_idx (P, L) the right-padded
+    prompts without their last token, prompt_len (P,) their lengths, and per row idx (N, T) = the prompt's last token
+    then the completion without its last token, targets (N, T) = the completion (-1 where there is none or it is out
+    of the loss): the model fed prompt + idx[n, :t+1] predicts targets[n, t]. The loss mask is targets >= 0."""
+    P, G = len(prompts), len(tokens) // len(prompts)
+    L = max(len(p) for p in prompts) - 1
+    prompt_idx = torch.tensor([p[:-1] + [0] * (L + 1 - len(p)) for p in prompts], dtype=torch.long).view(P, L)
+    prompt_len = torch.tensor([len(p) - 1 for p in prompts])
+    last = torch.tensor([p[-1] for p in prompts]).repeat_interleave(G)
+    idx = torch.cat([last.unsqueeze(1), tokens[:, :-1].clamp(min=0)], dim=1)
+    targets = tokens if mask is None else tokens.masked_fill(~mask, -1)
+    return prompt_idx, prompt_len, idx, targets
 
 
 def token_logprobs_and_entropy(model, prompt_idx, prompt_len, rows, idx, targets, temperature):
@@ -151,93 +166,134 @@ def token_logprobs_and_entropy(model, prompt_idx, prompt_len, rows, idx, targets
     used, rows = torch.unique(rows, return_inverse=True)
     prompts = (prompt_idx[used], prompt_len[used], rows) if prompt_idx.size(1) else None  # None: 1-token prompts
     logits, _ = model(idx, prompts=prompts)
-    logp_all = F.log_softmax(logits.float() / temperature, dim=-1)  # (N, T, vocab)
+    logp_all = F.log_softmax(logits.float() / temperature, dim=-1)  # (n, T, vocab) the sampler's distribution
     logp = logp_all.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logp, entropy
 
 
+def low_precision(model, device):
+    """True when the forward pass runs in a dtype other than float32 (autocast on, or weights not float32)."""
+    autocast = torch.is_autocast_enabled(device.type) and torch.get_autocast_dtype(device.type) != torch.float32
+    return autocast or next(model.parameters()).dtype != torch.float32
+
+
 # -----------------------------------------------------------------------------
 # one GRPO step
 
-def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_id, generator, step=0, sampler=None):
-    """Rollout P prompts x G samples, then `cfg.minibatches` optimizer steps on them. Returns a dict of stats.
+def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_id, generator, step=0, sampler=None,
+              next_prompts=None):
+    """Rollouts until `cfg.prompts_per_step` groups have reward spread, then `ppo_epochs x minibatches` optimizer steps.
 
-    policy: the trained GPT, possibly wrapped in DDP; ref_model: frozen GPT (or None when beta == 0);
-    prompts: P token-id lists; items: P task objects passed to reward_fn(items, completions) -> list of floats;
-    sampler: see `rollout` (None = GPT.generate). A non-finite weight, reward, loss or gradient norm raises
-    FloatingPointError before the optimizer step it would corrupt."""
+    policy: the trained GPT, possibly wrapped in DDP; ref_model: frozen GPT (or None when beta == 0); prompts: P
+    token-id lists and items: P task objects for the first round, scored by reward_fn(items, completions) -> floats;
+    next_prompts(n) -> (prompts, items): n more for the next round (None: one round only); sampler: see `rollout`.
+    Returns a dict of stats. A non-finite weight, reward, loss or gradient norm raises FloatingPointError before the
+    optimizer step it would corrupt."""
     t0 = time.time()
     raw = getattr(policy, "module", policy)
     device = raw.wte.weight.device
     if not torch.stack([torch.isfinite(p).all() for p in raw.parameters()]).all():
         raise FloatingPointError(f"non-finite weights in the policy at step {step}")
-    batch = rollout(raw, prompts, items, reward_fn, cfg, eos_id, generator, sampler)
-    t_rollout = time.time() - t0
-    r = batch["rewards"].view(-1, cfg.group_size)
-    has_spread = r.std(1, unbiased=False) > 0  # (P,) the group's rewards differ: it carries a policy gradient
-    spread = has_spread.repeat_interleave(cfg.group_size)  # (N,)
-    keep = spread.nonzero().squeeze(1) if cfg.skip_zero_std else torch.arange(len(spread))
-    idx, targets, mask, rows = (batch[k][keep].to(device) for k in ("idx", "targets", "mask", "rows"))
-    old_logp, adv = batch["old_logp"][keep].to(device), batch["adv"][keep].to(device)
-    prompt_idx, prompt_len = batch["prompt_idx"].to(device), batch["prompt_len"].to(device)
+    G, want = cfg.group_size, cfg.prompts_per_step or len(prompts)
 
-    def logprobs(model, sel):  # log-probs and entropies of the kept rows `sel`
+    # 1-3. sample rounds, keeping the groups with reward spread (DAPO dynamic sampling)
+    kept, sampled = [], []  # kept: (prompt, its round's rollout, the slice of its G rows there, its G rewards as used)
+    while True:
+        out = rollout(raw, prompts, items, reward_fn, cfg, eos_id, generator, sampler)
+        sampled.append(out)
+        r = out["rewards"]                                      # (P * G,) the true rewards, logged
+        if cfg.shuffle_rewards:                                 # placebo: any reward may land on any completion
+            r = r[torch.randperm(len(r), generator=generator)]
+        r = r.view(-1, G)                                       # (P, G) one row per group
+        spread = r.std(1, unbiased=False) > 0 if cfg.skip_zero_std else torch.ones(len(r), dtype=torch.bool)
+        kept += [(prompts[g], out, slice(g * G, (g + 1) * G), r[g]) for g in spread.nonzero().flatten().tolist()]
+        n_sampled = sum(len(s["rewards"]) for s in sampled) // G
+        if len(kept) >= want or len(sampled) >= cfg.max_rounds or next_prompts is None:
+            break
+        # ask for enough prompts to fill the gap at the spread rate seen so far, at most the first round's number
+        n_first = len(sampled[0]["rewards"]) // G
+        prompts, items = next_prompts(min(n_first, math.ceil((want - len(kept)) * n_sampled / max(len(kept), 1))))
+    kept = kept[:want]                                          # a fixed-size update, as DAPO's
+    t_rollout = time.time() - t0
+
+    # 4. the update batch: kept groups of every round, right-padded to one length, each prompt stored once
+    N = len(kept) * G
+    if kept:
+        tokens, old_logp, mask = (pad_cat([out[key][sl] for _, out, sl, _ in kept], pad)  # (N, T) each
+                                  for key, pad in (("tokens", -1), ("old_logp", 0.0), ("mask", False)))
+        prompt_idx, prompt_len, idx, targets = pack([p for p, *_ in kept], tokens, mask)
+        adv = group_advantages(torch.stack([rk for *_, rk in kept]), cfg.std_norm, cfg.adv_eps).view(-1)  # (N,)
+        idx, targets, old_logp, adv = idx.to(device), targets.to(device), old_logp.to(device), adv.to(device)
+        prompt_idx, prompt_len = prompt_idx.to(device), prompt_len.to(device)
+        rows = torch.arange(len(kept), device=device).repeat_interleave(G)  # (N,) the group (prompt) of each row
+        mask = targets >= 0                                                # (N, T) the loss mask, EOS included
+
+    def logprobs(model, sel):  # log-probs and entropies (n, T) of the kept rows `sel`
         return token_logprobs_and_entropy(model, prompt_idx, prompt_len, rows[sel], idx[sel], targets[sel],
                                           cfg.temperature)
 
-    ref_logp = torch.zeros_like(old_logp)
-    if cfg.beta > 0:
-        with torch.no_grad():
-            for s in range(0, len(idx), cfg.micro_batch):
-                sl = slice(s, s + cfg.micro_batch)
-                ref_logp[sl] = logprobs(ref_model, sl)[0]
-    N = len(idx)
-    order = torch.randperm(N, generator=generator).tolist()
-    per_mb = math.ceil(N / cfg.minibatches)
-    sums = dict(loss=0.0, kl=0.0, entropy=0.0, clip=0.0, grad_norm=0.0)
+    # the plan: each epoch a fresh order of the rows, cut into minibatches, each cut into micro-batches ("chunks");
     # every rank runs the same number of minibatches (DDP all-reduces in each); an empty one adds no gradient
-    for m in range(cfg.minibatches):
-        mb = order[m * per_mb:(m + 1) * per_mb]
-        n_tok = mask[mb].sum().clamp(min=1)
-        chunks = [mb[s:s + cfg.micro_batch] for s in range(0, len(mb), cfg.micro_batch)]
+    per_mb = math.ceil(N / cfg.minibatches)
+    plan = []
+    for _ in range(cfg.ppo_epochs):
+        order = torch.randperm(N, generator=generator).tolist()
+        plan += [order[m * per_mb:(m + 1) * per_mb] for m in range(cfg.minibatches)]
+    chunks = [[mb[s:s + cfg.micro_batch] for s in range(0, len(mb), cfg.micro_batch)] for mb in plan]
+    recompute = N > 0 and low_precision(raw, device)
+    with torch.no_grad():  # reference log-probs, and in low precision the old ones, on exactly the update's chunks
+        ref_logp = old_logp.clone() if N else None  # without a reference model (beta 0) the logged KL is to the sampler
+        for chunk in (c for mb in chunks[:cfg.minibatches] for c in mb):  # the first epoch covers every row once
+            if cfg.beta > 0:
+                ref_logp[chunk] = logprobs(ref_model, chunk)[0]
+            if recompute:  # the weights have not moved yet: the first minibatch's ratio is exactly 1
+                old_logp[chunk] = logprobs(raw, chunk)[0]
+
+    # 5. the optimizer steps
+    sums = dict(loss=0.0, kl=0.0, entropy=0.0, clip=0.0, grad_norm=0.0)
+    ratio_sum, n_mb = 0.0, 0  # the first minibatch's summed token ratios (their mean is 1 when on-policy)
+    ratio_tokens = int(mask[plan[0]].sum()) if N else 0
+    for m, mb in enumerate(plan):
         optimizer.zero_grad(set_to_none=True)
-        if not chunks:  # nothing to learn from here
+        n_tok = int(mask[mb].sum()) if mb else 0  # the minibatch's loss tokens: its chunks' shares divide by these
+        if not mb:  # nothing to learn from here
             if not hasattr(policy, "no_sync"):
                 continue
             # under DDP: join the other ranks' gradient all-reduce, then take the same step with the averaged gradient
             # (skipping it would leave this rank's weights behind theirs)
-            (policy(batch["idx"][:1].to(device))[0].sum() * 0.0).backward()
-        for c, chunk in enumerate(chunks):
-            sync = c == len(chunks) - 1
-            ctx = policy.no_sync() if (not sync and hasattr(policy, "no_sync")) else nullcontext()
-            with ctx:
-                mk = mask[chunk].float()
-                logp, ent = logprobs(policy, chunk)
-                pg, was_clipped = clipped_objective(logp, old_logp[chunk], adv[chunk], cfg.clip_eps)
-                kl = k3_kl(logp, ref_logp[chunk])
-                per_token = pg + cfg.beta * kl
-                # a chunk's share of its minibatch's aggregate, so gradients add up to the whole minibatch's
-                if cfg.loss_agg == "token-mean":
-                    loss = (per_token * mk).sum() / n_tok
-                else:
-                    loss = aggregate(per_token, mk, "seq-mean") * len(chunk) / len(mb)
+            (policy(torch.zeros(1, 1, dtype=torch.long, device=device))[0].sum() * 0.0).backward()
+        for c, chunk in enumerate(chunks[m]):
+            last = c == len(chunks[m]) - 1                      # DDP all-reduces the gradients on the last chunk only
+            with policy.no_sync() if (not last and hasattr(policy, "no_sync")) else nullcontext():
+                logp, ent = logprobs(policy, chunk)             # (n, T) each
+                # this chunk's share of the minibatch's loss, so the chunks' gradients add up to the minibatch's
+                loss, parts = grpo_loss(logp, old_logp[chunk], ref_logp[chunk], ent, adv[chunk], mask[chunk], cfg,
+                                        n_tok, len(mb))
                 if not torch.isfinite(loss):
                     raise FloatingPointError(f"non-finite GRPO loss at step {step}")
                 loss.backward()
-                sums["loss"] += loss.item() / cfg.minibatches
-                sums["kl"] += ((kl * mk).sum() / n_tok).item() / cfg.minibatches
-                sums["entropy"] += ((ent * mk).sum() / n_tok).item() / cfg.minibatches
-                sums["clip"] += ((was_clipped * mk).sum() / n_tok).item() / cfg.minibatches
+                sums["loss"] += loss.item()
+                for name, x in (("kl", parts["kl"]), ("entropy", ent), ("clip", parts["clip"])):  # token-means, logged
+                    sums[name] += aggregate(x.detach(), mask[chunk], "token-mean", n_tok).item()
+                if m == 0:
+                    ratio_sum += parts["ratio"].detach()[mask[chunk]].sum().item()
         gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
         if not torch.isfinite(gn):
             raise FloatingPointError(f"non-finite gradient norm at step {step}")
-        sums["grad_norm"] += gn.item() / cfg.minibatches
+        sums["grad_norm"] += gn.item()
+        n_mb += bool(mb)
         optimizer.step()
-    lengths = torch.tensor([len(c) for c in batch["completions"]], dtype=torch.float32)
-    return dict(step=step, reward_mean=r.mean().item(), reward_max=r.max().item(),
-                zero_std_frac=1.0 - has_spread.float().mean().item(),
-                kl=sums["kl"], entropy=sums["entropy"], clip_frac=sums["clip"], loss=sums["loss"],
-                grad_norm=sums["grad_norm"], response_len=lengths.mean().item(),
-                eos_frac=batch["eos"].float().mean().item(),
-                t_rollout=t_rollout, t_step=time.time() - t0)
+
+    # stats over every sampled group (reward, lengths, EOS) and over the kept ones (the update's)
+    rewards = torch.cat([s["rewards"] for s in sampled]).view(-1, G)  # (all groups, G) the true rewards
+    lengths = torch.tensor([len(c) for s in sampled for c in s["completions"]], dtype=torch.float32)
+    eos = [bool(c) and c[-1] == eos_id for s in sampled for c in s["completions"]]
+    stats = {k: v / max(n_mb, 1) for k, v in sums.items()}
+    return dict(step=step, reward_mean=rewards.mean().item(), reward_max=rewards.max().item(),
+                zero_std_frac=(rewards.std(1, unbiased=False) == 0).float().mean().item(),
+                rounds=len(sampled), groups=len(rewards), groups_kept=len(kept),
+                kl=stats["kl"], entropy=stats["entropy"], clip_frac=stats["clip"], loss=stats["loss"],
+                grad_norm=stats["grad_norm"], ratio_first=ratio_sum / max(ratio_tokens, 1),
+                response_len=lengths.mean().item(),
+                eos_frac=sum(eos) / len(eos), t_rollout=t_rollout, t_step=time.time() - t0)

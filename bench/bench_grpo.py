@@ -10,8 +10,8 @@ text-game prompts are saved to a temporary directory; TRL loads its policy and i
 ours with `GPT.from_pretrained` plus a frozen copy as the reference. Each step takes 4 text-game prompts (the real
 `data/textgame` prompts, ~150-220 tokens) x G=8 samples at T=1, up to 64 completion tokens (both stop at EOS), scores
 them with the same Python reward on the decoded text, and makes one AdamW update on all of them with a KL penalty
-(beta > 0, so both run the reference model). Our zero-spread skip is off (TRL has none), so both learn from every
-group. TRL runs offline on CPU (`use_cpu=True, bf16=False`, no logging, no saving).
+(beta > 0, so both run the reference model). Our dynamic sampling is off (`skip_zero_std=False`, no prompt source:
+one sampling round; TRL has none), there is no entropy bonus (TRL's loss has none), so both learn from every group. TRL runs offline on CPU (`use_cpu=True, bf16=False`, no logging, no saving).
 
 Timing is interleaved: a Trainer callback starts a clock at TRL's `on_step_begin` and stops it at `on_step_end`
 (generation, reward, reference and policy passes and the optimizer step all happen in between), then runs and times
@@ -121,7 +121,7 @@ def bench(threads, path, tok, texts):
     ref = copy.deepcopy(ours).eval()
     opt = torch.optim.AdamW(ours.parameters(), lr=args.lr)
     cfg = GRPOConfig(group_size=G, max_new_tokens=args.max_new_tokens, temperature=1.0, beta=args.beta,
-                     minibatches=1, micro_batch=P * G, skip_zero_std=False)
+                     entropy_coef=0.0, ppo_epochs=1, minibatches=1, micro_batch=P * G, skip_zero_std=False)
     gen = torch.Generator().manual_seed(0)
     eos = tok.eos_token_id
 
@@ -141,6 +141,7 @@ def bench(threads, path, tok, texts):
             prompts = [tok(t)["input_ids"] for t in step_texts[s * P:(s + 1) * P]]
             t0, c0 = time.perf_counter(), time.process_time()
             stats = grpo_step(ours, ref, opt, prompts, [None] * P, reward_fn, cfg, eos, gen, s)
+            assert stats["rounds"] == 1 and stats["groups_kept"] == P, "both sides must learn from every group"
             times["ours"].append((time.perf_counter() - t0, time.process_time() - c0))
             lens["ours"].append(stats["response_len"])
             assert torch.get_num_threads() == threads, "a library changed the thread count"

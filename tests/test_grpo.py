@@ -1,11 +1,14 @@
-"""GRPO math on hand-computed tensors, packing and masks, micro-batching, and a tiny task whose reward must rise."""
+"""GRPO math on hand-computed tensors, packing and masks, micro-batching, dynamic sampling, the placebo, the entropy
+bonus, bf16 old log-probs, and a tiny task whose reward must rise (and whose placebo must not)."""
 import copy
 import math
 
 import pytest
 import torch
 
-from grpo import GRPOConfig, aggregate, clipped_objective, group_advantages, grpo_step, k3_kl, pack
+import grpo
+from grpo import (GRPOConfig, aggregate, clipped_objective, group_advantages, grpo_loss, grpo_step, k3_kl, pack,
+                  token_logprobs_and_entropy)
 from model import GPT, GPTConfig
 
 torch.set_num_threads(1)
@@ -29,11 +32,12 @@ def test_k3_kl_by_hand():
 def test_clipped_objective_by_hand():
     logp = torch.log(torch.tensor([[1.5, 0.5, 0.5, 1.0]]))
     old = torch.zeros(1, 4)
-    loss, clipped = clipped_objective(logp, old, torch.tensor([1.0]), 0.2)
+    loss, ratio, clipped = clipped_objective(logp, old, torch.tensor([1.0]), 0.2)
+    assert torch.allclose(ratio, torch.tensor([[1.5, 0.5, 0.5, 1.0]]))
     # A=+1: ratio 1.5 -> clipped to 1.2; ratio 0.5 -> min(0.5, 0.8) = 0.5, not clipped; ratio 1 -> 1
     assert torch.allclose(loss, torch.tensor([[-1.2, -0.5, -0.5, -1.0]]))
     assert clipped.tolist() == [[1.0, 0.0, 0.0, 0.0]]
-    loss, clipped = clipped_objective(logp, old, torch.tensor([-1.0]), 0.2)
+    loss, _, clipped = clipped_objective(logp, old, torch.tensor([-1.0]), 0.2)
     # A=-1: ratio 1.5 -> min(-1.5, -1.2) = -1.5; ratio 0.5 -> min(-0.5, -0.8) = -0.8 (clipped)
     assert torch.allclose(loss, torch.tensor([[1.5, 0.8, 0.8, 1.0]]))
     assert clipped.tolist() == [[0.0, 1.0, 1.0, 0.0]]
@@ -44,6 +48,32 @@ def test_aggregate_by_hand():
     m = torch.tensor([[1, 1, 1], [1, 0, 0]], dtype=torch.bool)
     assert aggregate(x, m, "token-mean").item() == pytest.approx(10 / 4)
     assert aggregate(x, m, "seq-mean").item() == pytest.approx((2 + 4) / 2)
+    # a micro-batch's share of its minibatch's mean: the minibatch's token / row counts divide; shares add up
+    assert aggregate(x[:1], m[:1], "token-mean", n_tokens=4).item() == pytest.approx(6 / 4)
+    assert aggregate(x[1:], m[1:], "token-mean", n_tokens=4).item() == pytest.approx(4 / 4)
+    assert aggregate(x[:1], m[:1], "seq-mean", n_seqs=2).item() == pytest.approx(2 / 2)
+    assert aggregate(x[1:], m[1:], "seq-mean", n_seqs=2).item() == pytest.approx(4 / 2)
+    empty = torch.zeros(2, 3, dtype=torch.bool)   # no tokens: 0, not NaN
+    assert aggregate(x, empty, "token-mean").item() == 0.0 and aggregate(x, empty, "seq-mean").item() == 0.0
+
+
+def test_grpo_loss_by_hand():
+    # two rows, 2 tokens each, the second row's last token masked out; old = ref = 0 (prob 1), so ratio = exp(logp)
+    logp = torch.log(torch.tensor([[1.5, 1.0], [0.5, 2.0]]))
+    zeros = torch.zeros(2, 2)
+    entropy = torch.tensor([[0.4, 0.2], [0.6, 9.0]])
+    adv, mask = torch.tensor([1.0, -1.0]), torch.tensor([[True, True], [True, False]])
+    cfg = GRPOConfig(clip_eps=0.2, beta=0.1, entropy_coef=0.5)
+    # pg: row 0 (A=+1) ratio 1.5 -> clipped 1.2 -> -1.2; ratio 1 -> -1; row 1 (A=-1) ratio 0.5 -> max(0.5, 0.8) = 0.8
+    # kl = exp(-logp) + logp - 1: 1/1.5 + log 1.5 - 1, 0, 2 + log 0.5 - 1
+    kl = [1 / 1.5 + math.log(1.5) - 1, 0.0, 2 + math.log(0.5) - 1]
+    per_token = [pg + 0.1 * k - 0.5 * e for pg, k, e in zip([-1.2, -1.0, 0.8], kl, [0.4, 0.2, 0.6])]
+    loss, parts = grpo_loss(logp, zeros, zeros, entropy, adv, mask, cfg)
+    assert loss.item() == pytest.approx(sum(per_token) / 3)                          # token-mean
+    assert parts["clip"].tolist() == [[1.0, 0.0], [1.0, 0.0]]
+    cfg.loss_agg = "seq-mean"
+    loss, _ = grpo_loss(logp, zeros, zeros, entropy, adv, mask, cfg)
+    assert loss.item() == pytest.approx(((per_token[0] + per_token[1]) / 2 + per_token[2]) / 2)
 
 
 def test_pack_masks_completion_and_eos_only():
@@ -90,18 +120,24 @@ def test_on_policy_ratio_is_one_and_kl_zero_at_start():
                       GRPOConfig(group_size=4, max_new_tokens=6, beta=0.1), eos_id=0,
                       generator=torch.Generator().manual_seed(0))
     assert stats["clip_frac"] == 0.0 and abs(stats["kl"]) < 1e-6
+    assert abs(stats["ratio_first"] - 1.0) < 1e-5          # float32: the sampler's log-probs are the update's
 
 
-def test_reward_rises_on_a_tiny_task():
+@pytest.mark.parametrize("placebo", [False, True])
+def test_reward_rises_on_a_tiny_task_and_not_under_the_placebo(placebo):
     model = tiny_model(1)
     ref = copy.deepcopy(model).eval()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    cfg = GRPOConfig(group_size=8, max_new_tokens=6, beta=0.01, minibatches=2)
+    cfg = GRPOConfig(group_size=8, max_new_tokens=6, beta=0.01, minibatches=2, prompts_per_step=4,
+                     shuffle_rewards=placebo)
     g = torch.Generator().manual_seed(0)
-    rewards = [grpo_step(model, ref, opt, [[1], [2], [4], [5]], [None] * 4, count_threes, cfg, eos_id=None,
-                         generator=g, step=s)["reward_mean"] for s in range(40)]
+    stats = [grpo_step(model, ref, opt, [[1], [2], [4], [5]], [None] * 4, count_threes, cfg, eos_id=None,
+                       generator=g, step=s, next_prompts=lambda n: ([[1 + i % 5] for i in range(n)], [None] * n))
+             for s in range(40)]
+    rewards = [s["reward_mean"] for s in stats]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
-    assert first < 0.3 and last > 0.8, (first, last)
+    assert first < 0.3 and (last < 0.3 if placebo else last > 0.8), (first, last)   # measured: 0.13 -> 0.15 / 0.97
+    assert all(s["groups_kept"] == 4 for s in stats[:5])    # refilled to the target while groups still had spread
 
 
 def test_groups_without_reward_spread_are_skipped():
@@ -113,3 +149,115 @@ def test_groups_without_reward_spread_are_skipped():
                       generator=torch.Generator().manual_seed(0))
     assert stats["zero_std_frac"] == 1.0
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+# -----------------------------------------------------------------------------
+# dynamic sampling, placebo, entropy bonus, low precision
+
+def spread_only_after_token_5(items, completions):
+    """Prompts [5, ...] (item "5") are scored by their completions (spread); all others score 1 (no spread)."""
+    return [sum(t == 3 for t in c) / 6 if it == "5" else 1.0 for it, c in zip(items, completions)]
+
+
+def weights(model):
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def test_dynamic_sampling_refills_to_the_target():
+    model = tiny_model()
+    asked = []
+
+    def next_prompts(n):  # every refill prompt has reward spread (with high probability at T=1 over 6 tokens)
+        asked.append(n)
+        return [[5, 1 + i % 3] for i in range(n)], ["5"] * n
+
+    cfg = GRPOConfig(group_size=4, max_new_tokens=6, beta=0.0, prompts_per_step=3, max_rounds=5)
+    # the first round: 2 prompts without spread, 1 with: 1 kept, 2 more wanted at a spread rate of 1/3 -> asks for
+    # min(3 = the first round's size, ceil(2 * 3 / 1) = 6) = 3
+    stats = grpo_step(model, None, torch.optim.SGD(model.parameters(), lr=0.1), [[1, 2], [4], [5, 6]],
+                      ["1", "4", "5"], spread_only_after_token_5, cfg, eos_id=None,
+                      generator=torch.Generator().manual_seed(0), next_prompts=next_prompts)
+    assert asked == [3] and stats["rounds"] == 2 and stats["groups"] == 6
+    assert stats["groups_kept"] == 3                        # 4 groups had spread; the update takes exactly 3
+    assert stats["zero_std_frac"] == pytest.approx(2 / 6)  # of every sampled group
+
+
+def test_dynamic_sampling_stops_after_max_rounds_without_an_update():
+    model = tiny_model()
+    before = weights(model)
+    asked = []
+
+    def next_prompts(n):
+        asked.append(n)
+        return [[1, 2]] * n, ["1"] * n    # never any spread
+
+    cfg = GRPOConfig(group_size=4, max_new_tokens=4, beta=0.1, prompts_per_step=2, max_rounds=3)
+    stats = grpo_step(model, copy.deepcopy(model).eval(), torch.optim.SGD(model.parameters(), lr=1.0),
+                      [[1, 2], [4]], ["1", "4"], spread_only_after_token_5, cfg, eos_id=None,
+                      generator=torch.Generator().manual_seed(0), next_prompts=next_prompts)
+    assert asked == [2, 2] and stats["rounds"] == 3 and stats["groups"] == 6 and stats["groups_kept"] == 0
+    assert stats["zero_std_frac"] == 1.0 and torch.equal(before, weights(model))   # nothing to learn from
+    # without a prompt source a step is one round, as before dynamic sampling
+    stats = grpo_step(model, None, torch.optim.SGD(model.parameters(), lr=1.0), [[1, 2], [4]], ["1", "4"],
+                      spread_only_after_token_5, cfg, eos_id=None, generator=torch.Generator().manual_seed(0))
+    assert stats["rounds"] == 1 and stats["groups_kept"] == 0
+
+
+def test_placebo_shuffles_rewards_across_the_batch():
+    def by_group(items, completions):   # constant within each group, different between groups: no spread at all
+        return [float(it) for it in items]
+
+    prompts, items = [[1, 2], [4], [5, 6], [7]], [0, 1, 2, 3]
+    runs = {}
+    for placebo in (False, True):
+        model = tiny_model()
+        cfg = GRPOConfig(group_size=4, max_new_tokens=4, beta=0.0, shuffle_rewards=placebo)
+        runs[placebo] = grpo_step(model, None, torch.optim.SGD(model.parameters(), lr=0.1), prompts, items, by_group,
+                                  cfg, eos_id=None, generator=torch.Generator().manual_seed(0))
+    assert runs[False]["groups_kept"] == 0
+    assert runs[True]["groups_kept"] >= 3                    # shuffled rewards land in other groups: spread
+    assert runs[True]["reward_mean"] == runs[False]["reward_mean"] == 1.5   # the log keeps the true rewards
+    assert runs[True]["zero_std_frac"] == 1.0                # ... and the true spread
+
+
+def mean_entropy(model, prompts, tokens):
+    prompt_idx, prompt_len, idx, targets = pack(prompts, tokens)
+    rows = torch.arange(len(prompts)).repeat_interleave(len(tokens) // len(prompts))
+    with torch.no_grad():
+        _, ent = token_logprobs_and_entropy(model, prompt_idx, prompt_len, rows, idx, targets, 1.0)
+    return ent.mean().item()
+
+
+@pytest.mark.parametrize("coef", [1.0, -1.0])
+def test_entropy_bonus_raises_entropy(coef):
+    # constant rewards kept (skip_zero_std off): advantages 0, no KL, so the only gradient is the entropy term
+    model = tiny_model()
+    probe = torch.randint(1, 8, (8, 6), generator=torch.Generator().manual_seed(1))
+    before = mean_entropy(model, [[1, 2], [4]], probe)
+    cfg = GRPOConfig(group_size=4, max_new_tokens=6, beta=0.0, entropy_coef=coef, skip_zero_std=False)
+    stats = grpo_step(model, None, torch.optim.SGD(model.parameters(), lr=0.5), [[1, 2], [4]], [None, None],
+                      lambda items, comps: [1.0] * len(comps), cfg, eos_id=None,
+                      generator=torch.Generator().manual_seed(0))
+    after = mean_entropy(model, [[1, 2], [4]], probe)
+    assert stats["grad_norm"] > 0 and stats["loss"] == pytest.approx(-coef * stats["entropy"], rel=1e-5)
+    assert (after - before) * coef > 0, (before, after)     # +coef raises the entropy, -coef lowers it
+
+
+@pytest.mark.parametrize("minibatches", [1, 2])
+def test_bf16_recomputes_old_logprobs_so_the_first_ratio_is_one(monkeypatch, minibatches):
+    def step(model):
+        cfg = GRPOConfig(group_size=4, max_new_tokens=6, beta=0.1, minibatches=minibatches, micro_batch=3,
+                         entropy_coef=0.01)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return grpo_step(model, copy.deepcopy(model).eval(), torch.optim.AdamW(model.parameters(), lr=1e-2),
+                             [[1, 2], [4], [5, 6, 7]], [None] * 3, count_threes, cfg, eos_id=0,
+                             generator=torch.Generator().manual_seed(0))
+
+    assert grpo.low_precision(tiny_model(), torch.device("cpu")) is False   # fp32, no autocast: the sampler's kept
+    assert grpo.low_precision(tiny_model().to(torch.bfloat16), torch.device("cpu")) is True
+    stats = step(tiny_model())
+    assert stats["ratio_first"] == 1.0 and stats["groups_kept"] > 0   # exactly: the update's own path
+    assert stats["clip_frac"] == 0.0 or minibatches > 1              # one minibatch: nothing moved before it
+    # the sampler's bf16 log-probs are not the update's: trusting them gives a first ratio other than 1
+    monkeypatch.setattr(grpo, "low_precision", lambda model, device: False)
+    assert step(tiny_model())["ratio_first"] != 1.0
