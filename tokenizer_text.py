@@ -38,13 +38,14 @@ as GPT-2 does (50256).
 import base64
 import heapq
 import json
-import os
 import unicodedata
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import regex  # a dependency of tiktoken; supports \p{L} and possessive quantifiers
 import tiktoken
+
+from checkpoint import atomic_write_text
 
 # GPT-2's pre-tokenizer, as tiktoken's gpt2/r50k encoding writes it (possessive quantifiers: same splits as
 # GPT-2's original `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`, faster).
@@ -91,9 +92,7 @@ class Tokenizer:
         """Write the ranks as a `.tiktoken` file, atomically (temp file, then rename)."""
         path = Path(path)
         by_rank = sorted((self.enc.encode_single_token(t), t) for t in self.enc.token_byte_values())
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text("".join(f"{base64.b64encode(t).decode()} {rank}\n" for rank, t in by_rank))
-        os.replace(tmp, path)
+        atomic_write_text(path, "".join(f"{base64.b64encode(t).decode()} {rank}\n" for rank, t in by_rank))
 
     @classmethod
     def from_tiktoken_file(cls, path):

@@ -1,31 +1,31 @@
 """
 Train a language world model: MLE (supervised next-state prediction), then RLVR (GRPO with the task's own metric as
-the reward), then compare both on the held-out test split. Tasks: textgame (exact next state, the default) and
-webpage (F1 of predicted page changes: add --task=webpage to any command below).
+the reward), then compare on held-out records: the MLE start, RLVR, and the control that MLE continued for the same
+wall-clock as RLVR, with paired bootstrap intervals. Tasks: textgame (exact next state, the default) and webpage
+(F1 of the predicted page changes: add --task=webpage to any command below).
 
-CPU, the default job (embedded data; RLVR starts from the shipped converged MLE checkpoint; 4-10 min on 2 cores):
+CPU, the default job (embedded data; RLVR starts from the shipped converged MLE checkpoint; ~10 min on 2 cores):
     python train_lang.py
+The placebo control (rewards shuffled within each rollout batch: all the machinery, no signal):
+    python train_lang.py --placebo=1 --out_dir=out/textgame_placebo
 CPU, everything from scratch (data, tokenizer, MLE, RLVR):
     python train_lang.py --init=scratch
-Continued-MLE baseline for the same extra wall-clock as RLVR:
-    python train_lang.py --stage=mle --init=checkpoints/textgame/mle.safetensors --mle_minutes=8 --out_dir=out/mle_more
 1 GPU, from pretrained HF weights (e.g. DeepSeek-R1-Distill-Qwen-1.5B, the paper's base; SFT first, then RLVR):
     python train_lang.py --init=/path/to/hf_dir --device=cuda --dtype=bfloat16 --batch_size=16 --micro_batch=8
 8 GPUs:
     torchrun --nproc_per_node=8 train_lang.py --init=/path/to/hf_dir --device=cuda --dtype=bfloat16
 
-Outputs in --out_dir (default out/<task>): mle.safetensors, rlvr.safetensors (+ .json sidecars), tokenizer file,
-log.jsonl (one JSON line per logged step) and eval.json = {"mle": <eval.py JSON>, "rlvr": <eval.py JSON>}.
+Outputs in --out_dir (default out/<task>): mle.safetensors (when trained here), rlvr.safetensors, mle_more.safetensors
+(the control), each with a .json sidecar; the tokenizer file; log.jsonl (one JSON line per logged step; RLVR logs the
+probe-set reward, KL, entropy and weight movement); eval.json (test split) and eval_val.json (validation split), each
+{"mle": M, "rlvr": M, "mle_more": M} with M = data/tasks.evaluate's result (summary metrics and per-record lists).
 Each stage checkpoints every --ckpt_every steps with optimizer and RNG state, and a re-run of the same command resumes
-where it stopped, ending with the weights and metrics of an uninterrupted run (also under torchrun --max-restarts=N;
-log.jsonl may then repeat the steps after the last checkpoint, with identical values). A NaN/inf loss, reward or
-gradient stops the run naming the step (--on_nan=skip skips the step instead); bad input is one "error:" line.
+where it stopped (also under torchrun --max-restarts=N). A NaN/inf loss, reward or gradient stops the run naming the
+step (--on_nan=skip skips the step instead); bad input is one "error:" line.
 """
 import argparse
 import copy
-import json
 import math
-import os
 import shutil
 import time
 from pathlib import Path
@@ -33,8 +33,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from checkpoint import atomic_write_text
-from eval import TASKS, eval_lang, load_lang_model, print_table
+from checkpoint import atomic_write, read_checkpoint, write_json
+from data.tasks import TASKS, evaluate, generate_texts, load_lang_model, print_paired, print_table
 from grpo import GRPOConfig, grpo_step
 from model import GPT, GPTConfig
 from runtime import Run, lr_at
@@ -44,71 +44,87 @@ ROOT = Path(__file__).resolve().parent
 
 # -----------------------------------------------------------------------------
 # flags
-p = argparse.ArgumentParser(description="MLE then RLVR for a language world model",
+p = argparse.ArgumentParser(description="MLE then RLVR for a language world model, against equal-time MLE",
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-# task and data
-p.add_argument("--task", default="textgame", choices=sorted(TASKS))
-p.add_argument("--data_dir", default=None, help="holds train/val/test.jsonl (made if missing); default data/<task>")
-p.add_argument("--out_dir", default=None, help="default out/<task>")
-# stages and initialisation
-p.add_argument("--stage", default="all", choices=["all", "mle", "rlvr"])
-p.add_argument("--init", default="auto",
+g = p.add_argument_group("task and data")
+g.add_argument("--task", default="textgame", choices=sorted(TASKS), help="which world to model")
+g.add_argument("--data_dir", default=None, help="holds train/val/test.jsonl (made if missing); default data/<task>")
+g.add_argument("--out_dir", default=None, help="checkpoints, logs and eval JSON; default out/<task>")
+g = p.add_argument_group("stages and initialisation")
+g.add_argument("--stage", default="all", choices=["all", "mle", "rlvr"],
+               help="all: MLE (unless --init is a checkpoint), RLVR, the control, evaluation; mle: MLE only; "
+                    "rlvr: RLVR, the control and evaluation from --init")
+g.add_argument("--init", default="auto",
                help="auto (shipped MLE checkpoint if present, else scratch) | scratch | our .safetensors | HF dir")
-p.add_argument("--resume", type=int, default=1, help="1: continue a stage from its checkpoint in out_dir")
-# model, when training from scratch
-p.add_argument("--vocab_size", type=int, default=448, help="BPE ranks trained on the train split")
-p.add_argument("--n_layer", type=int, default=4)
-p.add_argument("--n_head", type=int, default=4)
-p.add_argument("--n_embd", type=int, default=128)
-p.add_argument("--block_size", type=int, default=512)
-# MLE
-p.add_argument("--mle_steps", type=int, default=2000)
-p.add_argument("--mle_minutes", type=float, default=0, help="stop MLE after this wall-clock (0 = no limit)")
-p.add_argument("--batch_size", type=int, default=32)
-p.add_argument("--mle_lr", type=float, default=3e-3)
-p.add_argument("--warmup", type=int, default=100)
-p.add_argument("--weight_decay", type=float, default=0.1)
-# RLVR
-p.add_argument("--rl_steps", type=int, default=50)
-p.add_argument("--prompts_per_step", type=int, default=16)
-p.add_argument("--group_size", type=int, default=8)
-p.add_argument("--rl_lr", type=float, default=1e-4)
-p.add_argument("--beta", type=float, default=0.02, help="KL coefficient")
-p.add_argument("--clip_eps", type=float, default=0.2)
-p.add_argument("--loss_agg", default="token-mean", choices=["token-mean", "seq-mean"])
-p.add_argument("--std_norm", type=int, default=1)
-p.add_argument("--skip_zero_std", type=int, default=1, help="drop groups with no reward spread before the update")
-p.add_argument("--minibatches", type=int, default=2)
-p.add_argument("--micro_batch", type=int, default=64)
-p.add_argument("--temperature", type=float, default=1.0)
-p.add_argument("--max_new_tokens", type=int, default=200)
-p.add_argument("--reward", default=None, help="textgame: binary | task_specific; webpage: f1 (default: the first)")
-p.add_argument("--rl_unchanged_frac", type=float, default=0.3, help="share of unchanged prompts per RL batch")
-# evaluation
-p.add_argument("--eval_every", type=int, default=500, help="MLE steps between validation checks (RLVR: every 25)")
-p.add_argument("--val_n", type=int, default=200, help="validation records for greedy accuracy")
-p.add_argument("--test_limit", type=int, default=0, help="test records in the final eval (0 = all)")
-# system
-p.add_argument("--device", default="cpu")
-p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-p.add_argument("--compile", type=int, default=0)
-p.add_argument("--threads", type=int, default=1, help="torch CPU threads; 1 is fastest for tiny models on 2 cores")
-p.add_argument("--seed", type=int, default=1337)
-p.add_argument("--ckpt_every", type=int, default=50)
-p.add_argument("--on_nan", default="stop", choices=["stop", "skip"],
+g.add_argument("--resume", type=int, default=1, help="1: continue each stage from its checkpoint in out_dir")
+g.add_argument("--control", type=int, default=1, help="1: train the control, MLE continued for RLVR's wall-clock")
+g = p.add_argument_group("model, when training from scratch")
+g.add_argument("--vocab_size", type=int, default=448, help="BPE ranks trained on the train split")
+g.add_argument("--n_layer", type=int, default=4, help="transformer blocks")
+g.add_argument("--n_head", type=int, default=4, help="attention heads per block")
+g.add_argument("--n_embd", type=int, default=128, help="width of the residual stream")
+g.add_argument("--block_size", type=int, default=512, help="longest prompt + answer in tokens")
+g = p.add_argument_group("MLE")
+g.add_argument("--mle_steps", type=int, default=2000, help="optimizer steps (cosine schedule over them)")
+g.add_argument("--mle_minutes", type=float, default=0, help="stop MLE after this wall-clock (0 = no limit)")
+g.add_argument("--batch_size", type=int, default=32, help="(prompt, answer) pairs per step")
+g.add_argument("--mle_lr", type=float, default=3e-3, help="peak learning rate (decays to a tenth)")
+g.add_argument("--warmup", type=int, default=100, help="MLE warm-up steps")
+g.add_argument("--weight_decay", type=float, default=0.1, help="MLE AdamW weight decay")
+g.add_argument("--label_frac", type=float, default=1.0,
+               help="MLE sees only this fraction of the train labels (the regime study; RLVR still uses all prompts)")
+g.add_argument("--control_lr", type=float, default=3e-4,
+               help="constant learning rate of the control (the MLE schedule's final rate)")
+g = p.add_argument_group("RLVR (GRPO, grpo.py); defaults follow the official RLVR-World recipe where they fit a CPU")
+g.add_argument("--rl_steps", type=int, default=60, help="GRPO steps")
+g.add_argument("--prompts_per_step", type=int, default=16, help="groups WITH reward spread per step (DAPO refill)")
+g.add_argument("--max_rounds", type=int, default=4, help="sampling rounds a step may take to collect them")
+g.add_argument("--group_size", type=int, default=8, help="samples per prompt (G)")
+g.add_argument("--rl_lr", type=float, default=3e-5, help="AdamW learning rate, after --rl_warmup steps of warm-up")
+g.add_argument("--rl_warmup", type=int, default=10, help="linear learning-rate warm-up steps of RLVR")
+g.add_argument("--rl_weight_decay", type=float, default=0.01, help="AdamW weight decay of RLVR (official: 0.01)")
+g.add_argument("--beta", type=float, default=0.001, help="KL coefficient to the MLE start (official: 0.001)")
+g.add_argument("--entropy_coef", type=float, default=0.001, help="entropy bonus (official: 0.001)")
+g.add_argument("--clip_eps", type=float, default=0.2, help="PPO clip range")
+g.add_argument("--loss_agg", default="token-mean", choices=["token-mean", "seq-mean"], help="loss aggregation")
+g.add_argument("--std_norm", type=int, default=1, help="1: divide advantages by the group's std")
+g.add_argument("--ppo_epochs", type=int, default=1, help="passes over each rollout batch")
+g.add_argument("--minibatches", type=int, default=2, help="optimizer steps per pass")
+g.add_argument("--micro_batch", type=int, default=64, help="sequences per forward/backward")
+g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the rollouts")
+g.add_argument("--max_new_tokens", type=int, default=200, help="longest answer sampled")
+g.add_argument("--reward", default=None, help="textgame: binary | task_specific; webpage: f1 (default: the first)")
+g.add_argument("--rl_unchanged_frac", type=float, default=0.3, help="share of unchanged prompts drawn for RL")
+g.add_argument("--placebo", type=int, default=0, help="1: shuffle rewards within each rollout batch (a control)")
+g.add_argument("--probe_n", type=int, default=64, help="fixed training prompts whose reward is tracked")
+g.add_argument("--probe_every", type=int, default=10, help="RLVR steps between probe-set measurements")
+g = p.add_argument_group("evaluation")
+g.add_argument("--eval_every", type=int, default=500, help="MLE steps between validation checks")
+g.add_argument("--val_n", type=int, default=200, help="validation records for the MLE progress checks")
+g.add_argument("--val_limit", type=int, default=0, help="validation records in the final eval (0 = all)")
+g.add_argument("--test_limit", type=int, default=0, help="test records in the final eval (0 = all)")
+g = p.add_argument_group("system")
+g.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="autocast dtype")
+g.add_argument("--compile", type=int, default=0, help="1: torch.compile the trained model")
+g.add_argument("--threads", type=int, default=1, help="torch CPU threads; 1 is fastest for tiny models on 2 cores")
+g.add_argument("--seed", type=int, default=1337, help="seeds data order, sampling and the probe set")
+g.add_argument("--ckpt_every", type=int, default=50, help="steps between resumable checkpoints")
+g.add_argument("--on_nan", default="stop", choices=["stop", "skip"],
                help="on a NaN/inf loss, reward or gradient: stop the run, or skip that step (single process only)")
 args = p.parse_args()
 for name in ("n_layer", "n_head", "n_embd", "block_size", "mle_steps", "batch_size", "rl_steps", "prompts_per_step",
-             "group_size", "minibatches", "micro_batch", "max_new_tokens", "eval_every", "val_n", "threads",
-             "ckpt_every"):
+             "max_rounds", "group_size", "ppo_epochs", "minibatches", "micro_batch", "max_new_tokens", "eval_every",
+             "val_n", "threads", "ckpt_every", "probe_n", "probe_every"):
     if getattr(args, name) < 1:
         p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-for name in ("mle_minutes", "mle_lr", "warmup", "weight_decay", "rl_lr", "beta", "clip_eps", "test_limit"):
+for name in ("mle_minutes", "mle_lr", "warmup", "weight_decay", "control_lr", "rl_lr", "rl_warmup", "rl_weight_decay",
+             "beta", "entropy_coef", "clip_eps", "test_limit", "val_limit"):
     if not getattr(args, name) >= 0:
         p.error(f"--{name} must be >= 0, got {getattr(args, name)}")
-if not 0 <= args.rl_unchanged_frac <= 1 or not args.temperature > 0:
-    p.error(f"--rl_unchanged_frac must be in [0, 1] (got {args.rl_unchanged_frac}) and --temperature > 0 "
-            f"(got {args.temperature})")
+if not 0 <= args.rl_unchanged_frac <= 1 or not 0 < args.label_frac <= 1 or not args.temperature > 0:
+    p.error(f"--rl_unchanged_frac must be in [0, 1] (got {args.rl_unchanged_frac}), --label_frac in (0, 1] "
+            f"(got {args.label_frac}) and --temperature > 0 (got {args.temperature})")
 
 # -----------------------------------------------------------------------------
 # setup: distributed, devices, precision (runtime.py)
@@ -116,11 +132,10 @@ out_dir = Path(args.out_dir or f"out/{args.task}")
 run = Run(args, out_dir)
 master, rank, world, autocast = run.master, run.rank, run.world, run.autocast
 print0, fail, log, barrier = run.print0, run.fail, run.log, run.barrier
-task = TASKS[args.task]
-data = task.data  # load_records, prompt_text, target_text, is_changed
+task = TASKS[args.task]   # data module, per-record scores, rewards (data/tasks.py)
+data = task.data          # load_records, prompt_text, target_text, is_changed
 args.data_dir = args.data_dir or str(ROOT / "data" / args.task)
 args.reward = args.reward or task.rewards[0]
-
 if args.reward not in task.rewards:
     fail(f"--reward {args.reward}: the {args.task} task has rewards {task.rewards}")
 if args.init == "auto":
@@ -140,7 +155,8 @@ try:
     if master:
         task.prepare.ensure_splits(Path(args.data_dir))
     barrier()
-    train_recs, val_recs, test_recs = (data.load_records(Path(args.data_dir) / f"{s}.jsonl") for s in ("train", "val", "test"))
+    train_recs, val_recs, test_recs = (data.load_records(Path(args.data_dir) / f"{s}.jsonl")
+                                       for s in ("train", "val", "test"))
 except (OSError, ValueError) as e:
     fail(str(e))
 print0(f"data: {len(train_recs)} train / {len(val_recs)} val / {len(test_recs)} test records "
@@ -159,7 +175,7 @@ if args.init == "scratch":
             fail(f"--vocab_size {args.vocab_size}: {e}")
         print0(f"tokenizer: trained {args.vocab_size} BPE ranks in {time.time() - t0:.1f}s -> {tok_file}")
     barrier()
-    start_model, tok, _ = None, Tokenizer.from_tiktoken_file(tok_file), None
+    start_model, tok = None, Tokenizer.from_tiktoken_file(tok_file)
     args.tokenizer = tok_file.name
 else:
     try:
@@ -172,98 +188,94 @@ else:
     src = Path(src) if Path(src).is_absolute() else Path(args.init).parent / src
     if src.is_dir():  # HF: the tokenizer stays in its directory
         args.tokenizer = str(src.resolve())
-    else:
+    else:             # ours: a copy beside our checkpoints, so out_dir is self-contained
         args.tokenizer = "tokenizer" + src.suffix
         if master and not (out_dir / args.tokenizer).is_file():
-            tmp = out_dir / (args.tokenizer + ".tmp")   # copy, then rename: a killed copy is never trusted
-            shutil.copyfile(src, tmp)
-            os.replace(tmp, out_dir / args.tokenizer)
+            atomic_write(out_dir / args.tokenizer, lambda tmp: shutil.copyfile(src, tmp))
     print0(f"init: {args.init} ({start_model.num_params() / 1e6:.2f}M non-embedding parameters)")
 
 
-def encode(r, with_target):
-    prompt = tok.encode(data.prompt_text(r))
-    return (prompt, tok.encode(data.target_text(r)) + [tok.eos_id]) if with_target else (prompt, None)
-
-
-def fits(pair, block_size):
-    return len(pair[0]) + len(pair[1]) <= block_size + 1
+def encode(r):
+    """A record -> (prompt ids, answer ids + EOS): the model reads the prompt and learns to write the answer."""
+    return tok.encode(data.prompt_text(r)), tok.encode(data.target_text(r)) + [tok.eos_id]
 
 
 def batch_from(pairs):
-    """(prompt, target) id lists -> right-padded idx (B, T) and targets (B, T), -1 outside the target tokens."""
+    """(prompt, answer) id lists -> right-padded idx (B, T) and targets (B, T), -1 outside the answer tokens."""
     T = max(len(a) + len(b) for a, b in pairs) - 1
     idx = torch.zeros(len(pairs), T, dtype=torch.long)
     tgt = torch.full((len(pairs), T), -1, dtype=torch.long)
     for i, (a, b) in enumerate(pairs):
         s = a + b
-        idx[i, :len(s) - 1] = torch.tensor(s[:-1])
-        tgt[i, len(a) - 1:len(s) - 1] = torch.tensor(b)
+        idx[i, :len(s) - 1] = torch.tensor(s[:-1])      # input: everything but the last token
+        tgt[i, len(a) - 1:len(s) - 1] = torch.tensor(b)  # target: the answer, shifted by one; the prompt is not scored
     return idx.to(args.device), tgt.to(args.device)
 
 
-def fmt(x):
-    return "-" if x is None else f"{x:.3f}"  # a metric over an empty subset (no changed records) is None
-
-
-def val_accuracy(model, n):
-    """Greedy headline metric (textgame: exact accuracy, webpage: F1) on the first n validation records."""
+def val_headline(model, n):
+    """Greedy headline metric (textgame: exact accuracy, webpage: F1) on the first n validation records, overall and
+    on the changed ones: the progress check of MLE."""
     with autocast:
-        r = eval_lang(args.task, model, tok, val_recs[:n], args.max_new_tokens, sampled=False, desc=None)
+        r = evaluate(args.task, model, tok, val_recs[:n], args.max_new_tokens, desc=None)
     return r[task.headline], r[task.headline + "_changed"]
 
 
 # -----------------------------------------------------------------------------
-# stage 1: MLE on (prompt -> state difference) pairs, loss on the target tokens only
-def run_mle():
-    ckpt = out_dir / "mle.safetensors"
-    if start_model is not None:
-        model = start_model
-    else:
-        model = GPT(GPTConfig.llama(vocab_size=tok.n_vocab, block_size=args.block_size, n_layer=args.n_layer,
-                                    n_head=args.n_head, n_embd=args.n_embd))
+# stage 1: MLE on (prompt -> state difference) pairs, loss on the answer tokens only. The same loop trains the
+# control (MLE continued from the RLVR start for RLVR's wall-clock, at a constant rate).
+def run_mle(model, name, pairs, steps, minutes, lr_of_step):
+    ckpt = out_dir / f"{name}.safetensors"
     model, trained = run.wrap(model, compile=args.compile)
-    pairs = [encode(r, True) for r in train_recs]
-    keep = [pr for pr in pairs if fits(pr, model.config.block_size)]
-    print0(f"mle: {len(keep)}/{len(pairs)} train pairs fit block_size {model.config.block_size}; "
+    keep = [pr for pr in pairs if len(pr[0]) + len(pr[1]) <= model.config.block_size + 1]
+    print0(f"{name}: {len(keep)}/{len(pairs)} train pairs fit block_size {model.config.block_size}; "
            f"{model.num_params() / 1e6:.2f}M non-embedding parameters")
     if not keep:
         fail("no training pair fits the model's block_size (raise --block_size)")
-    val_pairs = [pr for pr in (encode(r, True) for r in val_recs[:256]) if fits(pr, model.config.block_size)]
-    opt = torch.optim.AdamW(model.parameters(), lr=args.mle_lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
-    g = torch.Generator().manual_seed(args.seed + rank)
-    step, done = run.resume_stage(ckpt, model, opt, g, "mle")
+    val_pairs = [pr for pr in map(encode, val_recs[:256]) if len(pr[0]) + len(pr[1]) <= model.config.block_size + 1]
+    opt = torch.optim.AdamW(model.parameters(), lr=lr_of_step(0), betas=(0.9, 0.95), weight_decay=args.weight_decay)
+    gen = torch.Generator().manual_seed(args.seed + rank)
+    step, done = run.resume_stage(ckpt, model, opt, gen, name)
     if done:
         return ckpt
     t_start, metrics = time.time(), {}
-    bar = tqdm(total=args.mle_steps, initial=step, desc="mle", disable=not master)
-    while step < args.mle_steps:
+    bar = tqdm(total=steps, initial=step, desc=name, disable=not master)
+    while step < steps:
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.mle_steps, args.mle_lr, args.warmup)
-        ids = torch.randint(len(keep), (args.batch_size,), generator=g).tolist()
+            group["lr"] = lr_of_step(step)
+        ids = torch.randint(len(keep), (args.batch_size,), generator=gen).tolist()
         idx, tgt = batch_from([keep[i] for i in ids])
         with autocast:
-            _, loss = trained(idx, tgt)
-        run.update("mle", step, model, opt, loss, grad_clip=1.0)   # a NaN/inf stops the run, or skips the step
+            _, loss = trained(idx, tgt)                  # mean cross-entropy over the answer tokens
+        # the optimizer step, guarded: a NaN/inf loss or gradient never reaches the weights (runtime.nonfinite)
+        opt.zero_grad(set_to_none=True)
+        if not torch.isfinite(loss):
+            run.nonfinite(name, step, model, f"non-finite loss ({loss.item()})")
+        else:
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if torch.isfinite(norm):
+                opt.step()
+            else:
+                run.nonfinite(name, step, model, f"non-finite gradient norm ({norm.item()})")
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")
-        timed_out = args.mle_minutes and time.time() - t_start > 60 * args.mle_minutes
-        if step % args.eval_every == 0 or step == args.mle_steps or timed_out:
+        timed_out = bool(minutes and time.time() - t_start > 60 * minutes)
+        if step % args.eval_every == 0 or step == steps or timed_out:
             model.eval()
-            with torch.no_grad(), autocast:
-                vl = sum(model(*batch_from(val_pairs[i:i + 64]))[1].item() for i in range(0, len(val_pairs), 64))
-            vl /= math.ceil(len(val_pairs) / 64)
-            metrics = dict(stage="mle", step=step, loss=loss.item(), val_loss=vl, minutes=(time.time() - t_start) / 60)
+            with torch.no_grad(), autocast:   # validation loss over (up to) 256 validation pairs
+                vl = [model(*batch_from(val_pairs[i:i + 64]))[1].item() for i in range(0, len(val_pairs), 64)]
+            metrics = dict(stage=name, step=step, loss=loss.item(), val_loss=sum(vl) / len(vl),
+                           minutes=(time.time() - t_start) / 60)
             if master:
-                metrics["val_acc"], metrics["val_acc_changed"] = val_accuracy(model, args.val_n)
-                print0(f"\nmle step {step}: train loss {loss.item():.4f} val loss {vl:.4f} "
-                       f"val {task.headline} {metrics['val_acc']:.3f} (changed {fmt(metrics['val_acc_changed'])})")
+                metrics["val"], metrics["val_changed"] = val_headline(model, args.val_n)
+                print0(f"\n{name} step {step}: train loss {loss.item():.4f} val loss {metrics['val_loss']:.4f} "
+                       f"val {task.headline} {metrics['val']:.3f}")
             model.train()
             log(metrics)
-        run.save_stage(ckpt, model, opt, step, metrics, g, done=step == args.mle_steps or bool(timed_out))
+        run.save_stage(ckpt, model, opt, step, metrics, gen, done=step == steps or timed_out)
         if timed_out:
-            print0(f"mle: stopping after {args.mle_minutes} minutes at step {step}")
+            print0(f"{name}: stopping after {minutes:.2f} minutes at step {step}")
             break
     bar.close()
     barrier()
@@ -272,58 +284,97 @@ def run_mle():
 
 # -----------------------------------------------------------------------------
 # stage 2: RLVR with GRPO; the reward is the task metric of the decoded prediction (rewards.py)
-def run_rlvr(start):
+def run_rlvr(model):
     ckpt = out_dir / "rlvr.safetensors"
-    model = load_lang_model(start, args.device)[0] if start != args.init or start_model is None else start_model
-    ref = copy.deepcopy(model).eval().requires_grad_(False) if args.beta > 0 else None
+    ref = copy.deepcopy(model).eval().requires_grad_(False) if args.beta > 0 else None   # the frozen MLE start
     model, trained = run.wrap(model, compile=args.compile)
-    cfg = GRPOConfig(group_size=args.group_size, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                     clip_eps=args.clip_eps, beta=args.beta, loss_agg=args.loss_agg, std_norm=bool(args.std_norm),
-                     minibatches=args.minibatches, micro_batch=args.micro_batch,
-                     skip_zero_std=bool(args.skip_zero_std))
-    opt = torch.optim.AdamW(model.parameters(), lr=args.rl_lr, betas=(0.9, 0.99), weight_decay=0.0)
+    cfg = GRPOConfig(group_size=args.group_size, prompts_per_step=args.prompts_per_step, max_rounds=args.max_rounds,
+                     max_new_tokens=args.max_new_tokens, temperature=args.temperature, clip_eps=args.clip_eps,
+                     beta=args.beta, entropy_coef=args.entropy_coef, loss_agg=args.loss_agg,
+                     std_norm=bool(args.std_norm), ppo_epochs=args.ppo_epochs, minibatches=args.minibatches,
+                     micro_batch=args.micro_batch, shuffle_rewards=bool(args.placebo))
+    # the official recipe's AdamW: betas (0.9, 0.999), weight decay 0.01, a linear warm-up to a constant rate
+    opt = torch.optim.AdamW(model.parameters(), lr=args.rl_lr, betas=(0.9, 0.999), weight_decay=args.rl_weight_decay)
+    # the prompt pool: every train prompt that leaves room for an answer, split into changed and unchanged ones
     room = model.config.block_size - args.max_new_tokens
-    pool = [(r, encode(r, False)[0]) for r in train_recs]
-    pool = [x for x in pool if len(x[1]) <= room]
+    pool = [(r, prompt) for r in train_recs if len(prompt := tok.encode(data.prompt_text(r))) <= room]
     changed = [x for x in pool if data.is_changed(x[0])]
     unchanged = [x for x in pool if not data.is_changed(x[0])]
-    n_unch = round(args.prompts_per_step * args.rl_unchanged_frac)
+    gen = torch.Generator().manual_seed(args.seed + 1000 + rank)
+
+    def draw(n):
+        """n prompts from the pool, a share --rl_unchanged_frac of them unchanged -> (prompts, records)."""
+        n_unch = round(n * args.rl_unchanged_frac) if unchanged else 0
+        picks = [changed[i] for i in torch.randint(len(changed), (n - n_unch,), generator=gen)]
+        picks += [unchanged[i] for i in torch.randint(len(unchanged), (n_unch,), generator=gen)]
+        return [x[1] for x in picks], [x[0] for x in picks]
+
+    def reward_fn(records, completions):
+        texts = [tok.decode([t for t in c if t != tok.eos_id]) for c in completions]
+        return [task.reward(t, r, args.reward) for t, r in zip(texts, records)]
+
+    # the probe set: fixed training prompts, scored every --probe_every steps by the mean reward of 4 samples each
+    # (T=1, a fixed seed) and greedily: the reward GRPO optimises, measured on the same prompts throughout
+    probe_prompts, probe_recs = draw(args.probe_n)
+
+    def probe(m):
+        m.eval()
+        g = torch.Generator().manual_seed(0)   # the same random stream at every measurement
+        with torch.no_grad(), autocast:
+            greedy = generate_texts(m, tok, probe_prompts, args.max_new_tokens)
+            sampled = generate_texts(m, tok, probe_prompts * 4, args.max_new_tokens, 1.0, generator=g)
+        m.train()
+        return dict(probe_greedy=sum(reward_fn(probe_recs, [tok.encode(t) for t in greedy])) / len(greedy),
+                    probe_reward=sum(reward_fn(probe_recs * 4, [tok.encode(t) for t in sampled])) / len(sampled))
+
     print0(f"rlvr: {len(changed)} changed + {len(unchanged)} unchanged train prompts; per step {args.prompts_per_step} "
-           f"prompts ({n_unch} unchanged) x {args.group_size} samples x {world} ranks; reward {args.reward}")
-    g = torch.Generator().manual_seed(args.seed + 1000 + rank)
-    step, done = run.resume_stage(ckpt, model, opt, g, "rlvr")
+           f"groups with reward spread (up to {args.max_rounds} rounds) x {args.group_size} samples x {world} ranks; "
+           f"reward {args.reward}{'; PLACEBO: rewards shuffled' if args.placebo else ''}")
+    w0 = torch.cat([q.detach().flatten() for q in model.parameters()])   # the start, for the weight movement
+    step, done = run.resume_stage(ckpt, model, opt, gen, "rlvr")
     if done:
         return ckpt
-
-    def reward_fn(items, completions):
-        texts = [tok.decode([t for t in c if t != tok.eos_id]) for c in completions]
-        return [task.reward(t, r, args.reward) for t, r in zip(texts, items)]
-
+    prev = read_checkpoint(ckpt)[1]["metrics"] if step else {}
+    rl_seconds, path_len = prev.get("rl_seconds", 0.0), prev.get("w_path", 0.0)   # carried over a resume
+    w_prev = torch.cat([q.detach().flatten() for q in model.parameters()])
+    if step == 0 and master:
+        log({"stage": "rlvr", "step": 0, **probe(model)})   # the probe set before any update
     bar = tqdm(total=args.rl_steps, initial=step, desc="rlvr", disable=not master)
     stats = {}
     while step < args.rl_steps:
-        picks = [changed[i] for i in torch.randint(len(changed), (args.prompts_per_step - n_unch,), generator=g)]
-        picks += [unchanged[i] for i in torch.randint(len(unchanged), (n_unch,), generator=g)] if n_unch else []
+        for group in opt.param_groups:   # linear warm-up, then constant
+            group["lr"] = args.rl_lr * min(1.0, (step + 1) / max(args.rl_warmup, 1))
+        prompts, recs = draw(args.prompts_per_step)
         try:
             with autocast:
-                stats = grpo_step(trained, ref, opt, [x[1] for x in picks], [x[0] for x in picks], reward_fn, cfg,
-                                  tok.eos_id, g, step)
+                stats = grpo_step(trained, ref, opt, prompts, recs, reward_fn, cfg, tok.eos_id, gen, step,
+                                  next_prompts=draw)
         except FloatingPointError as e:   # grpo.py checks rewards, loss, gradient norm and weights
             run.nonfinite("rlvr", step, model, str(e))   # stops, or logs a skipped step
             stats = {}
         step += 1
         bar.update(1)
         if stats:
-            bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", kl=f"{stats['kl']:.4f}")
-        if stats and (step % 25 == 0 or step == args.rl_steps):
-            if master:
-                stats["val_acc"], stats["val_acc_changed"] = val_accuracy(model, args.val_n)
-                print0(f"\nrlvr step {step}: reward {stats['reward_mean']:.3f} zero-spread groups "
-                       f"{stats['zero_std_frac']:.2f} kl {stats['kl']:.4f} val {task.headline} {stats['val_acc']:.3f} "
-                       f"(changed {fmt(stats['val_acc_changed'])})")
-        if stats:
+            stats["step"] = step   # steps done: the log's step 0 is the probe before any update
+            rl_seconds += stats["t_step"]
+            # weight movement: distance from the start (RMS per weight) over the path walked; a random walk of n
+            # steps has displacement / path ~ 1 / sqrt(n), a steady direction ~ 1
+            w = torch.cat([q.detach().flatten() for q in model.parameters()])
+            path_len += (w - w_prev).norm().item()
+            w_prev = w
+            dist = (w - w0).norm().item()
+            stats.update(rl_seconds=rl_seconds, w_path=path_len, w_rms=dist / math.sqrt(len(w)),
+                         w_straightness=dist / max(path_len, 1e-12))
+            bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", kept=stats["groups_kept"], kl=f"{stats['kl']:.4f}")
+            if master and (step % args.probe_every == 0 or step == args.rl_steps):
+                stats.update(probe(model))
+                model.train()
+                print0(f"\nrlvr step {step}: reward {stats['reward_mean']:.3f} probe reward {stats['probe_reward']:.3f} "
+                       f"(greedy {stats['probe_greedy']:.3f}) groups kept {stats['groups_kept']}/{stats['groups']} "
+                       f"kl {stats['kl']:.5f} entropy {stats['entropy']:.3f} straightness "
+                       f"{stats['w_straightness']:.2f} (random walk {1 / math.sqrt(step):.2f})")
             log({"stage": "rlvr", **stats})
-        run.save_stage(ckpt, model, opt, step, stats, g, done=step == args.rl_steps)
+        run.save_stage(ckpt, model, opt, step, stats, gen, done=step == args.rl_steps)
     bar.close()
     run.check_ranks_in_sync(model, "rlvr")
     barrier()
@@ -331,22 +382,43 @@ def run_rlvr(start):
 
 
 # -----------------------------------------------------------------------------
-# run the stages, then compare MLE and RLVR on the held-out test split
+# run the stages: MLE (from scratch) -> RLVR -> the equal-time MLE control -> paired evaluation on val and test
 t0 = time.time()
-mle_ckpt = run_mle() if args.stage in ("all", "mle") and not init_is_ckpt or args.stage == "mle" else None
+all_pairs = [encode(r) for r in train_recs]
+pairs = all_pairs   # what MLE learns from
+if args.label_frac < 1:   # the regime study: MLE on a fraction of the labels; RLVR and the control see every record
+    order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(args.seed)).tolist()
+    pairs = [pairs[i] for i in order[:max(1, round(args.label_frac * len(pairs)))]]
+start = args.init
+if args.stage == "mle" or (args.stage == "all" and not init_is_ckpt):
+    model = start_model or GPT(GPTConfig.llama(vocab_size=tok.n_vocab, block_size=args.block_size,
+                                               n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd))
+    start = str(run_mle(model, "mle", pairs, args.mle_steps, args.mle_minutes,
+                        lambda s: lr_at(s, args.mle_steps, args.mle_lr, args.warmup)))
 if args.stage in ("all", "rlvr"):
-    start = str(mle_ckpt) if mle_ckpt else args.init
-    rl_ckpt = run_rlvr(start)
+    rl_ckpt = run_rlvr(load_lang_model(start, args.device)[0])
+    ckpts = {"mle": start, "rlvr": str(rl_ckpt)}
+    if args.control:   # MLE continued from the same start for RLVR's wall-clock of GRPO steps
+        minutes = read_checkpoint(rl_ckpt)[1]["metrics"].get("rl_seconds", 0.0) / 60
+        ckpts["mle_more"] = str(run_mle(load_lang_model(start, args.device)[0], "mle_more", all_pairs, args.mle_steps, minutes,
+                                        lambda s: args.control_lr * min(1.0, (s + 1) / 10)))
     if master:
-        rows = {}
-        for name, path in (("mle", start), ("rlvr", rl_ckpt)):
+        results = {"val": {}, "test": {}}
+        for name, path in ckpts.items():
             model = load_lang_model(path, args.device)[0]
-            with autocast:
-                rows[name] = eval_lang(args.task, model, tok, test_recs[:args.test_limit or None],
-                                       args.max_new_tokens, desc=f"test {name}")
-        atomic_write_text(out_dir / "eval.json", json.dumps(rows, indent=2) + "\n")
-        print0(f"\nheld-out test split ({rows['mle']['n']} transitions, {rows['mle']['n_changed']} changed), "
-               f"{task.headline} %:")
-        print_table(args.task, rows)
-        print0(f"wrote {out_dir / 'eval.json'}; total {(time.time() - t0) / 60:.1f} min")
+            for split, recs, limit in (("val", val_recs, args.val_limit), ("test", test_recs, args.test_limit)):
+                with autocast:
+                    results[split][name] = evaluate(args.task, model, tok, recs[:limit or None],
+                                                    args.max_new_tokens, desc=f"{split} {name}")
+        write_json(out_dir / "eval.json", results["test"])
+        write_json(out_dir / "eval_val.json", results["val"])
+        for split in ("val", "test"):
+            r = results[split]
+            print0(f"\n{split} split ({r['mle']['n']} transitions, {r['mle']['n_changed']} changed), "
+                   f"{task.headline} % (greedy):")
+            print_table(args.task, r)
+            print_paired(args.task, r, "mle")
+            if "mle_more" in r:
+                print_paired(args.task, {k: v for k, v in r.items() if k != "mle"}, "mle_more")
+        print0(f"wrote {out_dir / 'eval.json'} (test) and eval_val.json; total {(time.time() - t0) / 60:.1f} min")
 run.finish()

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-import plan
+from experiments import plan
 from checkpoint import save_checkpoint
 from data.textgame import simulator as tg_sim, task as tg_task
 from data.webpage import simulator as web_sim, task as web_task

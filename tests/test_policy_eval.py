@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-import policy_eval as pe
+from experiments import policy_eval as pe
 from data.robot import sim
 from data.robot.task import Layout
 from model import GPT, GPTConfig

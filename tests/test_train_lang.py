@@ -10,7 +10,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--vocab_size=300", "--batch_size=8", "--val_n=4",
-        "--test_limit=12", "--max_new_tokens=64", "--group_size=4", "--prompts_per_step=2", "--threads=1"]
+        "--test_limit=12", "--val_limit=6", "--max_new_tokens=64", "--group_size=4", "--prompts_per_step=2", "--probe_n=2",
+        "--probe_every=2", "--threads=1"]
 pytestmark = pytest.mark.slow
 
 
@@ -33,24 +34,32 @@ def tiny_run(tmp_path_factory):
 
 def test_default_pipeline_writes_eval_json(tiny_run):
     tmp, stdout = tiny_run
-    result = json.loads((tmp / "out" / "eval.json").read_text())
-    for stage in ("mle", "rlvr"):
-        r = result[stage]
-        assert r["n"] == 12 and {"accuracy", "accuracy_changed", "accuracy_unchanged", "sampled"} <= set(r)
-        assert 0.0 <= r["accuracy"] <= 1.0
-    assert "always-no-change baseline" in stdout
+    for name, n in (("eval.json", 12), ("eval_val.json", 6)):
+        result = json.loads((tmp / "out" / name).read_text())
+        assert set(result) == {"mle", "rlvr", "mle_more"}
+        for r in result.values():
+            assert r["n"] == n and {"accuracy", "accuracy_changed", "accuracy_unchanged"} <= set(r)
+            assert 0.0 <= r["accuracy"] <= 1.0
+            pr = r["per_record"]   # one value per record, in file order: the paired statistics can be recomputed
+            assert set(pr) == {"accuracy", "task_specific", "changed"} and all(len(v) == n for v in pr.values())
+            assert sum(pr["accuracy"]) / n == r["accuracy"] and sum(pr["changed"]) == r["n_changed"]
+    assert "always-no-change baseline" in stdout and "rlvr - mle " in stdout and "rlvr - mle_more" in stdout
     log = [json.loads(line) for line in (tmp / "out" / "log.jsonl").read_text().splitlines()]
     rl = [row for row in log if row["stage"] == "rlvr" and "reward_mean" in row]
-    assert len(rl) == 3 and all(k in rl[0] for k in ("kl", "entropy", "clip_frac", "zero_std_frac", "grad_norm"))
+    assert len(rl) == 3 and all(k in rl[0] for k in ("kl", "entropy", "clip_frac", "zero_std_frac", "grad_norm",
+                                                     "groups_kept", "w_rms", "w_straightness"))
+    probes = [row for row in log if "probe_reward" in row]   # before the first step, every 2 steps and at the end
+    assert [row["step"] for row in probes] == [0, 2, 3] and all(0 <= r["probe_reward"] <= 1 for r in probes)
     meta = json.loads((tmp / "out" / "rlvr.json").read_text())
     assert meta["step"] == 3 and meta["args"]["rl_steps"] == 3 and meta["metrics"]["done"]
+    assert meta["metrics"]["rl_seconds"] > 0 and (tmp / "out" / "mle_more.safetensors").is_file()
 
 
 def test_rerun_reuses_finished_stages(tiny_run):
     tmp, _ = tiny_run
     p = run(["train_lang.py", "--init=scratch", f"--data_dir={tmp / 'data'}", f"--out_dir={tmp / 'out'}",
              "--mle_steps=40", "--rl_steps=3", *TINY])
-    assert "mle.safetensors is complete" in p.stdout and "rlvr.safetensors is complete" in p.stdout
+    assert all(f"{name}.safetensors is complete" in p.stdout for name in ("mle", "rlvr", "mle_more"))
 
 
 def test_eval_cli_side_by_side(tiny_run):
@@ -60,6 +69,7 @@ def test_eval_cli_side_by_side(tiny_run):
              f"--data={tmp / 'data' / 'test.jsonl'}", "--limit=6", "--pass_k=2", "--max_new_tokens=32",
              f"--json={out}"])
     assert "rlvr.safetensors" in p.stdout and "mle.safetensors" in p.stdout and "pass@2" in p.stdout
+    assert "paired differences" in p.stdout
     assert len(json.loads(out.read_text())) == 2
 
 

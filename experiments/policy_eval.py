@@ -2,12 +2,12 @@
 Policy evaluation inside the video world model: does the world model tell good robot policies from bad ones, and how
 close are its success estimates to reality? MLE world model against its RLVR post-trained version.
 
-    python policy_eval.py                      # 5 policies x 50 held-out scenes, MLE and RLVR; 8 min on one CPU core
-    python policy_eval.py --episodes=10 --policies=0,1.0                   # a quick look
-    python policy_eval.py --mle= --rlvr=out/video_multi/video_rlvr.safetensors \
+    python experiments/policy_eval.py                      # 5 policies x 50 held-out scenes, MLE and RLVR; 8 min on one CPU core
+    python experiments/policy_eval.py --episodes=10 --policies=0,1.0                   # a quick look
+    python experiments/policy_eval.py --mle= --rlvr=out/video_multi/video_rlvr.safetensors \
         --json=out/policy_eval/policy_eval_multi.json                     # the multi-step RLVR model
-    python policy_eval.py --temperature=1      # sampled rollouts instead of greedy
-    python policy_eval.py --device=cuda --batch_size=256                   # 1 GPU
+    python experiments/policy_eval.py --temperature=1      # sampled rollouts instead of greedy
+    python experiments/policy_eval.py --device=cuda --batch_size=256                   # 1 GPU
 The RLVR model is made by `python train_video.py` (out/video/video_rlvr.safetensors); the MLE one is shipped. Writes
 out/policy_eval/policy_eval.json (--json).
 
@@ -57,7 +57,7 @@ from data.robot import sim
 from data.robot.task import Layout, action_bins
 from video_eval import frame_codes, load_video_model, rollout
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]
 GREEN_TOL, COLOR_TOL, MIN_PIXELS = 0.09, 0.25, 12
 SCENE_STREAM, POLICY_STREAM = 3, 4   # random streams of the evaluation (prepare.py's splits use 0, 1, 2)
 
@@ -243,11 +243,11 @@ def evaluate(models, policies, episodes, length, horizon, temperature, seed, bat
                 temperature=temperature, seed=seed)
 
 
-def fmt(rho):
+def fmt_rho(rho):
     return "undefined (constant estimates)" if rho is None else f"{rho:.3f}"
 
 
-def print_table(res, file=None):
+def print_ranking(res, file=None):
     names = list(res["summary"]["models"])
     cols = [("est", "estimate"), ("|gap|", "gap"), ("agree", "episode_agreement"), ("prog", "progress")]
     print(f"{'policy':<8}{'real':>6}{'det.real':>9}{'prog real':>10}"
@@ -259,8 +259,8 @@ def print_table(res, file=None):
     for n, s in res["summary"]["models"].items():
         found = [r["models"][n]["block_found"] for r in res["policies"]]
         err = [e for e in (r["models"][n]["block_error_px"] for r in res["policies"]) if e is not None]
-        print(f"{n}: Spearman (success) {fmt(s['spearman'])}, mean |gap| {s['mean_gap']:.3f}, "
-              f"Spearman (progress) {fmt(s['spearman_progress'])}; the last imagined frame shows the block in "
+        print(f"{n}: Spearman (success) {fmt_rho(s['spearman'])}, mean |gap| {s['mean_gap']:.3f}, "
+              f"Spearman (progress) {fmt_rho(s['spearman_progress'])}; the last imagined frame shows the block in "
               f"{np.mean(found):.0%} of episodes, {np.mean(err) if err else float('nan'):.1f} px from its true place",
               file=file)
     d = res["detector"]
@@ -320,7 +320,7 @@ def main(argv=None):
     res["checkpoints"] = {n: p for n, p in (("mle", args.mle), ("rlvr", args.rlvr)) if p}
     print(f"\n{args.episodes} held-out scenes per policy, {args.length} frames, world-model chunks of "
           f"{args.horizon} frames, temperature {args.temperature} ({(time.time() - t0) / 60:.1f} min)")
-    print_table(res)
+    print_ranking(res)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(args.json, json.dumps(res, indent=2) + "\n")

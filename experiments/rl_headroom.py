@@ -8,10 +8,10 @@ on changed / unchanged records: the greedy score, the mean sample score, the bes
 game), the share of records whose best sample beats greedy ("headroom"), and the share of zero-spread groups; for the
 text game also what the greedy answer gets wrong on changed transitions.
 
-    python bench/rl_headroom.py --ckpt=checkpoints/textgame/mle.safetensors --data=data/textgame/val.jsonl   # 2 min
-    python bench/rl_headroom.py --task=webpage --ckpt=checkpoints/webpage/mle.safetensors \
+    python experiments/rl_headroom.py --ckpt=checkpoints/textgame/mle.safetensors --data=data/textgame/val.jsonl   # 2 min
+    python experiments/rl_headroom.py --task=webpage --ckpt=checkpoints/webpage/mle.safetensors \
         --data=data/webpage/val.jsonl
-    python bench/rl_headroom.py --tiny      # a random tiny model on 8 generated records: the smoke test
+    python experiments/rl_headroom.py --tiny      # a random tiny model on 8 generated records: the smoke test
 """
 import argparse
 import json
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from common import machine  # noqa: E402  (puts the repository root on sys.path)
-from checkpoint import atomic_write_text  # noqa: E402
-from eval import TASKS, generate_texts, load_lang_model, summarize  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root
+from checkpoint import write_json  # noqa: E402
+from data.tasks import TASKS, generate_texts, load_lang_model, summarize  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from rewards import parse_diff  # noqa: E402
 from tokenizer_text import Tokenizer  # noqa: E402
@@ -111,7 +111,6 @@ if args.task == "textgame":      # what a wrong greedy answer gets wrong, on cha
         errors[kind] = errors.get(kind, 0) + 1
     result["greedy_errors_changed"] = errors
 
-print(f"machine: {machine()}")
 print(f"{args.task}, {len(records)} records, {args.G} samples each at T={args.temperature}, reward {headline_reward}:")
 print(f"{'part':<10} {'n':>5} {'greedy':>8} {'sample':>8} {'best-of-G':>10} {'headroom':>9} {'zero-spread':>12}")
 for part, suffix, n in (("all", "", len(records)), ("changed", "_changed", result["n_changed"]),
@@ -122,4 +121,4 @@ for part, suffix, n in (("all", "", len(records)), ("changed", "_changed", resul
 if "greedy_errors_changed" in result:
     print("greedy errors on changed records:", json.dumps(result["greedy_errors_changed"]))
 if args.json:
-    atomic_write_text(args.json, json.dumps(result, indent=2) + "\n")
+    write_json(args.json, result)

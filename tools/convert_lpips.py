@@ -1,7 +1,7 @@
 """Build the LPIPS-VGG weights file that rewards.LPIPS loads (run once, on a machine with internet).
 
     pip install lpips torchvision          # the official LPIPS package; it fetches torchvision's VGG16 weights
-    python bench/convert_lpips.py --out=checkpoints/lpips_vgg.safetensors
+    python tools/convert_lpips.py --out=checkpoints/lpips_vgg.safetensors
     python train_video.py --lpips=checkpoints/lpips_vgg.safetensors         # reward mae+lpips, lpips in eval
 
 The official model is `lpips.LPIPS(net="vgg")`: torchvision's ImageNet VGG16 features split into five slices

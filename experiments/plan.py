@@ -1,11 +1,11 @@
 """
 Planning with a language world model: model-predictive control (MPC) in the text game and on the web site.
 
-    python plan.py --task=textgame --planners=random,sim,checkpoints/textgame/mle.safetensors,out/textgame/rlvr.safetensors
-    python plan.py --task=webpage --planners=random,sim,checkpoints/webpage/mle.safetensors,out/webpage/rlvr.safetensors
-    python plan.py --task=textgame --planners=random,checkpoints/textgame/mle.safetensors --act=sim   (decisions only)
-    python plan.py --task=textgame --planners=sim --episodes=20 --split=val --json=plan.json      (a quick look)
-    python plan.py --task=webpage --planners=out/webpage/rlvr.safetensors --device=cuda --batch_size=256
+    python experiments/plan.py --task=textgame --planners=random,sim,checkpoints/textgame/mle.safetensors,out/textgame/rlvr.safetensors
+    python experiments/plan.py --task=webpage --planners=random,sim,checkpoints/webpage/mle.safetensors,out/webpage/rlvr.safetensors
+    python experiments/plan.py --task=textgame --planners=random,checkpoints/textgame/mle.safetensors --act=sim   (decisions only)
+    python experiments/plan.py --task=textgame --planners=sim --episodes=20 --split=val --json=plan.json      (a quick look)
+    python experiments/plan.py --task=webpage --planners=out/webpage/rlvr.safetensors --device=cuda --batch_size=256
 
 A world model is worth what it lets an agent do. At every step the agent lists the environment's valid actions,
 predicts each one's next state with the world model (all candidates of all running episodes in one batched greedy
@@ -49,7 +49,6 @@ Seeded and deterministic on CPU.
 """
 import argparse
 import copy
-import json
 import math
 import random
 import re
@@ -59,11 +58,12 @@ from pathlib import Path
 
 import torch
 
-from checkpoint import atomic_write_text
-from data.textgame import simulator as tg_sim, task as tg_task
-from data.webpage import simulator as web_sim, task as web_task
-from eval import generate_texts, load_lang_model
-from rewards import apply_diff, parse_diff, parse_sections, textgame_reward, web_prf
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root
+from checkpoint import write_json  # noqa: E402
+from data.textgame import simulator as tg_sim, task as tg_task  # noqa: E402
+from data.tasks import generate_texts, load_lang_model  # noqa: E402
+from data.webpage import simulator as web_sim, task as web_task  # noqa: E402
+from rewards import apply_diff, parse_diff, parse_sections, textgame_reward, web_prf  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # text game: value function
@@ -368,7 +368,7 @@ def num(x):
     return "    -" if x is None else f"{x:5.2f}"
 
 
-def print_table(rows):
+def print_planners(rows):
     print(f"{'planner':<40} {'success%':>8} {'steps(won)':>10} {'steps(all)':>10} {'lost%':>6} {'agree%':>7} "
           f"{'wm_acc%':>7} {'cand_acc%':>9} {'min':>5}")
     for name, s in rows.items():
@@ -430,9 +430,9 @@ def main(argv=None):
         episodes[name] = results
         print(f"{name}: success {pct(rows[name]['success']).strip()}% in {rows[name]['minutes']:.1f} min", flush=True)
     print()
-    print_table(rows)
+    print_planners(rows)
     if args.json:
-        atomic_write_text(args.json, json.dumps({"args": vars(args), "summary": rows, "episodes": episodes}) + "\n")
+        write_json(args.json, {"args": vars(args), "summary": rows, "episodes": episodes})
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
-"""eval.py's aggregation and its baselines, without any model."""
+"""data/tasks.py: aggregation, the no-change baseline, paired statistics and cropping."""
 import pytest
 
 from data.textgame.simulator import generate_split as textgame_split
 from data.webpage.simulator import generate_split as webpage_split
-from eval import TASKS, print_table, summarize
+from data.tasks import TASKS, paired_bootstrap, paired_table, print_paired, print_table, summarize
 
 
 def test_summarize_splits_changed_and_unchanged():
@@ -18,9 +18,9 @@ def test_no_change_answer_is_right_exactly_on_unchanged_records(task, split):
     T = TASKS[task]
     records = split("val", 60, 0)
     for r in records:
-        m = T.metrics(T.no_change, r)[T.headline]
+        m = T.score(T.no_change, r)[T.headline]
         assert (m == 1.0) == (not T.data.is_changed(r)), r["action"]
-        assert T.metrics(T.data.target_text(r), r)[T.headline] == 1.0  # the truth scores the maximum
+        assert T.score(T.data.target_text(r), r)[T.headline] == 1.0  # the truth scores the maximum
 
 
 def test_print_table_has_baseline_row(capsys):
@@ -34,7 +34,7 @@ def test_print_table_has_baseline_row(capsys):
 
 def test_prompts_longer_than_the_block_are_cropped_not_fatal():
     import torch
-    from eval import crop, generate_texts
+    from data.tasks import crop, generate_texts
     from model import GPT, GPTConfig
     from tokenizer_text import Tokenizer
     assert crop([[1, 2, 3, 4, 5], [1, 2]], 6, 200) == ([[3, 4, 5], [1, 2]], 1)  # room min(200, 64, 6 // 2) = 3
@@ -45,3 +45,35 @@ def test_prompts_longer_than_the_block_are_cropped_not_fatal():
     assert len(prompts[0]) > 32
     out = generate_texts(model, tok, prompts, max_new_tokens=8, batch_size=2)
     assert len(out) == 2 and all(isinstance(t, str) for t in out)
+
+
+def test_paired_bootstrap_matches_hand_computed_cases():
+    # identical models: zero difference, zero-width interval
+    assert paired_bootstrap([1, 0, 1, 1], [1, 0, 1, 1]) == (0.0, 0.0, 0.0)
+    # a always 1 point better on every record: the interval is that point exactly
+    m, lo, hi = paired_bootstrap([2.0] * 50, [1.0] * 50)
+    assert (m, lo, hi) == (1.0, 1.0, 1.0)
+    # 30 wins, 10 losses, 60 ties of a 0/1 metric: mean +0.2, the interval excludes 0 and holds the mean;
+    # its width is close to the normal approximation 2 * 1.96 * sd / sqrt(n)
+    a = [1] * 30 + [0] * 10 + [1] * 60
+    b = [0] * 30 + [1] * 10 + [1] * 60
+    m, lo, hi = paired_bootstrap(a, b, seed=1)
+    assert m == 0.2 and 0 < lo < m < hi
+    sd = (sum((x - y - 0.2) ** 2 for x, y in zip(a, b)) / 100) ** 0.5
+    assert abs((hi - lo) - 2 * 1.96 * sd / 10) < 0.03
+    # the same seed gives the same interval; the sign flips with the order
+    assert paired_bootstrap(a, b, seed=1) == (m, lo, hi)
+    assert paired_bootstrap(b, a, seed=1)[0] == -0.2
+
+
+def test_paired_table_and_print_use_the_changed_subset(capsys):
+    changed = [True, True, False, False]
+    rows = {"mle": {"per_record": {"accuracy": [0.0, 0.0, 1.0, 1.0], "changed": changed}},
+            "rlvr": {"per_record": {"accuracy": [1.0, 1.0, 1.0, 0.0], "changed": changed}}}
+    table = paired_table(rows, "accuracy", "mle")
+    (n1, s1, m1, _, _), (n2, s2, m2, lo2, hi2) = table
+    assert (n1, s1, m1) == ("rlvr", "all", 0.25)
+    assert (n2, s2, m2, lo2, hi2) == ("rlvr", "changed", 1.0, 1.0, 1.0)
+    print_paired("textgame", rows, "mle")
+    out = capsys.readouterr().out
+    assert "rlvr - mle" in out and "+25.00" in out and "+100.00" in out
