@@ -103,6 +103,7 @@ g.add_argument("--eval_every", type=int, default=500, help="MLE steps between va
 g.add_argument("--val_n", type=int, default=200, help="validation records for the MLE progress checks")
 g.add_argument("--val_limit", type=int, default=0, help="validation records in the final eval (0 = all)")
 g.add_argument("--test_limit", type=int, default=0, help="test records in the final eval (0 = all)")
+g.add_argument("--final_eval", default="val,test", help="splits of the final evaluation (choices are made on val)")
 g = p.add_argument_group("system")
 g.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
 g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="autocast dtype")
@@ -122,6 +123,8 @@ for name in ("mle_minutes", "mle_lr", "warmup", "weight_decay", "control_lr", "r
              "beta", "entropy_coef", "clip_eps", "test_limit", "val_limit"):
     if not getattr(args, name) >= 0:
         p.error(f"--{name} must be >= 0, got {getattr(args, name)}")
+if not set(args.final_eval.split(",")) <= {"val", "test"}:
+    p.error(f"--final_eval takes val, test or val,test, got {args.final_eval!r}")
 if not 0 <= args.rl_unchanged_frac <= 1 or not 0 < args.label_frac <= 1 or not args.temperature > 0:
     p.error(f"--rl_unchanged_frac must be in [0, 1] (got {args.rl_unchanged_frac}), --label_frac in (0, 1] "
             f"(got {args.label_frac}) and --temperature > 0 (got {args.temperature})")
@@ -403,22 +406,23 @@ if args.stage in ("all", "rlvr"):
         ckpts["mle_more"] = str(run_mle(load_lang_model(start, args.device)[0], "mle_more", all_pairs, args.mle_steps, minutes,
                                         lambda s: args.control_lr * min(1.0, (s + 1) / 10)))
     if master:
-        results = {"val": {}, "test": {}}
+        splits = [(split, recs, limit) for split, recs, limit in
+                  (("val", val_recs, args.val_limit), ("test", test_recs, args.test_limit))
+                  if split in args.final_eval.split(",")]
+        results = {split: {} for split, _, _ in splits}
         for name, path in ckpts.items():
             model = load_lang_model(path, args.device)[0]
-            for split, recs, limit in (("val", val_recs, args.val_limit), ("test", test_recs, args.test_limit)):
+            for split, recs, limit in splits:
                 with autocast:
                     results[split][name] = evaluate(args.task, model, tok, recs[:limit or None],
                                                     args.max_new_tokens, desc=f"{split} {name}")
-        write_json(out_dir / "eval.json", results["test"])
-        write_json(out_dir / "eval_val.json", results["val"])
-        for split in ("val", "test"):
-            r = results[split]
+        for split, r in results.items():
+            write_json(out_dir / ("eval.json" if split == "test" else "eval_val.json"), r)
             print0(f"\n{split} split ({r['mle']['n']} transitions, {r['mle']['n_changed']} changed), "
                    f"{task.headline} % (greedy):")
             print_table(args.task, r)
             print_paired(args.task, r, "mle")
             if "mle_more" in r:
                 print_paired(args.task, {k: v for k, v in r.items() if k != "mle"}, "mle_more")
-        print0(f"wrote {out_dir / 'eval.json'} (test) and eval_val.json; total {(time.time() - t0) / 60:.1f} min")
+        print0(f"wrote eval.json (test) / eval_val.json (val) in {out_dir}; total {(time.time() - t0) / 60:.1f} min")
 run.finish()
