@@ -342,7 +342,7 @@ def pick_reward(name, lpips_net):
     if name not in REWARDS:
         raise ValueError(f"unknown video reward {name!r}; choose from {sorted(REWARDS)}")
     if name == "mae+lpips" and lpips_net is None:
-        raise ValueError("reward mae+lpips needs LPIPS weights (--lpips=FILE, see bench/convert_lpips.py)")
+        raise ValueError("reward mae+lpips needs LPIPS weights (--lpips=FILE, see tools/convert_lpips.py)")
     return name
 
 
@@ -441,14 +441,14 @@ class LPIPS(nn.Module):
 
 
 def load_lpips(path, device="cpu"):
-    """LPIPS with weights from a safetensors file (bench/convert_lpips.py), or None when path is None."""
+    """LPIPS with weights from a safetensors file (tools/convert_lpips.py), or None when path is None."""
     if path is None:
         return None
     from safetensors.torch import load_file
     try:
         sd = load_file(str(path))
     except Exception as e:
-        raise ValueError(f"{path}: cannot read LPIPS weights ({e}); build them with bench/convert_lpips.py") from None
+        raise ValueError(f"{path}: cannot read LPIPS weights ({e}); build them with tools/convert_lpips.py") from None
     net = LPIPS()
     sd = {k.replace("lin", "lins.", 1) if k.startswith("lin") else k: v for k, v in sd.items()}
     try:
