@@ -24,44 +24,31 @@ class KVCache:
     """The keys and values a decode step attends to, for a grid of N = B * S rows (S samples of each of B prompts,
     rows b * S .. b * S + S - 1 continuing prompt b).
 
-    `kv` (n_layer, 2, R, n_kv_head, T, head_dim): keys [:, 0] and values [:, 1] of the R rows still decoding, one
-    tensor preallocated for every layer and written in place; position `start + length` is the next to fill.
-    - S = 1: each row's buffer starts with its own prompt's keys and values (start = P, T = P + max_new), so one matmul
-      covers a row's prompt and generated keys; `row_bias` (R, n_kv_head, g, T), 0 or -inf, masks left padding.
-    - S > 1 (shared): the prompts' keys and values are kept once per prompt, `k`, `v` one (B * n_kv_head, P, head_dim)
-      per layer, with `bias` (B * n_kv_head, S * g, P) masking their padding for the S * g queries sharing a kv head;
-      `kv` holds the generated tokens only (start = 0, T = max_new).
+    Prompts: `k`, `v`, one (B * n_kv_head, P, head_dim) per layer, kept once per prompt by the prefill, and `bias`
+    (B * n_kv_head, S * g, P), 0 or -inf, masking their left padding for the S * g queries that share a kv head.
+    Generated tokens: `kv` (n_layer, 2, R, n_kv_head, max_new, head_dim), keys [:, 0] and values [:, 1] of the R rows
+    still decoding, one tensor preallocated for every layer and written in place; `length` positions are filled.
     The R live rows are the grid rows `slots` (None: all N, in order); `keep` drops the others."""
 
     def __init__(self, config, prompt, valid, samples, max_new):
-        (B, P), dtype = valid.shape, prompt.k[0].dtype
+        B, P = valid.shape
         self.B, self.S, self.nkv, self.g = B, samples, config.n_kv_head, config.n_head // config.n_kv_head
-        bias = additive(valid, dtype)                                     # (B, P)
-        self.shared, self.length, self.slots = samples > 1, 0, None
-        if self.shared:
-            self.k = [k.flatten(0, 1) for k in prompt.k]                  # (B * nkv, P, hd) per layer
-            self.v = [v.flatten(0, 1) for v in prompt.v]
-            self.bias = bias[:, None, None].expand(B, self.nkv, samples * self.g, P).reshape(-1, samples * self.g, P)
-            self.start, T = 0, max_new
-        else:
-            self.start, T = P, P + max_new
-            bias = torch.cat([bias, bias.new_zeros(B, max_new)], 1)       # (B, T): generated keys are never masked
-            self.row_bias = bias[:, None, None].expand(B, self.nkv, self.g, T).contiguous()
-        shape = (config.n_layer, 2, B * samples, config.n_kv_head, T, config.head_dim)
-        self.kv = torch.empty(shape, dtype=dtype, device=valid.device)
-        if not self.shared:  # the prompts open the rows' buffers
-            self.kv[:, 0, :, :, :P], self.kv[:, 1, :, :, :P] = torch.stack(prompt.k), torch.stack(prompt.v)
+        self.k = [k.flatten(0, 1) for k in prompt.k]  # (B * nkv, P, hd) per layer
+        self.v = [v.flatten(0, 1) for v in prompt.v]
+        bias = additive(valid, self.k[0].dtype)        # (B, P)
+        self.bias = bias[:, None, None].expand(B, self.nkv, samples * self.g, P).reshape(-1, samples * self.g, P)
+        shape = (config.n_layer, 2, B * samples, config.n_kv_head, max_new, config.head_dim)
+        self.kv = torch.empty(shape, dtype=self.k[0].dtype, device=valid.device)
+        self.length, self.slots = 0, None
 
     def keep(self, live):
         """Go on with the current rows `live` (long) only: finished rows leave the batch."""
         self.slots = live if self.slots is None else self.slots[live]
         self.kv = self.kv[:, :, live]
-        if not self.shared:
-            self.row_bias = self.row_bias[live]
 
     def by_prompt(self, x):
         """Live rows (R, nkv, g, X) -> (B * nkv, S * g, X): the queries sharing a prompt and a kv head side by side
-        (a dropped row's are zeros)."""
+        (a dropped row's are zeros). A view when S = 1 and no row was dropped."""
         B, S, (_, nkv, g, X) = self.B, self.S, x.shape
         if self.slots is not None:
             x = x.new_zeros(B * S, nkv, g, X).index_copy_(0, self.slots, x)
@@ -80,20 +67,17 @@ def decode_attention(q, k, v, cache, layer):
     q (R, nh, hd), k and v (R, nkv, hd): the step's, for the R live rows; k and v are stored in the cache first.
     Returns (R, nh * hd), the heads side by side as c_proj takes them."""
     R, nh, hd = q.shape
-    nkv, g, t, scale = cache.nkv, cache.g, cache.start + cache.length, hd ** -0.5
+    nkv, g, t, scale = cache.nkv, cache.g, cache.length, hd ** -0.5
     cache.kv[layer, 0, :, :, t], cache.kv[layer, 1, :, :, t] = k, v      # in place, no concatenation
     kn, vn = cache.kv[layer, :, :, :, :t + 1].flatten(1, 2)               # (R * nkv, t + 1, hd) each, views
-    q = q.contiguous().view(R * nkv, g, hd)  # query head h uses kv head h // g (no copy of k, v per query head)
-    if not cache.shared:  # a row's prompt and generated keys in one matmul, scaled by 1/sqrt(hd), padding masked
-        s = torch.baddbmm(cache.row_bias[..., :t + 1].flatten(0, 1), q, kn.transpose(1, 2), alpha=scale)
-        return torch.bmm(torch.softmax(s, dim=-1), vn).view(R, nh * hd)
-    # shared prompts: a prompt's keys against all its S * g queries in one matmul (the padding bias added by it), a
-    # row's generated keys against its g queries; one softmax over both parts
     kp, vp = cache.k[layer], cache.v[layer]                               # (B * nkv, P, hd)
-    P, q = kp.size(1), q.view(R, nkv, g, hd)
+    P = kp.size(1)
+    q = q.contiguous().view(R, nkv, g, hd)  # query head h uses kv head h // g (no copy of k, v per query head)
+    # scores: a prompt's keys against all its S * g queries in one matmul (the padding bias added by it), a row's
+    # generated keys against its g queries; both scaled by 1/sqrt(hd) as in model.py's attention
     s_prompt = cache.by_row(torch.baddbmm(cache.bias, cache.by_prompt(q), kp.transpose(1, 2), alpha=scale))
     s_new = torch.bmm(q.view(R * nkv, g, hd), kn.transpose(1, 2)).mul_(scale).view(R, nkv, g, t + 1)
-    p = torch.softmax(torch.cat([s_prompt, s_new], dim=-1), dim=-1)       # (R, nkv, g, P + t + 1)
+    p = torch.softmax(torch.cat([s_prompt, s_new], dim=-1), dim=-1)       # (R, nkv, g, P + t + 1): one softmax
     # values: the prompt part per prompt, then each row adds its own part (baddbmm: y + p_new @ v_new)
     y = cache.by_row(torch.bmm(cache.by_prompt(p[..., :P]), vp))          # (R, nkv, g, hd)
     y = torch.baddbmm(y.view(R * nkv, g, hd), p[..., P:].reshape(R * nkv, g, t + 1), vn)

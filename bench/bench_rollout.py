@@ -1,80 +1,100 @@
 """
-Rollout speed: our KV-cache batched sampler (`GPT.generate`) against HF transformers' `generate`, same weights.
+Rollout speed: our sampler (engine.generate) against HF transformers' `generate` on the same weights, and against the
+float32 matmul roofline of this machine.
 
-    python bench/bench_rollout.py                    # GPT-2 and Qwen2 configs, 1 and 2 threads, 5 repeats
+    python bench/bench_rollout.py                    # the four shapes below, 1 thread, median of 3
     python bench/bench_rollout.py --tiny             # seconds; the smoke test in tests/test_bench.py
 
-A random HF model (GPT2LMHeadModel or Qwen2ForCausalLM with grouped-query attention) is saved as safetensors and
-loaded into ours with `GPT.from_pretrained`, so both sample from the same weights. Both get the same batch of prompts
-of mixed length (left-padded with an attention mask for HF), sample at T=1 with no top-k/top-p filtering and no EOS, so
-both produce exactly batch x new tokens. The two run in turn (ours, HF, ours, HF, ...) after a warm-up and the median
-of the repeats is reported, with the ratio. A second row per config samples G completions of fewer prompts, as GRPO
-does: ours prefills each prompt once and shares its KV cache across the G samples (`num_samples=G`); HF's
-`num_return_sequences=G` copies the prompts before prefilling them.
+Shapes (one row each):
+- bar: a random GPT-2 of 4 layers x 128, vocab 512; 64 prompts of 8-24 tokens, 64 new tokens (issue 15's target);
+- GRPO: the same model, 8 prompts x 8 samples (ours shares each prompt's keys and values between its samples, HF's
+  `num_return_sequences` copies the prompt);
+- text game: the text-game default model's config (checkpoints/textgame/mle.json), 16 prompts x 8 samples (train_lang's
+  RL step) of 120-226 tokens (the range of data/textgame/test.jsonl's prompts), 200 new tokens;
+- video: the video default model's config (checkpoints/video_mle.json), 64 rows of one frame plus its action (66
+  tokens), one frame (64 tokens) each, as video GRPO samples a frame.
+A random HF model with the shape's config is saved as safetensors and loaded into ours with `GPT.from_pretrained`, so
+both sample from the same weights; both sample at T=1, no top-k/top-p, no EOS, so both produce exactly rows x new
+tokens. Ours, HF and a large matmul (the peak) run in turn, after a warm-up, and medians are reported.
+Roofline: the model FLOPs of the new tokens (2 x the matmul weights incl. the LM head, plus 4 x n_layer x n_head x
+head_dim x the keys each new token attends to) over the median time, as a fraction of the median matmul peak measured
+in the same rounds. The prefill's other positions are not counted, so the fraction is a lower bound.
 """
 import argparse
+import json
 import tempfile
+import time
 
 import torch
 
-from common import interleaved, machine, median, print_table, thread_list
+from common import ROOT, interleaved, machine, matmul_run, median, print_table, thread_list
 
 import transformers  # noqa: E402  (bench-only reference)
+import engine  # noqa: E402
 from model import GPT  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # flags
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-p.add_argument("--configs", default="gpt2,qwen2", help="comma list of gpt2|qwen2")
-p.add_argument("--threads", default="1,2", help="torch thread counts to run, comma list")
-p.add_argument("--repeats", type=int, default=5, help="timed rounds (median reported)")
-# workload
-p.add_argument("--batch", type=int, default=64, help="prompts per batch")
-p.add_argument("--new_tokens", type=int, default=64)
-p.add_argument("--min_prompt", type=int, default=8)
-p.add_argument("--max_prompt", type=int, default=64)
-p.add_argument("--group", type=int, default=8, help="samples per prompt in the GRPO-shaped row (0 = skip the row)")
-# model (the project's default language world model is 4 x 128)
-p.add_argument("--n_layer", type=int, default=4)
-p.add_argument("--n_embd", type=int, default=128)
-p.add_argument("--n_head", type=int, default=4)
-p.add_argument("--vocab", type=int, default=512)
-p.add_argument("--tiny", action="store_true", help="smoke mode: 2-layer 32-wide model, 8 prompts, 8 tokens, 1 repeat")
+p.add_argument("--shapes", default="bar,grpo,textgame,video", help="comma list of bar|grpo|textgame|video")
+p.add_argument("--threads", default="1", help="torch thread counts to run, comma list")
+p.add_argument("--repeats", type=int, default=3, help="timed rounds (median reported)")
+p.add_argument("--peak_n", type=int, default=1024, help="side of the square matmul that measures the peak")
+p.add_argument("--clock", default="cpu", choices=["cpu", "wall"],
+               help="cpu: this process's CPU time (fair on a shared machine; 1 thread only), wall: elapsed time")
+p.add_argument("--tiny", action="store_true", help="smoke mode: 2 prompts of 4-8 tokens, 4 new tokens, 1 repeat")
 args = p.parse_args()
+
+GPT2 = dict(model_type="gpt2", vocab_size=512, n_embd=128, n_layer=4, n_head=4, n_positions=512)
+# name: (HF config, prompts, (shortest, longest) prompt, new tokens, samples per prompt)
+SHAPES = {"bar": (GPT2, 64, (8, 24), 64, 1), "grpo": (GPT2, 8, (8, 24), 64, 8),
+          "textgame": ("checkpoints/textgame/mle.json", 16, (120, 226), 200, 8),
+          "video": ("checkpoints/video_mle.json", 64, (66, 66), 64, 1)}
 if args.tiny:
-    args.n_layer, args.n_embd, args.vocab, args.batch, args.new_tokens, args.max_prompt = 2, 32, 64, 8, 8, 12
-    args.group, args.repeats, args.threads = 4, 1, "1"
+    SHAPES = {k: (cfg, 2, (4, 8), 4, min(S, 2)) for k, (cfg, _, _, _, S) in SHAPES.items()}
+    args.repeats, args.threads, args.peak_n = 1, "1", 128
 
 
 # -----------------------------------------------------------------------------
 # the same random weights in both libraries
 
-def hf_model(kind, path):
+def hf_config(spec):
+    """A GPT2Config, or the LlamaConfig of one of our checkpoints' config (its .json file)."""
+    if isinstance(spec, dict):
+        return transformers.GPT2Config(**{k: v for k, v in spec.items() if k != "model_type"}, bos_token_id=0,
+                                       eos_token_id=0)
+    path = ROOT / spec
+    if not path.is_file():
+        raise SystemExit(f"--shapes: {path} missing (the default checkpoints ship with the repository)")
+    c = json.loads(path.read_text())["config"]
+    if c["norm"] != "rmsnorm" or c["mlp"] != "swiglu" or c["pos"] != "rope" or c["qkv_bias"]:
+        raise SystemExit(f"{path}: expected a Llama-style config")
+    return transformers.LlamaConfig(vocab_size=c["vocab_size"], hidden_size=c["n_embd"],
+                                    intermediate_size=c["mlp_hidden"], num_hidden_layers=c["n_layer"],
+                                    num_attention_heads=c["n_head"], num_key_value_heads=c["n_kv_head"],
+                                    head_dim=c["head_dim"], max_position_embeddings=c["block_size"],
+                                    rope_theta=c["rope_theta"], rms_norm_eps=c["norm_eps"],
+                                    tie_word_embeddings=c["tie_embeddings"], bos_token_id=0, eos_token_id=0)
+
+
+def both_models(spec):
     torch.manual_seed(0)
-    n_pos = args.max_prompt + args.new_tokens + 8
-    if kind == "gpt2":
-        cfg = transformers.GPT2Config(vocab_size=args.vocab, n_positions=n_pos, n_embd=args.n_embd,
-                                      n_layer=args.n_layer, n_head=args.n_head, bos_token_id=0, eos_token_id=0)
-        m = transformers.GPT2LMHeadModel(cfg)
-    elif kind == "qwen2":
-        cfg = transformers.Qwen2Config(vocab_size=args.vocab, hidden_size=args.n_embd, intermediate_size=3 * args.n_embd,
-                                       num_hidden_layers=args.n_layer, num_attention_heads=args.n_head,
-                                       num_key_value_heads=max(1, args.n_head // 2), max_position_embeddings=n_pos,
-                                       tie_word_embeddings=True, bos_token_id=0, eos_token_id=0)
-        m = transformers.Qwen2ForCausalLM(cfg)
-    else:
-        raise SystemExit(f"--configs: unknown config {kind!r} (gpt2|qwen2)")
-    m.eval().save_pretrained(path, safe_serialization=True)
-    return m
+    cfg = hf_config(spec)
+    hf = (transformers.GPT2LMHeadModel if isinstance(spec, dict) else transformers.LlamaForCausalLM)(cfg).eval()
+    with tempfile.TemporaryDirectory() as d:
+        hf.save_pretrained(d, safe_serialization=True)
+        ours = GPT.from_pretrained(d).eval()
+    return hf, ours
 
 
-def prompts_for(n, seed):
+def prompts_for(n, lo, hi, vocab, seed):
     g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(args.min_prompt, args.max_prompt + 1, (n,), generator=g).tolist()
-    return [torch.randint(1, args.vocab, (n_,), generator=g).tolist() for n_ in lens]
+    lens = torch.randint(lo, hi + 1, (n,), generator=g).tolist()
+    return [torch.randint(1, vocab, (n_,), generator=g).tolist() for n_ in lens]
 
 
 def hf_inputs(prompts):
+    """Left-padded ids and attention mask (B, P), as HF's generate wants a batch of different lengths."""
     P = max(len(x) for x in prompts)
     ids = torch.zeros(len(prompts), P, dtype=torch.long)
     att = torch.zeros(len(prompts), P, dtype=torch.long)
@@ -83,48 +103,60 @@ def hf_inputs(prompts):
     return ids, att
 
 
-def bench(kind):
-    with tempfile.TemporaryDirectory() as d:
-        hf = hf_model(kind, d)
-        ours = GPT.from_pretrained(d).eval()
-    gen_cfg = transformers.GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                                            max_new_tokens=args.new_tokens, min_new_tokens=0, pad_token_id=0,
-                                            eos_token_id=None, bos_token_id=None)
-    shapes = [("%d prompts" % args.batch, prompts_for(args.batch, 1), 1)]
-    if args.group:
-        shapes.append(("%d prompts x %d samples" % (args.batch // args.group, args.group),
-                       prompts_for(args.batch // args.group, 2), args.group))
-    rows = []
-    for name, prompts, G in shapes:
-        ids, att = hf_inputs(prompts)
-        g_ours, g_hf = torch.Generator().manual_seed(0), None
+def new_token_flops(config, prompt_lens, new, samples):
+    """Forward FLOPs of the new tokens: every one passes the matmul weights once (2 FLOPs per weight, the LM head
+    included) and attends to the keys before it (q.k and p.v: 4 FLOPs per head dim per key)."""
+    c, qkv = config, (config.n_head + 2 * config.n_kv_head) * config.head_dim
+    mlp_in = (2 if c.mlp == "swiglu" else 1) * c.mlp_hidden
+    weights = c.n_layer * (c.n_embd * qkv + c.n_head * c.head_dim * c.n_embd + c.n_embd * mlp_in + c.mlp_hidden * c.n_embd)
+    weights += c.n_embd * c.vocab_size
+    keys = sum(L * new + new * (new + 1) // 2 for L in prompt_lens) * samples  # token i of a row sees L + i + 1 keys
+    return 2 * weights * len(prompt_lens) * samples * new + 4 * c.n_layer * c.n_head * c.head_dim * keys
 
-        def run_ours():
-            toks, _ = ours.generate(prompts, args.new_tokens, temperature=1.0, generator=g_ours, num_samples=G)
-            assert toks.shape == (len(prompts) * G, args.new_tokens)
 
-        def run_hf():
-            with torch.inference_mode():
-                out = hf.generate(input_ids=ids, attention_mask=att, generation_config=gen_cfg, num_return_sequences=G)
-            assert out.shape == (len(prompts) * G, ids.size(1) + args.new_tokens)
+def bench(name, peak_fn, peak_flops):
+    spec, B, (lo, hi), new, S = SHAPES[name]
+    hf, ours = both_models(spec)
+    prompts = prompts_for(B, lo, hi, ours.config.vocab_size, seed=1)
+    ids, att = hf_inputs(prompts)
+    gen_cfg = transformers.GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new,
+                                            min_new_tokens=0, pad_token_id=0, eos_token_id=None, bos_token_id=None)
+    g_ours = torch.Generator().manual_seed(0)
 
-        t = interleaved({"ours": run_ours, "hf": run_hf}, args.repeats)
-        n_tok = len(prompts) * G * args.new_tokens
-        ours_tps, hf_tps = n_tok / median(t["ours"]), n_tok / median(t["hf"])
-        rows.append([kind, name, torch.get_num_threads(), f"{ours_tps:,.0f}", f"{hf_tps:,.0f}",
-                     f"**{ours_tps / hf_tps:.2f}x**"])
-    return rows
+    def run_ours():
+        toks, _ = engine.generate(ours, prompts, new, temperature=1.0, generator=g_ours, num_samples=S)
+        assert toks.shape == (B * S, new)
+
+    def run_hf():
+        with torch.inference_mode():
+            out = hf.generate(input_ids=ids, attention_mask=att, generation_config=gen_cfg, num_return_sequences=S)
+        assert out.shape == (B * S, ids.size(1) + new)
+
+    t = interleaved({"ours": run_ours, "hf": run_hf, "peak": peak_fn}, args.repeats, clock=CLOCK)
+    sec, peak = median(t["ours"]), peak_flops / median(t["peak"])
+    n_tok, flops = B * S * new, new_token_flops(ours.config, [len(x) for x in prompts], new, S)
+    shape = f"{B} prompts of {lo}-{hi}" + (f" x {S} samples" if S > 1 else "") + f", {new} new"
+    model = f"{ours.config.n_layer}x{ours.config.n_embd}, vocab {ours.config.vocab_size}"
+    return [name, shape, model, torch.get_num_threads(), f"{n_tok / sec:,.0f}", f"{n_tok / median(t['hf']):,.0f}",
+            f"**{median(t['hf']) / sec:.2f}x**", f"{flops / n_tok / 1e6:.2f}", f"{peak / 1e9:.1f}",
+            f"**{flops / sec / peak:.0%}**"]
 
 
 # -----------------------------------------------------------------------------
 transformers.logging.set_verbosity_error()
 print(f"machine: {machine()}")
-print(f"workload: {args.batch} prompts of {args.min_prompt}-{args.max_prompt} tokens, {args.new_tokens} new tokens, "
-      f"T=1, no EOS; model {args.n_layer} layers x {args.n_embd}, vocab {args.vocab}; median of {args.repeats}")
+print(f"T=1, no EOS, median of {args.repeats} rounds (ours, HF, matmul peak in turn), {args.clock} time")
+peak_fn, peak_flops = matmul_run(args.peak_n)
+if args.clock == "cpu" and args.threads != "1":
+    raise SystemExit("--clock=cpu: CPU time sums over threads, so it needs --threads=1 (or use --clock=wall)")
+CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
 rows = []
 for threads in thread_list(args.threads):
     torch.set_num_threads(threads)
-    for kind in args.configs.split(","):
-        rows += bench(kind)
-print_table(["config", "batch", "threads", "ours tok/s", "HF generate tok/s", "ours / HF"], rows,
-            "rollout throughput (new tokens per second; higher is better)")
+    for name in args.shapes.split(","):
+        if name not in SHAPES:
+            raise SystemExit(f"--shapes: unknown shape {name!r} ({'|'.join(SHAPES)})")
+        rows.append(bench(name, peak_fn, peak_flops))
+print_table(["shape", "workload", "model", "threads", "ours tok/s", "HF generate tok/s", "ours / HF",
+             "MFLOP/token", "matmul peak GFLOP/s", "roofline"], rows,
+            "rollout throughput (new tokens per second; higher is better); roofline = model FLOPs / (time x peak)")

@@ -47,23 +47,36 @@ def machine():
             f"load average {load} at start")
 
 
-def timed(fn):
-    t0 = time.perf_counter()
+def timed(fn, clock=time.perf_counter):
+    t0 = clock()
     fn()
-    return time.perf_counter() - t0
+    return clock() - t0
 
 
-def interleaved(fns, repeats, warmup=1):
+def interleaved(fns, repeats, warmup=1, clock=time.perf_counter):
     """fns: {name: zero-arg callable}. Runs each `warmup` times, then `repeats` rounds of all of them in turn.
-    Returns {name: sorted list of seconds}."""
+    Returns {name: sorted list of seconds}. clock: wall time by default; time.process_time (the CPU time of this
+    process) suits one-thread runs on a shared machine, where the time given to other processes is not ours."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
     times = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            times[name].append(timed(fn))
+            times[name].append(timed(fn, clock))
     return {k: sorted(v) for k, v in times.items()}
+
+
+def matmul_run(n):
+    """A zero-arg function multiplying two float32 (n, n) matrices about 2 GFLOP's worth, and the FLOPs it does: timed
+    beside the measured code, it gives the machine's matmul peak under the same load (the roofline's ceiling)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    reps = max(1, int(2e9 // (2 * n ** 3)))
+
+    def run():
+        for _ in range(reps):
+            a @ b
+    return run, 2 * n ** 3 * reps
 
 
 def median(xs):
