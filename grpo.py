@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 
 
 @dataclass
@@ -54,24 +55,24 @@ class GRPOConfig:
     shuffle_rewards: bool = False  # placebo: permute the rewards across the rollout batch
 
     def __post_init__(self):
-        assert self.loss_agg in ("token-mean", "seq-mean"), f"loss_agg must be token-mean|seq-mean, got {self.loss_agg!r}"
+        assert self.loss_agg in ("token-mean", "seq-mean"), f"loss_agg: token-mean|seq-mean, got {self.loss_agg!r}"
 
 
 # -----------------------------------------------------------------------------
 # the math, on plain tensors (tested against hand-computed values)
 
 def group_advantages(rewards, std_norm=True, eps=1e-6):
-    """rewards (P, G) -> advantages (P, G): reward minus its group's mean, divided by the group's std (unbiased=False)."""
-    adv = rewards - rewards.mean(dim=1, keepdim=True)
-    if std_norm:
+    """rewards (P, G) -> advantages (P, G): reward minus its group's mean, over the group's std (unbiased=False)."""
+    adv = rewards - rewards.mean(dim=1, keepdim=True)  # better or worse than the group's average answer
+    if std_norm:  # one scale for every group; eps keeps a group without spread at 0 instead of 0 / 0
         adv = adv / (rewards.std(dim=1, keepdim=True, unbiased=False) + eps)
     return adv
 
 
 def k3_kl(logp, ref_logp):
-    """Per-token k3 estimate of KL(policy || ref) from samples of the policy: exp(d) - d - 1 with d = ref - logp >= 0."""
-    d = ref_logp - logp
-    return torch.exp(d) - d - 1
+    """Per-token k3 estimate of KL(policy || ref) from samples of the policy: exp(d) - d - 1 with d = ref - logp."""
+    d = ref_logp - logp          # log(ref / pi) of the sampled token
+    return torch.exp(d) - d - 1  # >= 0 per sample; its mean under pi is exactly KL(pi || ref), with a low variance
 
 
 def clipped_objective(logp, old_logp, adv, clip_eps):
@@ -133,13 +134,8 @@ def rollout(model, prompts, items, reward_fn, cfg, eos_id, generator, sampler=No
 
 
 def pad_cat(tensors, value):
-    """Stack (n_i, T_i) tensors into one (sum n_i, max T_i), right-padding each row with `value`."""
-    out = torch.full((sum(len(t) for t in tensors), max(t.size(1) for t in tensors)), value, dtype=tensors[0].dtype)
-    start = 0
-    for t in tensors:
-        out[start:start + len(t), :t.size(1)] = t
-        start += len(t)
-    return out
+    """The rows of (n_i, T_i) tensors stacked into one (sum n_i, max T_i), each right-padded with `value`."""
+    return pad_sequence([row for t in tensors for row in t], batch_first=True, padding_value=value)
 
 
 def pack(prompts, tokens, mask=None):
@@ -168,7 +164,7 @@ def token_logprobs_and_entropy(model, prompt_idx, prompt_len, rows, idx, targets
     logits, _ = model(idx, prompts=prompts)
     logp_all = F.log_softmax(logits.float() / temperature, dim=-1)  # (n, T, vocab) the sampler's distribution
     logp = logp_all.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)  # (n, T) H = -sum_v p(v) log p(v), over the whole vocabulary
     return logp, entropy
 
 
@@ -285,15 +281,15 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_
         n_mb += bool(mb)
         optimizer.step()
 
-    # stats over every sampled group (reward, lengths, EOS) and over the kept ones (the update's)
+    # stats over every sampled group (reward, lengths, EOS), and the update's means over its minibatches (NaN if none)
     rewards = torch.cat([s["rewards"] for s in sampled]).view(-1, G)  # (all groups, G) the true rewards
     lengths = torch.tensor([len(c) for s in sampled for c in s["completions"]], dtype=torch.float32)
     eos = [bool(c) and c[-1] == eos_id for s in sampled for c in s["completions"]]
-    stats = {k: v / max(n_mb, 1) for k, v in sums.items()}
+    stats = {k: v / n_mb if n_mb else float("nan") for k, v in sums.items()}
     return dict(step=step, reward_mean=rewards.mean().item(), reward_max=rewards.max().item(),
                 zero_std_frac=(rewards.std(1, unbiased=False) == 0).float().mean().item(),
                 rounds=len(sampled), groups=len(rewards), groups_kept=len(kept),
                 kl=stats["kl"], entropy=stats["entropy"], clip_frac=stats["clip"], loss=stats["loss"],
-                grad_norm=stats["grad_norm"], ratio_first=ratio_sum / max(ratio_tokens, 1),
+                grad_norm=stats["grad_norm"], ratio_first=ratio_sum / ratio_tokens if ratio_tokens else float("nan"),
                 response_len=lengths.mean().item(),
                 eos_frac=sum(eos) / len(eos), t_rollout=t_rollout, t_step=time.time() - t0)

@@ -197,6 +197,7 @@ def test_dynamic_sampling_stops_after_max_rounds_without_an_update():
                       generator=torch.Generator().manual_seed(0), next_prompts=next_prompts)
     assert asked == [2, 2] and stats["rounds"] == 3 and stats["groups"] == 6 and stats["groups_kept"] == 0
     assert stats["zero_std_frac"] == 1.0 and torch.equal(before, weights(model))   # nothing to learn from
+    assert math.isnan(stats["kl"]) and math.isnan(stats["ratio_first"])            # no update: no update stats
     # without a prompt source a step is one round, as before dynamic sampling
     stats = grpo_step(model, None, torch.optim.SGD(model.parameters(), lr=1.0), [[1, 2], [4]], ["1", "4"],
                       spread_only_after_token_5, cfg, eos_id=None, generator=torch.Generator().manual_seed(0))
