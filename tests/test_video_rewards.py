@@ -127,11 +127,11 @@ def import_official_lpips():
 
 def test_lpips_matches_official_package(tmp_path):
     """Parity with the lpips package (official network code and its shipped lin weights) on torchvision's VGG16 with
-    random weights, through bench/convert_lpips.py. The ImageNet VGG16 weights cannot be fetched here, so what this
+    random weights, through tools/convert_lpips.py. The ImageNet VGG16 weights cannot be fetched here, so what this
     checks is the architecture, scaling, normalisation, taps and averaging, and the converter, not the weights."""
     import warnings
     import_official_lpips()
-    import bench.convert_lpips as convert_lpips
+    import tools.convert_lpips as convert_lpips
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")               # torchvision's deprecation notes about `pretrained`
