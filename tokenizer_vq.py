@@ -1,14 +1,26 @@
 """
-The visual tokenizer: a VQ-VAE (or FSQ-VAE) that turns a 64x64 frame into 8x8 = 64 discrete codes and back.
+The visual tokenizers: discrete codes for 64x64 frames and back. Two kinds, with one API:
 
-    codes = vq.tokenize(frames)     # (N, H, W, 3) uint8 or (N, 3, H, W) float in [0, 1] -> (N, 64) long
-    frames = vq.detokenize(codes)   # (N, 64) long -> (N, 3, H, W) float in [0, 1]
+    codes = vq.tokenize(frames, context)     # frames, context: (N, H, W, 3) uint8 or (N, 3, H, W) float in [0, 1]
+    frames = vq.detokenize(codes, context)   # codes (N, L) long -> (N, 3, H, W) float in [0, 1]
+    ctx_codes = vq.tokenize_context(frames)  # the codes a context frame gets in the GPT's sequence
 
-Architecture (a small cousin of VQGAN/iVideoGPT's tokenizer, without the GAN and perceptual losses):
+1. `VQVAE`, per frame: every frame becomes 8x8 = 64 codes, on its own (`context` is ignored).
+2. `CondVQVAE`, context-conditioned (iVideoGPT's idea, small): a context frame keeps the per-frame VQ's 64 codes (the
+   GPT must see it), but a *future* frame becomes only a 4x4 grid of 16 codes, computed by an encoder that sees the
+   frame and the context frame together, and decoded by a U-Net whose skip connections are features of the context
+   frame. The decoder's output starts from the context frame itself: out = ctx + sigmoid(gate) * change, with a
+   per-pixel gate trained to say which pixels changed (so it is shut, and the pixel copied, where nothing moves) and
+   a change that starts at zero (an untrained decoder copies the context). Static pixels are carried over and the 16
+   codes spend their capacity on what moves (gripper, pushed blocks). The context is the *true* last observed frame,
+   which a world model always has. A window's future frames are all coded against the same (last) context frame.
+
+VQVAE architecture (a small cousin of VQGAN/iVideoGPT's tokenizer, without the GAN and perceptual losses):
 encoder = conv 3x3, then per level a stride-2 conv 4x4 and a residual block (channels 32 -> 64 -> 128, three levels
 = 8x downsampling), then a 1x1 conv to the code dimension; the decoder mirrors it with nearest-neighbour upsampling +
 conv 3x3. No normalisation layers: the model is fully convolutional, so it can train on 32x32 crops (4x cheaper on a
-CPU, the latent grid stays aligned because crops start at multiples of 8) and run on whole frames.
+CPU, the latent grid stays aligned because crops start at multiples of 8) and run on whole frames. CondVQVAE uses the
+same blocks with four levels (16x downsampling, crops aligned to 16).
 
 Two quantisers, `VQConfig.quantizer`:
 - "vq" (default): nearest codebook vector, straight-through gradient (z + (q - z).detach()), codebook loss
@@ -19,7 +31,7 @@ Two quantisers, `VQConfig.quantizer`:
   tanh and rounded to one of L_i levels (straight-through); the code is the mixed-radix number of the digits, so
   the codebook is implicit (prod L_i codes, default 8x8x8 = 512), has no loss and cannot collapse.
 Usage statistics: `codebook_stats(codes)` gives the number of codes used and the perplexity exp(H) of their histogram.
-The tokenizer is trained by train_video.py --stage=tokenizer and frozen afterwards (MLE and RLVR only see codes).
+The tokenizers are trained by train_video.py --stage=tokenizer and frozen afterwards (MLE and RLVR only see codes).
 """
 import json
 import math
@@ -153,29 +165,173 @@ class VQVAE(nn.Module):
         self.decoder = nn.Sequential(*dec, nn.SiLU(), nn.Conv2d(prev, 3, 3, padding=1))
         self.quantizer = FSQ(c.fsq_levels) if c.quantizer == "fsq" else VectorQuantizer(c.n_codes, c.code_dim, c.beta)
 
-    def forward(self, x):
-        """x (B, 3, H, W) in [0, 1] -> (reconstruction, quantiser loss, indices (B, h, w))."""
-        z_q, qloss, idx = self.quantizer(self.encoder(x * 2 - 1))
+    def encode(self, x, ctx=None):
+        """x (B, 3, H, W) in [0, 1] -> pre-quantisation latents (B, qdim, H/8, W/8); ctx is ignored."""
+        return self.encoder(x * 2 - 1)
+
+    def forward(self, x, ctx=None):
+        """x (B, 3, H, W) in [0, 1] -> (reconstruction, quantiser loss, indices (B, h, w)); ctx is ignored."""
+        z_q, qloss, idx = self.quantizer(self.encode(x))
         return self.decoder(z_q) + 0.5, qloss, idx
 
-    def _frames(self, frames):
-        if isinstance(frames, np.ndarray):
-            frames = torch.from_numpy(frames).permute(0, 3, 1, 2).float() / 255
-        return frames.to(self.quantizer.lookup(torch.zeros(1, dtype=torch.long)).device)
-
     @torch.no_grad()
-    def tokenize(self, frames, batch_size=256):
-        """(N, H, W, 3) uint8 array or (N, 3, H, W) float tensor in [0, 1] -> codes (N, grid * grid) long."""
-        x = self._frames(frames)
-        return torch.cat([self.quantizer(self.encoder(x[i:i + batch_size] * 2 - 1))[2].flatten(1)
+    def tokenize(self, frames, context=None, batch_size=256):
+        """(N, H, W, 3) uint8 array or (N, 3, H, W) float tensor in [0, 1] -> codes (N, grid * grid) long.
+        context is ignored: a per-frame tokenizer codes every frame on its own."""
+        x = as_float_frames(frames, self.quantizer.lookup(torch.zeros(1, dtype=torch.long)).device)
+        return torch.cat([self.quantizer(self.encode(x[i:i + batch_size]))[2].flatten(1)
                           for i in range(0, len(x), batch_size)])
 
+    tokenize_context = tokenize        # a context frame gets the same 64 codes as any frame
+
     @torch.no_grad()
-    def detokenize(self, codes):
-        """codes (N, grid * grid) long -> frames (N, 3, H, W) float in [0, 1]."""
+    def detokenize(self, codes, context=None):
+        """codes (N, grid * grid) long -> frames (N, 3, H, W) float in [0, 1] (context ignored)."""
         g = self.config.grid
         z = self.quantizer.lookup(codes.view(-1, g, g)).permute(0, 3, 1, 2)
         return (self.decoder(z) + 0.5).clamp(0, 1)
+
+    def vocab(self):
+        """Code-token ranges for data/robot/task.Layout: context frames and future frames share one codebook."""
+        c = self.config
+        return dict(context_codes=c.n_codes, context_len=c.codes_per_frame, n_codes=c.n_codes,
+                    codes_per_frame=c.codes_per_frame, code_offset=0)
+
+
+def as_float_frames(frames, device="cpu"):
+    """(N, H, W, 3) uint8 array -> (N, 3, H, W) float in [0, 1]; a float tensor passes through. On `device`."""
+    if isinstance(frames, np.ndarray):
+        frames = torch.from_numpy(frames).permute(0, 3, 1, 2).float() / 255
+    return frames.to(device)
+
+
+# -----------------------------------------------------------------------------
+# the context-conditioned tokenizer
+
+@dataclass
+class CondVQConfig:
+    size: int = 64                                   # frame side in pixels
+    channels: tuple = (16, 32, 64, 128)              # one stride-2 level each: 16x downsampling, a 4x4 code grid
+    quantizer: str = "vq"                            # "vq" | "fsq"
+    n_codes: int = 512                               # vq: codebook size of the future frames' codes
+    code_dim: int = 32                               # vq: codebook vector size
+    fsq_levels: tuple = (8, 8, 8)                    # fsq: levels per channel
+    beta: float = 0.25                               # vq: commitment weight
+    frame: dict = None                               # the VQConfig (as a dict) of the per-frame VQ for context frames
+
+    def __post_init__(self):
+        assert self.quantizer in ("vq", "fsq"), f"quantizer must be vq|fsq, got {self.quantizer!r}"
+        self.channels, self.fsq_levels = tuple(self.channels), tuple(self.fsq_levels)
+        self.frame = asdict(VQConfig(**(self.frame or {})))   # normalised (tuples), so configs compare equal
+        if self.quantizer == "fsq":
+            self.n_codes = math.prod(self.fsq_levels)
+
+    @property
+    def grid(self):
+        return self.size // 2 ** len(self.channels)
+
+    @property
+    def codes_per_frame(self):
+        return self.grid ** 2
+
+
+class Pyramid(nn.Module):
+    """conv 3x3, then per level a stride-2 conv 4x4 + residual block -> the features at every resolution, finest
+    first: [(B, c0, S, S), (B, c0, S/2, S/2), (B, c1, S/4, S/4), ...]."""
+
+    def __init__(self, in_ch, channels):
+        super().__init__()
+        self.stem = nn.Conv2d(in_ch, channels[0], 3, padding=1)
+        prev, levels = channels[0], []
+        for ch in channels:
+            levels.append(nn.Sequential(nn.Conv2d(prev, ch, 4, stride=2, padding=1), ResBlock(ch)))
+            prev = ch
+        self.levels = nn.ModuleList(levels)
+
+    def forward(self, x):
+        feats = [self.stem(x)]
+        for level in self.levels:
+            feats.append(level(feats[-1]))
+        return feats
+
+
+class CondVQVAE(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = c = config
+        qdim = len(c.fsq_levels) if c.quantizer == "fsq" else c.code_dim
+        self.frame = VQVAE(VQConfig(**c.frame))              # context frames' codes (trained first, then frozen)
+        self.context_encoder = Pyramid(3, c.channels)         # context features for the decoder's skips
+        self.encoder = Pyramid(6, c.channels)                 # sees the future frame and the context frame
+        self.to_code = nn.Sequential(nn.SiLU(), nn.Conv2d(c.channels[-1], qdim, 1))
+        self.from_code = nn.Conv2d(qdim, c.channels[-1], 1)
+        # decoder, coarse to fine: at each resolution concatenate the context features, mix (conv + residual block),
+        # then upsample and narrow to the next finer level's width
+        widths = [c.channels[0]] + list(c.channels)           # feature widths of the pyramid, finest first
+        self.mix = nn.ModuleList(nn.Sequential(nn.Conv2d(2 * w, w, 3, padding=1), ResBlock(w)) for w in widths)
+        self.up = nn.ModuleList(nn.Sequential(nn.Upsample(scale_factor=2, mode="nearest"),
+                                              nn.Conv2d(widths[i + 1], widths[i], 3, padding=1))
+                                for i in range(len(widths) - 1))
+        self.out = nn.Sequential(nn.SiLU(), nn.Conv2d(widths[0], 4, 3, padding=1))   # change (3) + gate logit (1)
+        nn.init.zeros_(self.out[1].weight)      # starts as "copy the context": change 0
+        nn.init.zeros_(self.out[1].bias)
+        self.quantizer = FSQ(c.fsq_levels) if c.quantizer == "fsq" else VectorQuantizer(c.n_codes, c.code_dim, c.beta)
+
+    def encode(self, x, ctx):
+        """x, ctx (B, 3, H, W) in [0, 1] -> pre-quantisation latents (B, qdim, H/16, W/16)."""
+        return self.to_code(self.encoder(torch.cat([x, ctx], 1) * 2 - 1)[-1])
+
+    def decode(self, z_q, ctx):
+        """z_q (B, qdim, h, w), ctx (B, 3, H, W) -> frame (B, 3, H, W), gate logits (B, 1, H, W): the frame is the
+        context plus the change where the gate is open."""
+        feats = self.context_encoder(ctx * 2 - 1)
+        h = self.from_code(z_q)
+        for i in reversed(range(len(feats))):
+            h = self.mix[i](torch.cat([h, feats[i]], 1))
+            if i > 0:
+                h = self.up[i - 1](h)
+        out = self.out(h)
+        change, gate = out[:, :3], out[:, 3:]       # (B, 3, H, W), (B, 1, H, W)
+        return ctx + torch.sigmoid(gate) * change, gate
+
+    def forward(self, x, ctx):
+        """x, ctx (B, 3, H, W) in [0, 1] -> (reconstruction of x, auxiliary loss, indices (B, h, w)). The auxiliary
+        loss is the quantiser's plus the gate's: binary cross-entropy against "this pixel changed" (> 2/255 in some
+        channel). Without it the gate closes early, before the codes carry anything, and never reopens (the sigmoid
+        saturates): the decoder then only copies the context."""
+        z_q, qloss, idx = self.quantizer(self.encode(x, ctx))
+        rec, gate = self.decode(z_q, ctx)
+        changed = ((x - ctx).abs().amax(1, keepdim=True) > 2 / 255).float()
+        return rec, qloss + F.binary_cross_entropy_with_logits(gate, changed), idx
+
+    def _device(self):
+        return self.quantizer.lookup(torch.zeros(1, dtype=torch.long)).device
+
+    @torch.no_grad()
+    def tokenize(self, frames, context, batch_size=256):
+        """frames and their context frames (N each; uint8 arrays or float tensors) -> codes (N, grid * grid) long."""
+        x, ctx = as_float_frames(frames, self._device()), as_float_frames(context, self._device())
+        return torch.cat([self.quantizer(self.encode(x[i:i + batch_size], ctx[i:i + batch_size]))[2].flatten(1)
+                          for i in range(0, len(x), batch_size)])
+
+    @torch.no_grad()
+    def tokenize_context(self, frames):
+        """Context frames -> their per-frame codes (N, 64): what the GPT reads for a context frame."""
+        return self.frame.tokenize(frames)
+
+    @torch.no_grad()
+    def detokenize(self, codes, context, batch_size=256):
+        """codes (N, grid * grid) long, context frames (N, ...) -> frames (N, 3, H, W) float in [0, 1]."""
+        g, ctx = self.config.grid, as_float_frames(context, self._device())
+        z = self.quantizer.lookup(codes.view(-1, g, g)).permute(0, 3, 1, 2)
+        return torch.cat([self.decode(z[i:i + batch_size], ctx[i:i + batch_size])[0].clamp(0, 1)
+                          for i in range(0, len(z), batch_size)])
+
+    def vocab(self):
+        """Code-token ranges for data/robot/task.Layout: context codes first, the future codes after them."""
+        c, f = self.config, self.frame.config
+        return dict(context_codes=f.n_codes, context_len=f.codes_per_frame, n_codes=c.n_codes,
+                    codes_per_frame=c.codes_per_frame, code_offset=f.n_codes)
 
 
 def codebook_stats(codes, n_codes):
@@ -189,27 +345,32 @@ def codebook_stats(codes, n_codes):
 # -----------------------------------------------------------------------------
 # one safetensors file: weights + config (and training metadata) in the header
 
+FORMATS = {"nanorlvr-vq-1": (VQVAE, VQConfig), "nanorlvr-cvq-1": (CondVQVAE, CondVQConfig)}
+
+
 def save_vq(path, model, meta=None):
+    """Either tokenizer -> one .safetensors file: weights, and config + `meta` as JSON in the header."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     model = getattr(model, "module", model)
     tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    header = {"format": "nanorlvr-vq-1", "config": asdict(model.config), **(meta or {})}
+    fmt = "nanorlvr-cvq-1" if isinstance(model, CondVQVAE) else "nanorlvr-vq-1"
+    header = {"format": fmt, "config": asdict(model.config), **(meta or {})}
     tmp = path.with_name(path.name + ".tmp")
     save_file(tensors, str(tmp), metadata={"nanorlvr": json.dumps(header)})
     os.replace(tmp, path)
 
 
 def load_vq(path, device="cpu"):
-    """-> (VQVAE in eval mode, header dict). A clear ValueError naming the file on any problem."""
+    """-> (VQVAE or CondVQVAE in eval mode, header dict). A clear ValueError naming the file on any problem."""
     path = Path(path)
     try:
         with safe_open(str(path), framework="pt") as f:
             header = json.loads((f.metadata() or {})["nanorlvr"])
             tensors = {k: f.get_tensor(k) for k in f.keys()}
-        assert header.get("format") == "nanorlvr-vq-1"
+        model_cls, config_cls = FORMATS[header.get("format")]
+        model = model_cls(config_cls(**header["config"]))
+        model.load_state_dict(tensors)
     except Exception as e:
         raise ValueError(f"{path}: not a nanoRLVR tokenizer checkpoint ({type(e).__name__}: {e})") from None
-    model = VQVAE(VQConfig(**header["config"]))
-    model.load_state_dict(tensors)
     return model.to(device).eval().requires_grad_(False), header

@@ -2,112 +2,124 @@
 Train a video world model: a VQ tokenizer, an action-conditioned GPT by MLE, then RLVR (GRPO whose reward is a
 metric of the decoded frames against the true ones), and compare MLE and RLVR on held-out episodes.
 
-CPU, the default job (embedded robot-pushing data; RLVR from the shipped checkpoints/video_{vq,mle}.safetensors):
-    python train_video.py                                   # single-step, 100 GRPO steps; ~9.5 min on 2 busy cores
+CPU, the default job (embedded robot-pushing data; RLVR from the shipped checkpoints/video_mle.safetensors):
+    python train_video.py                                   # single-step, 100 GRPO steps
     python train_video.py --mode=multi --rl_steps=30 --prompts_per_step=4 --rl_lr=5e-5 --out_dir=out/video_multi
-The shipped checkpoints, from scratch (the tokenizer stops on its 6-minute cap, so numbers vary a little):
-    python train_video.py --stage=tokenizer --init=scratch --vq_minutes=6 --out_dir=out/video_scratch    # ~7 min
-    python train_video.py --stage=mle --mode=multi --eval_every=100 --out_dir=out/video_scratch          # ~37 min
-    (then copy video_vq/video_mle.safetensors from out/video_scratch to checkpoints/)
-Everything in one go (tokenizer, MLE, RLVR, eval): python train_video.py --init=scratch --mode=multi
-Continued-MLE baseline for the same wall-clock as RLVR, then its evaluation:
-    python train_video.py --stage=mle --init=checkpoints/video_mle.safetensors --mode=multi --mle_minutes=6 \
-        --mle_lr=2e-4 --warmup=0 --out_dir=out/video_mle_more
-    python video_eval.py --ckpt=out/video_mle_more/video_mle.safetensors --mode=single
+The shipped checkpoints, from scratch (the tokenizers stop on their time caps, so numbers vary a little):
+    python train_video.py --stage=tokenizer --init=scratch --vq_minutes=6 --cvq_minutes=6 --out_dir=out/video_scratch
+    python train_video.py --stage=mle --mode=multi --eval_every=100 --out_dir=out/video_scratch
+    (then copy video_vq/video_cvq/video_mle.safetensors from out/video_scratch to checkpoints/)
+Everything in one go (tokenizers, MLE, RLVR, eval): python train_video.py --init=scratch --mode=multi
+The per-frame tokenizer instead of the context-conditioned one: --tokenizer=frame (with --init=scratch).
 Converted RT-1 episodes (.npz with image (T, 256, 320, 3) and action (T, 13)), on GPUs:
     torchrun --nproc_per_node=8 train_video.py --data=/path/rt1 --init=scratch --device=cuda --dtype=bfloat16
 
-Stages (--stage): tokenizer | mle | rlvr | all. Outputs in --out_dir: video_vq.safetensors (tokenizer),
-video_mle.safetensors, video_rlvr.safetensors (+ .json sidecars), codes_<split>.safetensors (the frames' codes,
-cached per tokenizer), log.jsonl and eval.json = {"mle": <video_eval JSON>, "rlvr": <video_eval JSON>}.
-Every stage (tokenizer, MLE, RLVR) checkpoints every --ckpt_every steps with optimizer and RNG state (the tokenizer's
-in video_vq_train.safetensors, removed once video_vq.safetensors is written), and a re-run of the same command resumes
-where it stopped, ending with the weights of an uninterrupted run (a finished stage keeps its weights only, and is
-reused). A NaN/inf loss, reward or gradient stops the run naming the step (--on_nan=skip skips the step instead).
+Stages (--stage): tokenizer | mle | rlvr | all. Outputs in --out_dir: video_vq.safetensors (per-frame tokenizer),
+video_cvq.safetensors (context-conditioned tokenizer, --tokenizer=cond), video_mle.safetensors,
+video_rlvr.safetensors (+ .json sidecars), tokens_<split>.safetensors (the clips' tokens, cached per tokenizer),
+log.jsonl and eval.json = {"mle": <video_eval JSON>, "rlvr": <video_eval JSON>}.
+Every stage checkpoints every --ckpt_every steps with optimizer and RNG state (a tokenizer's in
+video_vq_train / video_cvq_train.safetensors, removed once the tokenizer is written), and a re-run of the same command
+resumes where it stopped, ending with the weights of an uninterrupted run (a finished stage keeps its weights only,
+and is reused). A NaN/inf loss, reward or gradient stops the run naming the step (--on_nan=skip skips the step).
 
-Design: the tokenizer is trained once and frozen; the frames of every split are tokenized once and cached, so MLE
-trains on code sequences only (cheap). MLE trains on windows of context + horizon frames (multi) or context + 1
-(single), loss on the predicted frames' codes only; a model trained in multi mode also serves single-step prediction.
-RLVR samples G predictions per prompt, decodes them with the frozen tokenizer and scores them against the true
-frames (`--reward`, default mae+ssim, or mae+lpips with --lpips weights); `grpo.grpo_step` does the rest, with a
-multi-step sampler that injects the true actions between predicted frames.
+Design: the tokenizers are trained once and frozen; the clips of every split are tokenized once and cached, so MLE
+trains on token windows only (cheap). The context-conditioned tokenizer (tokenizer_vq.CondVQVAE) gives the context
+frame its 64 per-frame codes and each predicted frame 16 codes coded against that context frame, so the GPT predicts
+16 tokens per frame instead of 64, and a static pixel costs nothing. MLE trains on windows of context + horizon frames
+(multi) or context + 1 (single), loss on the predicted frames' codes only; a model trained in multi mode also serves
+single-step prediction. RLVR samples G predictions per prompt, decodes them (with the true context frame) and scores
+them against the true frames (`--reward`, default mae+ssim, or mae+lpips with --lpips weights); `grpo.grpo_step`
+does the rest, with the multi-step sampler of data/robot/task.py that injects the true actions between frames.
 """
 import argparse
 import copy
 import json
-import os
 import shutil
 import sys
 import time
 import zlib
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from checkpoint import atomic_write_text
+from checkpoint import atomic_write, atomic_write_text
 from data.robot.prepare import DATA_DIR, ensure_splits
-from data.robot.task import Layout, clips, load_split, read_action_stats
+from data.robot.evaluate import eval_video, load_video_model, print_video_table, to_float
+from data.robot.task import (Layout, clips, frame_codes, load_split, read_action_stats, rollout, tokenize_split,
+                             windows)
 from grpo import GRPOConfig, grpo_step
 from model import GPT, GPTConfig
+from rewards import load_lpips, mae, pick_reward, psnr, ssim, video_reward
 from runtime import Run, lr_at
-from tokenizer_vq import VQConfig, VQVAE, codebook_stats, load_vq, save_vq
-from video_eval import episode_tokens, eval_video, frame_codes, load_video_model, print_video_table, rollout, to_float
-from rewards import load_lpips, pick_reward, psnr, video_reward
+from tokenizer_vq import CondVQConfig, CondVQVAE, VQConfig, VQVAE, codebook_stats, load_vq, save_vq
 
 ROOT = Path(__file__).resolve().parent
-SHIPPED_VQ, SHIPPED_MLE = ROOT / "checkpoints" / "video_vq.safetensors", ROOT / "checkpoints" / "video_mle.safetensors"
+SHIPPED_MLE = ROOT / "checkpoints" / "video_mle.safetensors"
+SHIPPED_VQ = ROOT / "checkpoints" / "video_vq.safetensors"
 
 # -----------------------------------------------------------------------------
 # flags
 p = argparse.ArgumentParser(description="tokenizer, MLE then RLVR for a video world model",
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
 p.add_argument("--data", default=str(DATA_DIR), help="episode .npz directory (the embedded data is made if missing)")
-p.add_argument("--out_dir", default="out/video")
-p.add_argument("--stage", default="all", choices=["all", "tokenizer", "mle", "rlvr"])
-p.add_argument("--mode", default="single", choices=["single", "multi"])
-p.add_argument("--init", default="auto", help="auto (shipped MLE checkpoint if present, else scratch) | scratch | "
-                                              "a video_mle/video_rlvr .safetensors")
-p.add_argument("--vq", default="auto", help="tokenizer file for --stage=mle from scratch (auto: out_dir's or shipped)")
-p.add_argument("--resume", type=int, default=1)
-# tokenizer
+p.add_argument("--out_dir", default="out/video", help="checkpoints, token caches, log.jsonl and eval.json go here")
+p.add_argument("--stage", default="all", choices=["all", "tokenizer", "mle", "rlvr"], help="which stages to run")
+p.add_argument("--mode", default="single", choices=["single", "multi"],
+               help="predict 1 frame, or --horizon frames with the true actions injected between them")
+p.add_argument("--init", default="auto", help="auto (the shipped MLE checkpoint if it fits the data, else scratch) | "
+                                              "scratch | a video_mle/video_rlvr .safetensors")
+p.add_argument("--vq", default="auto", help="tokenizer file for --stage=mle from scratch (auto: out_dir's, else the "
+                                            "shipped per-frame one); also the per-frame VQ a new cond tokenizer uses")
+p.add_argument("--resume", type=int, default=1, help="1: continue from out_dir's checkpoints; 0: start over")
+# tokenizers
+p.add_argument("--tokenizer", default="frame", choices=["cond", "frame"],
+               help="for a model trained from scratch: context-conditioned (16 codes per predicted frame) or "
+                    "per-frame (64 codes per frame) tokenizer")
 p.add_argument("--size", type=int, default=64, help="frame side (frames are resized to it)")
 p.add_argument("--clip_len", type=int, default=16, help="episodes are cut into clips of this many frames")
-p.add_argument("--quantizer", default="vq", choices=["vq", "fsq"])
-p.add_argument("--n_codes", type=int, default=512)
-p.add_argument("--vq_steps", type=int, default=2500)
-p.add_argument("--vq_minutes", type=float, default=0, help="stop tokenizer training after this wall-clock (0 = off)")
-p.add_argument("--vq_batch", type=int, default=32)
+p.add_argument("--quantizer", default="vq", choices=["vq", "fsq"], help="codebook (vq) or finite scalar (fsq)")
+p.add_argument("--n_codes", type=int, default=512, help="codebook size of each tokenizer")
+p.add_argument("--vq_steps", type=int, default=2500, help="per-frame tokenizer training steps")
+p.add_argument("--vq_minutes", type=float, default=0, help="stop per-frame tokenizer training after this (0 = off)")
+p.add_argument("--vq_batch", type=int, default=32, help="per-frame tokenizer batch (crops)")
 p.add_argument("--vq_crop", type=int, default=32, help="train on random crops of this side (multiple of 8)")
-p.add_argument("--vq_lr", type=float, default=1e-3)
+p.add_argument("--vq_lr", type=float, default=1e-3, help="tokenizer learning rate (both tokenizers)")
+p.add_argument("--cvq_steps", type=int, default=2000, help="context-conditioned tokenizer training steps")
+p.add_argument("--cvq_minutes", type=float, default=0, help="stop cond tokenizer training after this (0 = off)")
+p.add_argument("--cvq_batch", type=int, default=32, help="cond tokenizer batch (pairs of crops)")
+p.add_argument("--cvq_crop", type=int, default=32, help="cond tokenizer crop side (multiple of 16)")
+p.add_argument("--move_weight", type=float, default=10.0,
+               help="cond tokenizer loss weight on pixels that changed from the context (static pixels weigh 1)")
 # world model
 p.add_argument("--context", type=int, default=1, help="true frames before the first predicted one")
 p.add_argument("--horizon", type=int, default=7, help="predicted frames in multi mode (paper: 7)")
-p.add_argument("--n_layer", type=int, default=4)
-p.add_argument("--n_head", type=int, default=4)
-p.add_argument("--n_embd", type=int, default=128)
+p.add_argument("--n_layer", type=int, default=4, help="GPT layers")
+p.add_argument("--n_head", type=int, default=4, help="GPT attention heads")
+p.add_argument("--n_embd", type=int, default=128, help="GPT width")
 # MLE
-p.add_argument("--mle_steps", type=int, default=1150)
-p.add_argument("--mle_minutes", type=float, default=0)
-p.add_argument("--batch_size", type=int, default=16)
-p.add_argument("--mle_lr", type=float, default=2e-3)
-p.add_argument("--warmup", type=int, default=100)
-p.add_argument("--weight_decay", type=float, default=0.1)
+p.add_argument("--mle_steps", type=int, default=1150, help="MLE optimizer steps")
+p.add_argument("--mle_minutes", type=float, default=0, help="stop MLE after this wall-clock (0 = off)")
+p.add_argument("--batch_size", type=int, default=16, help="MLE windows per step (per rank)")
+p.add_argument("--mle_lr", type=float, default=2e-3, help="MLE peak learning rate (cosine decay)")
+p.add_argument("--warmup", type=int, default=100, help="MLE warmup steps")
+p.add_argument("--weight_decay", type=float, default=0.1, help="AdamW weight decay for MLE")
 # RLVR
-p.add_argument("--rl_steps", type=int, default=100)
-p.add_argument("--prompts_per_step", type=int, default=8)
-p.add_argument("--group_size", type=int, default=8)
-p.add_argument("--rl_lr", type=float, default=1e-4)
+p.add_argument("--rl_steps", type=int, default=100, help="GRPO steps")
+p.add_argument("--prompts_per_step", type=int, default=8, help="prompts (windows) per GRPO step (per rank)")
+p.add_argument("--group_size", type=int, default=8, help="samples per prompt (G)")
+p.add_argument("--rl_lr", type=float, default=1e-4, help="GRPO learning rate")
 p.add_argument("--beta", type=float, default=0.02, help="KL coefficient")
-p.add_argument("--clip_eps", type=float, default=0.2)
-p.add_argument("--minibatches", type=int, default=2)
-p.add_argument("--micro_batch", type=int, default=32)
-p.add_argument("--temperature", type=float, default=1.0)
+p.add_argument("--clip_eps", type=float, default=0.2, help="PPO ratio clip")
+p.add_argument("--minibatches", type=int, default=2, help="optimizer steps per GRPO batch")
+p.add_argument("--micro_batch", type=int, default=32, help="sequences per forward pass")
+p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the rollouts")
 p.add_argument("--reward", default="auto", help="auto | mae+ssim | mae+lpips")
 p.add_argument("--lpips", default=None, help="LPIPS-VGG weights (bench/convert_lpips.py) for the reward and eval")
 p.add_argument("--moving_only", type=int, default=1, help="RL prompts only from windows where the scene moves")
@@ -116,54 +128,52 @@ p.add_argument("--eval_every", type=int, default=500, help="MLE steps between va
 p.add_argument("--test_limit", type=int, default=0, help="test episodes in the final eval (0 = all)")
 p.add_argument("--train_limit", type=int, default=0, help="train episodes to use (0 = all)")
 # system
-p.add_argument("--device", default="cpu")
-p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="autocast precision")
 p.add_argument("--threads", type=int, default=1, help="torch CPU threads; 1 is fastest for tiny models on 2 cores")
-p.add_argument("--seed", type=int, default=1337)
-p.add_argument("--ckpt_every", type=int, default=200)
+p.add_argument("--seed", type=int, default=1337, help="seed of every random stream")
+p.add_argument("--ckpt_every", type=int, default=200, help="steps between resumable checkpoints")
 p.add_argument("--on_nan", default="stop", choices=["stop", "skip"],
                help="on a NaN/inf loss, reward or gradient: stop the run, or skip that step (single process only)")
 args = p.parse_args()
-for name in ("size", "n_codes", "vq_steps", "vq_batch", "vq_crop", "context", "horizon", "n_layer", "n_head", "n_embd",
-             "mle_steps", "batch_size", "rl_steps", "prompts_per_step", "group_size", "minibatches", "micro_batch",
-             "eval_every", "threads", "ckpt_every"):
+for name in ("size", "n_codes", "vq_steps", "vq_batch", "vq_crop", "cvq_steps", "cvq_batch", "cvq_crop", "context",
+             "horizon", "n_layer", "n_head", "n_embd", "mle_steps", "batch_size", "rl_steps", "prompts_per_step",
+             "group_size", "minibatches", "micro_batch", "eval_every", "threads", "ckpt_every"):
     if getattr(args, name) < 1:
         p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-for name in ("vq_minutes", "vq_lr", "mle_minutes", "mle_lr", "warmup", "weight_decay", "rl_lr", "beta", "clip_eps",
-             "test_limit", "train_limit"):
+for name in ("vq_minutes", "vq_lr", "cvq_minutes", "move_weight", "mle_minutes", "mle_lr", "warmup", "weight_decay",
+             "rl_lr", "beta", "clip_eps", "test_limit", "train_limit"):
     if not getattr(args, name) >= 0:
         p.error(f"--{name} must be >= 0, got {getattr(args, name)}")
-if args.clip_len < 2 or args.vq_crop > args.size or not args.temperature > 0:
-    p.error(f"need --clip_len >= 2 (got {args.clip_len}), --vq_crop <= --size (got {args.vq_crop} > {args.size}) "
-            f"and --temperature > 0 (got {args.temperature})")
+if args.clip_len < 2 or args.vq_crop > args.size or args.cvq_crop > args.size or not args.temperature > 0:
+    p.error(f"need --clip_len >= 2 (got {args.clip_len}), --vq_crop and --cvq_crop <= --size (got {args.vq_crop}, "
+            f"{args.cvq_crop} > {args.size}) and --temperature > 0 (got {args.temperature})")
+if args.vq_crop % 8 or args.size % 16 or args.cvq_crop % 16:
+    p.error("--vq_crop must be a multiple of 8, --size and --cvq_crop multiples of 16")
 
 # -----------------------------------------------------------------------------
-# setup: distributed, devices, precision (runtime.py)
+# setup: distributed, devices, precision (runtime.py), then the data
 out_dir = Path(args.out_dir)
 run = Run(args, out_dir)
-ddp, master, rank, world, autocast = run.ddp, run.master, run.rank, run.world, run.autocast
+master, rank, world, autocast = run.master, run.rank, run.world, run.autocast
 print0, fail, log, barrier = run.print0, run.fail, run.log, run.barrier
-VQ_FILE, VQ_TRAIN = out_dir / "video_vq.safetensors", out_dir / "video_vq_train.safetensors"
-MLE_FILE, RL_FILE = out_dir / "video_mle.safetensors", out_dir / "video_rlvr.safetensors"
-
-if args.init == "auto":
-    args.init = str(SHIPPED_MLE) if SHIPPED_MLE.is_file() and args.stage in ("all", "rlvr") else "scratch"
-if args.init != "scratch" and not Path(args.init).is_file():
+FILES = dict(vq=out_dir / "video_vq.safetensors", vq_train=out_dir / "video_vq_train.safetensors",
+             cvq=out_dir / "video_cvq.safetensors", cvq_train=out_dir / "video_cvq_train.safetensors",
+             mle=out_dir / "video_mle.safetensors", rlvr=out_dir / "video_rlvr.safetensors")
+if args.init != "auto" and args.init != "scratch" and not Path(args.init).is_file():
     fail(f"--init {args.init}: no such checkpoint file")
 if args.stage == "rlvr" and args.init == "scratch":
     fail("--stage=rlvr needs --init=<video_mle checkpoint> (RLVR post-trains a trained model)")
-if args.vq_crop % 8 or args.size % 8:
-    fail("--vq_crop and --size must be multiples of 8")
 if master:
     out_dir.mkdir(parents=True, exist_ok=True)
 if master and Path(args.data).resolve() == DATA_DIR.resolve():
-    ensure_splits(DATA_DIR)
+    ensure_splits(DATA_DIR)                     # the embedded robot data, generated on first use (~15 s)
 barrier()
 try:
     if master:
-        read_action_stats(args.data)   # writes action_stats.json on first use
+        read_action_stats(args.data)            # writes action_stats.json on first use
     barrier()
-    lo, hi = read_action_stats(args.data)
+    lo, hi = read_action_stats(args.data)       # per-dimension action range: the 256 bins of each dimension
     train_eps, val_eps, test_eps = (clips(load_split(args.data, s, args.size, limit), args.clip_len)
                                     for s, limit in (("train", args.train_limit), ("val", 0), ("test", args.test_limit)))
 except ValueError as e:
@@ -171,79 +181,29 @@ except ValueError as e:
 if not (train_eps and val_eps and test_eps):
     fail(f"{args.data}: some split has no episode of >= --clip_len={args.clip_len} frames")
 D, T = train_eps[0]["action"].shape[1], args.clip_len
-args.action_lo, args.action_hi = lo.tolist(), hi.tolist()
+args.action_lo, args.action_hi = lo.tolist(), hi.tolist()     # saved in every checkpoint's args
 print0(f"data: {len(train_eps)} train / {len(val_eps)} val / {len(test_eps)} test clips of {T} frames, "
        f"{D}-dim actions, frames resized to {args.size}x{args.size}")
 
+# --init=auto: the shipped MLE model, when this run post-trains and the checkpoint's action dimensions fit the data
+if args.init == "auto":
+    args.init = "scratch"
+    if SHIPPED_MLE.is_file() and args.stage in ("all", "rlvr"):
+        shipped_args = json.loads(SHIPPED_MLE.with_suffix(".json").read_text())["args"]
+        if len(shipped_args["action_lo"]) == D:
+            args.init = str(SHIPPED_MLE)
+        else:
+            print0(f"--init=auto: the shipped model's vocabulary is for {len(shipped_args['action_lo'])}-dim actions, "
+                   f"{args.data} has {D}-dim ones; training from scratch (tokenizer, MLE, RLVR)")
+    if args.init == "scratch" and args.stage == "rlvr":
+        fail("--stage=rlvr needs --init=<video_mle checkpoint> (RLVR post-trains a trained model)")
+
 
 # -----------------------------------------------------------------------------
-# stage 1: the tokenizer, on random crops of train frames; reports held-out PSNR and codebook usage
-def train_tokenizer():
-    if args.resume and VQ_FILE.is_file() and read_vq_header(VQ_FILE).get("done"):
-        print0(f"tokenizer: {VQ_FILE} is complete, reusing it")
-        return VQ_FILE
-    frames = torch.from_numpy(np.concatenate([ep["image"] for ep in train_eps])).permute(0, 3, 1, 2)   # uint8
-    vq = VQVAE(VQConfig(size=args.size, quantizer=args.quantizer, n_codes=args.n_codes)).to(args.device)
-    g = torch.Generator().manual_seed(args.seed + rank)
-    C = args.vq_crop
+# stage 1: the tokenizers, trained on random crops of train frames, then frozen
 
-    def batch():
-        i = torch.randint(len(frames), (args.vq_batch,), generator=g)
-        oy, ox = (8 * torch.randint((args.size - C) // 8 + 1, (2,), generator=g)).tolist()
-        return frames[i, :, oy:oy + C, ox:ox + C].float().div(255).to(args.device)
-
-    if args.quantizer == "vq":   # codebook from encoder outputs; DDP's constructor then copies rank 0's everywhere
-        with torch.no_grad():
-            z = vq.encoder(batch() * 2 - 1)
-            vq.quantizer.restart(z.permute(0, 2, 3, 1).flatten(0, 2), torch.ones(args.n_codes, dtype=torch.bool))
-            vq.quantizer.initialised.fill_(True)
-    _, trained = run.wrap(vq)
-    opt = torch.optim.Adam(vq.parameters(), lr=args.vq_lr)
-    step, _ = run.resume_stage(VQ_TRAIN, vq, opt, g, "tokenizer")
-    t0 = time.time()
-    bar = tqdm(total=args.vq_steps, initial=step, desc="tokenizer", disable=not master)
-    while step < args.vq_steps:
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.vq_steps, args.vq_lr, 50)
-        x = batch()
-        with autocast:
-            rec, qloss, _ = trained(x)
-            loss = F.mse_loss(rec.float(), x) + qloss
-        run.update("tokenizer", step, vq, opt, loss)   # a NaN/inf stops the run, or skips the step
-        step += 1
-        if args.quantizer == "vq" and step % 50 == 0 and step < 0.8 * args.vq_steps:
-            with torch.no_grad():
-                z = vq.encoder(x * 2 - 1).permute(0, 2, 3, 1).flatten(0, 2)
-            n_dead = vq.quantizer.restart_dead(z)
-            if ddp:
-                dist.broadcast(vq.quantizer.codebook.data, 0)
-                dist.broadcast(vq.quantizer.usage, 0)
-            bar.set_postfix(loss=f"{loss.item():.5f}", restarted=n_dead)
-        bar.update(1)
-        run.save_stage(VQ_TRAIN, vq, opt, step, {}, g, done=False)
-        if args.vq_minutes and time.time() - t0 > 60 * args.vq_minutes:
-            print0(f"tokenizer: stopping after {args.vq_minutes} minutes at step {step}")
-            break
-    bar.close()
-    vq.eval()
-    held = np.concatenate([ep["image"] for ep in val_eps + test_eps])
-    with torch.no_grad():
-        codes = vq.tokenize(held)
-        rec = torch.cat([vq.detokenize(codes[i:i + 256]).cpu() for i in range(0, len(codes), 256)])
-    stats = dict(psnr_heldout=float(psnr(rec, to_float(held)).mean()), **codebook_stats(codes, vq.config.n_codes),
-                 n_codes=vq.config.n_codes, steps=step, minutes=(time.time() - t0) / 60, done=True)
-    print0(f"tokenizer: held-out PSNR {stats['psnr_heldout']:.2f} dB on {len(held)} frames, "
-           f"{stats['used']}/{stats['n_codes']} codes used, perplexity {stats['perplexity']:.1f}")
-    log({"stage": "tokenizer", **stats})
-    if master:
-        save_vq(VQ_FILE, vq, {**stats, "args": vars(args)})
-        for f in (VQ_TRAIN, VQ_TRAIN.with_suffix(".json")):   # nothing left to resume
-            f.unlink(missing_ok=True)
-    barrier()
-    return VQ_FILE
-
-
-def read_vq_header(path):
+def read_header(path):
+    """The JSON header of a tokenizer file, or a one-line failure naming it."""
     try:
         with safe_open(str(path), framework="pt") as f:
             return json.loads((f.metadata() or {}).get("nanorlvr", "{}"))
@@ -251,54 +211,169 @@ def read_vq_header(path):
         fail(f"{path}: not a readable tokenizer checkpoint ({e}); pass --resume=0 or another --out_dir")
 
 
-def codes_of(vq_path, vq, split, episodes):
-    """The true frames' codes (E, T, L) under this tokenizer, cached in out_dir per tokenizer file and split."""
-    key = f"{zlib.crc32(Path(vq_path).read_bytes())}-{Path(args.data).resolve()}-{args.size}-{len(episodes)}"
-    cache = out_dir / f"codes_{split}.safetensors"
+def crop_batch(frames, g, batch, crop, grid, max_gap):
+    """Random (frame, context) pairs of train clips, cropped alike. frames: (E, T, 3, H, W) uint8.
+    max_gap = 0: the context is unused (the frame itself); else frame t + k against context t, k in 1..max_gap.
+    -> x, ctx (batch, 3, crop, crop) float in [0, 1]; crops start on the code grid (multiples of `grid` pixels)."""
+    E, T = frames.shape[:2]
+    e = torch.randint(E, (batch,), generator=g)
+    k = torch.randint(1, max_gap + 1, (batch,), generator=g) if max_gap else torch.zeros(batch, dtype=torch.long)
+    t = (torch.rand(batch, generator=g) * (T - k)).long()                  # context frame t, target frame t + k
+    oy, ox = (grid * torch.randint((args.size - crop) // grid + 1, (2,), generator=g)).tolist()
+    x = frames[e, t + k, :, oy:oy + crop, ox:ox + crop].float().div(255)
+    ctx = frames[e, t, :, oy:oy + crop, ox:ox + crop].float().div(255)
+    return x.to(args.device), ctx.to(args.device)
+
+
+def train_tokenizer(vq, final, train_file, steps, minutes, batch):
+    """Fit a tokenizer (VQVAE or CondVQVAE) on batch() -> (x, ctx) pairs; resumable; returns its step count.
+    Loss: reconstruction MSE + quantiser loss; the cond tokenizer adds L1 and weighs changed pixels by --move_weight,
+    so the few pixels that move (which its codes are for) are not drowned by the static background."""
+    cond = isinstance(vq, CondVQVAE)
+    g = torch.Generator().manual_seed(args.seed + rank + (100 if cond else 0))
+    if args.quantizer == "vq":   # codebook from encoder outputs; DDP's constructor then copies rank 0's everywhere
+        with torch.no_grad():
+            z = vq.encode(*batch(g))
+            vq.quantizer.restart(z.permute(0, 2, 3, 1).flatten(0, 2), torch.ones(args.n_codes, dtype=torch.bool))
+            vq.quantizer.initialised.fill_(True)
+    _, trained = run.wrap(vq)
+    params = [p for p in vq.parameters() if p.requires_grad]        # the cond tokenizer's frame VQ stays frozen
+    opt = torch.optim.Adam(params, lr=args.vq_lr)
+    name = final.stem
+    step, _ = run.resume_stage(train_file, vq, opt, g, name)
+    t0 = time.time()
+    bar = tqdm(total=steps, initial=step, desc=name, disable=not master)
+    while step < steps:
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, steps, args.vq_lr, 50)
+        x, ctx = batch(g)
+        with autocast:
+            rec, qloss, _ = trained(x, ctx)
+        err = rec.float() - x
+        if cond:     # weight 1 on static pixels, 1 + move_weight where the frame differs from its context
+            w = 1 + args.move_weight * ((x - ctx).abs().amax(1, keepdim=True) > 0.05).float()
+            loss = (w * (err.square() + err.abs())).mean() + qloss
+        else:
+            loss = err.square().mean() + qloss
+        run.update(name, step, vq, opt, loss)   # backward + step; a NaN/inf stops the run, or skips the step
+        step += 1
+        if args.quantizer == "vq" and step % 50 == 0 and step < 0.8 * steps:   # dead-code restart
+            with torch.no_grad():
+                z = vq.encode(x, ctx).permute(0, 2, 3, 1).flatten(0, 2)
+            n_dead = vq.quantizer.restart_dead(z)
+            if run.ddp:
+                dist.broadcast(vq.quantizer.codebook.data, 0)
+                dist.broadcast(vq.quantizer.usage, 0)
+            bar.set_postfix(loss=f"{loss.item():.5f}", restarted=n_dead)
+        bar.update(1)
+        run.save_stage(train_file, vq, opt, step, {}, g, done=False)
+        if minutes and time.time() - t0 > 60 * minutes:
+            print0(f"{name}: stopping after {minutes} minutes at step {step}")
+            break
+    bar.close()
+    return step, (time.time() - t0) / 60
+
+
+def finish_tokenizer(vq, final, train_file, stats):
+    """Log the held-out stats, write the final file, drop the resumable one."""
+    log({"stage": final.stem, **stats})
+    if master:
+        save_vq(final, vq, {**stats, "done": True, "args": vars(args)})
+        for f in (train_file, train_file.with_suffix(".json")):   # nothing left to resume
+            f.unlink(missing_ok=True)
+    barrier()
+
+
+def frame_tokenizer():
+    """The per-frame VQ (out_dir's if complete, else trained) -> its path."""
+    final, train_file = FILES["vq"], FILES["vq_train"]
+    if args.resume and final.is_file() and read_header(final).get("done"):
+        print0(f"tokenizer: {final} is complete, reusing it")
+        return final
+    frames = torch.from_numpy(np.stack([ep["image"] for ep in train_eps])).permute(0, 1, 4, 2, 3)   # (E, T, 3, H, W)
+    vq = VQVAE(VQConfig(size=args.size, quantizer=args.quantizer, n_codes=args.n_codes)).to(args.device)
+    step, minutes = train_tokenizer(vq, final, train_file, args.vq_steps, args.vq_minutes,
+                                    lambda g: crop_batch(frames, g, args.vq_batch, args.vq_crop, 8, 0))
+    vq.eval()
+    held = np.concatenate([ep["image"] for ep in val_eps + test_eps])        # held-out frames (N, H, W, 3)
+    with torch.no_grad():
+        codes = vq.tokenize(held)
+        rec = vq.detokenize(codes).cpu()
+    stats = dict(psnr_heldout=float(psnr(rec, to_float(held)).mean()), **codebook_stats(codes, vq.config.n_codes),
+                 n_codes=vq.config.n_codes, steps=step, minutes=minutes)
+    print0(f"tokenizer: held-out PSNR {stats['psnr_heldout']:.2f} dB on {len(held)} frames, "
+           f"{stats['used']}/{stats['n_codes']} codes used, perplexity {stats['perplexity']:.1f}")
+    finish_tokenizer(vq, final, train_file, stats)
+    return final
+
+
+def cond_tokenizer(frame_vq_path):
+    """The context-conditioned tokenizer on top of a per-frame VQ (its context codes) -> its path."""
+    final, train_file = FILES["cvq"], FILES["cvq_train"]
+    if args.resume and final.is_file() and read_header(final).get("done"):
+        print0(f"tokenizer: {final} is complete, reusing it")
+        return final
+    frame_vq, _ = load_vq(frame_vq_path)
+    if isinstance(frame_vq, CondVQVAE):
+        fail(f"{frame_vq_path}: a cond tokenizer; --vq must name a per-frame one")
+    vq = CondVQVAE(CondVQConfig(size=args.size, quantizer=args.quantizer, n_codes=args.n_codes,
+                                frame=asdict(frame_vq.config)))
+    vq.frame.load_state_dict(frame_vq.state_dict())
+    vq.frame.requires_grad_(False)
+    vq = vq.to(args.device)
+    frames = torch.from_numpy(np.stack([ep["image"] for ep in train_eps])).permute(0, 1, 4, 2, 3)
+    gap = min(args.horizon, T - 1)                        # future frames up to the rollout's horizon ahead
+    step, minutes = train_tokenizer(vq, final, train_file, args.cvq_steps, args.cvq_minutes,
+                                    lambda g: crop_batch(frames, g, args.cvq_batch, args.cvq_crop, 16, gap))
+    vq.eval()
+    held = torch.from_numpy(np.stack([ep["image"] for ep in val_eps])).permute(0, 1, 4, 2, 3).float() / 255
+    ctx, x = held[:, :-1].flatten(0, 1), held[:, 1:].flatten(0, 1)          # every next frame against its context
+    with torch.no_grad():
+        codes = vq.tokenize(x, ctx)
+        rec = vq.detokenize(codes, ctx).cpu()
+    stats = dict(psnr_heldout=float(psnr(rec, x).mean()), mae_heldout=float(mae(rec, x).mean()),
+                 ssim_heldout=float(ssim(rec, x).mean()), copy_mae=float(mae(ctx, x).mean()),
+                 copy_ssim=float(ssim(ctx, x).mean()), **codebook_stats(codes, vq.config.n_codes),
+                 n_codes=vq.config.n_codes, steps=step, minutes=minutes)
+    print0(f"cond tokenizer: next val frame reconstructed MAE {stats['mae_heldout']:.4f} SSIM "
+           f"{stats['ssim_heldout']:.4f} PSNR {stats['psnr_heldout']:.2f} (copy-last-frame MAE {stats['copy_mae']:.4f}"
+           f" SSIM {stats['copy_ssim']:.4f}); {stats['used']}/{stats['n_codes']} codes used")
+    finish_tokenizer(vq, final, train_file, stats)
+    return final
+
+
+def split_tokens(vq_path, vq, layout, split, episodes, horizon):
+    """tokenize_split(...) of one split, cached in out_dir per tokenizer file, data, horizon and split."""
+    key = f"{zlib.crc32(Path(vq_path).read_bytes())}-{Path(args.data).resolve()}-{args.size}-{len(episodes)}-{horizon}"
+    cache = out_dir / f"tokens_{split}.safetensors"
     try:
         with safe_open(str(cache), framework="pt") as f:
             if (f.metadata() or {}).get("key") == key:
-                return f.get_tensor("codes")
+                return {k: f.get_tensor(k) for k in f.keys()}
     except Exception:   # missing or unreadable: computed again and rewritten below
         pass
     t0 = time.time()
-    codes = torch.stack([vq.tokenize(ep["image"]) for ep in episodes]).cpu()
+    tokens = tokenize_split(vq, episodes, horizon, layout, lo, hi)
     if master:
-        tmp = cache.with_name(cache.name + ".tmp")
-        save_file({"codes": codes}, str(tmp), metadata={"key": key})
-        os.replace(tmp, cache)
-    print0(f"tokenized {split}: {tuple(codes.shape)} codes in {time.time() - t0:.0f}s")
-    return codes
-
-
-def window_batch(tokens, ids, starts, n, layout):
-    """Windows of n frames from episode token rows -> idx, targets (loss on frames after the context only)."""
-    FL = layout.frame_len
-    length = n * FL - layout.D
-    pos = torch.as_tensor(starts)[:, None] * FL + torch.arange(length)[None]
-    seq = tokens[torch.as_tensor(ids)[:, None], pos]
-    rel = torch.full((length,), False)
-    rel[torch.as_tensor(layout.code_positions(n, args.context))] = True
-    targets = seq[:, 1:].masked_fill(~rel[1:], -1)
-    return seq[:, :-1].to(args.device), targets.to(args.device)
+        atomic_write(cache, lambda tmp: save_file(tokens, str(tmp), metadata={"key": key}))
+    print0(f"tokenized {split}: {len(episodes)} clips in {time.time() - t0:.0f}s")
+    return tokens
 
 
 # -----------------------------------------------------------------------------
-# stage 2: MLE on code windows
-def run_mle(vq, layout, start_model):
-    n = args.context + (args.horizon if args.mode == "multi" else 1)
-    if n > T:
-        fail(f"a window of {n} frames does not fit episodes of {T}")
-    model = start_model or GPT(GPTConfig.llama(vocab_size=layout.vocab_size, block_size=n * layout.frame_len,
-                                               n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd))
+# stage 2: MLE on token windows (loss on the predicted frames' codes only)
+
+def run_mle(model, layout, tokens, horizon):
+    """Train `model` (a new GPT, or the --init one) on windows of context + horizon frames -> the trained model."""
     model, trained = run.wrap(model)
     train_tok, val_tok = tokens["train"], tokens["val"]
+    n = args.context + horizon                        # frames per window
     print0(f"mle: {model.num_params() / 1e6:.2f}M non-embedding parameters, windows of {n} frames "
-           f"({n * layout.frame_len - layout.D} tokens), batch {args.batch_size} x {world} ranks")
-    vs = [(e, t) for e in range(len(val_tok)) for t in range(0, T - n + 1, n)]
+           f"({layout.window_len(args.context, horizon)} tokens), batch {args.batch_size} x {world} ranks")
+    val_windows = [(e, t) for e in range(len(val_eps)) for t in range(0, T - n + 1, n)]   # fixed validation set
     opt = torch.optim.AdamW(model.parameters(), lr=args.mle_lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
     g = torch.Generator().manual_seed(args.seed + rank)
-    step, done = run.resume_stage(MLE_FILE, model, opt, g, "mle")
+    step, done = run.resume_stage(FILES["mle"], model, opt, g, "mle")
     if done:
         return model
     t0, metrics = time.time(), {}
@@ -306,12 +381,12 @@ def run_mle(vq, layout, start_model):
     while step < args.mle_steps:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.mle_steps, args.mle_lr, args.warmup)
-        ids = torch.randint(len(train_tok), (args.batch_size,), generator=g)
-        starts = torch.randint(T - n + 1, (args.batch_size,), generator=g)
-        idx, tgt = window_batch(train_tok, ids, starts, n, layout)
+        ids = torch.randint(len(train_tok["actions"]), (args.batch_size,), generator=g)   # random clips
+        starts = torch.randint(T - n + 1, (args.batch_size,), generator=g)                # random first frames
+        idx, tgt = layout.training_pair(windows(train_tok, layout, ids, starts, args.context, horizon), args.context)
         with autocast:
-            _, loss = trained(idx, tgt)
-        run.update("mle", step, model, opt, loss, grad_clip=1.0)   # a NaN/inf stops the run, or skips the step
+            _, loss = trained(idx.to(args.device), tgt.to(args.device))   # cross-entropy on predicted codes only
+        run.update("mle", step, model, opt, loss, grad_clip=1.0)   # backward, clip, step; NaN/inf stops (or skips)
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")
@@ -319,14 +394,16 @@ def run_mle(vq, layout, start_model):
         if step % args.eval_every == 0 or step == args.mle_steps or timed_out:
             model.eval()
             with torch.no_grad(), autocast:
-                vl = np.mean([model(*window_batch(val_tok, [e for e, _ in vs[i:i + 64]], [t for _, t in vs[i:i + 64]],
-                                                  n, layout))[1].item() for i in range(0, len(vs), 64)])
+                vl = np.mean([model(*(x.to(args.device) for x in layout.training_pair(
+                    windows(val_tok, layout, [e for e, _ in val_windows[i:i + 64]],
+                            [t for _, t in val_windows[i:i + 64]], args.context, horizon), args.context)))[1].item()
+                    for i in range(0, len(val_windows), 64)])
             model.train()
             metrics = dict(stage="mle", step=step, loss=loss.item(), val_loss=float(vl),
                            minutes=(time.time() - t0) / 60)
             print0(f"\nmle step {step}: train loss {loss.item():.4f} val loss {vl:.4f}")
             log(metrics)
-        run.save_stage(MLE_FILE, model, opt, step, metrics, g, done=step == args.mle_steps or bool(timed_out))
+        run.save_stage(FILES["mle"], model, opt, step, metrics, g, done=step == args.mle_steps or timed_out)
         if timed_out:
             print0(f"mle: stopping after {args.mle_minutes} minutes at step {step}")
             break
@@ -337,51 +414,56 @@ def run_mle(vq, layout, start_model):
 
 # -----------------------------------------------------------------------------
 # stage 3: RLVR with GRPO; the reward is a metric of the decoded frames against the true frames
-def run_rlvr(model, vq, layout, lpips_net, reward_name):
-    K = args.horizon if args.mode == "multi" else 1
-    n, FL, L = args.context + K, layout.frame_len, layout.L
-    ref = copy.deepcopy(model).eval().requires_grad_(False) if args.beta > 0 else None
+
+def run_rlvr(model, vq, layout, tokens, horizon, lpips_net, reward_name):
+    """GRPO from `model` on train windows where the scene moves -> the post-trained model."""
+    n, P, FL, L = args.context + horizon, layout.prompt_len(args.context), layout.frame_len, layout.L
+    ref = copy.deepcopy(model).eval().requires_grad_(False) if args.beta > 0 else None   # KL anchor
     model, trained = run.wrap(model)
-    cfg = GRPOConfig(group_size=args.group_size, max_new_tokens=K * L + (K - 1) * layout.D,
+    cfg = GRPOConfig(group_size=args.group_size, max_new_tokens=horizon * L + (horizon - 1) * layout.D,
                      temperature=args.temperature, clip_eps=args.clip_eps, beta=args.beta,
                      minibatches=args.minibatches, micro_batch=args.micro_batch)
     opt = torch.optim.AdamW(model.parameters(), lr=args.rl_lr, betas=(0.9, 0.99), weight_decay=0.0)
     tok = tokens["train"]
-    pool = [(e, t) for e in range(len(train_eps)) for t in range(T - n + 1)]
+    pool = [(e, t) for e in range(len(train_eps)) for t in range(T - n + 1)]   # every window of the train clips
     if args.moving_only:   # windows where some predicted frame differs from the last context frame
         img = [ep["image"] for ep in train_eps]
         pool = [(e, t) for e, t in pool if np.abs(img[e][t + args.context:t + n].astype(np.int16)
                                                   - img[e][t + args.context - 1]).max() > 25]
     print0(f"rlvr: {len(pool)} train windows; per step {args.prompts_per_step} prompts x {args.group_size} samples "
-           f"x {world} ranks, {K} predicted frame(s) each; reward {reward_name}")
+           f"x {world} ranks, {horizon} predicted frame(s) each; reward {reward_name}")
     g = torch.Generator().manual_seed(args.seed + 1000 + rank)
-    step, done = run.resume_stage(RL_FILE, model, opt, g, "rlvr")
+    step, done = run.resume_stage(FILES["rlvr"], model, opt, g, "rlvr")
     if done:
         return model
 
-    def item(e, t):
-        return dict(truth=to_float(train_eps[e]["image"][t + args.context:t + n]),
-                    actions=tok[e, (t + args.context) * FL:(t + n - 1) * FL].view(K - 1, FL)[:, L:])
-
     def reward_fn(items, completions):
-        codes = frame_codes([c[:K * FL - layout.D] for c in completions], layout, K)
+        """Decode each completion's frames against its context frame; mean reward over the predicted frames."""
+        codes = frame_codes([c[:horizon * FL - layout.D] for c in completions], layout, horizon)   # (N, K, L)
+        ctx = torch.stack([it["context"] for it in items])[:, None].expand(-1, horizon, -1, -1, -1)
         with torch.no_grad():
-            pred = vq.detokenize(codes.flatten(0, 1).to(args.device)).cpu()
+            pred = vq.detokenize(codes.flatten(0, 1).to(args.device), ctx.flatten(0, 1).to(args.device)).cpu()
         truth = torch.cat([it["truth"] for it in items])
-        return video_reward(reward_name, pred, truth, lpips_net).view(-1, K).mean(1).tolist()
+        return video_reward(reward_name, pred, truth, lpips_net).view(-1, horizon).mean(1).tolist()
 
     def sampler(m, prompts, items, cfg, gen):
-        return rollout(m, prompts, torch.stack([it["actions"] for it in items]), K, L, cfg.temperature, gen)
+        """Multi-step: sample frame by frame, injecting each window's true actions."""
+        return rollout(m, prompts, torch.stack([it["actions"] for it in items]), horizon, L, cfg.temperature, gen)
 
     bar = tqdm(total=args.rl_steps, initial=step, desc="rlvr", disable=not master)
     stats = {}
     while step < args.rl_steps:
         picks = [pool[i] for i in torch.randint(len(pool), (args.prompts_per_step,), generator=g)]
-        prompts = [tok[e, t * FL:(t + args.context) * FL].tolist() for e, t in picks]
+        seq = windows(tok, layout, [e for e, _ in picks], [t for _, t in picks], args.context, horizon)
+        prompts = seq[:, :P].tolist()                                         # the context frames and their actions
+        acts = seq[:, P:P + (horizon - 1) * FL].view(len(picks), horizon - 1, FL)[:, :, L:]   # true later actions
+        items = [dict(truth=to_float(train_eps[e]["image"][t + args.context:t + n]),        # (K, 3, H, W)
+                      context=to_float(train_eps[e]["image"][t + args.context - 1]),         # (3, H, W)
+                      actions=acts[i]) for i, (e, t) in enumerate(picks)]
         try:
             with autocast:
-                stats = grpo_step(trained, ref, opt, prompts, [item(e, t) for e, t in picks], reward_fn, cfg, None, g,
-                                  step, sampler if K > 1 else None)
+                stats = grpo_step(trained, ref, opt, prompts, items, reward_fn, cfg, None, g, step,
+                                  sampler if horizon > 1 else None)
         except FloatingPointError as e:   # grpo.py checks rewards, loss, gradient norm and weights
             run.nonfinite("rlvr", step, model, str(e))   # stops, or logs a skipped step
             stats = {}
@@ -390,13 +472,13 @@ def run_rlvr(model, vq, layout, lpips_net, reward_name):
         if stats:
             bar.set_postfix(reward=f"{stats['reward_mean']:.4f}", kl=f"{stats['kl']:.4f}")
         if stats and (step % 20 == 0 or step == args.rl_steps) and master:
-            r = eval_video(model, vq, val_eps, split_codes["val"], lo, hi, args.context, K, desc=None)
+            r = eval_video(model, vq, val_eps, tokens["val"], lo, hi, args.context, horizon, desc=None)
             stats.update(val_mae=r["mae"], val_ssim=r["ssim"], val_mae_moving=r["mae_moving"])
             print0(f"\nrlvr step {step}: reward {stats['reward_mean']:.4f} kl {stats['kl']:.4f} val mae {r['mae']:.4f} "
                    f"ssim {r['ssim']:.4f} mae_moving {r['mae_moving']:.4f}")
         if stats:
             log({"stage": "rlvr", **stats})
-        run.save_stage(RL_FILE, model, opt, step, stats, g, done=step == args.rl_steps)
+        run.save_stage(FILES["rlvr"], model, opt, step, stats, g, done=step == args.rl_steps)
     bar.close()
     run.check_ranks_in_sync(model, "rlvr")
     barrier()
@@ -406,19 +488,22 @@ def run_rlvr(model, vq, layout, lpips_net, reward_name):
 # -----------------------------------------------------------------------------
 # run the stages
 t_start = time.time()
+horizon = args.horizon if args.mode == "multi" else 1
 start_model = None
-if args.init != "scratch":
+if args.init != "scratch":                       # a trained world model: its own tokenizer, named in its metadata
     try:
         start_model, _, init_meta = load_video_model(args.init, args.device)
     except ValueError as e:
         fail(str(e))
     vq_path = Path(args.init).parent / init_meta["args"]["vq"]
-elif args.stage in ("all", "tokenizer"):
-    vq_path = train_tokenizer()
+elif args.stage in ("all", "tokenizer"):         # from scratch: the per-frame VQ, then (cond) the one on top of it
+    vq_path = frame_tokenizer() if args.vq == "auto" else Path(args.vq)
+    if args.tokenizer == "cond":
+        vq_path = cond_tokenizer(vq_path)
 elif args.vq != "auto":
     vq_path = Path(args.vq)
-else:
-    vq_path = VQ_FILE if VQ_FILE.is_file() else SHIPPED_VQ
+else:                                            # --stage=mle from scratch: this out_dir's tokenizer, else shipped
+    vq_path = next((f for f in (FILES["cvq"], FILES["vq"]) if f.is_file()), SHIPPED_VQ)
 if args.stage == "tokenizer":
     sys.exit(0)
 if not Path(vq_path).is_file():
@@ -427,21 +512,25 @@ try:
     vq, vq_meta = load_vq(vq_path, args.device)
 except ValueError as e:
     fail(str(e))
-layout = Layout(vq.config.n_codes, vq.config.codes_per_frame, D)
+layout = Layout.of(vq, D)
 if start_model is not None and start_model.config.vocab_size != layout.vocab_size:
     fail(f"--init {args.init}: vocabulary {start_model.config.vocab_size} does not fit this data ({layout.vocab_size})")
-if master and Path(vq_path).resolve() != VQ_FILE.resolve():   # checkpoints name their tokenizer in their own folder
-    shutil.copyfile(vq_path, VQ_FILE.with_name(VQ_FILE.name + ".tmp"))   # copy, then rename: never half a file
-    os.replace(VQ_FILE.with_name(VQ_FILE.name + ".tmp"), VQ_FILE)
+vq_file = FILES["cvq"] if isinstance(vq, CondVQVAE) else FILES["vq"]
+if master and Path(vq_path).resolve() != vq_file.resolve():   # checkpoints name their tokenizer in their own folder
+    atomic_write(vq_file, lambda tmp: shutil.copyfile(vq_path, tmp))
 barrier()
-args.vq = VQ_FILE.name
+args.vq = vq_file.name
 splits = {"train": train_eps, "val": val_eps, "test": test_eps}
-split_codes = {s: codes_of(VQ_FILE, vq, s, eps) for s, eps in splits.items()}           # (E, T, L) per split
-tokens = {s: episode_tokens(layout, split_codes[s], eps, lo, hi) for s, eps in splits.items()}   # (E, T * frame_len)
+tokens = {s: split_tokens(vq_file, vq, layout, s, eps, horizon) for s, eps in splits.items()}
 
 if args.stage == "mle" or (args.stage == "all" and start_model is None):
-    start_model = run_mle(vq, layout, start_model)
-    mle_path = MLE_FILE
+    if args.context + horizon > T:
+        fail(f"a window of {args.context + horizon} frames does not fit clips of {T}")
+    start_model = start_model or GPT(GPTConfig.llama(
+        vocab_size=layout.vocab_size, block_size=layout.window_len(args.context, horizon),
+        n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd))
+    start_model = run_mle(start_model, layout, tokens, horizon)
+    mle_path = FILES["mle"]
 else:
     mle_path = Path(args.init)
 if args.stage in ("all", "rlvr"):
@@ -452,20 +541,19 @@ if args.stage in ("all", "rlvr"):
         fail(str(e))
     print0(f"reward: {reward_name}" + ("" if lpips_net else " (no LPIPS weights: --lpips=FILE enables mae+lpips)"))
     mle_model = copy.deepcopy(start_model)
-    rl_model = run_rlvr(start_model, vq, layout, lpips_net, reward_name)
-    if master:
-        K = args.horizon if args.mode == "multi" else 1
+    rl_model = run_rlvr(start_model, vq, layout, tokens, horizon, lpips_net, reward_name)
+    if master:   # held-out comparison: greedy (the table) and sampled at T=1
         rows = {}
         for name, m in (("mle", mle_model), ("rlvr", rl_model)):
             with autocast:
-                rows[name] = eval_video(m, vq, test_eps, split_codes["test"], lo, hi, args.context, K, lpips_net,
-                                        grid_path=out_dir / f"grid_{name}.{'gif' if K > 1 else 'png'}",
+                rows[name] = eval_video(m, vq, test_eps, tokens["test"], lo, hi, args.context, horizon, lpips_net,
+                                        grid_path=out_dir / f"grid_{name}.{'gif' if horizon > 1 else 'png'}",
                                         desc=f"test {name}")
-                sampled = eval_video(m, vq, test_eps, split_codes["test"], lo, hi, args.context, K, lpips_net,
+                sampled = eval_video(m, vq, test_eps, tokens["test"], lo, hi, args.context, horizon, lpips_net,
                                      temperature=1.0, seed=args.seed, desc=f"test {name} T=1")
             rows[name]["sampled"] = {k: sampled[k] for k in ("mae", "mse", "psnr", "ssim", "lpips", "mae_moving",
                                                               "repetition_rate", "temperature")}
-            rows[name]["checkpoint"] = str(mle_path if name == "mle" else RL_FILE)
+            rows[name]["checkpoint"] = str(mle_path if name == "mle" else FILES["rlvr"])
         atomic_write_text(out_dir / "eval.json", json.dumps(rows, indent=2) + "\n")
         print0(f"\nheld-out test episodes ({rows['mle']['n']} predicted frames, {args.mode}-step):")
         print_video_table(rows)

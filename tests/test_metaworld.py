@@ -8,10 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("metaworld")
 from data.metaworld import generate  # noqa: E402
-from data.robot.task import Layout, action_bins, clips, episode_files, load_split, read_action_stats  # noqa: E402
+from data.robot.task import Layout, action_bins, clips, episode_files, load_split, read_action_stats, windows  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.filterwarnings("ignore:Constant")   # the scripted experts' gain warning
@@ -59,9 +60,11 @@ def test_task_loader_and_train_video_read_the_episodes(data, tmp_path):
     assert len(eps) == 2 and eps[0]["image"].shape == (4, 64, 64, 3)
     lo, hi = read_action_stats(data)
     lay = Layout(16, 64, 4)
-    idx, tgt = lay.training_pair(np.zeros((4, 64), np.int64), action_bins(eps[0]["action"][:3], lo, hi), 1)
-    assert len(idx) == 4 * 64 + 3 * 4 - 1 and (tgt >= 0).sum() == 3 * 64
-    tiny = ["--vq_steps=2", "--vq_batch=4", "--n_codes=16", "--mle_steps=2", "--batch_size=2", "--n_layer=1",
+    tokens = dict(context=torch.zeros(1, 4, 64, dtype=torch.long), future=torch.zeros(1, 4, 3, 64, dtype=torch.long),
+                  actions=torch.from_numpy(lay.action_tokens(action_bins(eps[0]["action"][:4], lo, hi)))[None])
+    idx, tgt = lay.training_pair(windows(tokens, lay, [0], [0], 1, 3), 1)
+    assert idx.shape[1] == 4 * 64 + 3 * 4 - 1 and (tgt >= 0).sum() == 3 * 64
+    tiny = ["--vq_steps=2", "--vq_batch=4", "--cvq_steps=2", "--cvq_batch=4", "--n_codes=16", "--mle_steps=2", "--batch_size=2", "--n_layer=1",
             "--n_head=2", "--n_embd=16", "--rl_steps=1", "--prompts_per_step=1", "--group_size=2", "--micro_batch=4",
             "--clip_len=6", "--moving_only=0", "--threads=1"]
     res = subprocess.run([sys.executable, "train_video.py", f"--data={data}", f"--out_dir={tmp_path}", "--init=scratch",

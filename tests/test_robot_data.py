@@ -2,11 +2,12 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from data.robot import sim
 from data.robot.prepare import ensure_splits
-from data.robot.task import (N_BINS, Layout, action_bins, clips, episode_files, load_episode, load_split, read_action_stats,
-                             resize_frames)
+from data.robot.task import (N_BINS, Layout, action_bins, clips, episode_files, frame_codes, load_episode, load_split,
+                             read_action_stats, resize_frames, windows)
 
 
 def scene(gripper, block, other=(50.0, 50.0)):
@@ -105,21 +106,27 @@ def test_action_bins_and_layout():
     b = action_bins(np.array([[-1.0, 0.0], [1.0, 10.0], [0.0, 20.0]], np.float32), lo, hi)
     assert b.tolist() == [[0, 0], [N_BINS - 1, N_BINS - 1], [128, N_BINS - 1]]
     lay = Layout(n_codes=16, codes_per_frame=4, action_dim=2)
-    assert lay.vocab_size == 16 + 2 * N_BINS and lay.frame_len == 6
-    codes = np.arange(12).reshape(3, 4)
-    bins = np.array([[0, 1], [2, 3]])
-    seq = lay.sequence(codes, bins)
+    assert lay.vocab_size == 16 + 2 * N_BINS and lay.frame_len == 6 and lay.offset == 0
+    ctx = torch.arange(12).view(1, 3, 4)                                   # one clip of 3 frames, 4 codes each
+    tokens = dict(context=ctx, actions=torch.from_numpy(lay.action_tokens(np.array([[0, 1], [2, 3], [4, 5]])))[None])
+    tokens["future"] = torch.stack([torch.stack([ctx[0, 1], ctx[0, 2]]), torch.stack([ctx[0, 2], ctx[0, 2]]),
+                                    torch.zeros(2, 4, dtype=torch.long)])[None]     # (1, T=3, horizon=2, L=4)
+    seq = windows(tokens, lay, [0], [0], context=1, horizon=2)[0]
     assert seq.tolist() == [0, 1, 2, 3, 16, 16 + 256 + 1, 4, 5, 6, 7, 18, 16 + 256 + 3, 8, 9, 10, 11]
-    idx, tgt = lay.training_pair(codes, bins, context=1)
-    assert idx.tolist() == seq[:-1].tolist()
-    assert tgt.tolist() == [-1] * 5 + [4, 5, 6, 7] + [-1, -1] + [8, 9, 10, 11]   # predicted frames' codes only
-    idx, tgt = lay.training_pair(codes, bins, context=2)
-    assert tgt.tolist() == [-1] * 11 + [8, 9, 10, 11]
+    idx, tgt = lay.training_pair(seq[None], context=1)
+    assert idx[0].tolist() == seq[:-1].tolist()
+    assert tgt[0].tolist() == [-1] * 5 + [4, 5, 6, 7] + [-1, -1] + [8, 9, 10, 11]   # predicted frames' codes only
+    idx, tgt = lay.training_pair(windows(tokens, lay, [0], [0], context=2, horizon=1), context=2)
+    assert tgt[0].tolist() == [-1] * 11 + [8, 9, 10, 11]
+    # context-conditioned layout: a context frame of 4 codes in [0, 16), predicted frames of 2 codes shifted by 16
+    cond = Layout(n_codes=8, codes_per_frame=2, action_dim=2, context_codes=16, context_len=4, code_offset=16)
+    assert cond.A == 24 and cond.vocab_size == 24 + 2 * N_BINS and cond.window_len(1, 2) == 6 + 2 + 2 + 2
+    tokens = dict(context=ctx, actions=tokens["actions"] - 16 + 24,
+                  future=torch.tensor([[[[1, 2], [3, 4]], [[5, 6], [7, 0]], [[0, 0], [0, 0]]]]))   # (1, 3, 2, 2)
+    seq = windows(tokens, cond, [0], [1], context=1, horizon=1)[0]             # context frame 1, then frame 2
+    assert seq.tolist() == [4, 5, 6, 7, 24 + 2, 24 + 256 + 3, 16 + 5, 16 + 6]
+    assert cond.training_pair(seq[None], 1)[1][0].tolist() == [-1] * 5 + [21, 22]
+    assert frame_codes(torch.tensor([[21, 22, 3, 24]]), cond, 1).tolist() == [[[5, 6]]]   # no future code -> 0
+    assert frame_codes(torch.tensor([[3, 24]]), cond, 1).tolist() == [[[0, 0]]]
 
 
-def test_clips_cut_episodes_into_equal_windows():
-    eps = [dict(image=np.arange(10)[:, None], action=np.arange(10)[:, None] * 2.0, background=None),
-           dict(image=np.arange(3)[:, None], action=np.zeros((3, 1)), background=None)]
-    out = clips(eps, 4)
-    assert [c["image"].ravel().tolist() for c in out] == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    assert out[1]["action"].ravel().tolist() == [8.0, 10.0, 12.0, 14.0] and out[0]["background"] is None

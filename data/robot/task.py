@@ -151,35 +151,119 @@ def action_bins(actions, lo, hi):
 # token layout
 
 class Layout:
-    """Token ids of a window of frames. n_codes: K; codes_per_frame: L; action_dim: D."""
+    """Token ids of a window: `context` true frames, then predicted frames, with each frame's action between them.
 
-    def __init__(self, n_codes, codes_per_frame, action_dim):
+    A context frame is Lc codes with ids in [0, Kc); a predicted (future) frame is L codes with ids code_offset + code,
+    code in [0, K); the action tokens come after all code ids. The per-frame tokenizer codes every frame alike
+    (Kc = K, Lc = L, offset 0); the context-conditioned one gives context frames 64 codes and future frames 16 codes
+    of their own codebook (offset Kc). `Layout.of(vq, D)` reads these numbers from a tokenizer."""
+
+    def __init__(self, n_codes, codes_per_frame, action_dim, context_codes=None, context_len=None, code_offset=0):
         self.K, self.L, self.D = n_codes, codes_per_frame, action_dim
-        self.vocab_size = n_codes + N_BINS * action_dim
-        self.frame_len = codes_per_frame + action_dim   # one frame's codes and its action tokens
+        self.Kc, self.Lc = context_codes or n_codes, context_len or codes_per_frame
+        self.offset = code_offset
+        self.A = max(self.Kc, code_offset + n_codes)        # the first action token id
+        self.vocab_size = self.A + N_BINS * action_dim
+        self.frame_len = codes_per_frame + action_dim        # a predicted frame's codes and its action tokens
+        self.context_frame_len = self.Lc + action_dim        # a context frame's codes and its action tokens
+
+    @classmethod
+    def of(cls, vq, action_dim):
+        return cls(action_dim=action_dim, **vq.vocab())
 
     def action_tokens(self, bins):
         """(..., D) bins -> (..., D) token ids."""
-        return self.K + N_BINS * np.arange(self.D) + np.asarray(bins)
+        return self.A + N_BINS * np.arange(self.D) + np.asarray(bins)
 
-    def sequence(self, codes, bins):
-        """codes (n, L), bins (n - 1, D) -> 1-D int64 array f_0 a_0 ... f_{n-1} of n L + (n - 1) D tokens."""
-        n = len(codes)
-        parts = []
-        for f in range(n):
-            parts.append(np.asarray(codes[f]))
-            if f < n - 1:
-                parts.append(self.action_tokens(bins[f]))
-        return np.concatenate(parts).astype(np.int64)
+    def prompt_len(self, context):
+        """Tokens of the context frames with their actions: c_0 a_0 ... c_{C-1} a_{C-1}."""
+        return context * self.context_frame_len
 
-    def code_positions(self, n, context):
-        """Positions in a window of n frames that hold the codes of frames context .. n-1 (the predicted ones)."""
-        return np.concatenate([f * self.frame_len + np.arange(self.L) for f in range(context, n)])
+    def window_len(self, context, horizon):
+        return self.prompt_len(context) + horizon * self.L + (horizon - 1) * self.D
 
-    def training_pair(self, codes, bins, context):
-        """-> idx (T - 1,), targets (T - 1,) with -1 except where the next token is a predicted frame's code."""
-        seq = self.sequence(codes, bins)
-        targets = np.full(len(seq), -1, np.int64)
-        pos = self.code_positions(len(codes), context)
-        targets[pos] = seq[pos]
-        return seq[:-1], targets[1:]
+    def code_positions(self, context, horizon):
+        """Positions in a window that hold the predicted frames' codes (the only targets of the loss)."""
+        return np.concatenate([self.prompt_len(context) + k * self.frame_len + np.arange(self.L)
+                               for k in range(horizon)])
+
+    def training_pair(self, windows, context):
+        """Windows (B, n) of token ids with `context` true frames -> idx, targets (B, n - 1): targets are -1 except
+        where the next token is a predicted frame's code (context codes and actions are inputs, never targets)."""
+        windows = torch.as_tensor(windows)
+        horizon = (windows.shape[-1] - self.prompt_len(context) + self.D) // self.frame_len
+        keep = torch.zeros(windows.shape[-1], dtype=torch.bool)
+        keep[torch.as_tensor(self.code_positions(context, horizon))] = True
+        return windows[..., :-1], windows[..., 1:].masked_fill(~keep[1:], -1)
+
+
+# -----------------------------------------------------------------------------
+# the tokens of a split, and windows cut from them
+
+@torch.no_grad()
+def tokenize_split(vq, episodes, horizon, layout, lo, hi):
+    """Every clip's tokens, computed once per tokenizer and split:
+    context (E, T, Lc): each frame's codes as a context frame (vq.tokenize_context);
+    future (E, T, horizon, L): codes of frame t + 1 + k coded against context frame t (0 past the clip's end);
+    actions (E, T, D): action token ids, binned between lo and hi (the last frame's action is never used).
+    For the per-frame tokenizer the future codes are the context codes of the later frames."""
+    images = np.stack([ep["image"] for ep in episodes])                                  # (E, T, H, W, 3) uint8
+    E, T = images.shape[:2]
+    context = vq.tokenize_context(images.reshape(E * T, *images.shape[2:])).view(E, T, -1).cpu()
+    future = torch.zeros(E, T, horizon, layout.L, dtype=torch.long)
+    for k in range(min(horizon, T - 1)):                                                 # frame t+1+k given frame t
+        if layout.offset == 0:                                                           # per-frame: shift
+            future[:, :T - 1 - k, k] = context[:, 1 + k:]
+        else:
+            target = images[:, 1 + k:].reshape(-1, *images.shape[2:])
+            ctx = images[:, :T - 1 - k].reshape(-1, *images.shape[2:])
+            future[:, :T - 1 - k, k] = vq.tokenize(target, ctx).view(E, T - 1 - k, -1).cpu()
+    bins = np.stack([layout.action_tokens(action_bins(ep["action"], lo, hi)) for ep in episodes])   # (E, T, D)
+    return dict(context=context, future=future, actions=torch.from_numpy(bins))
+
+
+def windows(tokens, layout, ids, starts, context, horizon):
+    """Token windows (B, layout.window_len(context, horizon)) of clips `ids` starting at frames `starts`:
+    c_s a_s ... c_{s+C-1} a_{s+C-1} f_0 a_{s+C} f_1 ... f_{h-1}, the f_k being codes of frame s+C+k against the last
+    context frame s+C-1 (shifted by the layout's code offset)."""
+    ids, starts = torch.as_tensor(ids)[:, None], torch.as_tensor(starts)[:, None]
+    ctx = tokens["context"][ids, starts + torch.arange(context)]                          # (B, C, Lc)
+    act = tokens["actions"][ids, starts + torch.arange(context + horizon - 1)]            # (B, C + h - 1, D)
+    fut = tokens["future"][ids[:, 0], starts[:, 0] + context - 1, :horizon] + layout.offset   # (B, h, L)
+    B = len(ids)
+    head = torch.cat([ctx, act[:, :context]], 2).view(B, -1)                              # context frames + actions
+    body = torch.cat([fut[:, :-1], act[:, context:]], 2).view(B, -1)                      # f_k a_k for k < h - 1
+    return torch.cat([head, body, fut[:, -1]], 1)
+
+
+# -----------------------------------------------------------------------------
+# multi-step rollout: the GPT samples a frame's codes, the true next action is injected, and so on
+
+def rollout(model, prompts, actions, horizon, L, temperature, generator=None):
+    """Predict `horizon` frames of L codes after each prompt, injecting actions (N, horizon - 1, D) token ids between
+    them. -> tokens (N, horizon * L + (horizon - 1) * D), their log-probs (0 for injected), sampled mask.
+    Each frame is one `GPT.generate` call on the grown prompt: re-running the prompt is one batched forward pass per
+    frame, far cheaper than the L sequential decoding steps."""
+    seqs = [list(p) for p in prompts]
+    toks, lps, sampled = [], [], []
+    for k in range(horizon):
+        tok, lp = model.generate(seqs, L, temperature=temperature, generator=generator)   # (N, L) each
+        toks.append(tok)
+        lps.append(lp)
+        sampled.append(torch.ones_like(tok, dtype=torch.bool))
+        if k < horizon - 1:                       # the true action that follows frame k: an input, never sampled
+            act = actions[:, k].to(tok.device)
+            toks.append(act)
+            lps.append(torch.zeros(act.shape, device=tok.device))
+            sampled.append(torch.zeros_like(act, dtype=torch.bool))
+            seqs = [s + t + a for s, t, a in zip(seqs, tok.tolist(), act.tolist())]
+    return torch.cat(toks, 1), torch.cat(lps, 1), torch.cat(sampled, 1)
+
+
+def frame_codes(tokens, layout, horizon):
+    """Rollout tokens (N, ...) -> (N, horizon, L) codes in [0, K); a sampled token that is not a future code
+    (a context code or an action token) becomes code 0."""
+    t = torch.as_tensor(tokens)
+    out = torch.stack([t[:, k * layout.frame_len:k * layout.frame_len + layout.L] for k in range(horizon)], 1)
+    out = out - layout.offset
+    return torch.where((out >= 0) & (out < layout.K), out, torch.zeros_like(out))
