@@ -1,9 +1,9 @@
 """
 Sampling from a GPT (model.py): prefill, KV cache, one decode step and `generate`, fast on one CPU thread.
 
-model.py's forward pass is written for training, T tokens per row at once. A decode step feeds one token per row, so
-its matmuls are small and the time goes to per-op overhead unless every op counts (docs/performance.md has the
-profile and the measurements behind each choice below):
+model.py's forward pass is written for training, T tokens per row at once. A decode step feeds one token per row: its
+matmuls are small, and reading every row's cached keys and values takes as long as they do (docs/performance.md has
+the profile, and the measurements behind each choice below and of the alternatives that lost):
 - Each prompt is prefilled once by the model's own forward pass (`GPT._run` into a `PromptCache`), however many
   samples continue it (`num_samples`, GRPO's G): its keys and values are kept once per prompt, not once per sample.
 - The generated tokens' keys and values live in one tensor preallocated for all layers and both of k and v, written
@@ -89,7 +89,7 @@ def decode_step(model, tok, pos, cache):
     The same layers as GPT._run, on (R, C) activations; the new keys and values go to the cache."""
     c = model.config
     R, nh, nkv, hd = len(tok), c.n_head, c.n_kv_head, c.head_dim
-    x = model.wte(tok)                                                    # (R, C)
+    x, rope = model.wte(tok), None                                        # (R, C)
     if model.wpe is not None:
         x = x + model.wpe(pos)
     else:
@@ -97,7 +97,7 @@ def decode_step(model, tok, pos, cache):
     for layer, block in enumerate(model.h):
         qk, v = block.attn.c_attn(block.ln_1(x)).split([(nh + nkv) * hd, nkv * hd], dim=-1)
         qk = qk.view(R, nh + nkv, hd)                                     # q's heads, then k's
-        if model.wpe is None:
+        if rope is not None:
             qk = apply_rope(qk, *rope)                                    # q and k rotated together
         q, k = qk.split([nh, nkv], dim=1)
         x = x + block.attn.c_proj(decode_attention(q, k, v.view(R, nkv, hd), cache, layer))

@@ -4,6 +4,7 @@ float32 matmul roofline of this machine.
 
     python bench/bench_rollout.py                    # the four shapes below, 1 thread, median of 3
     python bench/bench_rollout.py --tiny             # seconds; the smoke test in tests/test_bench.py
+    python bench/bench_rollout.py --profile          # the bar shape's time by section and by op (docs/performance.md)
 
 Shapes (one row each):
 - bar: a random GPT-2 of 4 layers x 128, vocab 512; 64 prompts of 8-24 tokens, 64 new tokens (issue 15's target);
@@ -35,13 +36,16 @@ from model import GPT  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # flags
-p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
 p.add_argument("--shapes", default="bar,grpo,textgame,video", help="comma list of bar|grpo|textgame|video")
 p.add_argument("--threads", default="1", help="torch thread counts to run, comma list")
 p.add_argument("--repeats", type=int, default=3, help="timed rounds (median reported)")
 p.add_argument("--peak_n", type=int, default=1024, help="side of the square matmul that measures the peak")
 p.add_argument("--clock", default="cpu", choices=["cpu", "wall"],
                help="cpu: this process's CPU time (fair on a shared machine; 1 thread only), wall: elapsed time")
+p.add_argument("--profile", action="store_true",
+               help="instead of the table: where the bar shape's time goes (torch.profiler, by section and by op)")
 p.add_argument("--tiny", action="store_true", help="smoke mode: 2 prompts of 4-8 tokens, 4 new tokens, 1 repeat")
 args = p.parse_args()
 
@@ -108,8 +112,8 @@ def new_token_flops(config, prompt_lens, new, samples):
     included) and attends to the keys before it (q.k and p.v: 4 FLOPs per head dim per key)."""
     c, qkv = config, (config.n_head + 2 * config.n_kv_head) * config.head_dim
     mlp_in = (2 if c.mlp == "swiglu" else 1) * c.mlp_hidden
-    weights = c.n_layer * (c.n_embd * qkv + c.n_head * c.head_dim * c.n_embd + c.n_embd * mlp_in + c.mlp_hidden * c.n_embd)
-    weights += c.n_embd * c.vocab_size
+    per_layer = c.n_embd * qkv + c.n_head * c.head_dim * c.n_embd + c.n_embd * mlp_in + c.mlp_hidden * c.n_embd
+    weights = c.n_layer * per_layer + c.n_embd * c.vocab_size  # the LM head's too
     keys = sum(L * new + new * (new + 1) // 2 for L in prompt_lens) * samples  # token i of a row sees L + i + 1 keys
     return 2 * weights * len(prompt_lens) * samples * new + 4 * c.n_layer * c.n_head * c.head_dim * keys
 
@@ -142,10 +146,48 @@ def bench(name, peak_fn, peak_flops):
             f"**{flops / sec / peak:.0%}**"]
 
 
+def profile(name):
+    """One run of `name` under torch.profiler: the CPU time of engine's sections (prefill, each decode step's
+    attention, the rest of its layers, sampling) and the heaviest aten ops of the decode steps."""
+    from torch.profiler import profile, record_function
+    spec, B, (lo, hi), new, S = SHAPES[name]
+    _, ours = both_models(spec)
+    prompts = prompts_for(B, lo, hi, ours.config.vocab_size, seed=1)
+    sections = {"prefill": "prefill", "decode attention": "decode_attention", "decode step": "decode_step",
+                "sampling": "sample_next"}
+    for label, fn in sections.items():  # wrap engine's functions in named ranges (this process only)
+        def ranged(*a, _fn=getattr(engine, fn), _label=label, **kw):
+            with record_function(_label):
+                return _fn(*a, **kw)
+        setattr(engine, fn, ranged)
+    run = lambda: engine.generate(ours, prompts, new, temperature=1.0, generator=torch.Generator().manual_seed(0),
+                                  num_samples=S)
+    run()  # warm-up
+    with profile() as prof:
+        t0 = time.process_time()
+        run()
+        total = time.process_time() - t0
+    ev = {e.key: e.cpu_time_total / 1e6 for e in prof.key_averages()}
+    scale = total / sum(ev[k] for k in ("prefill", "decode step", "sampling"))  # profiler overhead taken out
+    parts = {"prefill (prompts, once)": ev["prefill"],
+             "decode: attention over the cache (decode_attention)": ev["decode attention"],
+             "decode: the rest (embeddings, norms, q/k/v, MLP, LM head)": ev["decode step"] - ev["decode attention"],
+             "sampling (sample_next)": ev["sampling"]}
+    print(f"\n{name}: {B * S * new} new tokens in {total:.3f} s of CPU time; by section (profiler time, scaled to it):")
+    print_table(["section", "ms", "share"], [[k, f"{v * scale * 1e3:.0f}", f"{v / sum(parts.values()):.0%}"]
+                                            for k, v in parts.items()])
+    print("\nheaviest ops (self CPU time, profiler time)")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+
+
 # -----------------------------------------------------------------------------
 transformers.logging.set_verbosity_error()
 print(f"machine: {machine()}")
 print(f"T=1, no EOS, median of {args.repeats} rounds (ours, HF, matmul peak in turn), {args.clock} time")
+if args.profile:
+    torch.set_num_threads(1)
+    profile("bar")
+    raise SystemExit
 peak_fn, peak_flops = matmul_run(args.peak_n)
 if args.clock == "cpu" and args.threads != "1":
     raise SystemExit("--clock=cpu: CPU time sums over threads, so it needs --threads=1 (or use --clock=wall)")
