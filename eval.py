@@ -36,13 +36,15 @@ def main():
     if pre.parse_known_args()[0].task == "video":  # decoded frames, not text: flags of its own (video_eval.py)
         from video_eval import main as video_main
         return video_main(sys.argv[1:])
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", default="textgame", choices=sorted(TASKS) + ["video"],
                    help="video: see python eval.py --task=video --help")
     p.add_argument("--ckpt", required=True, help="our .safetensors checkpoint or an HF model directory")
     p.add_argument("--compare", default=None, help="a second checkpoint, printed side by side")
     p.add_argument("--data", default=None, help="JSONL records (default: the embedded split --split)")
-    p.add_argument("--split", default="test", choices=["val", "test"], help="the embedded split when --data is not given")
+    p.add_argument("--split", default="test", choices=["val", "test"],
+                   help="the embedded split when --data is not given")
     p.add_argument("--json", default=None, help="write the result here")
     p.add_argument("--limit", type=int, default=0, help="evaluate the first N records only (0 = all)")
     p.add_argument("--max_new_tokens", type=int, default=256)
@@ -56,7 +58,8 @@ def main():
     T = TASKS[args.task]
     data = Path(args.data) if args.data else ROOT / "data" / args.task / f"{args.split}.jsonl"
     if not data.is_file():
-        sys.exit(f"error: --data {data}: file not found" + ("" if args.data else f" (run python data/{args.task}/prepare.py)"))
+        hint = "" if args.data else f" (run python data/{args.task}/prepare.py)"
+        sys.exit(f"error: --data {data}: file not found{hint}")
     try:
         records = T.data.load_records(data)[:args.limit or None]
         rows = {}

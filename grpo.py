@@ -2,7 +2,7 @@
 GRPO (Group Relative Policy Optimization), written out by hand; every task plugs into the same loop.
 
 One step (`grpo_step`):
-1. rollout: for each prompt sample G completions with the KV cache (`GPT.generate(num_samples=G)`: each prompt is
+1. rollout: for each prompt sample G completions with the KV cache (`engine.generate(num_samples=G)`: each prompt is
    prefilled once for its G samples), keeping the sampler's log-probs as the "old" policy's log-probs.
 2. reward: the task's `reward_fn(items, completions)` scores the *decoded* completions (a verifiable metric).
 3. dynamic sampling (DAPO): a group whose G rewards are all equal has zero advantage, so no policy gradient; it is
@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from engine import generate
 from torch.nn.utils.rnn import pad_sequence
 
 
@@ -111,14 +113,14 @@ def rollout(model, prompts, items, reward_fn, cfg, eos_id, generator, sampler=No
     """Sample G completions per prompt and score them. Returns per-sample (N = P * G, rows grouped by prompt) tokens
     (N, T) (-1 after EOS), old_logp (N, T), mask (N, T) (True on sampled tokens), rewards (N,) and completions (lists).
 
-    sampler: None (GPT.generate) or a function (model, prompts, items, cfg, generator) -> (tokens, logprobs,
+    sampler: None (engine.generate) or a function (model, prompts, items, cfg, generator) -> (tokens, logprobs,
     sampled), all (N, T), for completions with tokens the task injects rather than samples (the true actions between
     predicted video frames): positions where `sampled` is False stay in the sequence but out of the loss."""
     G = cfg.group_size
     model.eval()
     if sampler is None:  # each prompt is prefilled once; its G samples share its KV cache
-        tokens, old_lp = model.generate(prompts, cfg.max_new_tokens, temperature=cfg.temperature,
-                                        eos_id=eos_id, generator=generator, num_samples=G)
+        tokens, old_lp = generate(model, prompts, cfg.max_new_tokens, temperature=cfg.temperature,
+                                  eos_id=eos_id, generator=generator, num_samples=G)
         sampled = None
     else:
         reps = [(p, it) for p, it in zip(prompts, items) for _ in range(G)]
@@ -139,7 +141,7 @@ def pad_cat(tensors, value):
 
 
 def pack(prompts, tokens, mask=None):
-    """The update's inputs, each prompt stored once (G = N / P rows continue each prompt, as GPT.generate orders them).
+    """The update's inputs, each prompt stored once (G = N / P rows continue each prompt, in engine.generate's order).
 
     prompts: P token-id lists; tokens (N, T): the completions, -1 after EOS; mask (N, T) bool or None: False marks
     tokens out of the loss (injected by the task: inputs, never targets). Returns prompt_idx (P, L) the right-padded

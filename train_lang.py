@@ -37,7 +37,7 @@ from checkpoint import atomic_write, read_checkpoint, write_json
 from data.tasks import TASKS, evaluate, generate_texts, load_lang_model, print_paired, print_table
 from grpo import GRPOConfig, grpo_step
 from model import GPT, GPTConfig
-from runtime import Run, lr_at
+from runtime import Run, finite_weights, lr_at
 from tokenizer_text import Tokenizer
 
 ROOT = Path(__file__).resolve().parent
@@ -94,6 +94,8 @@ g.add_argument("--micro_batch", type=int, default=64, help="sequences per forwar
 g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the rollouts")
 g.add_argument("--max_new_tokens", type=int, default=200, help="longest answer sampled")
 g.add_argument("--reward", default=None, help="textgame: binary | task_specific; webpage: f1 (default: the first)")
+g.add_argument("--rl_pool", type=int, default=0,
+               help="RL prompts: the first N train records (0 = all); a small pool checks that the optimiser climbs")
 g.add_argument("--rl_unchanged_frac", type=float, default=0.3, help="share of unchanged prompts drawn for RL")
 g.add_argument("--placebo", type=int, default=0, help="1: shuffle rewards within each rollout batch (a control)")
 g.add_argument("--probe_n", type=int, default=64, help="fixed training prompts whose reward is tracked")
@@ -120,7 +122,7 @@ for name in ("n_layer", "n_head", "n_embd", "block_size", "mle_steps", "batch_si
     if getattr(args, name) < 1:
         p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
 for name in ("mle_minutes", "mle_lr", "warmup", "weight_decay", "control_lr", "rl_lr", "rl_warmup", "rl_weight_decay",
-             "beta", "entropy_coef", "clip_eps", "test_limit", "val_limit"):
+             "beta", "entropy_coef", "clip_eps", "test_limit", "val_limit", "rl_pool"):
     if not getattr(args, name) >= 0:
         p.error(f"--{name} must be >= 0, got {getattr(args, name)}")
 if not set(args.final_eval.split(",")) <= {"val", "test"}:
@@ -300,7 +302,8 @@ def run_rlvr(model):
     opt = torch.optim.AdamW(model.parameters(), lr=args.rl_lr, betas=(0.9, 0.999), weight_decay=args.rl_weight_decay)
     # the prompt pool: every train prompt that leaves room for an answer, split into changed and unchanged ones
     room = model.config.block_size - args.max_new_tokens
-    pool = [(r, prompt) for r in train_recs if len(prompt := tok.encode(data.prompt_text(r))) <= room]
+    pool = [(r, prompt) for r in train_recs[:args.rl_pool or None]
+            if len(prompt := tok.encode(data.prompt_text(r))) <= room]
     changed = [x for x in pool if data.is_changed(x[0])]
     unchanged = [x for x in pool if not data.is_changed(x[0])]
     gen = torch.Generator().manual_seed(args.seed + 1000 + rank)
@@ -340,6 +343,8 @@ def run_rlvr(model):
     prev = read_checkpoint(ckpt)[1]["metrics"] if step else {}
     rl_seconds, path_len = prev.get("rl_seconds", 0.0), prev.get("w_path", 0.0)   # carried over a resume
     w_prev = torch.cat([q.detach().flatten() for q in model.parameters()])
+    if not finite_weights(model):   # a poisoned start stops here, before any sampling from it
+        run.nonfinite("rlvr", step, model, "non-finite weights in the policy")
     if step == 0 and master:
         log({"stage": "rlvr", "step": 0, **probe(model)})   # the probe set before any update
     bar = tqdm(total=args.rl_steps, initial=step, desc="rlvr", disable=not master)
@@ -372,7 +377,8 @@ def run_rlvr(model):
             if master and (step % args.probe_every == 0 or step == args.rl_steps):
                 stats.update(probe(model))
                 model.train()
-                print0(f"\nrlvr step {step}: reward {stats['reward_mean']:.3f} probe reward {stats['probe_reward']:.3f} "
+                print0(f"\nrlvr step {step}: reward {stats['reward_mean']:.3f} "
+                       f"probe reward {stats['probe_reward']:.3f} "
                        f"(greedy {stats['probe_greedy']:.3f}) groups kept {stats['groups_kept']}/{stats['groups']} "
                        f"kl {stats['kl']:.5f} entropy {stats['entropy']:.3f} straightness "
                        f"{stats['w_straightness']:.2f} (random walk {1 / math.sqrt(step):.2f})")
@@ -403,7 +409,8 @@ if args.stage in ("all", "rlvr"):
     ckpts = {"mle": start, "rlvr": str(rl_ckpt)}
     if args.control:   # MLE continued from the same start for RLVR's wall-clock of GRPO steps
         minutes = read_checkpoint(rl_ckpt)[1]["metrics"].get("rl_seconds", 0.0) / 60
-        ckpts["mle_more"] = str(run_mle(load_lang_model(start, args.device)[0], "mle_more", all_pairs, args.mle_steps, minutes,
+        control = load_lang_model(start, args.device)[0]
+        ckpts["mle_more"] = str(run_mle(control, "mle_more", all_pairs, args.mle_steps, minutes,
                                         lambda s: args.control_lr * min(1.0, (s + 1) / 10)))
     if master:
         splits = [(split, recs, limit) for split, recs, limit in
