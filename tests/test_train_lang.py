@@ -130,3 +130,14 @@ def test_bfloat16_autocast_on_cpu(tiny_run, tmp_path):
     run(["train_lang.py", "--stage=rlvr", f"--init={tmp / 'out' / 'mle.safetensors'}", f"--data_dir={tmp / 'data'}",
          f"--out_dir={tmp_path}", "--rl_steps=1", "--dtype=bfloat16", *TINY])
     assert json.loads((tmp_path / "eval.json").read_text())["rlvr"]["n"] == 12
+
+
+def test_plot_rl_draws_the_run(tiny_run, tmp_path):
+    pytest.importorskip("matplotlib")
+    tmp, _ = tiny_run
+    log = tmp / "out" / "log.jsonl"
+    p = run(["experiments/plot_rl.py", str(log), str(log), "--labels=RLVR,again", f"--out={tmp_path / 'rl.png'}"])
+    assert "wrote" in p.stdout and (tmp_path / "rl.png").read_bytes()[:4] == b"\x89PNG"
+    bad = subprocess.run([sys.executable, "experiments/plot_rl.py", str(log), "--labels=a,b"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1] == "error: --labels names 2 runs, 1 logs given"
