@@ -76,11 +76,11 @@ g.add_argument("--label_frac", type=float, default=1.0,
 g.add_argument("--control_lr", type=float, default=3e-4,
                help="constant learning rate of the control (the MLE schedule's final rate)")
 g = p.add_argument_group("RLVR (GRPO, grpo.py); defaults follow the official RLVR-World recipe where they fit a CPU")
-g.add_argument("--rl_steps", type=int, default=60, help="GRPO steps")
+g.add_argument("--rl_steps", type=int, default=30, help="GRPO steps")
 g.add_argument("--prompts_per_step", type=int, default=16, help="groups WITH reward spread per step (DAPO refill)")
 g.add_argument("--max_rounds", type=int, default=4, help="sampling rounds a step may take to collect them")
 g.add_argument("--group_size", type=int, default=8, help="samples per prompt (G)")
-g.add_argument("--rl_lr", type=float, default=3e-5, help="AdamW learning rate, after --rl_warmup steps of warm-up")
+g.add_argument("--rl_lr", type=float, default=1e-4, help="AdamW learning rate, after --rl_warmup steps of warm-up")
 g.add_argument("--rl_warmup", type=int, default=10, help="linear learning-rate warm-up steps of RLVR")
 g.add_argument("--rl_weight_decay", type=float, default=0.01, help="AdamW weight decay of RLVR (official: 0.01)")
 g.add_argument("--beta", type=float, default=0.001, help="KL coefficient to the MLE start (official: 0.001)")
