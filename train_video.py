@@ -25,12 +25,13 @@ and is reused). A NaN/inf loss, reward or gradient stops the run naming the step
 
 Design: the tokenizers are trained once and frozen; the clips of every split are tokenized once and cached, so MLE
 trains on token windows only (cheap). The context-conditioned tokenizer (tokenizer_vq.CondVQVAE) gives the context
-frame its 64 per-frame codes and each predicted frame 16 codes coded against that context frame, so the GPT predicts
-16 tokens per frame instead of 64, and a static pixel costs nothing. MLE trains on windows of context + horizon frames
-(multi) or context + 1 (single), loss on the predicted frames' codes only; a model trained in multi mode also serves
-single-step prediction. RLVR samples G predictions per prompt, decodes them (with the true context frame) and scores
-them against the true frames (`--reward`, default mae+ssim, or mae+lpips with --lpips weights); `grpo.grpo_step`
-does the rest, with the multi-step sampler of data/robot/task.py that injects the true actions between frames.
+frame its 64 per-frame codes and each predicted frame 64 codes of its own codebook, coded against that context
+frame, so the codes describe what changed and a static pixel is copied, not re-drawn. MLE trains on windows of
+context + horizon frames (multi) or context + 1 (single), loss on the predicted frames' codes only; a model trained
+in multi mode also serves single-step prediction. RLVR samples G predictions per prompt, decodes them (with the true
+context frame) and scores them against the true frames (`--reward`, default mae+ssim, or mae+lpips with --lpips
+weights); `grpo.grpo_step` does the rest, with the multi-step sampler of data/robot/task.py that injects the true
+actions between frames.
 """
 import argparse
 import copy
@@ -80,8 +81,8 @@ p.add_argument("--vq", default="auto", help="tokenizer file for --stage=mle from
 p.add_argument("--resume", type=int, default=1, help="1: continue from out_dir's checkpoints; 0: start over")
 # tokenizers
 p.add_argument("--tokenizer", default="frame", choices=["cond", "frame"],
-               help="for a model trained from scratch: context-conditioned (16 codes per predicted frame) or "
-                    "per-frame (64 codes per frame) tokenizer")
+               help="for a model trained from scratch: context-conditioned (predicted frames coded against the "
+                    "context frame) or per-frame tokenizer")
 p.add_argument("--size", type=int, default=64, help="frame side (frames are resized to it)")
 p.add_argument("--clip_len", type=int, default=16, help="episodes are cut into clips of this many frames")
 p.add_argument("--quantizer", default="vq", choices=["vq", "fsq"], help="codebook (vq) or finite scalar (fsq)")
@@ -94,7 +95,7 @@ p.add_argument("--vq_lr", type=float, default=1e-3, help="tokenizer learning rat
 p.add_argument("--cvq_steps", type=int, default=2000, help="context-conditioned tokenizer training steps")
 p.add_argument("--cvq_minutes", type=float, default=0, help="stop cond tokenizer training after this (0 = off)")
 p.add_argument("--cvq_batch", type=int, default=32, help="cond tokenizer batch (pairs of crops)")
-p.add_argument("--cvq_crop", type=int, default=32, help="cond tokenizer crop side (multiple of 16)")
+p.add_argument("--cvq_crop", type=int, default=32, help="cond tokenizer crop side (multiple of 8)")
 p.add_argument("--move_weight", type=float, default=10.0,
                help="cond tokenizer loss weight on pixels that changed from the context (static pixels weigh 1)")
 # world model
@@ -148,8 +149,8 @@ for name in ("vq_minutes", "vq_lr", "cvq_minutes", "move_weight", "mle_minutes",
 if args.clip_len < 2 or args.vq_crop > args.size or args.cvq_crop > args.size or not args.temperature > 0:
     p.error(f"need --clip_len >= 2 (got {args.clip_len}), --vq_crop and --cvq_crop <= --size (got {args.vq_crop}, "
             f"{args.cvq_crop} > {args.size}) and --temperature > 0 (got {args.temperature})")
-if args.vq_crop % 8 or args.size % 16 or args.cvq_crop % 16:
-    p.error("--vq_crop must be a multiple of 8, --size and --cvq_crop multiples of 16")
+if args.vq_crop % 8 or args.size % 8 or args.cvq_crop % 8:
+    p.error("--vq_crop, --cvq_crop and --size must be multiples of 8 (the tokenizers' 8x downsampling)")
 
 # -----------------------------------------------------------------------------
 # setup: distributed, devices, precision (runtime.py), then the data
@@ -174,8 +175,9 @@ try:
         read_action_stats(args.data)            # writes action_stats.json on first use
     barrier()
     lo, hi = read_action_stats(args.data)       # per-dimension action range: the 256 bins of each dimension
-    train_eps, val_eps, test_eps = (clips(load_split(args.data, s, args.size, limit), args.clip_len)
-                                    for s, limit in (("train", args.train_limit), ("val", 0), ("test", args.test_limit)))
+    limits = {"train": args.train_limit, "val": 0, "test": args.test_limit}
+    train_eps, val_eps, test_eps = (clips(load_split(args.data, s, args.size, n), args.clip_len)
+                                    for s, n in limits.items())
 except ValueError as e:
     fail(str(e))
 if not (train_eps and val_eps and test_eps):
@@ -324,7 +326,7 @@ def cond_tokenizer(frame_vq_path):
     frames = torch.from_numpy(np.stack([ep["image"] for ep in train_eps])).permute(0, 1, 4, 2, 3)
     gap = min(args.horizon, T - 1)                        # future frames up to the rollout's horizon ahead
     step, minutes = train_tokenizer(vq, final, train_file, args.cvq_steps, args.cvq_minutes,
-                                    lambda g: crop_batch(frames, g, args.cvq_batch, args.cvq_crop, 16, gap))
+                                    lambda g: crop_batch(frames, g, args.cvq_batch, args.cvq_crop, 8, gap))
     vq.eval()
     held = torch.from_numpy(np.stack([ep["image"] for ep in val_eps])).permute(0, 1, 4, 2, 3).float() / 255
     ctx, x = held[:, :-1].flatten(0, 1), held[:, 1:].flatten(0, 1)          # every next frame against its context
@@ -515,6 +517,9 @@ except ValueError as e:
 layout = Layout.of(vq, D)
 if start_model is not None and start_model.config.vocab_size != layout.vocab_size:
     fail(f"--init {args.init}: vocabulary {start_model.config.vocab_size} does not fit this data ({layout.vocab_size})")
+if start_model is not None and start_model.config.block_size < layout.window_len(args.context, horizon):
+    fail(f"--init {args.init}: block size {start_model.config.block_size} is shorter than a window of "
+         f"{args.context} + {horizon} frames ({layout.window_len(args.context, horizon)} tokens)")
 vq_file = FILES["cvq"] if isinstance(vq, CondVQVAE) else FILES["vq"]
 if master and Path(vq_path).resolve() != vq_file.resolve():   # checkpoints name their tokenizer in their own folder
     atomic_write(vq_file, lambda tmp: shutil.copyfile(vq_path, tmp))
@@ -527,7 +532,7 @@ if args.stage == "mle" or (args.stage == "all" and start_model is None):
     if args.context + horizon > T:
         fail(f"a window of {args.context + horizon} frames does not fit clips of {T}")
     start_model = start_model or GPT(GPTConfig.llama(
-        vocab_size=layout.vocab_size, block_size=layout.window_len(args.context, horizon),
+        vocab_size=layout.vocab_size, block_size=layout.window_len(args.context, args.horizon),   # multi-step fits
         n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd))
     start_model = run_mle(start_model, layout, tokens, horizon)
     mle_path = FILES["mle"]

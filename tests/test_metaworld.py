@@ -12,7 +12,8 @@ import torch
 
 pytest.importorskip("metaworld")
 from data.metaworld import generate  # noqa: E402
-from data.robot.task import Layout, action_bins, clips, episode_files, load_split, read_action_stats, windows  # noqa: E402
+from data.robot.task import (Layout, action_bins, clips, episode_files, load_split,  # noqa: E402
+                             read_action_stats, windows)
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.filterwarnings("ignore:Constant")   # the scripted experts' gain warning
@@ -64,7 +65,8 @@ def test_task_loader_and_train_video_read_the_episodes(data, tmp_path):
                   actions=torch.from_numpy(lay.action_tokens(action_bins(eps[0]["action"][:4], lo, hi)))[None])
     idx, tgt = lay.training_pair(windows(tokens, lay, [0], [0], 1, 3), 1)
     assert idx.shape[1] == 4 * 64 + 3 * 4 - 1 and (tgt >= 0).sum() == 3 * 64
-    tiny = ["--vq_steps=2", "--vq_batch=4", "--cvq_steps=2", "--cvq_batch=4", "--n_codes=16", "--mle_steps=2", "--batch_size=2", "--n_layer=1",
+    tiny = ["--vq_steps=2", "--vq_batch=4", "--cvq_steps=2", "--cvq_batch=4", "--n_codes=16", "--mle_steps=2",
+            "--batch_size=2", "--n_layer=1",
             "--n_head=2", "--n_embd=16", "--rl_steps=1", "--prompts_per_step=1", "--group_size=2", "--micro_batch=4",
             "--clip_len=6", "--moving_only=0", "--threads=1"]
     res = subprocess.run([sys.executable, "train_video.py", f"--data={data}", f"--out_dir={tmp_path}", "--init=scratch",

@@ -16,7 +16,8 @@ from data.robot.task import write_action_stats
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--vq_steps=3", "--vq_batch=4", "--cvq_steps=3", "--cvq_batch=4", "--n_codes=32", "--mle_steps=3",
-        "--batch_size=2", "--n_layer=1", "--n_head=2", "--n_embd=32", "--rl_steps=2", "--prompts_per_step=2", "--group_size=2", "--horizon=3",
+        "--batch_size=2", "--n_layer=1", "--n_head=2", "--n_embd=32", "--rl_steps=2", "--prompts_per_step=2",
+        "--group_size=2", "--horizon=3",
         "--micro_batch=4", "--threads=1", "--clip_len=8"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 

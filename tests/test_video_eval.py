@@ -59,7 +59,8 @@ def test_eval_video_reports_baselines_and_checks(tmp_path):
 
 def test_eval_video_with_the_context_conditioned_tokenizer():
     torch.manual_seed(0)
-    vq = CondVQVAE(CondVQConfig(channels=(4, 4, 8, 8), n_codes=16, frame=asdict(VQConfig(channels=(4, 4, 8), n_codes=8))))
+    frame = asdict(VQConfig(channels=(4, 4, 8), n_codes=8))
+    vq = CondVQVAE(CondVQConfig(channels=(4, 4, 8, 8), n_codes=16, frame=frame))
     lay = Layout.of(vq.eval(), 2)
     assert (lay.Kc, lay.Lc, lay.K, lay.L, lay.offset) == (8, 64, 16, 16, 8)
     gpt = GPT(GPTConfig.llama(vocab_size=lay.vocab_size, block_size=lay.window_len(1, 2), n_layer=1, n_head=2,
