@@ -243,7 +243,8 @@ def run_mle(model, name, pairs, steps, minutes, lr_of_step):
     if done:
         return ckpt
     t_start, metrics = time.time(), {}
-    bar = tqdm(total=steps, initial=step, desc=name, disable=not master)
+    budget = f" (at most {steps} steps or {minutes:.1f} min)" if minutes else ""   # the control stops on time
+    bar = tqdm(total=steps, initial=step, desc=name + budget, disable=not master)
     while step < steps:
         for group in opt.param_groups:
             group["lr"] = lr_of_step(step)
