@@ -241,7 +241,7 @@ def train_tokenizer(vq, final, train_file, steps, minutes, batch):
     _, trained = run.wrap(vq)
     params = [p for p in vq.parameters() if p.requires_grad]        # the cond tokenizer's frame VQ stays frozen
     opt = torch.optim.Adam(params, lr=args.vq_lr)
-    name = final.stem
+    name = "cond_tokenizer" if cond else "tokenizer"   # the stage's name in logs and messages
     step, _ = run.resume_stage(train_file, vq, opt, g, name)
     t0 = time.time()
     bar = tqdm(total=steps, initial=step, desc=name, disable=not master)
@@ -278,7 +278,7 @@ def train_tokenizer(vq, final, train_file, steps, minutes, batch):
 
 def finish_tokenizer(vq, final, train_file, stats):
     """Log the held-out stats, write the final file, drop the resumable one."""
-    log({"stage": final.stem, **stats})
+    log({"stage": "cond_tokenizer" if isinstance(vq, CondVQVAE) else "tokenizer", **stats})
     if master:
         save_vq(final, vq, {**stats, "done": True, "args": vars(args)})
         for f in (train_file, train_file.with_suffix(".json")):   # nothing left to resume

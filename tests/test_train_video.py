@@ -84,10 +84,27 @@ def test_rt1_format_episodes_train(tmp_path):
         for t in range(10):
             img[t, 100:160, 25 * t:25 * t + 60] = 255                            # something that moves
         np.savez(tmp_path / f"rt1_{i:02d}.npz", image=img, action=rng.normal(size=(10, 13)).astype(np.float32))
-    out = train("--data", tmp_path, "--out_dir", tmp_path / "out", "--init=scratch", "--mode=single")
+    # the default --init (the shipped model, 2-dim actions) does not fit 13-dim actions: one line, then from scratch
+    out = train("--data", tmp_path, "--out_dir", tmp_path / "out", "--mode=single")
     assert "10 train / 1 val / 1 test clips of 8 frames, 13-dim actions, frames resized to 64x64" in out
+    assert "--init=auto: the shipped model's vocabulary is for 2-dim actions" in out and "training from scratch" in out
     rows = json.loads((tmp_path / "out" / "eval.json").read_text())
     assert rows["rlvr"]["n"] == 7 and "objects" not in rows["rlvr"]      # no background in RT-1 files
+
+
+@pytest.mark.slow
+def test_cond_tokenizer_from_scratch_single_step(trained):
+    tmp, _ = trained
+    o = tmp / "cond"
+    out = train("--data", tmp / "data", "--out_dir", o, "--init=scratch", "--tokenizer=cond", "--mode=single")
+    assert "cond tokenizer: next val frame reconstructed" in out
+    assert (o / "video_cvq.safetensors").is_file() and (o / "video_vq.safetensors").is_file()
+    meta = json.loads((o / "video_mle.json").read_text())
+    assert meta["args"]["vq"] == "video_cvq.safetensors"
+    rows = json.loads((o / "eval.json").read_text())
+    assert rows["rlvr"]["horizon"] == 1 and rows["rlvr"]["n"] == 2 * 7
+    stages = [json.loads(line)["stage"] for line in (o / "log.jsonl").read_text().splitlines()]
+    assert {"tokenizer", "cond_tokenizer", "mle", "rlvr"} <= set(stages)
 
 
 def free_port():
