@@ -5,6 +5,8 @@ metric of the decoded frames against the true ones), and compare MLE and RLVR on
 CPU, the default job (embedded robot-pushing data; RLVR from the shipped checkpoints/video_mle.safetensors):
     python train_video.py                                   # single-step, 100 GRPO steps
     python train_video.py --mode=multi --rl_steps=30 --prompts_per_step=4 --rl_lr=5e-5 --out_dir=out/video_multi
+The same from the context-conditioned world model (checkpoints/video_cond_mle + video_cvq; docs/video.md):
+    python train_video.py --init=checkpoints/video_cond_mle.safetensors --out_dir=out/video_cond_rl
 The shipped checkpoints, from scratch (the tokenizers stop on their time caps, so numbers vary a little):
     python train_video.py --stage=tokenizer --init=scratch --vq_minutes=6 --cvq_minutes=6 --out_dir=out/video_scratch
     python train_video.py --stage=mle --mode=multi --eval_every=100 --out_dir=out/video_scratch
@@ -490,8 +492,8 @@ def run_rlvr(model, vq, layout, tokens, horizon, lpips_net, reward_name):
 # -----------------------------------------------------------------------------
 # run the stages
 t_start = time.time()
-horizon = args.horizon if args.mode == "multi" else 1
-start_model = None
+horizon = args.horizon if args.mode == "multi" else 1   # predicted frames per window
+start_model = None                                      # the GPT to train or post-train (None: a new one)
 if args.init != "scratch":                       # a trained world model: its own tokenizer, named in its metadata
     try:
         start_model, _, init_meta = load_video_model(args.init, args.device)
@@ -506,7 +508,7 @@ elif args.vq != "auto":
     vq_path = Path(args.vq)
 else:                                            # --stage=mle from scratch: this out_dir's tokenizer, else shipped
     vq_path = next((f for f in (FILES["cvq"], FILES["vq"]) if f.is_file()), SHIPPED_VQ)
-if args.stage == "tokenizer":
+if args.stage == "tokenizer":                    # the tokenizer files are written: nothing else to do
     sys.exit(0)
 if not Path(vq_path).is_file():
     fail(f"tokenizer {vq_path} not found (run --stage=tokenizer first or pass --vq)")
@@ -514,7 +516,7 @@ try:
     vq, vq_meta = load_vq(vq_path, args.device)
 except ValueError as e:
     fail(str(e))
-layout = Layout.of(vq, D)
+layout = Layout.of(vq, D)                        # token ids: context codes, predicted-frame codes, action bins
 if start_model is not None and start_model.config.vocab_size != layout.vocab_size:
     fail(f"--init {args.init}: vocabulary {start_model.config.vocab_size} does not fit this data ({layout.vocab_size})")
 if start_model is not None and start_model.config.block_size < layout.window_len(args.context, horizon):
@@ -524,8 +526,9 @@ vq_file = FILES["cvq"] if isinstance(vq, CondVQVAE) else FILES["vq"]
 if master and Path(vq_path).resolve() != vq_file.resolve():   # checkpoints name their tokenizer in their own folder
     atomic_write(vq_file, lambda tmp: shutil.copyfile(vq_path, tmp))
 barrier()
-args.vq = vq_file.name
+args.vq = vq_file.name                           # saved in the world model's args: its tokenizer, beside it
 splits = {"train": train_eps, "val": val_eps, "test": test_eps}
+# every split tokenized once (cached): per clip the context codes, future codes and action tokens
 tokens = {s: split_tokens(vq_file, vq, layout, s, eps, horizon) for s, eps in splits.items()}
 
 if args.stage == "mle" or (args.stage == "all" and start_model is None):
@@ -545,7 +548,7 @@ if args.stage in ("all", "rlvr"):
     except ValueError as e:
         fail(str(e))
     print0(f"reward: {reward_name}" + ("" if lpips_net else " (no LPIPS weights: --lpips=FILE enables mae+lpips)"))
-    mle_model = copy.deepcopy(start_model)
+    mle_model = copy.deepcopy(start_model)      # kept for the comparison; RLVR updates start_model in place
     rl_model = run_rlvr(start_model, vq, layout, tokens, horizon, lpips_net, reward_name)
     if master:   # held-out comparison: greedy (the table) and sampled at T=1
         rows = {}

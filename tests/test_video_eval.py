@@ -31,7 +31,7 @@ def test_rollout_injects_actions_between_sampled_frames():
     codes = frame_codes(tok, lay, 3)
     assert codes.shape == (2, 3, 64) and codes.max() < lay.K
     bad = tok.clone()
-    bad[0, 0] = lay.K + 3                                                          # an action token where a code belongs
+    bad[0, 0] = lay.K + 3                                                   # an action token where a code belongs
     assert frame_codes(bad, lay, 3)[0, 0, 0] == 0
 
 
