@@ -5,7 +5,8 @@ Evaluate world-model checkpoints on a held-out split: one entry point for every 
     python eval.py --task=textgame --ckpt=out/textgame/rlvr.safetensors --compare=out/textgame/mle.safetensors
     python eval.py --task=webpage --ckpt=out/webpage/rlvr.safetensors --json=result.json
     python eval.py --task=textgame --ckpt=/path/to/hf_dir --data=my_test.jsonl --device=cuda
-    python eval.py --task=video --ckpt=out/video/rlvr.safetensors --grid=grid.gif   (python eval.py --task=video -h)
+    python eval.py --task=video --ckpt=out/video/video_rlvr.safetensors --grid=grid.gif   (flags: --task=video -h)
+    python eval.py --task=video --tokenizer=checkpoints/video_cvq.safetensors [--mode=multi]   (a tokenizer's ceiling)
 
 Every language task writes "what changes" as text and is scored by its reward in rewards.py (data/tasks.py):
 - textgame: the state difference is merged into the current state and compared with the true next state;
@@ -17,15 +18,26 @@ Each metric is reported overall and on the transitions that change something (`_
 exposes fake gains: always answering "nothing changes", scored by the same reward. With --compare the paired
 differences (bootstrap 95% intervals over the same records) are printed too.
 `n_cropped` counts prompts too long for the model's block_size, which keep only their last tokens (data/tasks.crop).
+
+Video (data/robot/evaluate.py): a window is `context` true frames with their actions, then `horizon` predicted frames
+(data/robot/task.rollout: the GPT samples a frame's codes, the next true action's tokens are injected, and so on;
+single-step is horizon 1), decoded with the true last context frame and scored by MAE, PSNR, SSIM, LPIPS (with
+weights), the error on moving pixels and object recall, against copy-last-frame and the tokenizer's own ceiling.
 """
 import argparse
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from checkpoint import write_json
+from data.robot.evaluate import eval_video, load_video_model, print_video_table, tokenizer_ceiling
+from data.robot.prepare import DATA_DIR, ensure_splits
+from data.robot.task import clips, load_split
 from data.tasks import TASKS, evaluate, load_lang_model, pct, print_paired, print_table
+from rewards import load_lpips
+from tokenizer_vq import load_vq
 
 ROOT = Path(__file__).resolve().parent
 
@@ -33,8 +45,7 @@ ROOT = Path(__file__).resolve().parent
 def main():
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--task", default="textgame")
-    if pre.parse_known_args()[0].task == "video":  # decoded frames, not text: flags of its own (video_eval.py)
-        from video_eval import main as video_main
+    if pre.parse_known_args()[0].task == "video":  # decoded frames, not text: flags of its own
         return video_main(sys.argv[1:])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -79,6 +90,71 @@ def main():
     if args.json:
         result = rows[args.ckpt] if not args.compare else rows
         write_json(args.json, result)
+
+
+def video_main(argv):
+    """--task=video: decoded frames, not text, so flags of their own (`python eval.py --task=video -h`)."""
+    p = argparse.ArgumentParser(description="evaluate a video world model on held-out episodes",
+                                prog="eval.py --task=video")
+    p.add_argument("--task", default="video", choices=["video"])
+    p.add_argument("--ckpt", default=None, help="a world-model checkpoint of train_video.py")
+    p.add_argument("--tokenizer", default=None, help="instead of --ckpt: a tokenizer file alone; prints its ceiling "
+                                                     "(true frames encoded and decoded) against copy-last-frame")
+    p.add_argument("--clip_len", type=int, default=16, help="clip length for --tokenizer (--ckpt: the checkpoint's)")
+    p.add_argument("--horizon", type=int, default=7, help="predicted frames per window for --tokenizer --mode=multi")
+    p.add_argument("--data", default=str(DATA_DIR), help="episode directory (default: the embedded robot data)")
+    p.add_argument("--split", default="test")
+    p.add_argument("--mode", default=None, choices=["single", "multi"], help="default: the checkpoint's")
+    p.add_argument("--limit", type=int, default=0, help="first N episodes only (0 = all)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--lpips", default=None, help="LPIPS-VGG safetensors (tools/convert_lpips.py); else lpips is null")
+    p.add_argument("--json", default=None)
+    p.add_argument("--grid", default=None, help="write a .gif or .png grid here")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if (args.ckpt is None) == (args.tokenizer is None):
+        p.error("give one of --ckpt (a world model) or --tokenizer (a tokenizer file)")
+    if Path(args.data).resolve() == DATA_DIR.resolve():
+        ensure_splits(DATA_DIR)
+    if args.tokenizer:
+        return video_ceiling(args)
+    try:
+        model, vq, meta = load_video_model(args.ckpt, args.device)
+        a = meta["args"]
+        episodes = clips(load_split(args.data, args.split, vq.config.size, args.limit), a.get("clip_len", 16))
+        if not episodes:
+            raise ValueError(f"no {args.split} episode has {a.get('clip_len', 16)} frames")
+        mode = args.mode or a["mode"]
+        res = eval_video(model, vq, episodes, None, np.array(a["action_lo"], np.float32),
+                         np.array(a["action_hi"], np.float32), a["context"], a["horizon"] if mode == "multi" else 1,
+                         load_lpips(args.lpips, args.device), temperature=args.temperature, grid_path=args.grid)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    print_video_table({Path(args.ckpt).name: res})
+    if args.lpips is None:
+        print("lpips: null (no --lpips weights given; see tools/convert_lpips.py)")
+    if args.json:
+        write_json(args.json, res)
+
+
+def video_ceiling(args):
+    """--tokenizer=FILE: the tokenizer's ceiling and copy-last-frame on the split, as a table (and --json)."""
+    try:
+        vq, _ = load_vq(args.tokenizer, args.device)
+        episodes = clips(load_split(args.data, args.split, vq.config.size, args.limit), args.clip_len)
+        if not episodes:
+            raise ValueError(f"no {args.split} episode has {args.clip_len} frames")
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    res = tokenizer_ceiling(vq, episodes, 1, args.horizon if args.mode == "multi" else 1)
+    print(f"{Path(args.tokenizer).name} on {res['n']} {args.split} frames ({args.mode or 'single'}-step windows):")
+    print(f"{'':<20}" + "".join(f"{c:>11}" for c in ("mae", "psnr", "ssim", "mae_moving")))
+    for name in ("tokenizer_ceiling", "copy_last_frame"):
+        print(f"{name:<20}" + "".join(f"{res[name][c]:>11.4f}" for c in ("mae", "psnr", "ssim", "mae_moving")))
+    if args.json:
+        write_json(args.json, res)
 
 
 if __name__ == "__main__":

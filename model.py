@@ -257,11 +257,6 @@ class GPT(nn.Module):
         out = logp.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
         return out.masked_fill(targets < 0, 0.0)
 
-    def generate(self, prompts, max_new_tokens, **kw):
-        """Sampling lives in engine.py: see engine.generate (kept here for the callers not yet switched to it)."""
-        import engine  # imported here: engine imports this file
-        return engine.generate(self, prompts, max_new_tokens, **kw)
-
     # -------------------------------------------------------------------------
     # loading pretrained HF-format weights (GPT2LMHeadModel, Qwen2ForCausalLM, LlamaForCausalLM)
 

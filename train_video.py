@@ -19,7 +19,7 @@ Converted RT-1 episodes (.npz with image (T, 256, 320, 3) and action (T, 13)), o
 Stages (--stage): tokenizer | mle | rlvr | all. Outputs in --out_dir: video_vq.safetensors (per-frame tokenizer),
 video_cvq.safetensors (context-conditioned tokenizer, --tokenizer=cond), video_mle.safetensors,
 video_rlvr.safetensors (+ .json sidecars), tokens_<split>.safetensors (the clips' tokens, cached per tokenizer),
-log.jsonl and eval.json = {"mle": <video_eval JSON>, "rlvr": <video_eval JSON>}.
+log.jsonl and eval.json = {"mle": <eval.py --task=video JSON>, "rlvr": <the same>}.
 Every stage checkpoints every --ckpt_every steps with optimizer and RNG state (a tokenizer's in
 video_vq_train / video_cvq_train.safetensors, removed once the tokenizer is written), and a re-run of the same command
 resumes where it stopped, ending with the weights of an uninterrupted run (a finished stage keeps its weights only,

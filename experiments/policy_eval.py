@@ -20,10 +20,10 @@ random actions; data/robot/sim.py) and each of --episodes scenes:
   2. imagined: give the world model the same first frame and the same actions (open loop) and let it predict frames
      1 .. T-1. The models were trained on windows of 1 context frame + 7 predicted ones (528 tokens), so longer
      episodes roll out in chunks: each chunk starts from the last frame predicted so far (its codes, never re-encoded)
-     and predicts up to --horizon frames with the true actions injected between them (video_eval.rollout). Chunks of
+     and predicts up to --horizon frames with the true actions injected between them (data/robot/task.rollout). Chunks of
      7 (the default) are the models' own training windows and restart least often; --horizon=1 re-prompts every frame.
   3. judge: the same pixel success detector on the last real frame and on the last imagined frame.
-Greedy decoding (--temperature=0) by default, as in video_eval.py.
+Greedy decoding (--temperature=0) by default, as in eval.py --task=video.
 
 Success detector (`judge`), on pixels only, given the task ("push the block of this colour into the goal"):
   - goal: in the first real frame, pixels greener than the table (green minus red above the frame's median by 0.09,
@@ -44,7 +44,6 @@ that predicts no motion (every scene starts with the block outside the goal, so 
 The world model replays each real episode, so a gap is the model's error, not sampling noise between two sets.
 """
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -52,10 +51,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from checkpoint import atomic_write_text
-from data.robot import sim
-from data.robot.task import Layout, action_bins
-from video_eval import frame_codes, load_video_model, rollout
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root
+from checkpoint import write_json  # noqa: E402
+from data.robot import sim  # noqa: E402
+from data.robot.evaluate import load_video_model  # noqa: E402
+from data.robot.task import Layout, action_bins, frame_codes, rollout  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GREEN_TOL, COLOR_TOL, MIN_PIXELS = 0.09, 0.25, 12
@@ -122,7 +122,7 @@ def imagine(model, vq, first, actions, lo, hi, horizon, temperature=0.0, generat
     from the last frame predicted so far and its action."""
     model.eval()
     N, T, D = actions.shape
-    layout = Layout(vq.config.n_codes, vq.config.codes_per_frame, D)
+    layout = Layout.of(vq, D)
     act = torch.from_numpy(layout.action_tokens(action_bins(actions, lo, hi)))                    # (N, T, D) ids
     out = []
     for s in range(0, N, batch_size):
@@ -323,7 +323,7 @@ def main(argv=None):
     print_ranking(res)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(args.json, json.dumps(res, indent=2) + "\n")
+        write_json(args.json, res)
         print(f"wrote {args.json}")
 
 

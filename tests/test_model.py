@@ -66,15 +66,6 @@ def test_shared_prompt_pass_equals_concatenated(pair):
             assert torch.allclose(shared[n], full[0, len(p):], atol=1e-5)
 
 
-def test_generate_shim_delegates_to_engine():
-    import engine
-    torch.manual_seed(0)
-    m = GPT(GPTConfig.llama(vocab_size=16, block_size=32, n_layer=1, n_head=2, n_embd=16)).eval()
-    a = m.generate([[1, 2], [3]], 5, generator=torch.Generator().manual_seed(0), num_samples=2)
-    b = engine.generate(m, [[1, 2], [3]], 5, generator=torch.Generator().manual_seed(0), num_samples=2)
-    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
-
-
 def test_training_loss_and_counts():
     m = GPT(GPTConfig.llama(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_kv_head=2, n_embd=32))
     idx, targets = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))

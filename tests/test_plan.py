@@ -14,7 +14,7 @@ from data.webpage import simulator as web_sim, task as web_task
 from model import GPT, GPTConfig
 from rewards import apply_diff, parse_sections
 
-TOKENIZER = plan.Path(plan.__file__).parent / "checkpoints" / "textgame" / "tokenizer.tiktoken"
+TOKENIZER = plan.Path(plan.__file__).parents[1] / "checkpoints" / "textgame" / "tokenizer.tiktoken"
 
 
 # ----------------------------------------------------------------------------- text game

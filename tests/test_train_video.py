@@ -67,7 +67,7 @@ def test_single_step_rlvr_from_a_checkpoint_and_eval_cli(trained):
     train("--data", tmp / "data", "--out_dir", o, "--stage=rlvr", "--init", tmp / "out" / "video_mle.safetensors",
           "--mode=single")
     assert json.loads((o / "eval.json").read_text())["rlvr"]["horizon"] == 1
-    run([sys.executable, "video_eval.py", "--ckpt", o / "video_rlvr.safetensors", "--data", tmp / "data",
+    run([sys.executable, "eval.py", "--task=video", "--ckpt", o / "video_rlvr.safetensors", "--data", tmp / "data",
          "--json", o / "e.json", "--grid", o / "g.png"])
     assert json.loads((o / "e.json").read_text())["n"] == 2 * 7 and (o / "g.png").is_file()
     # a complete stage is reused, not retrained

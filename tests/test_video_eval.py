@@ -7,7 +7,8 @@ from data.robot import sim
 from data.robot.task import Layout
 from model import GPT, GPTConfig
 from tokenizer_vq import CondVQConfig, CondVQVAE, VQConfig, VQVAE
-from video_eval import eval_video, frame_codes, rollout, write_grid
+from data.robot.evaluate import eval_video, write_grid
+from data.robot.task import frame_codes, rollout
 from rewards import mae
 
 

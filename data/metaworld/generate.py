@@ -9,7 +9,7 @@
 Each file holds `image` (T, H, W, 3) uint8 and `action` (T, 4) float32 (xyz hand displacement and gripper effort in
 [-1, 1]; action[t] takes frame t to frame t + 1), as data/robot/prepare.py writes, plus `success` (T,) bool (the
 benchmark's own success test for the state shown in frame t) and `noise` (the policy's action noise). Like
-prepare.py, the generator writes `action_stats.json` from the train split, so train_video.py and video_eval.py read
+prepare.py, the generator writes `action_stats.json` from the train split, so train_video.py and eval.py --task=video read
 the directory unchanged.
 
 Policies: Meta-World's scripted expert for the task (metaworld.policies), plus Gaussian action noise of std

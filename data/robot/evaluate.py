@@ -1,6 +1,6 @@
 """
 Held-out evaluation of a video world model: rollouts on test windows, pixel metrics, baselines and reward-hacking
-checks (train_video.py reports with it at the end of a run; video_eval.py is its command line).
+checks (train_video.py reports with it at the end of a run; `eval.py --task=video` is its command line).
 
 What is reported (`eval_video`), all on decoded pixels against the *true* frames, averaged over predicted frames:
 - mse, mae, psnr, ssim, lpips (null without LPIPS weights), and repetition_rate (rewards.py): a predicted frame whose

@@ -24,6 +24,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from engine import generate
+
 N_BINS = 256
 
 
@@ -242,12 +244,12 @@ def windows(tokens, layout, ids, starts, context, horizon):
 def rollout(model, prompts, actions, horizon, L, temperature, generator=None):
     """Predict `horizon` frames of L codes after each prompt, injecting actions (N, horizon - 1, D) token ids between
     them. -> tokens (N, horizon * L + (horizon - 1) * D), their log-probs (0 for injected), sampled mask.
-    Each frame is one `GPT.generate` call on the grown prompt: re-running the prompt is one batched forward pass per
+    Each frame is one `engine.generate` call on the grown prompt: re-running the prompt is one batched forward pass per
     frame, far cheaper than the L sequential decoding steps."""
     seqs = [list(p) for p in prompts]
     toks, lps, sampled = [], [], []
     for k in range(horizon):
-        tok, lp = model.generate(seqs, L, temperature=temperature, generator=generator)   # (N, L) each
+        tok, lp = generate(model, seqs, L, temperature=temperature, generator=generator)   # (N, L) each
         toks.append(tok)
         lps.append(lp)
         sampled.append(torch.ones_like(tok, dtype=torch.bool))
