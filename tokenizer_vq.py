@@ -38,7 +38,6 @@ The tokenizers are trained by train_video.py --stage=tokenizer and frozen afterw
 """
 import json
 import math
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -48,6 +47,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
+
+from checkpoint import atomic_write
 
 
 @dataclass
@@ -355,15 +356,11 @@ FORMATS = {"nanorlvr-vq-1": (VQVAE, VQConfig), "nanorlvr-cvq-1": (CondVQVAE, Con
 
 def save_vq(path, model, meta=None):
     """Either tokenizer -> one .safetensors file: weights, and config + `meta` as JSON in the header."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     model = getattr(model, "module", model)
     tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     fmt = "nanorlvr-cvq-1" if isinstance(model, CondVQVAE) else "nanorlvr-vq-1"
     header = {"format": fmt, "config": asdict(model.config), **(meta or {})}
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata={"nanorlvr": json.dumps(header)})
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata={"nanorlvr": json.dumps(header)}))
 
 
 def load_vq(path, device="cpu"):

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from checkpoint import atomic_write_text
 from engine import generate
 
 N_BINS = 256
@@ -119,10 +120,7 @@ def write_action_stats(data_dir):
             raise ValueError(f"{f}: 'action' must be a finite number array (T, D) like in {files[0]}")
     acts = np.concatenate(acts)
     stats = {"min": acts.min(0).tolist(), "max": acts.max(0).tolist(), "n_bins": N_BINS}
-    path = Path(data_dir) / "action_stats.json"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(stats) + "\n")
-    tmp.replace(path)
+    atomic_write_text(Path(data_dir) / "action_stats.json", json.dumps(stats) + "\n")
     return stats
 
 
