@@ -27,11 +27,11 @@ FORMAT = "nanorlvr-1"
 
 def atomic_write(path, write):
     """Write `path` all or nothing: `write(tmp)` fills a temp file beside it, which is then renamed over `path`
-    (os.replace is atomic on POSIX), so a crash leaves the old file (or none), never half a file. The temp name holds
-    the process id, so two processes writing the same file never share a temp file."""
+    (os.replace is atomic on POSIX), so a crash leaves the old file (or none), never half a file; the debris of a crashed
+    write (`<name>.tmp`) is overwritten by the next one. One process writes a given file (rank 0 under torchrun)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(path.name + ".tmp")
     try:
         write(tmp)
         os.replace(tmp, path)

@@ -80,7 +80,7 @@ def decode_attention(q, k, v, cache, layer):
     p = torch.softmax(torch.cat([s_prompt, s_new], dim=-1), dim=-1)       # (R, nkv, g, P + t + 1): one softmax
     # values: the prompt part per prompt, then each row adds its own part (baddbmm: y + p_new @ v_new)
     y = cache.by_row(torch.bmm(cache.by_prompt(p[..., :P]), vp))          # (R, nkv, g, hd)
-    y = torch.baddbmm(y.view(R * nkv, g, hd), p[..., P:].reshape(R * nkv, g, t + 1), vn)
+    y = torch.baddbmm(y.reshape(R * nkv, g, hd), p[..., P:].reshape(R * nkv, g, t + 1), vn)
     return y.view(R, nh * hd)
 
 

@@ -144,3 +144,18 @@ def test_bad_prompts_are_clear_errors():
         engine.generate(m, [[1], []], 4)
     with pytest.raises(AssertionError, match="block_size"):
         engine.generate(m, [[1] * 10], 8)
+
+
+def test_one_prompt_many_samples_matches_a_fresh_forward():
+    """One prompt shared by 4 samples (the shared-prompt grid with B = 1) once raised on a non-contiguous view."""
+    torch.manual_seed(0)
+    m = GPT(GPTConfig.llama(vocab_size=16, block_size=32, n_layer=1, n_head=2, n_embd=16)).eval()
+    tokens, logp = engine.generate(m, [[1, 2]], 4, temperature=1.0, generator=torch.Generator().manual_seed(0),
+                                   num_samples=4)
+    tokens, logp = tokens.clone(), logp.clone()   # out of inference mode
+    with torch.no_grad():
+        for row, lp in zip(tokens, logp):
+            n = int((row >= 0).sum())
+            seq = torch.tensor([[1, 2] + row[:n].tolist()])
+            fresh = torch.log_softmax(m(seq[:, :-1])[0][0, 1:], -1).gather(-1, row[:n].unsqueeze(-1)).squeeze(-1)
+            assert torch.allclose(fresh, lp[:n], atol=1e-5)

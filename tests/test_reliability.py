@@ -379,7 +379,7 @@ def video_out(video_run, tmp_path):
 
 VIDEO_BAD = {
     "image dtype": r"^error: .*/train/00003\.npz: 'image' must be \(T, H, W, 3\) uint8, got \(8, 64, 64, 3\) float32$",
-    "flag value": r"train_video\.py: error: need .*--vq_crop <= --size \(got 72 > 64\)",
+    "flag value": r"train_video\.py: error: need .*--vq_crop and --cvq_crop <= --size \(got 72, 32 > 64\)",
 }
 
 
