@@ -124,7 +124,7 @@ p.add_argument("--minibatches", type=int, default=2, help="optimizer steps per G
 p.add_argument("--micro_batch", type=int, default=32, help="sequences per forward pass")
 p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the rollouts")
 p.add_argument("--reward", default="auto", help="auto | mae+ssim | mae+lpips")
-p.add_argument("--lpips", default=None, help="LPIPS-VGG weights (bench/convert_lpips.py) for the reward and eval")
+p.add_argument("--lpips", default=None, help="LPIPS-VGG weights (tools/convert_lpips.py) for the reward and eval")
 p.add_argument("--moving_only", type=int, default=1, help="RL prompts only from windows where the scene moves")
 # evaluation
 p.add_argument("--eval_every", type=int, default=500, help="MLE steps between validation losses (RLVR: every 20)")
