@@ -316,7 +316,7 @@ def run_rlvr(model):
         picks += [unchanged[i] for i in torch.randint(len(unchanged), (n_unch,), generator=gen)]
         return [x[1] for x in picks], [x[0] for x in picks]
 
-    def reward_fn(records, completions):
+    def reward_fn(records, completions):   # token lists -> the task's metric of each decoded answer
         texts = [tok.decode([t for t in c if t != tok.eos_id]) for c in completions]
         return [task.reward(t, r, args.reward) for t, r in zip(texts, records)]
 
@@ -325,14 +325,15 @@ def run_rlvr(model):
     probe_prompts, probe_recs = draw(args.probe_n)
 
     def probe(m):
+        def mean_reward(texts, records):   # the training reward of decoded answers
+            return sum(task.reward(t, r, args.reward) for t, r in zip(texts, records)) / len(texts)
         m.eval()
         g = torch.Generator().manual_seed(0)   # the same random stream at every measurement
         with torch.no_grad(), autocast:
             greedy = generate_texts(m, tok, probe_prompts, args.max_new_tokens)
             sampled = generate_texts(m, tok, probe_prompts * 4, args.max_new_tokens, 1.0, generator=g)
         m.train()
-        return dict(probe_greedy=sum(reward_fn(probe_recs, [tok.encode(t) for t in greedy])) / len(greedy),
-                    probe_reward=sum(reward_fn(probe_recs * 4, [tok.encode(t) for t in sampled])) / len(sampled))
+        return dict(probe_greedy=mean_reward(greedy, probe_recs), probe_reward=mean_reward(sampled, probe_recs * 4))
 
     print0(f"rlvr: {len(changed)} changed + {len(unchanged)} unchanged train prompts; per step {args.prompts_per_step} "
            f"groups with reward spread (up to {args.max_rounds} rounds) x {args.group_size} samples x {world} ranks; "
@@ -376,8 +377,7 @@ def run_rlvr(model):
                          w_straightness=dist / max(path_len, 1e-12))
             bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", kept=stats["groups_kept"], kl=f"{stats['kl']:.4f}")
             if master and (step % args.probe_every == 0 or step == args.rl_steps):
-                stats.update(probe(model))
-                model.train()
+                stats.update(probe(model))   # greedy and T=1 reward on the fixed training prompts
                 print0(f"\nrlvr step {step}: reward {stats['reward_mean']:.3f} "
                        f"probe reward {stats['probe_reward']:.3f} "
                        f"(greedy {stats['probe_greedy']:.3f}) groups kept {stats['groups_kept']}/{stats['groups']} "
