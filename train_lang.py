@@ -207,11 +207,11 @@ def encode(r):
 
 def batch_from(pairs):
     """(prompt, answer) id lists -> right-padded idx (B, T) and targets (B, T), -1 outside the answer tokens."""
-    T = max(len(a) + len(b) for a, b in pairs) - 1
-    idx = torch.zeros(len(pairs), T, dtype=torch.long)
-    tgt = torch.full((len(pairs), T), -1, dtype=torch.long)
+    T = max(len(a) + len(b) for a, b in pairs) - 1          # the longest sequence, minus the token nobody reads
+    idx = torch.zeros(len(pairs), T, dtype=torch.long)       # padding with 0 is harmless: it is never a target
+    tgt = torch.full((len(pairs), T), -1, dtype=torch.long)  # -1 = ignored by the cross-entropy
     for i, (a, b) in enumerate(pairs):
-        s = a + b
+        s = a + b                                            # prompt then answer (+ EOS), one sequence
         idx[i, :len(s) - 1] = torch.tensor(s[:-1])      # input: everything but the last token
         tgt[i, len(a) - 1:len(s) - 1] = torch.tensor(b)  # target: the answer, shifted by one; the prompt is not scored
     return idx.to(args.device), tgt.to(args.device)
@@ -230,26 +230,26 @@ def val_headline(model, n):
 # control (MLE continued from the RLVR start for RLVR's wall-clock, at a constant rate).
 def run_mle(model, name, pairs, steps, minutes, lr_of_step):
     ckpt = out_dir / f"{name}.safetensors"
-    model, trained = run.wrap(model, compile=args.compile)
-    keep = [pr for pr in pairs if len(pr[0]) + len(pr[1]) <= model.config.block_size + 1]
+    model, trained = run.wrap(model, compile=args.compile)   # trained: the compiled / DDP-wrapped module
+    keep = [pr for pr in pairs if len(pr[0]) + len(pr[1]) <= model.config.block_size + 1]   # whole pairs only
     print0(f"{name}: {len(keep)}/{len(pairs)} train pairs fit block_size {model.config.block_size}; "
            f"{model.num_params() / 1e6:.2f}M non-embedding parameters")
     if not keep:
         fail("no training pair fits the model's block_size (raise --block_size)")
     val_pairs = [pr for pr in map(encode, val_recs[:256]) if len(pr[0]) + len(pr[1]) <= model.config.block_size + 1]
     opt = torch.optim.AdamW(model.parameters(), lr=lr_of_step(0), betas=(0.9, 0.95), weight_decay=args.weight_decay)
-    gen = torch.Generator().manual_seed(args.seed + rank)
-    step, done = run.resume_stage(ckpt, model, opt, gen, name)
+    gen = torch.Generator().manual_seed(args.seed + rank)   # each rank draws its own batches
+    step, done = run.resume_stage(ckpt, model, opt, gen, name)   # weights, optimizer and RNG of an unfinished run
     if done:
-        return ckpt
+        return ckpt                                             # a finished stage is reused as it is
     t_start, metrics = time.time(), {}
     budget = f" (at most {steps} steps or {minutes:.1f} min)" if minutes else ""   # the control stops on time
     bar = tqdm(total=steps, initial=step, desc=name + budget, disable=not master)
     while step < steps:
         for group in opt.param_groups:
             group["lr"] = lr_of_step(step)
-        ids = torch.randint(len(keep), (args.batch_size,), generator=gen).tolist()
-        idx, tgt = batch_from([keep[i] for i in ids])
+        ids = torch.randint(len(keep), (args.batch_size,), generator=gen).tolist()   # sampled with replacement
+        idx, tgt = batch_from([keep[i] for i in ids])                                  # (B, T) each
         with autocast:
             _, loss = trained(idx, tgt)                  # mean cross-entropy over the answer tokens
         # the optimizer step, guarded: a NaN/inf loss or gradient never reaches the weights (runtime.nonfinite)
@@ -257,16 +257,16 @@ def run_mle(model, name, pairs, steps, minutes, lr_of_step):
         if not torch.isfinite(loss):
             run.nonfinite(name, step, model, f"non-finite loss ({loss.item()})")
         else:
-            loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            loss.backward()                                                  # gradients of the mean token loss
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)   # rescale to norm <= 1
             if torch.isfinite(norm):
-                opt.step()
+                opt.step()                                                   # AdamW: the weights change here
             else:
                 run.nonfinite(name, step, model, f"non-finite gradient norm ({norm.item()})")
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")
-        timed_out = bool(minutes and time.time() - t_start > 60 * minutes)
+        timed_out = bool(minutes and time.time() - t_start > 60 * minutes)   # wall-clock budget (the control)
         if step % args.eval_every == 0 or step == steps or timed_out:
             model.eval()
             with torch.no_grad(), autocast:   # validation loss over (up to) 256 validation pairs
@@ -278,8 +278,8 @@ def run_mle(model, name, pairs, steps, minutes, lr_of_step):
                 print0(f"\n{name} step {step}: train loss {loss.item():.4f} val loss {metrics['val_loss']:.4f} "
                        f"val {task.headline} {metrics['val']:.3f}")
             model.train()
-            log(metrics)
-        run.save_stage(ckpt, model, opt, step, metrics, gen, done=step == steps or timed_out)
+            log(metrics)                                                     # one JSON line in out_dir/log.jsonl
+        run.save_stage(ckpt, model, opt, step, metrics, gen, done=step == steps or timed_out)   # every --ckpt_every
         if timed_out:
             print0(f"{name}: stopping after {minutes:.2f} minutes at step {step}")
             break
@@ -305,20 +305,20 @@ def run_rlvr(model):
     room = model.config.block_size - args.max_new_tokens
     pool = [(r, prompt) for r in train_recs[:args.rl_pool or None]
             if len(prompt := tok.encode(data.prompt_text(r))) <= room]
-    changed = [x for x in pool if data.is_changed(x[0])]
-    unchanged = [x for x in pool if not data.is_changed(x[0])]
-    gen = torch.Generator().manual_seed(args.seed + 1000 + rank)
+    changed = [x for x in pool if data.is_changed(x[0])]        # where the headroom is
+    unchanged = [x for x in pool if not data.is_changed(x[0])]  # mostly right already; kept so "no change" stays right
+    gen = torch.Generator().manual_seed(args.seed + 1000 + rank)   # prompts, samples and minibatch order
 
     def draw(n):
         """n prompts from the pool, a share --rl_unchanged_frac of them unchanged -> (prompts, records)."""
         n_unch = round(n * args.rl_unchanged_frac) if unchanged else 0
         picks = [changed[i] for i in torch.randint(len(changed), (n - n_unch,), generator=gen)]
         picks += [unchanged[i] for i in torch.randint(len(unchanged), (n_unch,), generator=gen)]
-        return [x[1] for x in picks], [x[0] for x in picks]
+        return [x[1] for x in picks], [x[0] for x in picks]   # token-id prompts, and the records the reward reads
 
     def reward_fn(records, completions):   # token lists -> the task's metric of each decoded answer
-        texts = [tok.decode([t for t in c if t != tok.eos_id]) for c in completions]
-        return [task.reward(t, r, args.reward) for t, r in zip(texts, records)]
+        texts = [tok.decode([t for t in c if t != tok.eos_id]) for c in completions]   # decode: the reward reads text
+        return [task.reward(t, r, args.reward) for t, r in zip(texts, records)]       # never raises on model output
 
     # the probe set: fixed training prompts, scored every --probe_every steps by the mean reward of 4 samples each
     # (T=1, a fixed seed) and greedily: the reward GRPO optimises, measured on the same prompts throughout
@@ -342,7 +342,7 @@ def run_rlvr(model):
     step, done = run.resume_stage(ckpt, model, opt, gen, "rlvr")
     if done:
         return ckpt
-    prev = read_checkpoint(ckpt)[1]["metrics"] if step else {}
+    prev = read_checkpoint(ckpt)[1]["metrics"] if step else {}   # the interrupted run's last logged state
     rl_seconds, path_len = prev.get("rl_seconds", 0.0), prev.get("w_path", 0.0)   # carried over a resume
     w_prev = torch.cat([q.detach().flatten() for q in model.parameters()])
     if not finite_weights(model):   # a poisoned start stops here, before any sampling from it
@@ -354,7 +354,7 @@ def run_rlvr(model):
     while step < args.rl_steps:
         for group in opt.param_groups:   # linear warm-up, then constant
             group["lr"] = args.rl_lr * min(1.0, (step + 1) / max(args.rl_warmup, 1))
-        prompts, recs = draw(args.prompts_per_step)
+        prompts, recs = draw(args.prompts_per_step)   # the first round; grpo_step draws more if groups lack spread
         try:
             with autocast:
                 stats = grpo_step(trained, ref, opt, prompts, recs, reward_fn, cfg, tok.eos_id, gen, step,
@@ -370,9 +370,9 @@ def run_rlvr(model):
             # weight movement: distance from the start (RMS per weight) over the path walked; a random walk of n
             # steps has displacement / path ~ 1 / sqrt(n), a steady direction ~ 1
             w = torch.cat([q.detach().flatten() for q in model.parameters()])
-            path_len += (w - w_prev).norm().item()
+            path_len += (w - w_prev).norm().item()   # the length of this step's move
             w_prev = w
-            dist = (w - w0).norm().item()
+            dist = (w - w0).norm().item()            # straight-line distance from the MLE start
             stats.update(rl_seconds=rl_seconds, w_path=path_len, w_rms=dist / math.sqrt(len(w)),
                          w_straightness=dist / max(path_len, 1e-12))
             bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", kept=stats["groups_kept"], kl=f"{stats['kl']:.4f}")
