@@ -213,30 +213,14 @@ def as_float_frames(frames, device="cpu"):
 # the context-conditioned tokenizer
 
 @dataclass
-class CondVQConfig:
-    size: int = 64                                   # frame side in pixels
+class CondVQConfig(VQConfig):
+    """The future frames' tokenizer: VQConfig's fields (its own narrower channels), plus the per-frame VQ's config."""
     channels: tuple = (16, 32, 64)                   # one stride-2 level each: 8x downsampling, an 8x8 code grid
-    quantizer: str = "vq"                            # "vq" | "fsq"
-    n_codes: int = 512                               # vq: codebook size of the future frames' codes
-    code_dim: int = 32                               # vq: codebook vector size
-    fsq_levels: tuple = (8, 8, 8)                    # fsq: levels per channel
-    beta: float = 0.25                               # vq: commitment weight
     frame: dict = None                               # the VQConfig (as a dict) of the per-frame VQ for context frames
 
     def __post_init__(self):
-        assert self.quantizer in ("vq", "fsq"), f"quantizer must be vq|fsq, got {self.quantizer!r}"
-        self.channels, self.fsq_levels = tuple(self.channels), tuple(self.fsq_levels)
+        super().__post_init__()
         self.frame = asdict(VQConfig(**(self.frame or {})))   # normalised (tuples), so configs compare equal
-        if self.quantizer == "fsq":
-            self.n_codes = math.prod(self.fsq_levels)
-
-    @property
-    def grid(self):
-        return self.size // 2 ** len(self.channels)
-
-    @property
-    def codes_per_frame(self):
-        return self.grid ** 2
 
 
 class Pyramid(nn.Module):

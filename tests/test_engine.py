@@ -5,18 +5,10 @@ import torch
 
 import engine
 from model import GPT, GPTConfig
-from test_model import hf_gpt2, hf_qwen2
 
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(params=["gpt2", "qwen2", "qwen2_tied"])
-def pair(request, tmp_path):
-    if request.param == "gpt2":
-        hf = hf_gpt2(tmp_path)
-    else:
-        hf = hf_qwen2(tmp_path, tie=request.param == "qwen2_tied")
-    return hf, GPT.from_pretrained(tmp_path).eval()
 
 
 def fresh_logprobs(model, prompt, completion):

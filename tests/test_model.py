@@ -31,15 +31,6 @@ def hf_qwen2(tmp_path, tie=False):
     return m
 
 
-@pytest.fixture(params=["gpt2", "qwen2", "qwen2_tied"])
-def pair(request, tmp_path):
-    if request.param == "gpt2":
-        hf = hf_gpt2(tmp_path)
-    else:
-        hf = hf_qwen2(tmp_path, tie=request.param == "qwen2_tied")
-    return hf, GPT.from_pretrained(tmp_path).eval()
-
-
 def test_logits_match_hf(pair):
     hf, ours = pair
     idx = torch.randint(0, 90, (3, 17), generator=torch.Generator().manual_seed(1))

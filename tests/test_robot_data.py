@@ -6,7 +6,7 @@ import torch
 
 from data.robot import sim
 from data.robot.prepare import ensure_splits
-from data.robot.task import (N_BINS, Layout, action_bins, clips, episode_files, frame_codes, load_episode, load_split,
+from data.robot.task import (N_BINS, Layout, action_bins, episode_files, frame_codes, load_episode, load_split,
                              read_action_stats, resize_frames, windows)
 
 
