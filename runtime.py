@@ -159,18 +159,16 @@ class Run:
         self.fail(f"{msg}; stopping before it reaches the weights (the last checkpoint is intact; "
                   f"--on_nan=skip skips such steps)")
 
-    def update(self, stage, step, model, opt, loss, grad_clip=None):
-        """One optimizer step of `loss`, guarded: a non-finite loss or (with grad_clip) gradient norm goes to
-        `nonfinite` (stop, or skip the step) before it can reach the weights."""
-        opt.zero_grad(set_to_none=True)
+    def finite(self, stage, step, model, loss, grad_norm=None):
+        """May the optimizer step? True when `loss` (and `grad_norm`, when given) are finite; otherwise the fault goes
+        to `nonfinite` (stop the run, or skip this step) and the answer is False, so it never reaches the weights."""
         if not torch.isfinite(loss):
-            return self.nonfinite(stage, step, model, f"non-finite loss ({loss.item()})")
-        loss.backward()
-        if grad_clip is not None:
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-            if not torch.isfinite(norm):
-                return self.nonfinite(stage, step, model, f"non-finite gradient norm ({norm.item()})")
-        opt.step()
+            self.nonfinite(stage, step, model, f"non-finite loss ({loss.item()})")
+            return False
+        if grad_norm is not None and not torch.isfinite(grad_norm):
+            self.nonfinite(stage, step, model, f"non-finite gradient norm ({grad_norm.item()})")
+            return False
+        return True
 
     def check_ranks_in_sync(self, model, stage):
         """Under DDP every rank must hold the same weights; log their checksums and stop on a mismatch (a bug)."""

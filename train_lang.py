@@ -252,17 +252,12 @@ def run_mle(model, name, pairs, steps, minutes, lr_of_step):
         idx, tgt = batch_from([keep[i] for i in ids])                                  # (B, T) each
         with autocast:
             _, loss = trained(idx, tgt)                  # mean cross-entropy over the answer tokens
-        # the optimizer step, guarded: a NaN/inf loss or gradient never reaches the weights (runtime.nonfinite)
+        # the optimizer step, guarded: a NaN/inf loss or gradient never reaches the weights (runtime.finite)
         opt.zero_grad(set_to_none=True)
-        if not torch.isfinite(loss):
-            run.nonfinite(name, step, model, f"non-finite loss ({loss.item()})")
-        else:
-            loss.backward()                                                  # gradients of the mean token loss
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)   # rescale to norm <= 1
-            if torch.isfinite(norm):
-                opt.step()                                                   # AdamW: the weights change here
-            else:
-                run.nonfinite(name, step, model, f"non-finite gradient norm ({norm.item()})")
+        loss.backward()                                                  # gradients of the mean token loss
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)   # rescale to norm <= 1
+        if run.finite(name, step, model, loss, norm):                    # else: stop, or skip (--on_nan)
+            opt.step()                                                   # AdamW: the weights change here
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")

@@ -259,7 +259,10 @@ def train_tokenizer(vq, final, train_file, steps, minutes, batch):
             loss = (w * (err.square() + err.abs())).mean() + qloss
         else:
             loss = err.square().mean() + qloss
-        run.update(name, step, vq, opt, loss)   # backward + step; a NaN/inf stops the run, or skips the step
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if run.finite(name, step, vq, loss):   # a NaN/inf stops the run, or skips the step (--on_nan)
+            opt.step()
         step += 1
         if args.quantizer == "vq" and step % 50 == 0 and step < 0.8 * steps:   # dead-code restart
             with torch.no_grad():
@@ -390,7 +393,11 @@ def run_mle(model, layout, tokens, horizon):
         idx, tgt = layout.training_pair(windows(train_tok, layout, ids, starts, args.context, horizon), args.context)
         with autocast:
             _, loss = trained(idx.to(args.device), tgt.to(args.device))   # cross-entropy on predicted codes only
-        run.update("mle", step, model, opt, loss, grad_clip=1.0)   # backward, clip, step; NaN/inf stops (or skips)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if run.finite("mle", step, model, loss, norm):   # a NaN/inf stops the run, or skips the step (--on_nan)
+            opt.step()
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")
