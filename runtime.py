@@ -95,6 +95,15 @@ class Run:
         if self.ddp:
             dist.barrier()
 
+    def any_rank(self, flag):
+        """`flag` on one rank -> True on every rank if any rank says True, so ranks that must stop together (a
+        wall-clock budget) never disagree: one rank leaving the loop alone would hang the others' all-reduce."""
+        if not self.ddp:
+            return flag
+        t = torch.tensor([int(flag)], device=self.args.device if self.args.device.startswith("cuda") else "cpu")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
     def finish(self):
         if self.ddp:
             dist.destroy_process_group()

@@ -261,7 +261,7 @@ def run_mle(model, name, pairs, steps, minutes, lr_of_step):
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")
-        timed_out = bool(minutes and time.time() - t_start > 60 * minutes)   # wall-clock budget (the control)
+        timed_out = run.any_rank(bool(minutes and time.time() - t_start > 60 * minutes))   # the control's budget
         if step % args.eval_every == 0 or step == steps or timed_out:
             model.eval()
             with torch.no_grad(), autocast:   # validation loss over (up to) 256 validation pairs

@@ -274,7 +274,7 @@ def train_tokenizer(vq, final, train_file, steps, minutes, batch):
             bar.set_postfix(loss=f"{loss.item():.5f}", restarted=n_dead)
         bar.update(1)
         run.save_stage(train_file, vq, opt, step, {}, g, done=False)
-        if minutes and time.time() - t0 > 60 * minutes:
+        if run.any_rank(bool(minutes and time.time() - t0 > 60 * minutes)):   # every rank stops at the same step
             print0(f"{name}: stopping after {minutes} minutes at step {step}")
             break
     bar.close()
@@ -401,7 +401,7 @@ def run_mle(model, layout, tokens, horizon):
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")
-        timed_out = bool(args.mle_minutes and time.time() - t0 > 60 * args.mle_minutes)
+        timed_out = run.any_rank(bool(args.mle_minutes and time.time() - t0 > 60 * args.mle_minutes))   # ranks agree
         if step % args.eval_every == 0 or step == args.mle_steps or timed_out:
             model.eval()
             with torch.no_grad(), autocast:
