@@ -3,6 +3,14 @@
     python data/textgame/prepare.py                      # simulator splits -> data/textgame/{train,val,test}.jsonl
     python data/textgame/prepare.py --n_train 5000 --seed 1 --out_dir /tmp/tg
     python data/textgame/prepare.py --bytesized32=IN.jsonl --out=OUT.jsonl   # convert real ByteSized32 records
+    python data/textgame/prepare.py --cover                  # coverage splits -> data/textgame/cover/
+
+Coverage splits (`--cover`, or `--data_dir=data/textgame/cover` in train_lang.py, which makes them when
+missing). At each state of the scripted trajectories, random *valid* actions (simulator.valid_actions, the
+planner's candidates) other than the one the episode takes there, with their true outcomes, marked
+"source": "offscript" (the loaders keep extra keys). cover/train.jsonl is the scripted train.jsonl, record
+for record, followed by --per_state off-script records at each of its states; cover/val.jsonl and
+cover/test.jsonl hold only off-script records, one at each state of the scripted val and test records.
 
 Simulator splits come from data/textgame/simulator.py (see its docstring for the world, the held-out
 combination and the statistics). Files are written atomically (a temporary file, then os.replace), so an
@@ -22,10 +30,11 @@ if __package__ in (None, ""):  # run as a file: make the repository root importa
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from checkpoint import write_jsonl  # noqa: E402
-from data.textgame.simulator import generate_split  # noqa: E402
+from data.textgame.simulator import generate_cover, generate_split  # noqa: E402
 from data.textgame.task import is_changed  # noqa: E402
 
 DATA_DIR = Path(__file__).resolve().parent
+COVER_DIR = DATA_DIR / "cover"
 DEFAULT_SIZES = {"train": 20000, "val": 500, "test": 2000}  # test: resolves a 2-point paired difference
 OBJECT_KEYS = ("name", "uuid", "type", "properties", "contains")
 SCORE_KEYS = ("score", "gameOver", "gameWon")
@@ -38,8 +47,14 @@ def summary(name: str, records: list[dict]) -> str:
 
 def ensure_splits(data_dir=DATA_DIR, n_train: int = DEFAULT_SIZES["train"], n_val: int = DEFAULT_SIZES["val"],
                   n_test: int = DEFAULT_SIZES["test"], seed: int = 0, verbose: bool = True) -> dict[str, Path]:
-    """Paths of train/val/test.jsonl in data_dir, generating the ones that are missing."""
+    """Paths of train/val/test.jsonl in data_dir, generating the ones that are missing (in COVER_DIR: all
+    three coverage splits, see make_cover)."""
     data_dir = Path(data_dir)
+    if data_dir.resolve() == COVER_DIR.resolve():
+        paths = {split: data_dir / f"{split}.jsonl" for split in DEFAULT_SIZES}
+        if all(path.exists() for path in paths.values()):
+            return paths
+        return make_cover(data_dir, n_train, n_val, n_test, seed, verbose=verbose)
     paths = {}
     for split, n in (("train", n_train), ("val", n_val), ("test", n_test)):
         paths[split] = data_dir / f"{split}.jsonl"
@@ -48,6 +63,22 @@ def ensure_splits(data_dir=DATA_DIR, n_train: int = DEFAULT_SIZES["train"], n_va
             write_jsonl(paths[split], records)
             if verbose:
                 print(f"wrote {paths[split]}  " + summary(split, records))
+    return paths
+
+
+def make_cover(out_dir, n_train: int = DEFAULT_SIZES["train"], n_val: int = DEFAULT_SIZES["val"],
+               n_test: int = DEFAULT_SIZES["test"], seed: int = 0, per_state: int = 1,
+               verbose: bool = True) -> dict[str, Path]:
+    """Write the coverage splits into out_dir (see the docstring); -> {split: path}."""
+    paths = {}
+    for split, n in (("train", n_train), ("val", n_val), ("test", n_test)):
+        scripted, offscript = generate_cover(split, n, seed, per_state if split == "train" else 1)
+        records = scripted + offscript if split == "train" else offscript
+        paths[split] = Path(out_dir) / f"{split}.jsonl"
+        write_jsonl(paths[split], records)
+        if verbose:
+            extra = "; " + summary("off-script", offscript) if split == "train" else " (all off-script)"
+            print(f"wrote {paths[split]}  " + summary(split, records) + extra)
     return paths
 
 
@@ -105,12 +136,19 @@ def main(argv=None) -> None:
     parser.add_argument("--out_dir", default=str(DATA_DIR), help="where the simulator splits go")
     parser.add_argument("--bytesized32", help="convert this ByteSized32-State-Prediction .jsonl instead")
     parser.add_argument("--out", help="output .jsonl of the conversion (with --bytesized32)")
+    parser.add_argument("--cover", action="store_true", help="write the coverage splits to <out_dir>/cover/")
+    parser.add_argument("--per_state", type=int, default=1, help="with --cover: off-script train records per state")
     args = parser.parse_args(argv)
+    if args.per_state < 1:
+        parser.error("--per_state must be at least 1")
     if args.bytesized32:
         if not args.out:
             parser.error("--bytesized32 needs --out")
         records = convert_bytesized32(args.bytesized32, args.out)
         print(f"wrote {args.out}  " + summary("bytesized32", records))
+        return
+    if args.cover:
+        make_cover(Path(args.out_dir) / "cover", args.n_train, args.n_val, args.n_test, args.seed, args.per_state)
         return
     for split, n in (("train", args.n_train), ("val", args.n_val), ("test", args.n_test)):
         records = generate_split(split, n, args.seed)

@@ -54,6 +54,7 @@ Statistics (prepare.py defaults: seed 0, 20000 / 500 / 1000 records; "changed" =
     test   1000 records,   567 changed (56.7%), 209 of them in held-out egg+fridge rooms
     prompt (task.prompt_text) 588 characters on average (max 797); target 134 (max 474)
 """
+import copy
 import random
 import zlib
 
@@ -326,11 +327,14 @@ def sample_room(split: str, game: str, held_out: bool, rng: random.Random) -> Wo
             return w
 
 
-def run_episode(w: World, rng: random.Random) -> list[dict]:
-    """Play one episode, recording every transition."""
+def run_episode(w: World, rng: random.Random, visit=None) -> list[dict]:
+    """Play one episode, recording every transition. visit(w, action), if given, sees each state and the
+    action about to be taken there (it must not change w or draw from rng)."""
     records = []
     for _ in range(MAX_STEPS):
         action = scripted_step(w) if rng.random() < P_USEFUL else random_action(w, rng)
+        if visit is not None:
+            visit(w, action)
         before = w.snapshot()
         w.act(action)
         w.tick()
@@ -341,8 +345,9 @@ def run_episode(w: World, rng: random.Random) -> list[dict]:
     return records
 
 
-def generate_split(split: str, n: int, seed: int = 0) -> list[dict]:
-    """n records of `split` ("train", "val" or "test"); the same arguments give the same records."""
+def generate_split(split: str, n: int, seed: int = 0, visit=None) -> list[dict]:
+    """n records of `split` ("train", "val" or "test"); the same arguments give the same records.
+    visit: passed to run_episode (it also sees the states of the last episode's records cut off at n)."""
     if split not in SPLIT_BUCKETS:
         raise ValueError(f"unknown split {split!r}; expected one of {sorted(SPLIT_BUCKETS)}")
     rng = random.Random(f"textgame:{split}:{seed}")
@@ -352,7 +357,7 @@ def generate_split(split: str, n: int, seed: int = 0) -> list[dict]:
         episode += 1
         core, pool, _ = GAMES[game]
         held_out = split == "test" and HELD_OUT <= set(core + pool) and rng.random() < P_HELD_OUT_TEST
-        records.extend(run_episode(sample_room(split, game, held_out, rng), rng))
+        records.extend(run_episode(sample_room(split, game, held_out, rng), rng, visit))
     return records[:n]
 
 
@@ -392,3 +397,29 @@ def planning_rooms(n: int, seed: int = 0, split: str = "test") -> list[World]:
         held_out = split == "test" and HELD_OUT <= set(core + pool) and rng.random() < P_HELD_OUT_TEST
         rooms.append(sample_room(split, games[i % len(games)], held_out, rng))
     return rooms
+
+
+# ---------------------------------------------------------------------- coverage (prepare.py --cover)
+def offscript_records(w: World, taken: tuple, k: int, rng: random.Random) -> list[dict]:
+    """Up to k transitions from the state of w by random valid actions other than `taken` (the one the
+    episode takes there), each played on a copy of w (action, then tick); w itself is left as it is."""
+    options = [a for a in valid_actions(w) if action_text(a) != action_text(taken)]
+    records = []
+    for action in rng.sample(options, min(k, len(options))):
+        sim = copy.deepcopy(w)
+        sim.act(action)
+        sim.tick()
+        records.append({"game": w.game, "state": w.snapshot(), "action": action_text(action),
+                        "next_state": sim.snapshot(), "source": "offscript"})
+    return records
+
+
+def generate_cover(split: str, n: int, seed: int = 0, per_state: int = 1) -> tuple[list[dict], list[dict]]:
+    """(scripted, offscript): scripted = generate_split(split, n, seed), the very same records, and at the
+    state of each of them, in order, `per_state` off-script records (fewer where the state has fewer other
+    valid actions). Their choices come from a random stream of their own, so the scripted records and the
+    states are untouched, and the first states' off-script records do not depend on n."""
+    rng, at_state = random.Random(f"textgame-cover:{split}:{seed}"), []
+    scripted = generate_split(split, n, seed,
+                              visit=lambda w, taken: at_state.append(offscript_records(w, taken, per_state, rng)))
+    return scripted, [r for records in at_state[:n] for r in records]

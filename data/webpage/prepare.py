@@ -3,6 +3,7 @@
     python data/webpage/prepare.py                                  # data/webpage/{train,val,test}.jsonl
     python data/webpage/prepare.py --out_dir=/tmp/web --n_train=5000 --seed=1
     python data/webpage/prepare.py --import=my_trajectories.jsonl --out=data/mine/train.jsonl
+    python data/webpage/prepare.py --cover                          # coverage splits -> data/webpage/cover/
 
 Generated splits come from data/webpage/simulator.py (seeded; val and test use their own random streams
 and pages that train never shows, see its docstring). Files are written atomically (a .tmp file, then a
@@ -15,6 +16,14 @@ same checks as training (a clear error naming the file and line), normalises it 
 Windows line ends, blank lines and trailing spaces removed from the trees, runs of spaces in the action
 made single) and writes it to --out. Put your train.jsonl, val.jsonl and test.jsonl in one folder and
 pass it as --data_dir to train_lang.py / eval.py; `ensure_splits` uses a folder's files as they are.
+
+Coverage splits (`--cover`, or `--data_dir=data/webpage/cover` in train_lang.py, which makes them when
+missing). On each page of the scripted episodes, random *valid* actions (simulator.valid_actions, the
+planner's candidates, with a text of the kind the page's fields take) other than the one the episode takes
+there, with their true outcomes, marked "source": "offscript" (load_records keeps extra keys).
+cover/train.jsonl is the scripted train.jsonl, record for record, followed by --per_state off-script
+records on each of its pages; cover/val.jsonl and cover/test.jsonl hold only off-script records, one on
+each page of the scripted val and test records.
 """
 import argparse
 import statistics
@@ -25,10 +34,11 @@ if __package__ in (None, ""):  # run as a file: make the repository root importa
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from checkpoint import write_jsonl  # noqa: E402
-from data.webpage.simulator import generate_split  # noqa: E402
+from data.webpage.simulator import generate_cover, generate_split  # noqa: E402
 from data.webpage.task import DEFAULT_SITE, is_changed, load_records, prompt_text, target_text  # noqa: E402
 
 DATA_DIR = Path(__file__).resolve().parent
+COVER_DIR = DATA_DIR / "cover"
 SPLITS = ("train", "val", "test")
 DEFAULT_SIZES = {"train": 20000, "val": 500, "test": 2000}  # test: resolves a 2-point paired difference
 
@@ -56,12 +66,29 @@ def make_splits(out_dir, n_train: int = DEFAULT_SIZES["train"], n_val: int = DEF
     return paths
 
 
+def make_cover(out_dir, n_train: int = DEFAULT_SIZES["train"], n_val: int = DEFAULT_SIZES["val"],
+               n_test: int = DEFAULT_SIZES["test"], seed: int = 0, per_state: int = 1,
+               verbose: bool = True) -> dict[str, Path]:
+    """Write the coverage splits into out_dir (see the docstring); -> {split: path}."""
+    paths = {}
+    for split, n in zip(SPLITS, (n_train, n_val, n_test)):
+        scripted, offscript = generate_cover(split, n, seed, per_state if split == "train" else 1)
+        records = scripted + offscript if split == "train" else offscript
+        paths[split] = Path(out_dir) / f"{split}.jsonl"
+        write_jsonl(paths[split], records)
+        if verbose:
+            extra = f"; off-script: {summary(offscript)}" if split == "train" else " (all off-script)"
+            print(f"{split}: {summary(records)} -> {paths[split]}{extra}")
+    return paths
+
+
 def ensure_splits(data_dir=DATA_DIR, n_train: int = DEFAULT_SIZES["train"], n_val: int = DEFAULT_SIZES["val"],
                   n_test: int = DEFAULT_SIZES["test"], seed: int = 0, verbose: bool = True) -> dict[str, Path]:
     """The split files of data_dir, all three generated if none exists; -> {split: path}.
 
     A folder with some but not all of the three files is a ValueError rather than topped up with
-    simulator data, so a folder of your own records is never silently mixed with ours.
+    simulator data, so a folder of your own records is never silently mixed with ours. COVER_DIR gets the
+    coverage splits (make_cover) instead of the scripted ones.
     """
     paths = {split: Path(data_dir) / f"{split}.jsonl" for split in SPLITS}
     present = [s for s in SPLITS if paths[s].is_file()]
@@ -70,7 +97,8 @@ def ensure_splits(data_dir=DATA_DIR, n_train: int = DEFAULT_SIZES["train"], n_va
     if present:
         missing = [str(paths[s]) for s in SPLITS if s not in present]
         raise ValueError(f"{data_dir}: has {present} but not {missing}; add them or use another folder")
-    return make_splits(data_dir, n_train, n_val, n_test, seed, verbose)
+    make = make_cover if Path(data_dir).resolve() == COVER_DIR.resolve() else make_splits
+    return make(data_dir, n_train, n_val, n_test, seed, verbose=verbose)
 
 
 def normalise_tree(tree: str) -> str:
@@ -98,7 +126,11 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--import", dest="src", default=None, help="a JSONL of your own records to check")
     p.add_argument("--out", default=None, help="with --import: where the normalised copy goes")
+    p.add_argument("--cover", action="store_true", help="write the coverage splits to <out_dir>/cover/")
+    p.add_argument("--per_state", type=int, default=1, help="with --cover: off-script train records per page")
     args = p.parse_args(argv)
+    if args.per_state < 1:
+        p.error("--per_state must be at least 1")
     if args.src is not None:
         if args.out is None:
             p.error("--import needs --out")
@@ -107,6 +139,9 @@ def main(argv=None) -> None:
         except (OSError, ValueError) as e:
             sys.exit(f"error: {e}")
         print(f"imported {summary(records)} -> {args.out}")
+        return
+    if args.cover:
+        make_cover(Path(args.out_dir) / "cover", args.n_train, args.n_val, args.n_test, args.seed, args.per_state)
         return
     make_splits(args.out_dir, args.n_train, args.n_val, args.n_test, args.seed)
 

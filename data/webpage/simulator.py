@@ -451,12 +451,15 @@ def sample_page(split: str, rng: random.Random) -> Page:
     return PAGES[site](site, owner, user, rng, held_out)
 
 
-def run_episode(page: Page, rng: random.Random) -> list[dict]:
-    """Act on `page` for MAX_STEPS steps, recording every transition."""
+def run_episode(page: Page, rng: random.Random, visit=None) -> list[dict]:
+    """Act on `page` for MAX_STEPS steps, recording every transition. visit(page, action), if given, sees
+    each page and the action about to be taken on it (it must not change the page or draw from rng)."""
     records = []
     for _ in range(MAX_STEPS):
         useful = page.useful_actions()
         action = rng.choice(useful) if useful and rng.random() < P_USEFUL else page.random_action()
+        if visit is not None:
+            visit(page, action)
         before = page.render()
         page.act(action)
         records.append({"site": page.site, "observation": before, "action": action_text(action),
@@ -464,14 +467,15 @@ def run_episode(page: Page, rng: random.Random) -> list[dict]:
     return records
 
 
-def generate_split(split: str, n: int, seed: int = 0) -> list[dict]:
-    """n records of `split` ("train", "val" or "test"); the same arguments give the same records."""
+def generate_split(split: str, n: int, seed: int = 0, visit=None) -> list[dict]:
+    """n records of `split` ("train", "val" or "test"); the same arguments give the same records.
+    visit: passed to run_episode (it also sees the pages of the last episode's records cut off at n)."""
     if split not in SPLIT_BUCKETS:
         raise ValueError(f"unknown split {split!r}; expected one of {sorted(SPLIT_BUCKETS)}")
     rng = random.Random(f"webpage:{split}:{seed}")
     records = []
     while len(records) < n:
-        records.extend(run_episode(sample_page(split, rng), rng))
+        records.extend(run_episode(sample_page(split, rng), rng, visit))
     return records[:n]
 
 
@@ -563,3 +567,42 @@ def planning_episodes(n: int, seed: int = 0, split: str = "test") -> list[tuple[
         if goal is not None:
             episodes.append((page, goal))
     return episodes
+
+
+# ---------------------------------------------------------------------- coverage (prepare.py --cover)
+def cover_text(page: Page, rng: random.Random) -> tuple[str, ...]:
+    """A text to type, of the kind this page's fields take (a product word or a miss, a field's value, a
+    comment), as a goal would give one to valid_actions; () on a page without text fields."""
+    if isinstance(page, Catalog):
+        word = rng.choice(rng.choice(page.products).name.split()[:2]) if rng.random() < 0.8 else rng.choice(MISSES)
+        return (word.lower() if rng.random() < 0.5 else word,)
+    if isinstance(page, CustomerForm):
+        return (rng.choice({**FIELDS, **HELD_OUT_FIELDS}[rng.choice(page.fields).name]),)
+    if isinstance(page, Forum):
+        return (rng.choice(COMMENTS),)
+    return ()
+
+
+def offscript_records(page: Page, taken: tuple, k: int, rng: random.Random) -> list[dict]:
+    """Up to k transitions from `page` by random valid actions other than `taken` (the one the episode
+    takes there), each played on a copy of the page; the page itself is left as it is."""
+    taken_text = action_text(taken)
+    options = [a for a in valid_actions(page, cover_text(page, rng)) if action_text(a) != taken_text]
+    records, before = [], page.render()
+    for action in rng.sample(options, min(k, len(options))):
+        sim = copy.deepcopy(page, {id(page.rng): page.rng})   # acting never draws from rng
+        sim.act(action)
+        records.append({"site": page.site, "observation": before, "action": action_text(action),
+                        "next_observation": sim.render(), "source": "offscript"})
+    return records
+
+
+def generate_cover(split: str, n: int, seed: int = 0, per_state: int = 1) -> tuple[list[dict], list[dict]]:
+    """(scripted, offscript): scripted = generate_split(split, n, seed), the very same records, and on the
+    page of each of them, in order, `per_state` off-script records. Their choices come from a random stream
+    of their own, so the scripted records and the pages are untouched, and the first pages' off-script
+    records do not depend on n."""
+    rng, at_state = random.Random(f"webpage-cover:{split}:{seed}"), []
+    scripted = generate_split(split, n, seed,
+                              visit=lambda page, taken: at_state.append(offscript_records(page, taken, per_state, rng)))
+    return scripted, [r for records in at_state[:n] for r in records]
