@@ -6,6 +6,7 @@ Evaluate world-model checkpoints on a held-out split: one entry point for every 
     python eval.py --task=webpage --ckpt=out/webpage/rlvr.safetensors --json=result.json
     python eval.py --task=textgame --ckpt=/path/to/hf_dir --data=my_test.jsonl --device=cuda
     python eval.py --task=video --ckpt=out/video/video_rlvr.safetensors --grid=grid.gif   (flags: --task=video -h)
+    python eval.py --task=video --ckpt=out/video/video_rlvr.safetensors --official=1   (+ sampled, T=1, top-k 100)
     python eval.py --task=video --tokenizer=checkpoints/video_cvq.safetensors [--mode=multi]   (a tokenizer's ceiling)
 
 Every language task writes "what changes" as text and is scored by its reward in rewards.py (data/tasks.py):
@@ -22,7 +23,9 @@ differences (bootstrap 95% intervals over the same records) are printed too.
 Video (data/robot/evaluate.py): a window is `context` true frames with their actions, then `horizon` predicted frames
 (data/robot/task.rollout: the GPT samples a frame's codes, the next true action's tokens are injected, and so on;
 single-step is horizon 1), decoded with the true last context frame and scored by MAE, PSNR, SSIM, LPIPS (with
-weights), the error on moving pixels and object recall, against copy-last-frame and the tokenizer's own ceiling.
+weights), the error on moving pixels and object recall, against copy-last-frame and the tokenizer's own ceiling;
+greedy by default, and with --official=1 also the paper's protocol (sampled at T=1, top-k 100) in the next row and
+under "sampled" in the JSON. With --compare the paired differences over the same test windows are printed too.
 """
 import argparse
 import sys
@@ -32,7 +35,8 @@ import numpy as np
 import torch
 
 from checkpoint import write_json
-from data.robot.evaluate import eval_video, load_video_model, print_video_table, tokenizer_ceiling
+from data.robot.evaluate import (OFFICIAL, eval_video, load_video_model, paired_video, print_video_paired,
+                                 print_video_table, tokenizer_ceiling)
 from data.robot.prepare import DATA_DIR, ensure_splits
 from data.robot.task import clips, load_split
 from data.tasks import TASKS, evaluate, load_lang_model, pct, print_paired, print_table
@@ -98,6 +102,8 @@ def video_main(argv):
                                 prog="eval.py --task=video")
     p.add_argument("--task", default="video", choices=["video"])
     p.add_argument("--ckpt", default=None, help="a world-model checkpoint of train_video.py")
+    p.add_argument("--compare", default=None, help="a second world model on the same windows; paired differences "
+                                                   "--ckpt minus --compare are printed")
     p.add_argument("--tokenizer", default=None, help="instead of --ckpt: a tokenizer file alone; prints its ceiling "
                                                      "(true frames encoded and decoded) against copy-last-frame")
     p.add_argument("--clip_len", type=int, default=16, help="clip length for --tokenizer (--ckpt: the checkpoint's)")
@@ -106,7 +112,11 @@ def video_main(argv):
     p.add_argument("--split", default="test")
     p.add_argument("--mode", default=None, choices=["single", "multi"], help="default: the checkpoint's")
     p.add_argument("--limit", type=int, default=0, help="first N episodes only (0 = all)")
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--top_k", type=int, default=0, help="sample among the k likeliest codes only (0: all)")
+    p.add_argument("--official", type=int, default=0, help="1: also the paper's protocol, sampled at T=1 with "
+                                                           "top-k 100 (seed --seed), next to the --temperature row")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampled rollouts")
     p.add_argument("--lpips", default=None, help="LPIPS-VGG safetensors (tools/convert_lpips.py); else lpips is null")
     p.add_argument("--json", default=None)
     p.add_argument("--grid", default=None, help="write a .gif or .png grid here")
@@ -116,27 +126,53 @@ def video_main(argv):
     torch.set_num_threads(args.threads)
     if (args.ckpt is None) == (args.tokenizer is None):
         p.error("give one of --ckpt (a world model) or --tokenizer (a tokenizer file)")
+    if args.temperature < 0 or args.top_k < 0:
+        p.error(f"--temperature and --top_k must be >= 0, got {args.temperature} and {args.top_k}")
     if Path(args.data).resolve() == DATA_DIR.resolve():
         ensure_splits(DATA_DIR)
     if args.tokenizer:
         return video_ceiling(args)
+    rows = {}                    # row name -> eval_video result; the JSON keeps the --ckpt greedy one at the top
     try:
-        model, vq, meta = load_video_model(args.ckpt, args.device)
-        a = meta["args"]
-        episodes = clips(load_split(args.data, args.split, vq.config.size, args.limit), a.get("clip_len", 16))
-        if not episodes:
-            raise ValueError(f"no {args.split} episode has {a.get('clip_len', 16)} frames")
-        mode = args.mode or a["mode"]
-        res = eval_video(model, vq, episodes, None, np.array(a["action_lo"], np.float32),
-                         np.array(a["action_hi"], np.float32), a["context"], a["horizon"] if mode == "multi" else 1,
-                         load_lpips(args.lpips, args.device), temperature=args.temperature, grid_path=args.grid)
+        for ck in [args.ckpt] + ([args.compare] if args.compare else []):
+            res = eval_one(args, ck, dict(temperature=args.temperature, top_k=args.top_k or None))
+            if args.official:    # the same windows sampled with the paper's protocol
+                res["sampled"] = eval_one(args, ck, OFFICIAL, grid=False)
+            rows[ck] = res
     except ValueError as e:
         sys.exit(f"error: {e}")
-    print_video_table({Path(args.ckpt).name: res})
+    names = {k: f"{i}:{Path(k).name}" if args.compare else Path(k).name for i, k in enumerate(rows)}
+    table = {}
+    for k, r in rows.items():    # the --temperature row, then the official row of each model
+        table[names[k]] = r
+        if args.official:
+            table[f"{names[k]} T=1 top-k 100"] = r["sampled"]
+    print_video_table(table)
+    if args.compare:             # --ckpt minus --compare over the same windows (and the official samples)
+        a, b = names[args.ckpt], names[args.compare]
+        for key in (None, "sampled") if args.official else (None,):
+            try:
+                print_video_paired(paired_video({names[k]: r[key] if key else r for k, r in rows.items()}, [(a, b)]))
+            except ValueError as e:   # another clip length or mode: not the same windows
+                sys.exit(f"error: --compare: {e}")
     if args.lpips is None:
         print("lpips: null (no --lpips weights given; see tools/convert_lpips.py)")
     if args.json:
-        write_json(args.json, res)
+        write_json(args.json, rows[args.ckpt] if not args.compare else rows)
+
+
+def eval_one(args, ckpt, sampling, grid=True):
+    """One world model on the --split windows of its own mode, clip length and action bins -> eval_video's dict."""
+    model, vq, meta = load_video_model(ckpt, args.device)
+    a = meta["args"]
+    episodes = clips(load_split(args.data, args.split, vq.config.size, args.limit), a.get("clip_len", 16))
+    if not episodes:
+        raise ValueError(f"no {args.split} episode has {a.get('clip_len', 16)} frames")
+    horizon = a["horizon"] if (args.mode or a["mode"]) == "multi" else 1
+    return eval_video(model, vq, episodes, None, np.array(a["action_lo"], np.float32),
+                      np.array(a["action_hi"], np.float32), a["context"], horizon,
+                      load_lpips(args.lpips, args.device), seed=args.seed,
+                      grid_path=args.grid if grid and ckpt == args.ckpt else None, **sampling)
 
 
 def video_ceiling(args):

@@ -52,9 +52,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from checkpoint import atomic_write, atomic_write_text
+from checkpoint import atomic_write, atomic_write_text, read_checkpoint
 from data.robot.prepare import DATA_DIR, ensure_splits
-from data.robot.evaluate import eval_video, load_video_model, print_video_table, to_float
+from data.robot.evaluate import (OFFICIAL, eval_video, load_video_model, paired_video, print_video_paired,
+                                 print_video_table, to_float)
 from data.robot.task import (Layout, clips, frame_codes, load_split, read_action_stats, rollout, tokenize_split,
                              windows)
 from grpo import GRPOConfig, grpo_step
@@ -113,6 +114,10 @@ p.add_argument("--batch_size", type=int, default=16, help="MLE windows per step 
 p.add_argument("--mle_lr", type=float, default=2e-3, help="MLE peak learning rate (cosine decay)")
 p.add_argument("--warmup", type=int, default=100, help="MLE warmup steps")
 p.add_argument("--weight_decay", type=float, default=0.1, help="AdamW weight decay for MLE")
+p.add_argument("--control", type=int, default=1,
+               help="1: also train the control, the MLE start trained further by MLE for RLVR's wall-clock")
+p.add_argument("--control_lr", type=float, default=2e-4,
+               help="constant learning rate of the control (the default MLE schedule's final rate, 0.1 x 2e-3)")
 # RLVR
 p.add_argument("--rl_steps", type=int, default=100, help="GRPO steps")
 p.add_argument("--prompts_per_step", type=int, default=8, help="prompts (windows) per GRPO step (per rank)")
@@ -139,35 +144,38 @@ p.add_argument("--ckpt_every", type=int, default=200, help="steps between resuma
 p.add_argument("--on_nan", default="stop", choices=["stop", "skip"],
                help="on a NaN/inf loss, reward or gradient: stop the run, or skip that step (single process only)")
 args = p.parse_args()
+# every bad value stops here with one line naming its flag, before any data is read or file written
 for name in ("size", "n_codes", "vq_steps", "vq_batch", "vq_crop", "cvq_steps", "cvq_batch", "cvq_crop", "context",
              "horizon", "n_layer", "n_head", "n_embd", "mle_steps", "batch_size", "rl_steps", "prompts_per_step",
              "group_size", "minibatches", "micro_batch", "eval_every", "threads", "ckpt_every"):
     if getattr(args, name) < 1:
         p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
 for name in ("vq_minutes", "vq_lr", "cvq_minutes", "move_weight", "mle_minutes", "mle_lr", "warmup", "weight_decay",
-             "rl_lr", "beta", "clip_eps", "test_limit", "train_limit"):
+             "control_lr", "rl_lr", "beta", "clip_eps", "test_limit", "train_limit"):
     if not getattr(args, name) >= 0:
         p.error(f"--{name} must be >= 0, got {getattr(args, name)}")
 if args.clip_len < 2 or args.vq_crop > args.size or args.cvq_crop > args.size or not args.temperature > 0:
     p.error(f"need --clip_len >= 2 (got {args.clip_len}), --vq_crop and --cvq_crop <= --size (got {args.vq_crop}, "
             f"{args.cvq_crop} > {args.size}) and --temperature > 0 (got {args.temperature})")
-if args.vq_crop % 8 or args.size % 8 or args.cvq_crop % 8:
+if args.vq_crop % 8 or args.size % 8 or args.cvq_crop % 8:   # crops must start and end on the 8x8-pixel code grid
     p.error("--vq_crop, --cvq_crop and --size must be multiples of 8 (the tokenizers' 8x downsampling)")
 
 # -----------------------------------------------------------------------------
 # setup: distributed, devices, precision (runtime.py), then the data
 out_dir = Path(args.out_dir)
-run = Run(args, out_dir)
+run = Run(args, out_dir)                        # torchrun ranks, threads, seeds, autocast, log.jsonl
 master, rank, world, autocast = run.master, run.rank, run.world, run.autocast
-print0, fail, log, barrier = run.print0, run.fail, run.log, run.barrier
+print0, fail, log, barrier = run.print0, run.fail, run.log, run.barrier   # print / stop / log on rank 0; sync ranks
+# every file a run writes; a *_train file is a tokenizer's resumable state, removed once the tokenizer is done
 FILES = dict(vq=out_dir / "video_vq.safetensors", vq_train=out_dir / "video_vq_train.safetensors",
              cvq=out_dir / "video_cvq.safetensors", cvq_train=out_dir / "video_cvq_train.safetensors",
-             mle=out_dir / "video_mle.safetensors", rlvr=out_dir / "video_rlvr.safetensors")
+             mle=out_dir / "video_mle.safetensors", rlvr=out_dir / "video_rlvr.safetensors",
+             mle_more=out_dir / "video_mle_more.safetensors")
 if args.init != "auto" and args.init != "scratch" and not Path(args.init).is_file():
     fail(f"--init {args.init}: no such checkpoint file")
 if args.stage == "rlvr" and args.init == "scratch":
     fail("--stage=rlvr needs --init=<video_mle checkpoint> (RLVR post-trains a trained model)")
-if master:
+if master:                                      # rank 0 creates files; the others wait at the barrier below
     out_dir.mkdir(parents=True, exist_ok=True)
 if master and Path(args.data).resolve() == DATA_DIR.resolve():
     ensure_splits(DATA_DIR)                     # the embedded robot data, generated on first use (~15 s)
@@ -177,24 +185,26 @@ try:
         read_action_stats(args.data)            # writes action_stats.json on first use
     barrier()
     lo, hi = read_action_stats(args.data)       # per-dimension action range: the 256 bins of each dimension
-    limits = {"train": args.train_limit, "val": 0, "test": args.test_limit}
+    limits = {"train": args.train_limit, "val": 0, "test": args.test_limit}   # episodes per split (0 = all)
+    # each split's episodes, resized to --size and cut into clips of --clip_len frames: dicts of image (T, H, W, 3)
+    # uint8, action (T, D) float and background (H, W, 3) or None
     train_eps, val_eps, test_eps = (clips(load_split(args.data, s, args.size, n), args.clip_len)
                                     for s, n in limits.items())
-except ValueError as e:
+except ValueError as e:                         # a bad episode file or action_stats.json: one line naming it
     fail(str(e))
 if not (train_eps and val_eps and test_eps):
     fail(f"{args.data}: some split has no episode of >= --clip_len={args.clip_len} frames")
-D, T = train_eps[0]["action"].shape[1], args.clip_len
+D, T = train_eps[0]["action"].shape[1], args.clip_len   # action dimensions, frames per clip
 args.action_lo, args.action_hi = lo.tolist(), hi.tolist()     # saved in every checkpoint's args
 print0(f"data: {len(train_eps)} train / {len(val_eps)} val / {len(test_eps)} test clips of {T} frames, "
        f"{D}-dim actions, frames resized to {args.size}x{args.size}")
 
 # --init=auto: the shipped MLE model, when this run post-trains and the checkpoint's action dimensions fit the data
 if args.init == "auto":
-    args.init = "scratch"
+    args.init = "scratch"                       # unless the shipped model fits, below
     if SHIPPED_MLE.is_file() and args.stage in ("all", "rlvr"):
-        shipped_args = json.loads(SHIPPED_MLE.with_suffix(".json").read_text())["args"]
-        if len(shipped_args["action_lo"]) == D:
+        shipped_args = json.loads(SHIPPED_MLE.with_suffix(".json").read_text())["args"]   # its sidecar's flags
+        if len(shipped_args["action_lo"]) == D:   # its vocabulary has action tokens for D dimensions
             args.init = str(SHIPPED_MLE)
         else:
             print0(f"--init=auto: the shipped model's vocabulary is for {len(shipped_args['action_lo'])}-dim actions, "
@@ -220,12 +230,14 @@ def crop_batch(frames, g, batch, crop, grid, max_gap):
     max_gap = 0: the context is unused (the frame itself); else frame t + k against context t, k in 1..max_gap.
     -> x, ctx (batch, 3, crop, crop) float in [0, 1]; crops start on the code grid (multiples of `grid` pixels)."""
     E, T = frames.shape[:2]
-    e = torch.randint(E, (batch,), generator=g)
+    e = torch.randint(E, (batch,), generator=g)                            # a random clip per pair
+    # the gap k between context and target: 1..max_gap frames (the cond tokenizer codes frames up to the horizon
+    # ahead), or 0 for the per-frame tokenizer, which reconstructs the frame itself
     k = torch.randint(1, max_gap + 1, (batch,), generator=g) if max_gap else torch.zeros(batch, dtype=torch.long)
     t = (torch.rand(batch, generator=g) * (T - k)).long()                  # context frame t, target frame t + k
-    oy, ox = (grid * torch.randint((args.size - crop) // grid + 1, (2,), generator=g)).tolist()
-    x = frames[e, t + k, :, oy:oy + crop, ox:ox + crop].float().div(255)
-    ctx = frames[e, t, :, oy:oy + crop, ox:ox + crop].float().div(255)
+    oy, ox = (grid * torch.randint((args.size - crop) // grid + 1, (2,), generator=g)).tolist()   # one offset for all
+    x = frames[e, t + k, :, oy:oy + crop, ox:ox + crop].float().div(255)   # (batch, 3, crop, crop) targets
+    ctx = frames[e, t, :, oy:oy + crop, ox:ox + crop].float().div(255)     # the same crop of the context frames
     return x.to(args.device), ctx.to(args.device)
 
 
@@ -234,26 +246,27 @@ def train_tokenizer(vq, final, train_file, steps, minutes, batch):
     Loss: reconstruction MSE + quantiser loss; the cond tokenizer adds L1 and weighs changed pixels by --move_weight,
     so the few pixels that move (which its codes are for) are not drowned by the static background."""
     cond = isinstance(vq, CondVQVAE)
-    g = torch.Generator().manual_seed(args.seed + rank + (100 if cond else 0))
+    g = torch.Generator().manual_seed(args.seed + rank + (100 if cond else 0))   # each rank, each tokenizer its own
+    # crops
     if args.quantizer == "vq":   # codebook from encoder outputs; DDP's constructor then copies rank 0's everywhere
         with torch.no_grad():
-            z = vq.encode(*batch(g))
+            z = vq.encode(*batch(g))                                    # (B, code_dim, h, w) latents
             vq.quantizer.restart(z.permute(0, 2, 3, 1).flatten(0, 2), torch.ones(args.n_codes, dtype=torch.bool))
-            vq.quantizer.initialised.fill_(True)
-    _, trained = run.wrap(vq)
+            vq.quantizer.initialised.fill_(True)                        # so the forward pass does not re-seed it
+    _, trained = run.wrap(vq)                                           # DDP under torchrun, else vq itself
     params = [p for p in vq.parameters() if p.requires_grad]        # the cond tokenizer's frame VQ stays frozen
     opt = torch.optim.Adam(params, lr=args.vq_lr)
     name = "cond_tokenizer" if cond else "tokenizer"   # the stage's name in logs and messages
-    step, _ = run.resume_stage(train_file, vq, opt, g, name)
+    step, _ = run.resume_stage(train_file, vq, opt, g, name)           # 0, or where an interrupted run stopped
     t0 = time.time()
     bar = tqdm(total=steps, initial=step, desc=name, disable=not master)
     while step < steps:
-        for group in opt.param_groups:
+        for group in opt.param_groups:                                  # 50 warm-up steps, then cosine decay
             group["lr"] = lr_at(step, steps, args.vq_lr, 50)
-        x, ctx = batch(g)
+        x, ctx = batch(g)                                               # (B, 3, crop, crop) each
         with autocast:
-            rec, qloss, _ = trained(x, ctx)
-        err = rec.float() - x
+            rec, qloss, _ = trained(x, ctx)                             # reconstruction, quantiser loss, codes
+        err = rec.float() - x                                           # (B, 3, crop, crop)
         if cond:     # weight 1 on static pixels, 1 + move_weight where the frame differs from its context
             w = 1 + args.move_weight * ((x - ctx).abs().amax(1, keepdim=True) > 0.05).float()
             loss = (w * (err.square() + err.abs())).mean() + qloss
@@ -264,16 +277,18 @@ def train_tokenizer(vq, final, train_file, steps, minutes, batch):
         if run.finite(name, step, vq, loss):   # a NaN/inf stops the run, or skips the step (--on_nan)
             opt.step()
         step += 1
-        if args.quantizer == "vq" and step % 50 == 0 and step < 0.8 * steps:   # dead-code restart
+        # dead-code restart: codes unused lately are re-seeded with this batch's latents (not in the last 20%, so
+        # the final codebook settles)
+        if args.quantizer == "vq" and step % 50 == 0 and step < 0.8 * steps:
             with torch.no_grad():
-                z = vq.encode(x, ctx).permute(0, 2, 3, 1).flatten(0, 2)
+                z = vq.encode(x, ctx).permute(0, 2, 3, 1).flatten(0, 2)   # (B*h*w, code_dim)
             n_dead = vq.quantizer.restart_dead(z)
-            if run.ddp:
+            if run.ddp:                                                  # every rank keeps rank 0's codebook
                 dist.broadcast(vq.quantizer.codebook.data, 0)
                 dist.broadcast(vq.quantizer.usage, 0)
             bar.set_postfix(loss=f"{loss.item():.5f}", restarted=n_dead)
         bar.update(1)
-        run.save_stage(train_file, vq, opt, step, {}, g, done=False)
+        run.save_stage(train_file, vq, opt, step, {}, g, done=False)   # resumable state every --ckpt_every
         if run.any_rank(bool(minutes and time.time() - t0 > 60 * minutes)):   # every rank stops at the same step
             print0(f"{name}: stopping after {minutes} minutes at step {step}")
             break
@@ -302,10 +317,11 @@ def frame_tokenizer():
     step, minutes = train_tokenizer(vq, final, train_file, args.vq_steps, args.vq_minutes,
                                     lambda g: crop_batch(frames, g, args.vq_batch, args.vq_crop, 8, 0))
     vq.eval()
+    # held-out check: every val and test frame encoded and decoded whole (the model trained on crops)
     held = np.concatenate([ep["image"] for ep in val_eps + test_eps])        # held-out frames (N, H, W, 3)
     with torch.no_grad():
-        codes = vq.tokenize(held)
-        rec = vq.detokenize(codes).cpu()
+        codes = vq.tokenize(held)                                            # (N, 64)
+        rec = vq.detokenize(codes).cpu()                                     # (N, 3, H, W)
     stats = dict(psnr_heldout=float(psnr(rec, to_float(held)).mean()), **codebook_stats(codes, vq.config.n_codes),
                  n_codes=vq.config.n_codes, steps=step, minutes=minutes)
     print0(f"tokenizer: held-out PSNR {stats['psnr_heldout']:.2f} dB on {len(held)} frames, "
@@ -325,19 +341,20 @@ def cond_tokenizer(frame_vq_path):
         fail(f"{frame_vq_path}: a cond tokenizer; --vq must name a per-frame one")
     vq = CondVQVAE(CondVQConfig(size=args.size, quantizer=args.quantizer, n_codes=args.n_codes,
                                 frame=asdict(frame_vq.config)))
-    vq.frame.load_state_dict(frame_vq.state_dict())
+    vq.frame.load_state_dict(frame_vq.state_dict())     # the context codes are the per-frame VQ's, frozen
     vq.frame.requires_grad_(False)
     vq = vq.to(args.device)
-    frames = torch.from_numpy(np.stack([ep["image"] for ep in train_eps])).permute(0, 1, 4, 2, 3)
+    frames = torch.from_numpy(np.stack([ep["image"] for ep in train_eps])).permute(0, 1, 4, 2, 3)   # (E, T, 3, H, W)
     gap = min(args.horizon, T - 1)                        # future frames up to the rollout's horizon ahead
     step, minutes = train_tokenizer(vq, final, train_file, args.cvq_steps, args.cvq_minutes,
                                     lambda g: crop_batch(frames, g, args.cvq_batch, args.cvq_crop, 8, gap))
     vq.eval()
+    # held-out check: every next val frame coded against its previous frame and decoded, against copying that frame
     held = torch.from_numpy(np.stack([ep["image"] for ep in val_eps])).permute(0, 1, 4, 2, 3).float() / 255
     ctx, x = held[:, :-1].flatten(0, 1), held[:, 1:].flatten(0, 1)          # every next frame against its context
     with torch.no_grad():
-        codes = vq.tokenize(x, ctx)
-        rec = vq.detokenize(codes, ctx).cpu()
+        codes = vq.tokenize(x, ctx)                                          # (N, L) the future frames' codes
+        rec = vq.detokenize(codes, ctx).cpu()                                # (N, 3, H, W)
     stats = dict(psnr_heldout=float(psnr(rec, x).mean()), mae_heldout=float(mae(rec, x).mean()),
                  ssim_heldout=float(ssim(rec, x).mean()), copy_mae=float(mae(ctx, x).mean()),
                  copy_ssim=float(ssim(ctx, x).mean()), **codebook_stats(codes, vq.config.n_codes),
@@ -351,16 +368,17 @@ def cond_tokenizer(frame_vq_path):
 
 def split_tokens(vq_path, vq, layout, split, episodes, horizon):
     """tokenize_split(...) of one split, cached in out_dir per tokenizer file, data, horizon and split."""
+    # the cache is valid only for the same tokenizer bytes, data folder, frame size, clip count and horizon
     key = f"{zlib.crc32(Path(vq_path).read_bytes())}-{Path(args.data).resolve()}-{args.size}-{len(episodes)}-{horizon}"
     cache = out_dir / f"tokens_{split}.safetensors"
     try:
         with safe_open(str(cache), framework="pt") as f:
-            if (f.metadata() or {}).get("key") == key:
+            if (f.metadata() or {}).get("key") == key:              # a hit: the tensors as they were saved
                 return {k: f.get_tensor(k) for k in f.keys()}
     except Exception:   # missing or unreadable: computed again and rewritten below
         pass
     t0 = time.time()
-    tokens = tokenize_split(vq, episodes, horizon, layout, lo, hi)
+    tokens = tokenize_split(vq, episodes, horizon, layout, lo, hi)   # context, future and action tokens per clip
     if master:
         atomic_write(cache, lambda tmp: save_file(tokens, str(tmp), metadata={"key": key}))
     print0(f"tokenized {split}: {len(episodes)} clips in {time.time() - t0:.0f}s")
@@ -370,53 +388,63 @@ def split_tokens(vq_path, vq, layout, split, episodes, horizon):
 # -----------------------------------------------------------------------------
 # stage 2: MLE on token windows (loss on the predicted frames' codes only)
 
-def run_mle(model, layout, tokens, horizon):
-    """Train `model` (a new GPT, or the --init one) on windows of context + horizon frames -> the trained model."""
-    model, trained = run.wrap(model)
+def run_mle(model, layout, tokens, horizon, name, steps, minutes, lr_of_step):
+    """Train `model` (a new GPT, the --init one, or a copy of the MLE start for the control) on windows of context +
+    horizon frames for `steps` steps or `minutes` of wall-clock (0: no limit), at lr_of_step(step), checkpointing to
+    FILES[name] -> the trained model. "mle" is the MLE stage; "mle_more" the equal-time control."""
+    model, trained = run.wrap(model)                  # trained: the DDP-wrapped module under torchrun
     train_tok, val_tok = tokens["train"], tokens["val"]
     n = args.context + horizon                        # frames per window
-    print0(f"mle: {model.num_params() / 1e6:.2f}M non-embedding parameters, windows of {n} frames "
-           f"({layout.window_len(args.context, horizon)} tokens), batch {args.batch_size} x {world} ranks")
+    budget = f", at most {minutes:.2f} min" if minutes else ""     # the control stops on RLVR's wall-clock
+    print0(f"{name}: {model.num_params() / 1e6:.2f}M non-embedding parameters, windows of {n} frames "
+           f"({layout.window_len(args.context, horizon)} tokens), batch {args.batch_size} x {world} ranks{budget}")
     val_windows = [(e, t) for e in range(len(val_eps)) for t in range(0, T - n + 1, n)]   # fixed validation set
-    opt = torch.optim.AdamW(model.parameters(), lr=args.mle_lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
-    g = torch.Generator().manual_seed(args.seed + rank)
-    step, done = run.resume_stage(FILES["mle"], model, opt, g, "mle")
+    opt = torch.optim.AdamW(model.parameters(), lr=lr_of_step(0), betas=(0.9, 0.95), weight_decay=args.weight_decay)
+    g = torch.Generator().manual_seed(args.seed + rank)                  # each rank draws its own windows
+    step, done = run.resume_stage(FILES[name], model, opt, g, name)     # weights, optimizer, RNG of a stopped run
     if done:
-        return model
+        return model                                                     # a finished stage is reused as it is
     t0, metrics = time.time(), {}
-    bar = tqdm(total=args.mle_steps, initial=step, desc="mle", disable=not master)
-    while step < args.mle_steps:
+    bar = tqdm(total=steps, initial=step, desc=name, disable=not master)
+    while step < steps:
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.mle_steps, args.mle_lr, args.warmup)
+            group["lr"] = lr_of_step(step)
+        # a batch of random windows; idx/tgt (B, n_tokens - 1): inputs, and targets that are -1 except where the
+        # next token is a predicted frame's code (context codes and actions are given, never predicted)
         ids = torch.randint(len(train_tok["actions"]), (args.batch_size,), generator=g)   # random clips
         starts = torch.randint(T - n + 1, (args.batch_size,), generator=g)                # random first frames
         idx, tgt = layout.training_pair(windows(train_tok, layout, ids, starts, args.context, horizon), args.context)
         with autocast:
             _, loss = trained(idx.to(args.device), tgt.to(args.device))   # cross-entropy on predicted codes only
+        # the optimizer step, guarded: a NaN/inf loss or gradient never reaches the weights (runtime.finite)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        if run.finite("mle", step, model, loss, norm):   # a NaN/inf stops the run, or skips the step (--on_nan)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)   # rescale to norm <= 1
+        if run.finite(name, step, model, loss, norm):   # a NaN/inf stops the run, or skips the step (--on_nan)
             opt.step()
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")
-        timed_out = run.any_rank(bool(args.mle_minutes and time.time() - t0 > 60 * args.mle_minutes))   # ranks agree
-        if step % args.eval_every == 0 or step == args.mle_steps or timed_out:
+        timed_out = run.any_rank(bool(minutes and time.time() - t0 > 60 * minutes))   # every rank agrees
+        if step % args.eval_every == 0 or step == steps or timed_out:
             model.eval()
+            losses = []                                  # mean cross-entropy of each chunk of 64 validation windows
             with torch.no_grad(), autocast:
-                vl = np.mean([model(*(x.to(args.device) for x in layout.training_pair(
-                    windows(val_tok, layout, [e for e, _ in val_windows[i:i + 64]],
-                            [t for _, t in val_windows[i:i + 64]], args.context, horizon), args.context)))[1].item()
-                    for i in range(0, len(val_windows), 64)])
+                for i in range(0, len(val_windows), 64):
+                    chunk = val_windows[i:i + 64]
+                    seq = windows(val_tok, layout, [e for e, _ in chunk], [t for _, t in chunk], args.context, horizon)
+                    idx, tgt = layout.training_pair(seq, args.context)
+                    losses.append(model(idx.to(args.device), tgt.to(args.device))[1].item())
+            vl = np.mean(losses)
             model.train()
-            metrics = dict(stage="mle", step=step, loss=loss.item(), val_loss=float(vl),
+            metrics = dict(stage=name, step=step, loss=loss.item(), val_loss=float(vl),
                            minutes=(time.time() - t0) / 60)
-            print0(f"\nmle step {step}: train loss {loss.item():.4f} val loss {vl:.4f}")
-            log(metrics)
-        run.save_stage(FILES["mle"], model, opt, step, metrics, g, done=step == args.mle_steps or timed_out)
+            print0(f"\n{name} step {step}: train loss {loss.item():.4f} val loss {vl:.4f}")
+            log(metrics)                                 # one JSON line in out_dir/log.jsonl
+        # every --ckpt_every steps the resumable state; at the end the weights alone, marked done
+        run.save_stage(FILES[name], model, opt, step, metrics, g, done=step == steps or timed_out)
         if timed_out:
-            print0(f"mle: stopping after {args.mle_minutes} minutes at step {step}")
+            print0(f"{name}: stopping after {minutes:.2f} minutes at step {step}")
             break
     bar.close()
     barrier()
@@ -428,33 +456,41 @@ def run_mle(model, layout, tokens, horizon):
 
 def run_rlvr(model, vq, layout, tokens, horizon, lpips_net, reward_name):
     """GRPO from `model` on train windows where the scene moves -> the post-trained model."""
+    # frames per window, prompt tokens (context frames + actions), tokens per predicted frame + action, codes per frame
     n, P, FL, L = args.context + horizon, layout.prompt_len(args.context), layout.frame_len, layout.L
     ref = copy.deepcopy(model).eval().requires_grad_(False) if args.beta > 0 else None   # KL anchor
     model, trained = run.wrap(model)
+    # a completion is every predicted frame's codes, with the injected true actions between frames
     cfg = GRPOConfig(group_size=args.group_size, max_new_tokens=horizon * L + (horizon - 1) * layout.D,
                      temperature=args.temperature, clip_eps=args.clip_eps, beta=args.beta,
                      minibatches=args.minibatches, micro_batch=args.micro_batch)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.rl_lr, betas=(0.9, 0.99), weight_decay=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.rl_lr, betas=(0.9, 0.99), weight_decay=0.0)   # constant rate
     tok = tokens["train"]
     pool = [(e, t) for e in range(len(train_eps)) for t in range(T - n + 1)]   # every window of the train clips
-    if args.moving_only:   # windows where some predicted frame differs from the last context frame
+    # a static window gives every sample the same reward (copying is exact), so no advantage and no gradient: with
+    # --moving_only the pool keeps windows where some predicted frame differs from the last context frame
+    if args.moving_only:
         img = [ep["image"] for ep in train_eps]
         pool = [(e, t) for e, t in pool if np.abs(img[e][t + args.context:t + n].astype(np.int16)
                                                   - img[e][t + args.context - 1]).max() > 25]
     print0(f"rlvr: {len(pool)} train windows; per step {args.prompts_per_step} prompts x {args.group_size} samples "
            f"x {world} ranks, {horizon} predicted frame(s) each; reward {reward_name}")
-    g = torch.Generator().manual_seed(args.seed + 1000 + rank)
+    g = torch.Generator().manual_seed(args.seed + 1000 + rank)          # prompts and samples, per rank
     step, done = run.resume_stage(FILES["rlvr"], model, opt, g, "rlvr")
     if done:
         return model
+    # wall-clock of the GRPO steps so far (rollouts + updates, not the validation evals): the control's budget
+    rl_seconds = read_checkpoint(FILES["rlvr"])[1]["metrics"].get("rl_seconds", 0.0) if step else 0.0
 
     def reward_fn(items, completions):
         """Decode each completion's frames against its context frame; mean reward over the predicted frames."""
+        # completions hold horizon frames of L codes with D action tokens between them (horizon * FL - D tokens)
         codes = frame_codes([c[:horizon * FL - layout.D] for c in completions], layout, horizon)   # (N, K, L)
-        ctx = torch.stack([it["context"] for it in items])[:, None].expand(-1, horizon, -1, -1, -1)
-        with torch.no_grad():
+        ctx = torch.stack([it["context"] for it in items])[:, None].expand(-1, horizon, -1, -1, -1)   # (N, K, 3, H, W)
+        with torch.no_grad():   # every frame decoded against the true last context frame (N*K frames at once)
             pred = vq.detokenize(codes.flatten(0, 1).to(args.device), ctx.flatten(0, 1).to(args.device)).cpu()
-        truth = torch.cat([it["truth"] for it in items])
+        truth = torch.cat([it["truth"] for it in items])                                   # (N*K, 3, H, W)
+        # rewards.video_reward: one value per frame, e.g. -(MAE + 1 - SSIM); a completion gets its frames' mean
         return video_reward(reward_name, pred, truth, lpips_net).view(-1, horizon).mean(1).tolist()
 
     def sampler(m, prompts, items, cfg, gen):
@@ -464,6 +500,7 @@ def run_rlvr(model, vq, layout, tokens, horizon, lpips_net, reward_name):
     bar = tqdm(total=args.rl_steps, initial=step, desc="rlvr", disable=not master)
     stats = {}
     while step < args.rl_steps:
+        # this step's prompts: random windows of the pool, as token sequences (B, n_tokens) cut from the cache
         picks = [pool[i] for i in torch.randint(len(pool), (args.prompts_per_step,), generator=g)]
         seq = windows(tok, layout, [e for e, _ in picks], [t for _, t in picks], args.context, horizon)
         prompts = seq[:, :P].tolist()                                         # the context frames and their actions
@@ -471,6 +508,7 @@ def run_rlvr(model, vq, layout, tokens, horizon, lpips_net, reward_name):
         items = [dict(truth=to_float(train_eps[e]["image"][t + args.context:t + n]),        # (K, 3, H, W)
                       context=to_float(train_eps[e]["image"][t + args.context - 1]),         # (3, H, W)
                       actions=acts[i]) for i, (e, t) in enumerate(picks)]
+        # one GRPO step (grpo.py): G samples per prompt, rewards, group advantages, PPO-clip + KL update(s)
         try:
             with autocast:
                 stats = grpo_step(trained, ref, opt, prompts, items, reward_fn, cfg, None, g, step,
@@ -480,20 +518,59 @@ def run_rlvr(model, vq, layout, tokens, horizon, lpips_net, reward_name):
             stats = {}
         step += 1
         bar.update(1)
-        if stats:
+        if stats:                                 # a finished (not skipped) step: its wall-clock counts
+            rl_seconds += stats["t_step"]
+            stats["rl_seconds"] = rl_seconds
             bar.set_postfix(reward=f"{stats['reward_mean']:.4f}", kl=f"{stats['kl']:.4f}")
-        if stats and (step % 20 == 0 or step == args.rl_steps) and master:
+        if stats and (step % 20 == 0 or step == args.rl_steps) and master:   # greedy on the val split, to watch
             r = eval_video(model, vq, val_eps, tokens["val"], lo, hi, args.context, horizon, desc=None)
             stats.update(val_mae=r["mae"], val_ssim=r["ssim"], val_mae_moving=r["mae_moving"])
             print0(f"\nrlvr step {step}: reward {stats['reward_mean']:.4f} kl {stats['kl']:.4f} val mae {r['mae']:.4f} "
                    f"ssim {r['ssim']:.4f} mae_moving {r['mae_moving']:.4f}")
         if stats:
             log({"stage": "rlvr", **stats})
-        run.save_stage(FILES["rlvr"], model, opt, step, stats, g, done=step == args.rl_steps)
+        # rl_seconds is saved with every checkpoint, so a resumed run and the control read the whole wall-clock
+        run.save_stage(FILES["rlvr"], model, opt, step, {**stats, "rl_seconds": rl_seconds}, g,
+                       done=step == args.rl_steps)
     bar.close()
-    run.check_ranks_in_sync(model, "rlvr")
+    run.check_ranks_in_sync(model, "rlvr")            # under torchrun every rank must hold the same weights
     barrier()
     return model
+
+
+# -----------------------------------------------------------------------------
+# stage 4: the held-out comparison, greedy and with the paper's sampling protocol, paired over the same test windows
+
+def evaluate_models(models, vq, test_tokens, horizon, lpips_net):
+    """Evaluate every model of `models` (name -> (GPT, checkpoint path)) on the test windows, greedy (the table) and
+    sampled at T=1 with top-k 100 (OFFICIAL, the paper's protocol; one seed for all models, so their samples pair up),
+    write eval.json = {name: eval_video result + "sampled" + "checkpoint"} and print the paired differences."""
+    rows = {}                                     # name -> eval_video dict, written as eval.json
+    for name, (m, path) in models.items():
+        with autocast:
+            rows[name] = eval_video(m, vq, test_eps, test_tokens, lo, hi, args.context, horizon, lpips_net,
+                                    grid_path=out_dir / f"grid_{name}.{'gif' if horizon > 1 else 'png'}",
+                                    desc=f"test {name}")
+            sampled = eval_video(m, vq, test_eps, test_tokens, lo, hi, args.context, horizon, lpips_net,
+                                 **OFFICIAL, seed=args.seed, desc=f"test {name} T=1 top-k")
+        # the sampled run's summaries and per-window values; its baselines are the greedy run's
+        rows[name]["sampled"] = {k: sampled[k] for k in ("mae", "mse", "psnr", "ssim", "lpips", "mae_moving",
+                                                          "repetition_rate", "temperature", "top_k", "per_record")}
+        rows[name]["checkpoint"] = str(path)
+    atomic_write_text(out_dir / "eval.json", json.dumps(rows, indent=2) + "\n")
+    print0(f"\nheld-out test episodes ({rows['mle']['n']} predicted frames, {args.mode}-step), greedy:")
+    print_video_table(rows)
+    # RLVR against its start, the equal-time control and copying; the MLE start against copying
+    pairs = [(a, b) for a, b in (("rlvr", "mle"), ("rlvr", "mle_more"), ("rlvr", "copy"), ("mle", "copy"))
+             if a in rows and (b in rows or b == "copy")]
+    print_video_paired(paired_video(rows, pairs))
+    print0(f"\nsampled at T={OFFICIAL['temperature']:g}, top-k {OFFICIAL['top_k']}: " + "; ".join(
+        f"{k} mae {r['sampled']['mae']:.4f} ssim {r['sampled']['ssim']:.4f} mae_moving {r['sampled']['mae_moving']:.4f}"
+        for k, r in rows.items()))
+    # the same pairs on the sampled predictions (copy-last-frame does not sample: its pairs are above)
+    sampled = {k: dict(r["sampled"], copy_last_frame=r["copy_last_frame"]) for k, r in rows.items()}
+    print_video_paired(paired_video(sampled, [(a, b) for a, b in pairs if b != "copy"]))
+    print0(f"wrote {out_dir / 'eval.json'}")
 
 
 # -----------------------------------------------------------------------------
@@ -506,12 +583,12 @@ if args.init != "scratch":                       # a trained world model: its ow
         start_model, _, init_meta = load_video_model(args.init, args.device)
     except ValueError as e:
         fail(str(e))
-    vq_path = Path(args.init).parent / init_meta["args"]["vq"]
+    vq_path = Path(args.init).parent / init_meta["args"]["vq"]   # e.g. checkpoints/video_cvq.safetensors
 elif args.stage in ("all", "tokenizer"):         # from scratch: the per-frame VQ, then (cond) the one on top of it
     vq_path = frame_tokenizer() if args.vq == "auto" else Path(args.vq)
     if args.tokenizer == "cond":
         vq_path = cond_tokenizer(vq_path)
-elif args.vq != "auto":
+elif args.vq != "auto":                          # --stage=mle from scratch with a given tokenizer
     vq_path = Path(args.vq)
 else:                                            # --stage=mle from scratch: this out_dir's tokenizer, else shipped
     vq_path = next((f for f in (FILES["cvq"], FILES["vq"]) if f.is_file()), SHIPPED_VQ)
@@ -520,10 +597,11 @@ if args.stage == "tokenizer":                    # the tokenizer files are writt
 if not Path(vq_path).is_file():
     fail(f"tokenizer {vq_path} not found (run --stage=tokenizer first or pass --vq)")
 try:
-    vq, vq_meta = load_vq(vq_path, args.device)
+    vq, vq_meta = load_vq(vq_path, args.device)  # VQVAE or CondVQVAE, frozen from here on
 except ValueError as e:
     fail(str(e))
 layout = Layout.of(vq, D)                        # token ids: context codes, predicted-frame codes, action bins
+# a checkpoint must fit this tokenizer and data: the same vocabulary, and room for a whole window
 if start_model is not None and start_model.config.vocab_size != layout.vocab_size:
     fail(f"--init {args.init}: vocabulary {start_model.config.vocab_size} does not fit this data ({layout.vocab_size})")
 if start_model is not None and start_model.config.block_size < layout.window_len(args.context, horizon):
@@ -538,16 +616,19 @@ splits = {"train": train_eps, "val": val_eps, "test": test_eps}
 # every split tokenized once (cached): per clip the context codes, future codes and action tokens
 tokens = {s: split_tokens(vq_file, vq, layout, s, eps, horizon) for s, eps in splits.items()}
 
+# MLE: on its own (--stage=mle, from scratch or continuing --init), or as the first stage of a run from scratch
 if args.stage == "mle" or (args.stage == "all" and start_model is None):
     if args.context + horizon > T:
         fail(f"a window of {args.context + horizon} frames does not fit clips of {T}")
     start_model = start_model or GPT(GPTConfig.llama(
         vocab_size=layout.vocab_size, block_size=layout.window_len(args.context, args.horizon),   # multi-step fits
         n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd))
-    start_model = run_mle(start_model, layout, tokens, horizon)
+    start_model = run_mle(start_model, layout, tokens, horizon, "mle", args.mle_steps, args.mle_minutes,
+                          lambda s: lr_at(s, args.mle_steps, args.mle_lr, args.warmup))   # warmup, cosine decay
     mle_path = FILES["mle"]
-else:
+else:                                            # RLVR starts from --init as it is
     mle_path = Path(args.init)
+# RLVR, then the equal-time control, then the held-out comparison of the three
 if args.stage in ("all", "rlvr"):
     try:
         lpips_net = load_lpips(args.lpips, args.device)
@@ -556,23 +637,17 @@ if args.stage in ("all", "rlvr"):
         fail(str(e))
     print0(f"reward: {reward_name}" + ("" if lpips_net else " (no LPIPS weights: --lpips=FILE enables mae+lpips)"))
     mle_model = copy.deepcopy(start_model)      # kept for the comparison; RLVR updates start_model in place
-    rl_model = run_rlvr(start_model, vq, layout, tokens, horizon, lpips_net, reward_name)
-    if master:   # held-out comparison: greedy (the table) and sampled at T=1
-        rows = {}
-        for name, m in (("mle", mle_model), ("rlvr", rl_model)):
-            with autocast:
-                rows[name] = eval_video(m, vq, test_eps, tokens["test"], lo, hi, args.context, horizon, lpips_net,
-                                        grid_path=out_dir / f"grid_{name}.{'gif' if horizon > 1 else 'png'}",
-                                        desc=f"test {name}")
-                sampled = eval_video(m, vq, test_eps, tokens["test"], lo, hi, args.context, horizon, lpips_net,
-                                     temperature=1.0, seed=args.seed, desc=f"test {name} T=1")
-            rows[name]["sampled"] = {k: sampled[k] for k in ("mae", "mse", "psnr", "ssim", "lpips", "mae_moving",
-                                                              "repetition_rate", "temperature")}
-            rows[name]["checkpoint"] = str(mle_path if name == "mle" else FILES["rlvr"])
-        atomic_write_text(out_dir / "eval.json", json.dumps(rows, indent=2) + "\n")
-        print0(f"\nheld-out test episodes ({rows['mle']['n']} predicted frames, {args.mode}-step):")
-        print_video_table(rows)
-        print0("sampled at T=1: " + "; ".join(f"{k} mae {r['sampled']['mae']:.4f} ssim {r['sampled']['ssim']:.4f} "
-                                               f"mae_moving {r['sampled']['mae_moving']:.4f}" for k, r in rows.items()))
-        print0(f"wrote {out_dir / 'eval.json'}; total {(time.time() - t_start) / 60:.1f} min")
+    models = {"mle": (mle_model, mle_path)}      # name -> (model, its checkpoint file), evaluated below
+    models["rlvr"] = (run_rlvr(start_model, vq, layout, tokens, horizon, lpips_net, reward_name), FILES["rlvr"])
+    if args.control:                             # the same start, trained further by MLE for RLVR's wall-clock
+        minutes = read_checkpoint(FILES["rlvr"])[1]["metrics"].get("rl_seconds", 0.0) / 60
+        if minutes > 0:
+            control = run_mle(copy.deepcopy(mle_model), layout, tokens, horizon, "mle_more", args.mle_steps, minutes,
+                              lambda s: args.control_lr * min(1.0, (s + 1) / 10))   # 10 warm-up steps, then flat
+            models["mle_more"] = (control, FILES["mle_more"])
+        else:                                    # an RLVR file written before rl_seconds was recorded
+            print0(f"control skipped: {FILES['rlvr']} records no RLVR wall-clock (rl_seconds)")
+    if master:                                   # rank 0 evaluates; the other ranks are done
+        evaluate_models(models, vq, tokens["test"], horizon, lpips_net)
+        print0(f"total {(time.time() - t_start) / 60:.1f} min")
 run.finish()

@@ -1,5 +1,7 @@
 """End-to-end runs of train_video.py on tiny settings (subprocesses, ~1 min in all): every stage in both modes,
-the evaluation CLI, RT-1-shaped episodes, and a 2-process torchrun (gloo) RLVR run that must end with equal weights."""
+the evaluation CLI, RT-1-shaped episodes, and a 2-process torchrun (gloo) RLVR run that must end with equal weights;
+and a static check that train_video.py's functions read no global assigned below them."""
+import ast
 import json
 import os
 import re
@@ -51,13 +53,26 @@ def test_all_stages_from_scratch_multi_step(trained):
         assert (o / f"{f}.safetensors").is_file()
     assert "reward: mae+ssim" in out and "held-out PSNR" in out
     rows = json.loads((o / "eval.json").read_text())
-    assert set(rows) == {"mle", "rlvr"}
+    assert set(rows) == {"mle", "rlvr", "mle_more"}
     for r in rows.values():
         assert r["horizon"] == 3 and r["n"] == 2 * 2 * 3 and r["lpips"] is None
         assert {"mae", "mse", "psnr", "ssim", "repetition_rate", "mae_moving", "copy_last_frame",
-                "tokenizer_ceiling", "objects"} <= set(r)
+                "tokenizer_ceiling", "objects", "per_record", "sampled"} <= set(r)
+        # one entry per test window (2 clips x 2 windows of 3 frames), the same windows in every row
+        assert r["per_record"]["windows"] == [[0, 0], [0, 3], [1, 0], [1, 3]]     # (clip, first frame)
+        assert [len(r["per_record"][k]) for k in ("mae", "ssim", "repetition")] == [4, 4, 4]
+        assert r["per_record"]["windows"] == rows["mle"]["per_record"]["windows"]
+        assert len(r["copy_last_frame"]["per_record"]["mae"]) == 4
+        assert r["sampled"]["temperature"] == 1.0 and r["sampled"]["top_k"] == 100
+        assert len(r["sampled"]["per_record"]["mae"]) == 4
+    # the control trained for RLVR's recorded wall-clock, from the same start
+    rl_meta = json.loads((o / "video_rlvr.json").read_text())
+    assert rl_meta["metrics"]["rl_seconds"] > 0
+    assert rows["mle_more"]["checkpoint"].endswith("video_mle_more.safetensors")
     stages = [json.loads(line)["stage"] for line in (o / "log.jsonl").read_text().splitlines()]
-    assert {"tokenizer", "mle", "rlvr"} <= set(stages)
+    assert {"tokenizer", "mle", "rlvr", "mle_more"} <= set(stages)
+    assert re.search(r"rlvr - mle_more +mae +all +[-+]\d\.\d{5}  \[", out), out[-3000:]
+    assert re.search(r"rlvr - copy +ssim +moving", out) and "sampled at T=1, top-k 100" in out
 
 
 @pytest.mark.slow
@@ -65,11 +80,17 @@ def test_single_step_rlvr_from_a_checkpoint_and_eval_cli(trained):
     tmp, _ = trained
     o = tmp / "single"
     train("--data", tmp / "data", "--out_dir", o, "--stage=rlvr", "--init", tmp / "out" / "video_mle.safetensors",
-          "--mode=single")
-    assert json.loads((o / "eval.json").read_text())["rlvr"]["horizon"] == 1
-    run([sys.executable, "eval.py", "--task=video", "--ckpt", o / "video_rlvr.safetensors", "--data", tmp / "data",
-         "--json", o / "e.json", "--grid", o / "g.png"])
-    assert json.loads((o / "e.json").read_text())["n"] == 2 * 7 and (o / "g.png").is_file()
+          "--mode=single", "--control=0")
+    rows = json.loads((o / "eval.json").read_text())
+    assert rows["rlvr"]["horizon"] == 1 and set(rows) == {"mle", "rlvr"}          # --control=0: no control
+    out = run([sys.executable, "eval.py", "--task=video", "--ckpt", o / "video_rlvr.safetensors", "--data",
+               tmp / "data", "--json", o / "e.json", "--grid", o / "g.png", "--official=1", "--mode=single",
+               "--compare", tmp / "out" / "video_mle.safetensors"])     # the multi-step MLE model, used single-step
+    res = json.loads((o / "e.json").read_text())
+    ck = str(o / "video_rlvr.safetensors")
+    assert res[ck]["n"] == 2 * 7 and len(res[ck]["per_record"]["mae"]) == 14 and (o / "g.png").is_file()
+    assert res[ck]["sampled"]["top_k"] == 100 and res[ck]["top_k"] is None       # greedy row, official row
+    assert "0:video_rlvr.safetensors T=1 top-k 100" in out and "0:video_rlvr.safetensors - 1:video_mle." in out
     # a complete stage is reused, not retrained
     assert "is complete, reusing it" in train("--data", tmp / "data", "--out_dir", o, "--stage=rlvr", "--init",
                                               tmp / "out" / "video_mle.safetensors", "--mode=single")
@@ -122,3 +143,21 @@ def test_torchrun_two_ranks_rlvr_identical_weights(trained):
     sums = re.search(r"weight checksums per rank \[(\d+), (\d+)\]", out)
     assert sums and sums.group(1) == sums.group(2), out[-2000:]
     assert (tmp / "ddp" / "eval.json").is_file()
+
+
+def test_functions_read_no_global_assigned_below_them():
+    """A function of train_video.py may use module globals only if they are assigned above its `def` line, so the
+    file reads top to bottom (a name it assigns or takes as a parameter is its own)."""
+    tree = ast.parse((ROOT / "train_video.py").read_text())
+    first_set = {}                                              # global name -> line of its first assignment
+    for node in tree.body:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store) and not isinstance(node, ast.FunctionDef):
+                first_set.setdefault(sub.id, sub.lineno)
+    for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
+        own = {a.arg for a in ast.walk(fn) if isinstance(a, ast.arg)}
+        own |= {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        own |= {n.name for n in ast.walk(fn) if isinstance(n, ast.FunctionDef)}
+        for n in ast.walk(fn):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in own and n.id in first_set:
+                assert first_set[n.id] < fn.lineno, f"{fn.name} reads {n.id}, assigned at line {first_set[n.id]}"

@@ -1,13 +1,14 @@
 from dataclasses import asdict
 
 import numpy as np
+import pytest
 import torch
 
 from data.robot import sim
 from data.robot.task import Layout
 from model import GPT, GPTConfig
 from tokenizer_vq import CondVQConfig, CondVQVAE, VQConfig, VQVAE
-from data.robot.evaluate import eval_video, write_grid
+from data.robot.evaluate import eval_video, paired_video, write_grid
 from data.robot.task import frame_codes, rollout
 from rewards import mae
 
@@ -56,6 +57,37 @@ def test_eval_video_reports_baselines_and_checks(tmp_path):
     assert abs(res["copy_last_frame"]["mae"] - copy.mean().item()) < 1e-6
     assert 0 < res["objects"]["pixels_truth"] < 0.3 and 0 <= res["objects"]["recall"] <= 1
     assert (tmp_path / "g.gif").is_file()
+
+
+def test_per_record_values_and_paired_differences():
+    vq, lay, gpt = tiny()
+    rng = np.random.default_rng(1)
+    eps = [dict(sim.episode(rng, 5, 0.0)) for _ in range(2)]
+    lo, hi = np.full(2, -1, np.float32), np.ones(2, np.float32)
+    res = eval_video(gpt, vq, eps, None, lo, hi, context=1, horizon=2, desc=None)
+    pr = res["per_record"]
+    assert pr["windows"] == [[0, 0], [0, 2], [1, 0], [1, 2]]                     # fixed order: clip, first frame
+    assert all(len(pr[k]) == 4 for k in ("mae", "ssim", "repetition", "changed"))
+    # every window has 2 frames, so the per-window means average to the summary
+    assert abs(np.mean(pr["mae"]) - res["mae"]) < 1e-6 and abs(np.mean(pr["ssim"]) - res["ssim"]) < 1e-6
+    assert abs(np.mean(res["copy_last_frame"]["per_record"]["mae"]) - res["copy_last_frame"]["mae"]) < 1e-6
+    # top-k 1 sampling is greedy decoding: the same predictions, whatever the temperature
+    topk1 = eval_video(gpt, vq, eps, None, lo, hi, context=1, horizon=2, temperature=1.0, top_k=1, seed=3, desc=None)
+    assert topk1["per_record"]["mae"] == pr["mae"] and topk1["top_k"] == 1
+    sampled = eval_video(gpt, vq, eps, None, lo, hi, context=1, horizon=2, temperature=1.0, seed=3, desc=None)
+    assert sampled["per_record"]["mae"] != pr["mae"]                              # an untrained GPT samples noise
+    # paired differences: a model 0.01 worse on every window, against itself and against copying
+    worse = dict(res, per_record=dict(pr, mae=[x + 0.01 for x in pr["mae"]]))
+    diffs = {(a, b, m, sub): (mean, lo_, hi_) for a, b, m, sub, mean, lo_, hi_ in
+             paired_video({"m": res, "worse": worse}, [("worse", "m"), ("m", "copy")])}
+    mean, lo_, hi_ = diffs[("worse", "m", "mae", "all")]
+    assert abs(mean - 0.01) < 1e-9 and abs(lo_ - 0.01) < 1e-9 and abs(hi_ - 0.01) < 1e-9
+    assert diffs[("worse", "m", "ssim", "all")][0] == 0
+    copy_gap = np.mean(pr["mae"]) - np.mean(res["copy_last_frame"]["per_record"]["mae"])
+    assert abs(diffs[("m", "copy", "mae", "all")][0] - copy_gap) < 1e-9
+    short = dict(res, per_record=dict(pr, mae=pr["mae"][:3]))
+    with pytest.raises(ValueError, match="different windows"):
+        paired_video({"m": res, "short": short}, [("short", "m")])
 
 
 def test_eval_video_with_the_context_conditioned_tokenizer():

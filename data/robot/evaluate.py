@@ -13,6 +13,12 @@ What is reported (`eval_video`), all on decoded pixels against the *true* frames
 - objects (when episodes carry their `background`): pixels differing from the bare table by > 0.15, in the truth and
   in the prediction, and object_recall = share of the truth's object pixels where the prediction also shows something.
   A reward-hacking model that erases objects to lower MAE shows object pixels and recall falling.
+- per_record: one entry per test window, in a fixed order (clip by clip, start by start; `windows` names them):
+  mae, ssim (averaged over the window's predicted frames), repetition, and `changed` (some pixel of the window's
+  truth moves by > MOVE_TOL); copy_last_frame has its own per_record mae and ssim. `paired_video` turns them into
+  paired differences between models with bootstrap 95% intervals (data/tasks.paired_table), as the language tasks.
+
+Sampling: greedy by default; `temperature` and `top_k` give the paper's protocol (T=1, top-k 100, OFFICIAL below).
 """
 import sys
 from pathlib import Path
@@ -24,10 +30,12 @@ from tqdm import tqdm
 
 from checkpoint import load_model
 from data.robot.task import Layout, frame_codes, rollout, tokenize_split, windows
+from data.tasks import paired_table
 from tokenizer_vq import load_vq
 from rewards import mae, mse, psnr, repetition_rate, ssim
 
 MOVE_TOL, OBJECT_TOL = 0.1, 0.15
+OFFICIAL = dict(temperature=1.0, top_k=100)   # RLVR-World's video evaluation protocol: sampled at T=1, top-k 100
 
 
 def load_video_model(path, device="cpu"):
@@ -56,9 +64,10 @@ def metrics(pred, true, lpips_net):
 
 @torch.no_grad()
 def eval_video(model, vq, episodes, tokens, lo, hi, context, horizon, lpips_net=None, batch_size=64,
-               temperature=0.0, seed=0, grid_path=None, desc="eval"):
+               temperature=0.0, top_k=None, seed=0, grid_path=None, desc="eval"):
     """Evaluate on windows starting every `horizon` frames of each clip. tokens: the split's tokens
-    (data/robot/task.tokenize_split, with at least `horizon` future frames), or None to compute them here."""
+    (data/robot/task.tokenize_split, with at least `horizon` future frames), or None to compute them here.
+    temperature 0 is greedy; else sampled (top_k: only the k likeliest codes), from a generator seeded by `seed`."""
     model.eval()
     layout = Layout.of(vq, episodes[0]["action"].shape[1])
     tokens = tokens or tokenize_split(vq, episodes, horizon, layout, lo, hi)
@@ -69,13 +78,13 @@ def eval_video(model, vq, episodes, tokens, lo, hi, context, horizon, lpips_net=
     acc = {k: [] for k in ("pred", "copy", "ceiling")}
     moving = {k: [0.0, 0.0] for k in acc}
     objects = dict(truth=0.0, pred=0.0, hit=0.0, n=0)
-    reps, grid = [], []
+    reps, changed, grid = [], [], []
     for s in tqdm(range(0, len(wins), batch_size), desc=desc, leave=False, disable=desc is None):
         batch = wins[s:s + batch_size]
         B = len(batch)
         seq = windows(tokens, layout, [e for e, _ in batch], [t for _, t in batch], context, horizon)  # (B, n)
         acts = seq[:, P:P + (horizon - 1) * FL].view(B, horizon - 1, FL)[:, :, L:]       # injected true actions
-        out, _, _ = rollout(model, seq[:, :P].tolist(), acts, horizon, L, temperature, g)
+        out, _, _ = rollout(model, seq[:, :P].tolist(), acts, horizon, L, temperature, g, top_k)
         pc = frame_codes(out, layout, horizon)                                           # (B, K, L) predicted
         tc = frame_codes(seq[:, P:], layout, horizon)                                    # (B, K, L) true frames'
         true = torch.stack([to_float(episodes[e]["image"][t + context:t + context + horizon]) for e, t in batch])
@@ -83,7 +92,8 @@ def eval_video(model, vq, episodes, tokens, lo, hi, context, horizon, lpips_net=
         tf, cf = true.flatten(0, 1), ctx[:, None].expand_as(true).flatten(0, 1)          # (B*K, 3, H, W)
         pred = vq.detokenize(pc.flatten(0, 1).to(pc.device), cf).cpu()                   # decoded with the context
         ceil = vq.detokenize(tc.flatten(0, 1).to(pc.device), cf).cpu()                   # the true frame's codes
-        mask = ((tf - cf).abs().amax(1, keepdim=True) > MOVE_TOL).float()
+        mask = ((tf - cf).abs().amax(1, keepdim=True) > MOVE_TOL).float()               # (B*K, 1, H, W)
+        changed.append(mask.view(B, -1).amax(1) > 0)                                     # (B,) the window moves
         for name, x in (("pred", pred), ("copy", cf), ("ceiling", ceil)):
             acc[name].append(metrics(x, tf, lpips_net))
             moving[name][0] += float(((x - tf).abs() * mask).sum())
@@ -102,6 +112,10 @@ def eval_video(model, vq, episodes, tokens, lo, hi, context, horizon, lpips_net=
         if len(grid) < 6:
             grid += [(ctx[i], true[i], pred.view(B, horizon, *pred.shape[1:])[i]) for i in range(min(6 - len(grid), B))]
 
+    def per_window(name, key):
+        """One value per window (the mean over its `horizon` frames), in window order."""
+        return torch.cat([r[key] for r in acc[name]]).view(len(wins), horizon).mean(1).tolist()
+
     def summary(name):
         rows = acc[name]
         res = {k: float(torch.cat([r[k] for r in rows]).mean()) for k in rows[0]}
@@ -110,8 +124,12 @@ def eval_video(model, vq, episodes, tokens, lo, hi, context, horizon, lpips_net=
         return res
 
     res = dict(summary("pred"), n=sum(len(r["mae"]) for r in acc["pred"]), n_windows=len(wins), context=context,
-               horizon=horizon, temperature=temperature, repetition_rate=float(torch.cat(reps).mean()),
+               horizon=horizon, temperature=temperature, top_k=top_k, repetition_rate=float(torch.cat(reps).mean()),
                copy_last_frame=summary("copy"), tokenizer_ceiling=summary("ceiling"))
+    res["per_record"] = dict(mae=per_window("pred", "mae"), ssim=per_window("pred", "ssim"),
+                             repetition=torch.cat(reps).tolist(), changed=torch.cat(changed).tolist(),
+                             windows=[list(w) for w in wins])
+    res["copy_last_frame"]["per_record"] = dict(mae=per_window("copy", "mae"), ssim=per_window("copy", "ssim"))
     if objects["n"]:
         res["objects"] = dict(pixels_truth=objects["truth"] / objects["n"], pixels_pred=objects["pred"] / objects["n"],
                               recall=objects["hit"] / max(objects["truth"], 1))
@@ -150,6 +168,33 @@ def print_video_table(rows, file=sys.stdout):
     first = next(iter(rows.values()))
     line("copy-last-frame", first["copy_last_frame"])
     line("tokenizer ceiling", first["tokenizer_ceiling"])
+
+
+def paired_video(rows, pairs, metrics=("mae", "ssim")):
+    """Paired differences a - b over the same test windows, with bootstrap 95% intervals (data/tasks.paired_table).
+    rows: name -> eval_video result of the same windows; "copy" names the first row's copy-last-frame baseline.
+    pairs: (a, b) names. -> list of (a, b, metric, subset, mean, low, high); subset "all" or "moving" (the windows
+    whose truth moves)."""
+    first = next(iter(rows.values()))
+    per = {name: r["per_record"] for name, r in rows.items()}
+    per["copy"] = dict(first["copy_last_frame"]["per_record"], changed=first["per_record"]["changed"])
+    out = []
+    for a, b in pairs:
+        if len(per[a]["mae"]) != len(per[b]["mae"]):
+            raise ValueError(f"paired_video: {a} and {b} were evaluated on different windows")
+        for m in metrics:   # paired_table compares every row with `b`: here the one row `a`
+            for _, sub, mean, lo, hi in paired_table({a: {"per_record": per[a]}, b: {"per_record": per[b]}}, m, b):
+                out.append((a, b, m, "moving" if sub == "changed" else sub, mean, lo, hi))
+    return out
+
+
+def print_video_paired(diffs, file=sys.stdout):
+    """Print paired_video's list; * marks an interval that excludes 0 (MAE: lower is better, SSIM: higher)."""
+    print("paired differences over the same test windows (bootstrap 95% CI; * = the CI excludes 0):", file=file)
+    for a, b, m, sub, mean, lo, hi in diffs:
+        if mean is not None:   # no window in this subset
+            sig = "  *" if lo > 0 or hi < 0 else ""
+            print(f"  {a + ' - ' + b:<18} {m:<5} {sub:<7} {mean:+.5f}  [{lo:+.5f}, {hi:+.5f}]{sig}", file=file)
 
 
 @torch.no_grad()

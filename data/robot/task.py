@@ -155,7 +155,7 @@ class Layout:
 
     A context frame is Lc codes with ids in [0, Kc); a predicted (future) frame is L codes with ids code_offset + code,
     code in [0, K); the action tokens come after all code ids. The per-frame tokenizer codes every frame alike
-    (Kc = K, Lc = L, offset 0); the context-conditioned one gives context frames 64 codes and future frames 16 codes
+    (Kc = K, Lc = L, offset 0); the context-conditioned one gives context frames 64 codes and future frames 64 codes
     of their own codebook (offset Kc). `Layout.of(vq, D)` reads these numbers from a tokenizer."""
 
     def __init__(self, n_codes, codes_per_frame, action_dim, context_codes=None, context_len=None, code_offset=0):
@@ -239,15 +239,15 @@ def windows(tokens, layout, ids, starts, context, horizon):
 # -----------------------------------------------------------------------------
 # multi-step rollout: the GPT samples a frame's codes, the true next action is injected, and so on
 
-def rollout(model, prompts, actions, horizon, L, temperature, generator=None):
+def rollout(model, prompts, actions, horizon, L, temperature, generator=None, top_k=None):
     """Predict `horizon` frames of L codes after each prompt, injecting actions (N, horizon - 1, D) token ids between
-    them. -> tokens (N, horizon * L + (horizon - 1) * D), their log-probs (0 for injected), sampled mask.
+    them (temperature 0: greedy; top_k: sample among the k likeliest tokens only). -> tokens (N, horizon * L + (horizon - 1) * D), their log-probs (0 for injected), sampled mask.
     Each frame is one `engine.generate` call on the grown prompt: re-running the prompt is one batched forward pass per
     frame, far cheaper than the L sequential decoding steps."""
     seqs = [list(p) for p in prompts]
     toks, lps, sampled = [], [], []
     for k in range(horizon):
-        tok, lp = generate(model, seqs, L, temperature=temperature, generator=generator)   # (N, L) each
+        tok, lp = generate(model, seqs, L, temperature=temperature, top_k=top_k, generator=generator)   # (N, L)
         toks.append(tok)
         lps.append(lp)
         sampled.append(torch.ones_like(tok, dtype=torch.bool))
