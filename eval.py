@@ -25,7 +25,8 @@ Video (data/robot/evaluate.py): a window is `context` true frames with their act
 single-step is horizon 1), decoded with the true last context frame and scored by MAE, PSNR, SSIM, LPIPS (with
 weights), the error on moving pixels and object recall, against copy-last-frame and the tokenizer's own ceiling;
 greedy by default, and with --official=1 also the paper's protocol (sampled at T=1, top-k 100) in the next row and
-under "sampled" in the JSON. With --compare the paired differences over the same test windows are printed too.
+under "sampled" in the JSON. With --compare the paired differences over the same test windows are printed too
+(--ckpt - --compare, and each against copy-last-frame).
 """
 import argparse
 import sys
@@ -152,7 +153,8 @@ def video_main(argv):
         a, b = names[args.ckpt], names[args.compare]
         for key in (None, "sampled") if args.official else (None,):
             try:
-                print_video_paired(paired_video({names[k]: r[key] if key else r for k, r in rows.items()}, [(a, b)]))
+                pairs = [(a, b)] + ([(a, "copy"), (b, "copy")] if key is None else [])   # copying does not sample
+                print_video_paired(paired_video({names[k]: r[key] if key else r for k, r in rows.items()}, pairs))
             except ValueError as e:   # another clip length or mode: not the same windows
                 sys.exit(f"error: --compare: {e}")
     if args.lpips is None:

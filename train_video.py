@@ -116,6 +116,9 @@ p.add_argument("--warmup", type=int, default=100, help="MLE warmup steps")
 p.add_argument("--weight_decay", type=float, default=0.1, help="AdamW weight decay for MLE")
 p.add_argument("--control", type=int, default=1,
                help="1: also train the control, the MLE start trained further by MLE for RLVR's wall-clock")
+p.add_argument("--control_steps", type=int, default=0,
+               help="0: the control runs for RLVR's wall-clock; N: exactly N steps instead (reproducible, for a "
+                    "machine whose load changed between the RLVR run and the control)")
 p.add_argument("--control_lr", type=float, default=2e-4,
                help="constant learning rate of the control (the default MLE schedule's final rate, 0.1 x 2e-3)")
 # RLVR
@@ -151,7 +154,7 @@ for name in ("size", "n_codes", "vq_steps", "vq_batch", "vq_crop", "cvq_steps", 
     if getattr(args, name) < 1:
         p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
 for name in ("vq_minutes", "vq_lr", "cvq_minutes", "move_weight", "mle_minutes", "mle_lr", "warmup", "weight_decay",
-             "control_lr", "rl_lr", "beta", "clip_eps", "test_limit", "train_limit"):
+             "control_steps", "control_lr", "rl_lr", "beta", "clip_eps", "test_limit", "train_limit"):
     if not getattr(args, name) >= 0:
         p.error(f"--{name} must be >= 0, got {getattr(args, name)}")
 if args.clip_len < 2 or args.vq_crop > args.size or args.cvq_crop > args.size or not args.temperature > 0:
@@ -640,9 +643,11 @@ if args.stage in ("all", "rlvr"):
     models = {"mle": (mle_model, mle_path)}      # name -> (model, its checkpoint file), evaluated below
     models["rlvr"] = (run_rlvr(start_model, vq, layout, tokens, horizon, lpips_net, reward_name), FILES["rlvr"])
     if args.control:                             # the same start, trained further by MLE for RLVR's wall-clock
-        minutes = read_checkpoint(FILES["rlvr"])[1]["metrics"].get("rl_seconds", 0.0) / 60
-        if minutes > 0:
-            control = run_mle(copy.deepcopy(mle_model), layout, tokens, horizon, "mle_more", args.mle_steps, minutes,
+        # its budget: RLVR's recorded wall-clock of GRPO steps, or exactly --control_steps steps (then no clock)
+        minutes = 0 if args.control_steps else read_checkpoint(FILES["rlvr"])[1]["metrics"].get("rl_seconds", 0) / 60
+        if minutes > 0 or args.control_steps:
+            control = run_mle(copy.deepcopy(mle_model), layout, tokens, horizon, "mle_more",
+                              args.control_steps or args.mle_steps, minutes,
                               lambda s: args.control_lr * min(1.0, (s + 1) / 10))   # 10 warm-up steps, then flat
             models["mle_more"] = (control, FILES["mle_more"])
         else:                                    # an RLVR file written before rl_seconds was recorded
