@@ -1,6 +1,7 @@
 """
 Train a video world model: a VQ tokenizer, an action-conditioned GPT by MLE, then RLVR (GRPO whose reward is a
-metric of the decoded frames against the true ones), and compare MLE and RLVR on held-out episodes.
+metric of the decoded frames against the true ones), and compare on held-out episodes the MLE start, RLVR, and the
+control: the MLE start trained further by MLE for RLVR's wall-clock ("mle_more"), so a gain is not just more compute.
 
 CPU, the default job (embedded robot-pushing data; RLVR from the shipped checkpoints/video_mle.safetensors):
     python train_video.py                                   # single-step, 100 GRPO steps
@@ -18,8 +19,12 @@ Converted RT-1 episodes (.npz with image (T, 256, 320, 3) and action (T, 13)), o
 
 Stages (--stage): tokenizer | mle | rlvr | all. Outputs in --out_dir: video_vq.safetensors (per-frame tokenizer),
 video_cvq.safetensors (context-conditioned tokenizer, --tokenizer=cond), video_mle.safetensors,
-video_rlvr.safetensors (+ .json sidecars), tokens_<split>.safetensors (the clips' tokens, cached per tokenizer),
-log.jsonl and eval.json = {"mle": <eval.py --task=video JSON>, "rlvr": <the same>}.
+video_rlvr.safetensors, video_mle_more.safetensors (the control; --control=0 skips it) (+ .json sidecars),
+tokens_<split>.safetensors (the clips' tokens, cached per tokenizer), log.jsonl and eval.json = {"mle": M, "rlvr": M,
+"mle_more": M}, each M the eval.py --task=video JSON of the test split: greedy summaries, copy-last-frame and the
+tokenizer ceiling, "per_record" (mae, ssim, repetition per test window, in a fixed order, for paired comparisons) and
+"sampled" (the paper's protocol: T=1, top-k 100). The run ends by printing RLVR - MLE, RLVR - mle_more, RLVR - copy
+and MLE - copy with paired bootstrap 95% intervals over the test windows.
 Every stage checkpoints every --ckpt_every steps with optimizer and RNG state (a tokenizer's in
 video_vq_train / video_cvq_train.safetensors, removed once the tokenizer is written), and a re-run of the same command
 resumes where it stopped, ending with the weights of an uninterrupted run (a finished stage keeps its weights only,
