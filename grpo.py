@@ -1,28 +1,14 @@
 """
-GRPO (Group Relative Policy Optimization), written out by hand; every task plugs into the same loop.
-
-One step (`grpo_step`):
-1. rollout: for each prompt sample G completions with the KV cache (`engine.generate(num_samples=G)`: each prompt is
-   prefilled once for its G samples), keeping the sampler's log-probs as the "old" policy's log-probs.
-2. reward: the task's `reward_fn(items, completions)` scores the *decoded* completions (a verifiable metric).
-3. dynamic sampling (DAPO): a group whose G rewards are all equal has zero advantage, so no policy gradient; it is
-   dropped, and the step samples more prompts (`next_prompts(n)`) until it holds `prompts_per_step` groups with
-   reward spread, or `max_rounds` rounds have run. The share of dropped groups is logged as `zero_std_frac`.
-4. advantages: A = (r - mean of its group) / (std of its group + eps) (`std_norm=False`: Dr. GRPO's r - mean).
-5. update: `ppo_epochs` passes over the kept groups, each in `minibatches` optimizer steps, of PPO-clip on per-token
-   ratios, plus a KL penalty to a frozen reference model (k3 estimator, `beta`) and minus an entropy bonus
-   (`entropy_coef`), masked to completion tokens (EOS in, padding out), with gradient clipping. Both models run each
-   prompt once per micro-batch, however many of its samples are in it (`GPT.forward(prompts=)`).
-
-Choices (fields of `GRPOConfig`): loss aggregation "token-mean" (default, DAPO / verl: every completion token weighs
-the same, so long answers are not down-weighted) or "seq-mean" (the GRPO paper); log-probs use logits / temperature,
-the distribution the sampler drew from. `shuffle_rewards` is the placebo control: each round's rewards are permuted
-across its whole batch before the spread filter and the advantages, so a run has all the machinery but no signal
-(the log keeps the true rewards). When the forward pass runs in a
-low-precision dtype (bf16 / fp16 autocast, or non-fp32 weights) the sampler's log-probs differ from the update's, so
-the old log-probs are recomputed with the training model on the update's exact path (as verl does) and the first
-minibatch's ratio is exactly 1. Under DDP each rank samples its own prompts, so groups never split across ranks, and
-every rank runs the same number of optimizer steps.
+GRPO (Group Relative Policy Optimization), written out by hand: the README's "GRPO in seven steps" in code. Every task
+plugs into the same `grpo_step`: sample G completions per prompt (engine.py prefills each prompt once for its G),
+score the decoded completions with the task's reward, drop groups without reward spread and sample more prompts in
+their place (DAPO dynamic sampling), give each sample its group-normalised advantage, then take `ppo_epochs x
+minibatches` optimizer steps on PPO-clip + beta * k3 KL to a frozen reference - an entropy bonus, over completion
+tokens (EOS in, padding out), in micro-batches whose gradients add up. Log-probs use logits / temperature, the
+sampler's distribution. `shuffle_rewards` is the placebo: each round's rewards permuted over its batch (all the
+machinery, no signal; the log keeps the true rewards). In bf16 / fp16 the old log-probs are recomputed on the update's
+exact path (as verl does), so the first ratio is exactly 1. Under DDP each rank samples its own prompts and every rank
+takes the same number of optimizer steps.
 """
 import math
 import time
@@ -31,9 +17,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 
 from engine import generate
-from torch.nn.utils.rnn import pad_sequence
 
 
 @dataclass
@@ -106,16 +92,14 @@ def grpo_loss(logp, old_logp, ref_logp, entropy, adv, mask, cfg, n_tokens=None, 
 
 
 # -----------------------------------------------------------------------------
-# rollouts
+# rollouts, and the update's inputs
 
 @torch.no_grad()
 def rollout(model, prompts, items, reward_fn, cfg, eos_id, generator, sampler=None):
-    """Sample G completions per prompt and score them. Returns per-sample (N = P * G, rows grouped by prompt) tokens
-    (N, T) (-1 after EOS), old_logp (N, T), mask (N, T) (True on sampled tokens), rewards (N,) and completions (lists).
-
-    sampler: None (engine.generate) or a function (model, prompts, items, cfg, generator) -> (tokens, logprobs,
-    sampled), all (N, T), for completions with tokens the task injects rather than samples (the true actions between
-    predicted video frames): positions where `sampled` is False stay in the sequence but out of the loss."""
+    """Sample G completions per prompt and score them -> per sample (N = P * G rows, grouped by prompt): tokens (N, T)
+    (-1 after EOS), old_logp (N, T), mask (N, T) (True on sampled tokens), rewards (N,) and completions (id lists).
+    sampler: None (engine.generate), or (model, prompts, items, cfg, generator) -> tokens, logprobs, sampled (N, T)
+    for completions with tokens the task injects (video's true actions); where `sampled` is False: not in the loss."""
     G = cfg.group_size
     model.eval()
     if sampler is None:  # each prompt is prefilled once; its G samples share its KV cache
@@ -135,32 +119,24 @@ def rollout(model, prompts, items, reward_fn, cfg, eos_id, generator, sampler=No
     return dict(tokens=tokens, old_logp=old_lp, mask=mask, rewards=rewards, completions=completions)
 
 
-def pad_cat(tensors, value):
-    """The rows of (n_i, T_i) tensors stacked into one (sum n_i, max T_i), each right-padded with `value`."""
-    return pad_sequence([row for t in tensors for row in t], batch_first=True, padding_value=value)
-
-
 def pack(prompts, tokens, mask=None):
-    """The update's inputs, each prompt stored once (G = N / P rows continue each prompt, in engine.generate's order).
-
-    prompts: P token-id lists; tokens (N, T): the completions, -1 after EOS; mask (N, T) bool or None: False marks
-    tokens out of the loss (injected by the task: inputs, never targets). Returns prompt_idx (P, L) the right-padded
-    prompts without their last token, prompt_len (P,) their lengths, and per row idx (N, T) = the prompt's last token
-    then the completion without its last token, targets (N, T) = the completion (-1 where there is none or it is out
-    of the loss): the model fed prompt + idx[n, :t+1] predicts targets[n, t]. The loss mask is targets >= 0."""
+    """P token-id prompts and their completions tokens (N = P * G, T) (-1 after EOS; mask False: injected, out of the
+    loss) -> prompt_idx (P, L) the right-padded prompts less their last token, prompt_len (P,), idx (N, T) the
+    prompt's last token then the completion less its last, targets (N, T) the completion, -1 out of the loss: the
+    model fed prompt + idx[n, :t+1] predicts targets[n, t]. Each prompt is stored once, not once per sample."""
     P, G = len(prompts), len(tokens) // len(prompts)
     L = max(len(p) for p in prompts) - 1
     prompt_idx = torch.tensor([p[:-1] + [0] * (L + 1 - len(p)) for p in prompts], dtype=torch.long).view(P, L)
     prompt_len = torch.tensor([len(p) - 1 for p in prompts])
-    last = torch.tensor([p[-1] for p in prompts]).repeat_interleave(G)
-    idx = torch.cat([last.unsqueeze(1), tokens[:, :-1].clamp(min=0)], dim=1)
-    targets = tokens if mask is None else tokens.masked_fill(~mask, -1)
+    last = torch.tensor([p[-1] for p in prompts]).repeat_interleave(G)              # (N,) each row's prompt's last
+    idx = torch.cat([last.unsqueeze(1), tokens[:, :-1].clamp(min=0)], dim=1)        # (N, T) inputs
+    targets = tokens if mask is None else tokens.masked_fill(~mask, -1)             # (N, T) injected: input only
     return prompt_idx, prompt_len, idx, targets
 
 
 def token_logprobs_and_entropy(model, prompt_idx, prompt_len, rows, idx, targets, temperature):
-    """Log-probs (n, T) of targets and entropies (n, T) for n rows continuing prompts `rows` (see `pack`); each prompt
-    the rows use is run once, not once per row."""
+    """Log-probs (n, T) of targets and entropies (n, T) of n rows continuing prompts `rows` (see `pack`); each prompt
+    the rows use runs once (`GPT.forward(prompts=)`), not once per row."""
     used, rows = torch.unique(rows, return_inverse=True)
     prompts = (prompt_idx[used], prompt_len[used], rows) if prompt_idx.size(1) else None  # None: 1-token prompts
     logits, _ = model(idx, prompts=prompts)
@@ -181,13 +157,11 @@ def low_precision(model, device):
 
 def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_id, generator, step=0, sampler=None,
               next_prompts=None):
-    """Rollouts until `cfg.prompts_per_step` groups have reward spread, then `ppo_epochs x minibatches` optimizer steps.
-
-    policy: the trained GPT, possibly wrapped in DDP; ref_model: frozen GPT (or None when beta == 0); prompts: P
-    token-id lists and items: P task objects for the first round, scored by reward_fn(items, completions) -> floats;
-    next_prompts(n) -> (prompts, items): n more for the next round (None: one round only); sampler: see `rollout`.
-    Returns a dict of stats. A non-finite weight, reward, loss or gradient norm raises FloatingPointError before the
-    optimizer step it would corrupt."""
+    """Rollouts until `cfg.prompts_per_step` groups have reward spread, then `ppo_epochs x minibatches` optimizer steps
+    -> a dict of stats. policy: the trained GPT, maybe DDP-wrapped; ref_model: the frozen GPT (None if beta == 0);
+    prompts, items: the first round's P token-id lists and task objects, scored by reward_fn(items, completions);
+    next_prompts(n) -> (prompts, items) of a further round (None: one round); sampler: see `rollout`. A non-finite
+    weight, reward, loss or gradient norm raises FloatingPointError before the optimizer step it would corrupt."""
     t0 = time.time()
     raw = getattr(policy, "module", policy)
     device = raw.wte.weight.device
@@ -218,12 +192,13 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_
     # 4. the update batch: kept groups of every round, right-padded to one length, each prompt stored once
     N = len(kept) * G
     if kept:
-        tokens, old_logp, mask = (pad_cat([out[key][sl] for _, out, sl, _ in kept], pad)  # (N, T) each
+        tokens, old_logp, mask = (pad_sequence([row for _, out, sl, _ in kept for row in out[key][sl]],  # (N, T) each
+                                               batch_first=True, padding_value=pad)
                                   for key, pad in (("tokens", -1), ("old_logp", 0.0), ("mask", False)))
         prompt_idx, prompt_len, idx, targets = pack([p for p, *_ in kept], tokens, mask)
         adv = group_advantages(torch.stack([rk for *_, rk in kept]), cfg.std_norm, cfg.adv_eps).view(-1)  # (N,)
-        idx, targets, old_logp, adv = idx.to(device), targets.to(device), old_logp.to(device), adv.to(device)
-        prompt_idx, prompt_len = prompt_idx.to(device), prompt_len.to(device)
+        prompt_idx, prompt_len, idx, targets, old_logp, adv = (t.to(device) for t in (prompt_idx, prompt_len, idx,
+                                                                                      targets, old_logp, adv))
         rows = torch.arange(len(kept), device=device).repeat_interleave(G)  # (N,) the group (prompt) of each row
         mask = targets >= 0                                                # (N, T) the loss mask, EOS included
 
@@ -234,10 +209,8 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_
     # the plan: each epoch a fresh order of the rows, cut into minibatches, each cut into micro-batches ("chunks");
     # every rank runs the same number of minibatches (DDP all-reduces in each); an empty one adds no gradient
     per_mb = math.ceil(N / cfg.minibatches)
-    plan = []
-    for _ in range(cfg.ppo_epochs):
-        order = torch.randperm(N, generator=generator).tolist()
-        plan += [order[m * per_mb:(m + 1) * per_mb] for m in range(cfg.minibatches)]
+    orders = [torch.randperm(N, generator=generator).tolist() for _ in range(cfg.ppo_epochs)]   # one per epoch
+    plan = [order[m * per_mb:(m + 1) * per_mb] for order in orders for m in range(cfg.minibatches)]
     chunks = [[mb[s:s + cfg.micro_batch] for s in range(0, len(mb), cfg.micro_batch)] for mb in plan]
     recompute = N > 0 and low_precision(raw, device)
     with torch.no_grad():  # reference log-probs, and in low precision the old ones, on exactly the update's chunks
@@ -255,11 +228,9 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_
     for m, mb in enumerate(plan):
         optimizer.zero_grad(set_to_none=True)
         n_tok = int(mask[mb].sum()) if mb else 0  # the minibatch's loss tokens: its chunks' shares divide by these
-        if not mb:  # nothing to learn from here
+        if not mb:  # nothing to learn from here; under DDP join the others' all-reduce and take the same step
             if not hasattr(policy, "no_sync"):
                 continue
-            # under DDP: join the other ranks' gradient all-reduce, then take the same step with the averaged gradient
-            # (skipping it would leave this rank's weights behind theirs)
             (policy(torch.zeros(1, 1, dtype=torch.long, device=device))[0].sum() * 0.0).backward()
         for c, chunk in enumerate(chunks[m]):
             last = c == len(chunks[m]) - 1                      # DDP all-reduces the gradients on the last chunk only
@@ -287,11 +258,11 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_
     rewards = torch.cat([s["rewards"] for s in sampled]).view(-1, G)  # (all groups, G) the true rewards
     lengths = torch.tensor([len(c) for s in sampled for c in s["completions"]], dtype=torch.float32)
     eos = [bool(c) and c[-1] == eos_id for s in sampled for c in s["completions"]]
-    stats = {k: v / n_mb if n_mb else float("nan") for k, v in sums.items()}
+    mean = {k: v / n_mb if n_mb else float("nan") for k, v in sums.items()}
     return dict(step=step, reward_mean=rewards.mean().item(), reward_max=rewards.max().item(),
                 zero_std_frac=(rewards.std(1, unbiased=False) == 0).float().mean().item(),
-                rounds=len(sampled), groups=len(rewards), groups_kept=len(kept),
-                kl=stats["kl"], entropy=stats["entropy"], clip_frac=stats["clip"], loss=stats["loss"],
-                grad_norm=stats["grad_norm"], ratio_first=ratio_sum / ratio_tokens if ratio_tokens else float("nan"),
-                response_len=lengths.mean().item(),
-                eos_frac=sum(eos) / len(eos), t_rollout=t_rollout, t_step=time.time() - t0)
+                rounds=len(sampled), groups=len(rewards), groups_kept=len(kept), kl=mean["kl"],
+                entropy=mean["entropy"], clip_frac=mean["clip"], loss=mean["loss"], grad_norm=mean["grad_norm"],
+                ratio_first=ratio_sum / ratio_tokens if ratio_tokens else float("nan"),
+                response_len=lengths.mean().item(), eos_frac=sum(eos) / len(eos), t_rollout=t_rollout,
+                t_step=time.time() - t0)

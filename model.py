@@ -71,9 +71,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        xf = x.float()                                                       # normalise in float32, as HF does
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)  # x / RMS(x): no mean subtracted
+        return self.weight * xf.to(x.dtype)                                  # a learned gain per channel
 
 
 def make_norm(config):
@@ -83,7 +83,7 @@ def make_norm(config):
 
 
 def rope_tables(head_dim, length, theta):
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))  # one per pair
     angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)  # (length, head_dim/2)
     angles = torch.cat([angles, angles], dim=-1)                                 # (length, head_dim)
     return angles.cos(), angles.sin()
@@ -110,20 +110,17 @@ class Attention(nn.Module):
         q = q.view(B, T, nh, hd).transpose(1, 2)    # (B, nh, T, hd)
         k = k.view(B, T, nkv, hd).transpose(1, 2)   # (B, nkv, T, hd)
         v = v.view(B, T, nkv, hd).transpose(1, 2)   # (B, nkv, T, hd)
-        if rope is not None:
+        if rope is not None:   # positions enter as rotations of q and k, so scores depend on distance
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None and cache.rows is None:  # a prompt pass: keep its keys and values for what follows
             cache.k[layer], cache.v[layer] = k.contiguous(), v.contiguous()
         elif cache is not None:  # rows continuing the prompts cache.rows: their prompt's keys and values come first
             k = torch.cat([cache.k[layer][cache.rows], k], dim=2)  # (B, nkv, Lp + T, hd)
             v = torch.cat([cache.v[layer][cache.rows], v], dim=2)
-        if nkv != nh:
+        if nkv != nh:   # grouped-query attention: each kv head serves nh // nkv query heads
             k = k.repeat_interleave(nh // nkv, dim=1)  # (B, nh, T_all, hd)
             v = v.repeat_interleave(nh // nkv, dim=1)
-        if mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)  # (B, nh, T, hd)
         y = y.transpose(1, 2).contiguous().view(B, T, nh * hd)  # (B, T, nh*hd)
         return self.c_proj(y)
 
@@ -136,10 +133,10 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)
 
     def forward(self, x):
-        h = self.c_fc(x)
+        h = self.c_fc(x)                   # (B, T, hidden), or gate and up side by side for SwiGLU
         if self.swiglu:
             gate, up = h.chunk(2, dim=-1)
-            h = F.silu(gate) * up
+            h = F.silu(gate) * up          # the gate decides how much of each up channel passes
         else:
             h = F.gelu(h, approximate="tanh")  # GPT-2's "gelu_new"
         return self.c_proj(h)
@@ -152,8 +149,13 @@ class Block(nn.Module):
         self.ln_2, self.mlp = make_norm(config), MLP(config)
 
     def forward(self, x, rope, mask, cache, layer):
-        x = x + self.attn(self.ln_1(x), rope, mask, cache, layer)
-        return x + self.mlp(self.ln_2(x))
+        x = x + self.attn(self.ln_1(x), rope, mask, cache, layer)   # pre-norm residual: tokens talk to each other
+        return x + self.mlp(self.ln_2(x))                           # ... then each token thinks on its own
+
+
+def additive(allowed, dtype):
+    """A bool mask (True = may attend) as the float mask the attention adds to its scores: 0 or -inf."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
 
 
 class PromptCache:
@@ -177,7 +179,7 @@ class GPT(nn.Module):
         self.h = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
         self.ln_f = make_norm(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        if config.tie_embeddings:
+        if config.tie_embeddings:   # one matrix reads tokens in and writes logits out
             self.lm_head.weight = self.wte.weight
         if config.pos == "rope":
             cos, sin = rope_tables(config.head_dim, config.block_size, config.rope_theta)
@@ -198,7 +200,7 @@ class GPT(nn.Module):
 
     def num_params(self, non_embedding=True):
         n = sum(p.numel() for p in self.parameters())
-        if non_embedding:
+        if non_embedding:   # the convention of scaling laws: embeddings are lookups, not compute
             n -= self.wte.weight.numel() + (self.wpe.weight.numel() if self.wpe is not None else 0)
         return n
 
@@ -213,13 +215,13 @@ class GPT(nn.Module):
         # rows set to continue them; last: logits of the last position only (B, 1, vocab)
         x = self.wte(idx)                                    # (B, T, C)
         rope = None
-        if self.wpe is not None:
+        if self.wpe is not None:   # GPT-2: a learned vector per position, added once
             x = x + self.wpe(pos)
-        else:
+        else:                      # RoPE: cos / sin at each token's position, applied in every attention
             rope = (self.rope_cos[pos].unsqueeze(1).to(x.dtype), self.rope_sin[pos].unsqueeze(1).to(x.dtype))  # (B, 1, T, hd)
         for i, block in enumerate(self.h):
             x = block(x, rope, mask, cache, i)
-        if last:
+        if last:   # prefill only needs the next token's logits
             x = x[:, -1:]
         return self.lm_head(self.ln_f(x))                    # (B, T, vocab)
 
@@ -237,67 +239,62 @@ class GPT(nn.Module):
             prompt_idx, prompt_len, rows = prompts
             B, L = prompt_idx.size()
             assert L + T <= self.config.block_size, f"prompt {L} + {T} tokens > block_size {self.config.block_size}"
-            cache = PromptCache(self.config.n_layer)
+            cache = PromptCache(self.config.n_layer)   # the prompts' keys and values, once per prompt
             self._run(prompt_idx, torch.arange(L, device=device).expand(B, L), None, cache, last=True)  # fills cache
-            cache.rows = rows
+            cache.rows = rows   # row n attends to prompt rows[n]'s real tokens, then causally to its own
             causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
             seen = torch.arange(L, device=device) < prompt_len[rows].unsqueeze(1)          # (N, L) real prompt keys
             allowed = torch.cat([seen.unsqueeze(1).expand(N, T, L), causal.expand(N, T, T)], dim=2)  # (N, T, L + T)
             pos = prompt_len[rows].unsqueeze(1) + torch.arange(T, device=device)           # (N, T)
             logits = self._run(idx, pos, additive(allowed.unsqueeze(1), self.wte.weight.dtype), cache)
         loss = None
-        if targets is not None:
+        if targets is not None:   # float32 cross-entropy even under autocast; -1 marks tokens nobody scores
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
         return logits, loss
 
-    def token_logprobs(self, idx, targets):
-        """Log-probs (B, T) float32 of targets (B, T) under the model fed idx (B, T); entries where targets == -1 are 0."""
-        logits, _ = self(idx)
-        logp = torch.log_softmax(logits.float(), dim=-1)     # (B, T, vocab)
-        out = logp.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-        return out.masked_fill(targets < 0, 0.0)
-
-    # -------------------------------------------------------------------------
-    # loading pretrained HF-format weights (GPT2LMHeadModel, Qwen2ForCausalLM, LlamaForCausalLM)
-
     @classmethod
     def from_pretrained(cls, path, dtype=torch.float32):
-        from safetensors.torch import load_file
-        path = Path(path)
-        cfg_file = path / "config.json"
-        if not cfg_file.is_file():
-            raise ValueError(f"{cfg_file}: missing (expected an HF model directory with config.json + safetensors)")
-        hf = json.loads(cfg_file.read_text())
-        config = config_from_hf(hf, cfg_file)
-        index = path / "model.safetensors.index.json"
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else ["model.safetensors"]
-        sd = {}
-        for f in files:
-            try:
-                sd.update(load_file(str(path / f)))
-            except Exception as e:
-                raise ValueError(f"{path / f}: cannot read safetensors weights ({e})") from None
-        model = cls(config)
+        """An HF GPT-2 / Qwen2 / Llama directory -> GPT (the loader is this file's last section)."""
+        return load_pretrained(path, dtype)
+
+
+# =============================================================================
+# loading pretrained HF-format weights (GPT2LMHeadModel, Qwen2ForCausalLM, LlamaForCausalLM): not on the training path
+
+def load_pretrained(path, dtype=torch.float32):
+    """An HF model directory (config.json + safetensors, sharded or not) -> GPT in `dtype`; ValueError naming the
+    file on anything we cannot read or map."""
+    from safetensors.torch import load_file
+    path = Path(path)
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise ValueError(f"{cfg_file}: missing (expected an HF model directory with config.json + safetensors)")
+    hf = json.loads(cfg_file.read_text())
+    config = config_from_hf(hf, cfg_file)
+    index = path / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+    sd = {}
+    for f in files:
         try:
-            mapped = hf_to_ours(sd, config, hf["model_type"])
-        except ValueError as e:
-            raise ValueError(f"{path}: {e}") from None
-        ours = model.state_dict()
-        if config.tie_embeddings:
-            ours.pop("lm_head.weight")
-        missing, unused = sorted(set(ours) - set(mapped)), sorted(set(mapped) - set(ours))
-        if missing or unused:
-            raise ValueError(f"{path}: missing tensors {missing[:5]}, unused tensors {unused[:5]}")
-        for k, v in mapped.items():
-            if v.shape != ours[k].shape:
-                raise ValueError(f"{path}: tensor {k} has shape {tuple(v.shape)}, expected {tuple(ours[k].shape)}")
-        model.load_state_dict(mapped, strict=not config.tie_embeddings)
-        return model.to(dtype)
-
-
-def additive(allowed, dtype):
-    """A bool mask (True = may attend) as the float mask the attention adds to its scores: 0 or -inf."""
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+            sd.update(load_file(str(path / f)))
+        except Exception as e:
+            raise ValueError(f"{path / f}: cannot read safetensors weights ({e})") from None
+    model = GPT(config)
+    try:
+        mapped = hf_to_ours(sd, config, hf["model_type"])
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    ours = model.state_dict()
+    if config.tie_embeddings:
+        ours.pop("lm_head.weight")
+    missing, unused = sorted(set(ours) - set(mapped)), sorted(set(mapped) - set(ours))
+    if missing or unused:
+        raise ValueError(f"{path}: missing tensors {missing[:5]}, unused tensors {unused[:5]}")
+    for k, v in mapped.items():
+        if v.shape != ours[k].shape:
+            raise ValueError(f"{path}: tensor {k} has shape {tuple(v.shape)}, expected {tuple(ours[k].shape)}")
+    model.load_state_dict(mapped, strict=not config.tie_embeddings)
+    return model.to(dtype)
 
 
 def config_from_hf(hf, where):
