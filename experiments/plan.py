@@ -35,20 +35,35 @@ read a tooltip, search the catalog, go to its next page, save a customer with tw
 comment on it), within 8 steps. A goal is a list of conditions, each a set of accessibility-tree lines that show
 after one step of a working solution; the last condition is the goal (`make_goal`). Valid actions:
 `valid_actions` (click anything interactive, hover links, type the goal's texts into fields, scroll, back,
-Enter). The model writes the changed lines; task.apply_changes merges them into the page. Value function:
-    V(page) = (number of milestone conditions whose lines all show) + 10 * (the goal's lines all show).
+Enter). The model writes the changed lines; task.apply_changes merges them into the page. Value function (graded):
+    V(page) = (sum over milestone conditions of the share of their lines shown) + 10 * (share of the goal's lines),
+so a prediction that gets one of two goal lines right is worth more than one that gets none (`--web_value=exact`
+counts a condition only when all its lines show, which left all candidates tied in most steps).
 
-Reported per planner: success rate, mean steps of the successful episodes and of all (capped ones count the cap),
-lost rate, `agree` (share of steps whose action is among the true simulator's best under the same value function:
-decision accuracy; `random` gives its chance level), `wm_acc` (the world model's accuracy on the actions it took:
-exact next state for the text game, F1 of the changed lines for the web), `cand_acc` (the same over every candidate
-it scored), and per game or site success. `--act=sim` lets the true-simulator planner act while every planner still
+How the model planner uses a prediction (each choice made on `--split=val`, see docs/downstream.md):
+    V(candidate) = p * V(predicted state) + (1 - p) * V(now)                       (--conf)
+p is the model's probability of its own answer, from the greedy answer's token log-probs (exp of their sum, or of
+their mean); a prediction counts only as far as the model believes it. A predicted win counts +100 only if
+p >= --trust_win, else the predicted state is valued by what it shows. With --memory, a (state, action) whose
+prediction reality contradicted (the executed action's real next state differed from the predicted one) is not
+chosen again in the episode (block) or is worth V(now) (now).
+
+Reported per planner: success rate with its Wilson 95% interval, mean steps of the successful episodes and of all
+(capped ones count the cap), lost rate, `agree` (share of steps whose action is among the true simulator's best under
+the same value function: decision accuracy; `random` gives its chance level), `wm_acc` (the world model's score on
+the actions it took: exact next state for the text game, F1 of the changed lines for the web), `cand_acc` (the same
+over every candidate it scored), `cand_exact` (the share of all candidate predictions made while planning that are
+exactly the simulator's next state: the world model's accuracy on the planner's own questions), `tie` (steps where
+every candidate had the same value: a random choice), `repeat` (steps that took a (state, action) already
+contradicted), and per game or site success. The JSON has every episode (success, steps, per-step scores), so any
+interval can be recomputed. `--act=sim` lets the true-simulator planner act while every planner still
 decides (success is then the simulator's): decisions scored on the states a perfect planner visits, without the
 compounding of a model's own mistakes. `--split=val` draws episodes from validation layouts, for development.
 Seeded and deterministic on CPU.
 """
 import argparse
 import copy
+import json
 import math
 import random
 import re
@@ -61,7 +76,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root
 from checkpoint import write_json  # noqa: E402
 from data.textgame import simulator as tg_sim, task as tg_task  # noqa: E402
-from data.tasks import generate_texts, load_lang_model  # noqa: E402
+from data.tasks import crop, load_lang_model  # noqa: E402
+from engine import generate  # noqa: E402
 from data.webpage import simulator as web_sim, task as web_task  # noqa: E402
 from rewards import apply_diff, parse_diff, parse_sections, textgame_reward, web_prf  # noqa: E402
 
@@ -160,22 +176,31 @@ def steps_to_win(game, r):
     return water + off("stove")
 
 
-def textgame_value(game, state, kinds=None):
-    """V(s): +100 won, -100 lost, else -steps_to_win; -inf for an unreadable prediction (None). kinds: see Room."""
+def textgame_value(game, state, kinds=None, trust_win=True):
+    """V(s): +100 won, -100 lost, else -steps_to_win; -inf for an unreadable prediction (None). kinds: see Room.
+    trust_win=False: a claimed win (the gameWon flag, with the gameOver that comes with it) is ignored and the state
+    is valued by what it shows, so an unconfident predicted win is worth at most about 0, not +100."""
     if state is None:
         return -math.inf
     r = Room(state, kinds)
-    if r.score.get("gameWon") is True:
+    claims_win = r.score.get("gameWon") is True
+    if claims_win and trust_win:
         return WIN
-    if r.score.get("gameOver") is True or any(k not in r.objects for k in tg_sim.GAMES[game][0]):
+    if (r.score.get("gameOver") is True and not claims_win) or any(k not in r.objects for k in tg_sim.GAMES[game][0]):
         return LOSE
     return -float(steps_to_win(game, r))
 
 
-def web_value(goal, page):
-    """V(page) = milestones shown + 10 * goal shown; a condition shows when all its lines are on the page."""
+def web_shown(goal, page):
+    """The share of each goal condition's lines that show on the page (whitespace-normalized), in goal order."""
     lines = {" ".join(line.split()) for line in page.splitlines()}
-    shown = [all(" ".join(c.split()) in lines for c in cond) for cond in goal["conditions"]]
+    return [sum(" ".join(c.split()) in lines for c in cond) / len(cond) for cond in goal["conditions"]]
+
+
+def web_value(goal, page, graded=True):
+    """V(page) = milestones shown + 10 * goal shown. graded: each condition counts the share of its lines that show
+    (partial credit per line: fewer candidates tie); else a condition counts only when all its lines show."""
+    shown = [x if graded else float(x == 1) for x in web_shown(goal, page)]
     return sum(shown[:-1]) + 10.0 * shown[-1]
 
 # -----------------------------------------------------------------------------
@@ -214,8 +239,8 @@ class TextGame:
         diff = parse_diff(text)
         return None if diff is None else apply_diff(obs, diff)
 
-    def value(self, state):
-        return textgame_value(self.w.game, state, {o["uuid"]: k for k, o in self.w.by_kind.items()})
+    def value(self, state, trust_win=True):
+        return textgame_value(self.w.game, state, {o["uuid"]: k for k, o in self.w.by_kind.items()}, trust_win)
 
     def step(self, action):
         self.w.act(action)
@@ -234,12 +259,12 @@ class TextGame:
 class WebPage:
     max_steps, max_new_tokens = 8, 160
 
-    def __init__(self, page, goal):
-        self.page, self.goal = page, goal
+    def __init__(self, page, goal, graded=True):
+        self.page, self.goal, self.graded = page, goal, graded
 
     @staticmethod
-    def episodes(n, seed, split="test"):
-        return [WebPage(p, g) for p, g in web_sim.planning_episodes(n, seed, split)]
+    def episodes(n, seed, split="test", graded=True):
+        return [WebPage(p, g, graded) for p, g in web_sim.planning_episodes(n, seed, split)]
 
     def label(self):
         return self.page.site
@@ -262,14 +287,14 @@ class WebPage:
     def from_text(self, obs, text):
         return web_task.apply_changes(obs, parse_sections(text))
 
-    def value(self, page):
-        return web_value(self.goal, page)
+    def value(self, page, trust_win=True):  # the goal's bonus is graded by its lines shown; no flag to distrust
+        return web_value(self.goal, page, self.graded)
 
     def step(self, action):
         self.page.act(action)
 
     def won(self):
-        return web_value(self.goal, self.page.render()) >= 10
+        return web_shown(self.goal, self.page.render())[-1] == 1
 
     def lost(self):
         return False
@@ -285,29 +310,75 @@ ENVS = {"textgame": TextGame, "webpage": WebPage}
 
 
 def lm_predictor(path, device="cpu", batch_size=64):
-    """A world-model checkpoint -> predict(prompts, max_new_tokens) -> greedy completions (texts)."""
+    """A world-model checkpoint -> predict(prompts, max_new_tokens) -> one (greedy completion, its tokens' log-probs)
+    per prompt. The batching is generate_texts' (sorted by length, cropped alike); a prompt longer than the model's
+    context gets ("", None): no prediction. Answers are cached by prompt: a planner that stays in a state asks the
+    same questions again (a batch's answer room is set by its longest prompt, so a cached answer is the one its
+    first batch allowed)."""
     model, tok, _ = load_lang_model(path, device)
+    model.eval()
+    cache = {}  # (prompt, max_new_tokens) -> (text, log-probs)
 
     def predict(prompts, max_new_tokens):
-        ids = [tok.encode(p) for p in prompts]
-        fits = [i for i, x in enumerate(ids) if len(x) < model.config.block_size]  # too long: no prediction
-        texts = [""] * len(prompts)
+        new = list(dict.fromkeys(p for p in prompts if (p, max_new_tokens) not in cache))  # unseen, once each
+        ids = [tok.encode(p) for p in new]
+        for i, x in enumerate(ids):
+            if len(x) >= model.config.block_size:  # too long: no prediction
+                cache[new[i], max_new_tokens] = ("", None)
+        fits = [i for i, x in enumerate(ids) if len(x) < model.config.block_size]
+        cropped = crop([ids[i] for i in fits], model.config.block_size, max_new_tokens)[0]
+        order = sorted(range(len(fits)), key=lambda k: len(cropped[k]))  # shortest first: less padding
         with torch.no_grad():
-            for i, t in zip(fits, generate_texts(model, tok, [ids[i] for i in fits], max_new_tokens, 0.0, batch_size)):
-                texts[i] = t
-        return texts
+            for s in range(0, len(order), batch_size):
+                batch = order[s:s + batch_size]
+                room = model.config.block_size - max(len(cropped[k]) for k in batch)
+                tokens, logps = generate(model, [cropped[k] for k in batch], min(max_new_tokens, room),
+                                         temperature=0.0, eos_id=tok.eos_id)  # (B, N) each; -1 after eos
+                for k, row, lp in zip(batch, tokens.tolist(), logps.tolist()):
+                    text = tok.decode([t for t in row if t >= 0 and t != tok.eos_id])
+                    cache[new[fits[k]], max_new_tokens] = (text, [x for t, x in zip(row, lp) if t >= 0])  # with eos
+        return [cache[p, max_new_tokens] for p in prompts]
     return predict
 
 
-def plan(envs, planner, predict=None, seed=0, max_steps=None, max_new_tokens=None, act="planner"):
+def confidence(logps, mode):
+    """The world model's probability of its own answer, from its tokens' log-probs. mode "sum": exp(sum), the whole
+    answer's probability; "mean": exp(mean), the per-token geometric mean (long answers are not punished for their
+    length); "none": 1, every prediction trusted. No prediction (logps None) is worth nothing: 0."""
+    if mode == "none":
+        return 1.0
+    if logps is None:
+        return 0.0
+    total = sum(logps)
+    return math.exp(total if mode == "sum" else total / max(1, len(logps)))
+
+
+def weighted_value(p, v_pred, v_now):
+    """V = p * V(predicted) + (1 - p) * V(now): the predicted change counts as far as the model believes it."""
+    if p == 0 or v_pred == v_now:  # no information, or no change (and 0 * -inf would be nan)
+        return v_now
+    return p * v_pred + (1 - p) * v_now
+
+
+def plan(envs, planner, predict=None, seed=0, max_steps=None, max_new_tokens=None, act="planner",
+         conf="none", memory="none", trust_win=0.0):
     """Run every episode to its end with `planner` ("random", "sim" or "model", which uses `predict`).
     act="sim": the true-simulator planner acts instead, so a model's decisions are scored on the states a perfect
-    planner visits (no compounding of its own mistakes). -> list of per-episode dicts: label, success, lost,
-    steps, agree (per step), acc (the taken action's prediction), cand_acc (every candidate's; model only)."""
+    planner visits (no compounding of its own mistakes).
+    The model planner values candidate k by weighted_value(p_k, V(predicted_k), V(now)), p_k = confidence(.., conf);
+    a predicted win counts as won only when p_k >= trust_win (else by what its state shows: see textgame_value).
+    memory: once the real next state of an executed (state, action) differs from the model's prediction, that pair
+    is worth -inf for the rest of the episode ("block": chosen only if every candidate is as bad) or V(now) ("now").
+    -> list of per-episode dicts: label, success, lost, steps, and per step: agree (the action is among the true
+    simulator's best), acc (the taken action's prediction score), conf (its p), cand_acc and cand_exact (mean score
+    and exact share over every candidate), tie (all candidates valued alike), repeat (the pair taken had been
+    contradicted before). The per-step lists are empty for random and sim, except agree."""
     E = type(envs[0])
     max_steps, max_new_tokens = max_steps or E.max_steps, max_new_tokens or E.max_new_tokens
     rngs = [random.Random(f"plan:{seed}:{i}") for i in range(len(envs))]
-    out = [dict(label=e.label(), success=False, lost=False, steps=0, agree=[], acc=[], cand_acc=[]) for e in envs]
+    out = [dict(label=e.label(), success=False, lost=False, steps=0, agree=[], acc=[], conf=[], cand_acc=[],
+                cand_exact=[], tie=[], repeat=[]) for e in envs]
+    wrong = [set() for _ in envs]  # per episode: the (state key, action) pairs whose prediction reality contradicted
 
     def best(values, rng):  # index of the best value, ties broken at random
         top = max(values)
@@ -318,15 +389,16 @@ def plan(envs, planner, predict=None, seed=0, max_steps=None, max_new_tokens=Non
         if not live:
             break
         obs = {i: envs[i].observe() for i in live}
+        keys = {i: json.dumps(obs[i], sort_keys=True) for i in live}  # the state, hashable, for the memory
         cands = {i: envs[i].candidates() for i in live}
         truth = {i: [envs[i].simulate(a) for a in cands[i]] for i in live}
         true_values = {i: [envs[i].value(s) for s in truth[i]] for i in live}
         if planner == "model":
             pairs = [(i, a) for i in live for a in cands[i]]
-            texts = predict([envs[i].prompt(obs[i], a) for i, a in pairs], max_new_tokens)
+            preds = predict([envs[i].prompt(obs[i], a) for i, a in pairs], max_new_tokens)
             by_env = {i: [] for i in live}
-            for (i, _), t in zip(pairs, texts):
-                by_env[i].append(t)
+            for (i, _), pred in zip(pairs, preds):
+                by_env[i].append(pred)  # (text, log-probs) per candidate, in candidate order
         for i in live:
             e, rng, r = envs[i], rngs[i], out[i]
             if planner == "random":
@@ -334,27 +406,53 @@ def plan(envs, planner, predict=None, seed=0, max_steps=None, max_new_tokens=Non
             elif planner == "sim":
                 j = best(true_values[i], rng)
             else:
-                j = best([e.value(e.from_text(obs[i], t)) for t in by_env[i]], rng)
-                acc = [e.accuracy(t, obs[i], s) for t, s in zip(by_env[i], truth[i])]
+                v_now, values, ps = e.value(obs[i]), [], []
+                for a, (text, logps) in zip(cands[i], by_env[i]):
+                    p = confidence(logps, conf)
+                    ps.append(p)
+                    if memory != "none" and (keys[i], a) in wrong[i]:  # reality contradicted this prediction
+                        values.append(-math.inf if memory == "block" else v_now)
+                        continue
+                    v_pred = e.value(e.from_text(obs[i], text), trust_win=p >= trust_win)
+                    values.append(weighted_value(p, v_pred, v_now))
+                j = best(values, rng)
+                acc = [e.accuracy(t, obs[i], s) for (t, _), s in zip(by_env[i], truth[i])]
                 r["acc"].append(acc[j])
+                r["conf"].append(ps[j])
                 r["cand_acc"].append(sum(acc) / len(acc))
+                r["cand_exact"].append(sum(a == 1 for a in acc) / len(acc))
+                r["tie"].append(all(v == values[0] for v in values))
+                r["repeat"].append((keys[i], cands[i][j]) in wrong[i])
             r["agree"].append(true_values[i][j] == max(true_values[i]))
-            e.step(cands[i][best(true_values[i], rng) if act == "sim" else j])
+            x = best(true_values[i], rng) if act == "sim" else j  # the action executed
+            if planner == "model" and acc[x] < 1:  # its prediction was not the real next state: remember
+                wrong[i].add((keys[i], cands[i][x]))
+            e.step(cands[i][x])
             r["steps"] += 1
     for e, r in zip(envs, out):
         r["success"], r["lost"] = bool(e.won()), bool(e.lost())
     return out
 
 
+def wilson(k, n, z=1.96):
+    """The Wilson 95% interval of a success rate k / n."""
+    centre, half = k + z * z / 2, z * math.sqrt(k * (n - k) / n + z * z / 4)
+    return (centre - half) / (n + z * z), (centre + half) / (n + z * z)
+
+
 def summarize(results, max_steps):
     def mean(xs):
         return sum(xs) / len(xs) if xs else None
+
+    def steps(key):  # a per-step list pooled over all episodes
+        return mean([x for r in results for x in r[key]])
     wins = [r for r in results if r["success"]]
     s = dict(episodes=len(results), success=mean([r["success"] for r in results]),
+             success_ci=wilson(len(wins), len(results)),
              steps_success=mean([r["steps"] for r in wins]), steps_all=mean([r["steps"] for r in results]),
-             lost=mean([r["lost"] for r in results]), agree=mean([a for r in results for a in r["agree"]]),
-             wm_acc=mean([a for r in results for a in r["acc"]]),
-             cand_acc=mean([a for r in results for a in r["cand_acc"]]), max_steps=max_steps)
+             lost=mean([r["lost"] for r in results]), agree=steps("agree"), wm_acc=steps("acc"),
+             cand_acc=steps("cand_acc"), cand_exact=steps("cand_exact"), tie=steps("tie"), repeat=steps("repeat"),
+             max_steps=max_steps)
     labels = sorted({r["label"] for r in results})
     s["success_by"] = {k: mean([r["success"] for r in results if r["label"] == k]) for k in labels}
     return s
@@ -369,12 +467,13 @@ def num(x):
 
 
 def print_planners(rows):
-    print(f"{'planner':<40} {'success%':>8} {'steps(won)':>10} {'steps(all)':>10} {'lost%':>6} {'agree%':>7} "
-          f"{'wm_acc%':>7} {'cand_acc%':>9} {'min':>5}")
+    print(f"{'planner':<40} {'success%':>8} {'95% CI':>15} {'steps(won)':>10} {'steps(all)':>10} {'lost%':>6} "
+          f"{'agree%':>7} {'wm_acc%':>7} {'cand_acc%':>9} {'cand_exact%':>11} {'tie%':>6} {'repeat%':>7} {'min':>5}")
     for name, s in rows.items():
-        print(f"{name:<40} {pct(s['success']):>8} {num(s['steps_success']):>10} {num(s['steps_all']):>10} "
+        ci = "[{:.1f}, {:.1f}]".format(*(100 * x for x in s["success_ci"]))
+        print(f"{name:<40} {pct(s['success']):>8} {ci:>15} {num(s['steps_success']):>10} {num(s['steps_all']):>10} "
               f"{pct(s['lost']):>6} {pct(s['agree']):>7} {pct(s['wm_acc']):>7} {pct(s['cand_acc']):>9} "
-              f"{s['minutes']:5.1f}")
+              f"{pct(s['cand_exact']):>11} {pct(s['tie']):>6} {pct(s['repeat']):>7} {s['minutes']:5.1f}")
     labels = list(next(iter(rows.values()))["success_by"])
     print(f"\nsuccess % by {'game' if 'cook-egg' in labels else 'site'}:")
     print(f"{'planner':<40} " + " ".join(f"{k:>11}" for k in labels))
@@ -398,6 +497,16 @@ def main(argv=None):
     p.add_argument("--max_steps", type=int, default=0, help="step cap (0 = task default: textgame 20, webpage 8)")
     p.add_argument("--act", default="planner", choices=("planner", "sim"),
                    help="sim: the true-simulator planner acts; each planner's decisions are scored on its states")
+    # how the model planner uses its predictions (chosen on --split=val)
+    p.add_argument("--conf", default="none", choices=("none", "sum", "mean"),
+                   help="confidence p of a prediction: exp(sum) or exp(mean) of its tokens' log-probs; none: p = 1")
+    p.add_argument("--memory", default="none", choices=("none", "block", "now"),
+                   help="a (state, action) whose prediction reality contradicted: never again (block), "
+                        "worth V(now) (now), or forgotten (none)")
+    p.add_argument("--trust_win", type=float, default=0.0,
+                   help="text game: a predicted win counts +100 only when p >= this (0: always; >1: never)")
+    p.add_argument("--web_value", default="graded", choices=("graded", "exact"),
+                   help="web page: credit per goal line shown (graded), or per whole condition (exact)")
     # world model
     p.add_argument("--max_new_tokens", type=int, default=0, help="0 = task default: textgame 200, webpage 160")
     p.add_argument("--batch_size", type=int, default=64)
@@ -414,6 +523,7 @@ def main(argv=None):
         if name not in ("random", "sim") and not Path(name).exists():
             sys.exit(f"error: --planners: {name!r} is neither random, sim nor an existing checkpoint")
     E = ENVS[args.task]
+    env_args = {"graded": args.web_value == "graded"} if args.task == "webpage" else {}
     max_steps = args.max_steps or E.max_steps
     rows, episodes = {}, {}
     for name in names:
@@ -424,8 +534,9 @@ def main(argv=None):
                 predict = lm_predictor(name, args.device, args.batch_size)
             except ValueError as e:
                 sys.exit(f"error: --planners: {e}")
-        results = plan(E.episodes(args.episodes, args.seed, args.split), name if predict is None else "model", predict,
-                       args.seed, max_steps, args.max_new_tokens, args.act)
+        results = plan(E.episodes(args.episodes, args.seed, args.split, **env_args),
+                       name if predict is None else "model", predict, args.seed, max_steps, args.max_new_tokens,
+                       args.act, args.conf, args.memory, args.trust_win)
         rows[name] = dict(summarize(results, max_steps), minutes=(time.time() - t0) / 60)
         episodes[name] = results
         print(f"{name}: success {pct(rows[name]['success']).strip()}% in {rows[name]['minutes']:.1f} min", flush=True)

@@ -141,7 +141,7 @@ def oracle(envs):
                 nxt = e.simulate(a)
                 table[e.prompt(obs, a)] = (tg_task.compact(tg_task.make_diff(obs, nxt)) if isinstance(e, plan.TextGame)
                                            else web_task.diff_text(obs, nxt))
-        return [table[p] for p in prompts]
+        return [(table[p], [0.0]) for p in prompts]  # certain of every answer: p = exp(0) = 1
     return predict
 
 
@@ -153,10 +153,12 @@ def test_sim_planner_wins_random_does_not_and_an_oracle_model_equals_sim(E, n):
     assert s_sim["success"] == 1.0 and s_sim["agree"] == 1.0 and s_sim["lost"] == 0.0
     assert s_rnd["success"] < 0.6 and s_rnd["agree"] < 0.6
     assert s_sim["steps_success"] < s_rnd["steps_success"]
-    envs = E.episodes(n, 0, "val")
-    orc = plan.plan(envs, "model", oracle(envs))
-    assert [(r["success"], r["steps"]) for r in orc] == [(r["success"], r["steps"]) for r in sim]
-    assert all(a == 1.0 for r in orc for a in r["acc"])
+    for conf, memory in [("none", "none"), ("sum", "block"), ("mean", "now")]:  # a perfect model: all the same
+        envs = E.episodes(n, 0, "val")
+        orc = plan.plan(envs, "model", oracle(envs), conf=conf, memory=memory, trust_win=0.5)
+        assert [(r["success"], r["steps"]) for r in orc] == [(r["success"], r["steps"]) for r in sim]
+        assert all(a == 1.0 for r in orc for a in r["acc"] + r["cand_exact"])
+        assert not any(x for r in orc for x in r["repeat"])
 
 
 @pytest.mark.parametrize("task,by", [("textgame", "game"), ("webpage", "site")])
@@ -166,7 +168,7 @@ def test_tiny_model_planner_runs_deterministically(tmp_path, capsys, task, by):
     save_checkpoint(ckpt, model, args={"tokenizer": str(TOKENIZER)})
     out = tmp_path / "plan.json"
     argv = [f"--task={task}", "--planners=random,sim," + str(ckpt), "--episodes=3", "--max_steps=2",
-            "--max_new_tokens=6", "--split=val", f"--json={out}"]
+            "--max_new_tokens=6", "--split=val", "--conf=mean", "--memory=block", f"--json={out}"]
     plan.main(argv)
     first = json.loads(out.read_text())
     plan.main(argv)
@@ -174,6 +176,9 @@ def test_tiny_model_planner_runs_deterministically(tmp_path, capsys, task, by):
     assert first["episodes"] == again["episodes"]
     row = first["summary"][str(ckpt)]
     assert row["episodes"] == 3 and 0 <= row["wm_acc"] <= 1 and row["steps_all"] <= 2
+    assert 0 <= row["cand_exact"] <= 1 and 0 <= row["success_ci"][0] <= row["success"] <= row["success_ci"][1]
+    for r in first["episodes"][str(ckpt)]:  # per episode: success, and per step the taken prediction's confidence
+        assert isinstance(r["success"], bool) and len(r["conf"]) == r["steps"] and all(0 <= p <= 1 for p in r["conf"])
     assert f"success % by {by}" in capsys.readouterr().out
 
 
@@ -182,3 +187,124 @@ def test_cli_rejects_unknown_planner(tmp_path):
         plan.main(["--planners=random,nope"])
     with pytest.raises(SystemExit, match="--episodes"):
         plan.main(["--episodes=0"])
+
+
+# ----------------------------------------------------------------------------- what the model planner does with predictions
+
+class Ladder:
+    """A toy environment for the planner's rules: climb from rung 0 to rung 3 with "up"; "stay" does nothing.
+    Its value is the rung (a win is worth plan.WIN); a model's answer is the rung it predicts, as text."""
+    max_steps, max_new_tokens = 8, 4
+
+    def __init__(self):
+        self.rung = 0
+
+    def label(self):
+        return "ladder"
+
+    def observe(self):
+        return self.rung
+
+    def candidates(self):
+        return ["stay", "up"]
+
+    def prompt(self, obs, action):
+        return f"{obs}:{action}"
+
+    def simulate(self, action):
+        return self.rung + (action == "up")
+
+    def from_text(self, obs, text):
+        return int(text)
+
+    def value(self, rung, trust_win=True):
+        return plan.WIN if rung >= 3 and trust_win else float(min(rung, 3))
+
+    def step(self, action):
+        self.rung = self.simulate(action)
+
+    def won(self):
+        return self.rung >= 3
+
+    def lost(self):
+        return False
+
+    def accuracy(self, text, obs, next_obs):
+        return float(int(text) == next_obs)
+
+
+def boaster(p_stay):
+    """A model right about "up" (certain), but sure, with probability p_stay, that "stay" wins at once."""
+    def predict(prompts, max_new_tokens):
+        out = []
+        for prompt in prompts:
+            rung, action = prompt.split(":")
+            out.append(("3", [math.log(p_stay)]) if action == "stay" else (str(int(rung) + 1), [0.0]))
+        return out
+    return predict
+
+
+def test_memory_blocks_a_contradicted_pair():
+    # p = 0.9 for "stay": worth 0.9 * 100 + 0.1 * rung > 1 for "up" at rungs 0 and 1, < 100 for "up" at rung 2
+    blind = plan.plan([Ladder()], "model", boaster(0.9), conf="sum", memory="none")[0]
+    assert not blind["success"] and blind["repeat"] == [False] + [True] * 7  # "stay" at rung 0, 8 times
+    for memory in ("block", "now"):  # rungs 0 and 1: "stay" once (contradicted), then "up"; rung 2: "up"
+        r = plan.plan([Ladder()], "model", boaster(0.9), conf="sum", memory=memory)[0]
+        assert r["success"] and r["steps"] == 5 and not any(r["repeat"]) and r["acc"] == [0.0, 1.0, 0.0, 1.0, 1.0]
+
+
+def test_confidence_weighting_math_and_its_use():
+    assert plan.confidence([-1.0, -1.0], "sum") == pytest.approx(math.exp(-2))
+    assert plan.confidence([-1.0, -3.0], "mean") == pytest.approx(math.exp(-2))
+    assert plan.confidence([-9.0], "none") == 1.0 and plan.confidence(None, "sum") == 0.0
+    assert plan.weighted_value(0.25, 10.0, 2.0) == pytest.approx(4.0)   # 0.25 * 10 + 0.75 * 2
+    assert plan.weighted_value(0.0, -math.inf, 2.0) == 2.0              # no confidence: the state as it is
+    assert plan.weighted_value(0.5, -math.inf, 2.0) == -math.inf        # an unreadable answer stays the worst
+    # "stay" at p = 0.01 is worth 0.01 * 100 + 0.99 * 0 = 1.0 at rung 0: a tie with a certain "up" (1.0)
+    # p = 0.005: 0.5 < 1, so "up" wins at every rung, with no memory needed
+    r = plan.plan([Ladder()], "model", boaster(0.005), conf="sum")[0]
+    assert r["success"] and r["steps"] == 3 and r["conf"] == [1.0] * 3
+    assert not plan.plan([Ladder()], "model", boaster(0.005), conf="none")[0]["success"]  # trusts the boast
+
+
+def test_an_unconfident_predicted_win_is_not_trusted():
+    # "stay" at p = 0.3, a trusted win: 0.3 * 100 + 0.7 * rung > rung + 1 for "up", so "stay" forever. Untrusted
+    # (p < trust_win), valued by its rung: 0.3 * 3 + 0.7 * rung < rung + 1 at every rung, so "up" thrice
+    assert not plan.plan([Ladder()], "model", boaster(0.3), conf="sum", trust_win=0.2)[0]["success"]
+    r = plan.plan([Ladder()], "model", boaster(0.3), conf="sum", trust_win=0.5)[0]
+    assert r["success"] and r["steps"] == 3 and r["acc"] == [1.0] * 3
+    w = tg_sim.World("chill-milk", ["agent", "fridge", "milk"])
+    claimed = dict(w.snapshot(), score={"gameWon": True, "gameOver": True})  # a win claimed, nothing done
+    assert plan.textgame_value("chill-milk", claimed) == plan.WIN
+    assert plan.textgame_value("chill-milk", claimed, trust_win=False) == plan.textgame_value("chill-milk",
+                                                                                               w.snapshot())
+
+
+def test_graded_web_value_credits_each_goal_line():
+    goal = {"conditions": [["[3] link 'A' expanded: True"], ["[9] heading 'B'", "[1] RootWebArea 'B'"]]}
+    page = "[1] RootWebArea 'B'\n[2] link 'x'"
+    assert plan.web_value(goal, page) == 5.0 and plan.web_value(goal, page, graded=False) == 0.0
+    page += "\n  [3] link   'A' expanded: True"  # whitespace does not matter
+    assert plan.web_value(goal, page) == 6.0 and plan.web_value(goal, page, graded=False) == 1.0
+    page += "\n[9] heading 'B'"
+    assert plan.web_value(goal, page) == plan.web_value(goal, page, graded=False) == 11.0
+    env = plan.WebPage.episodes(1, 0, "val")[0]
+    assert not env.won() and env.value(env.observe()) < 10
+
+
+def test_predictor_returns_generate_texts_answers_with_their_log_probs(tmp_path):
+    torch = pytest.importorskip("torch")
+    from data.tasks import generate_texts, load_lang_model
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=449, block_size=64, n_layer=1, n_head=2, n_embd=32))
+    ckpt = tmp_path / "tiny.safetensors"
+    save_checkpoint(ckpt, model, args={"tokenizer": str(TOKENIZER)})
+    predict = plan.lm_predictor(ckpt, batch_size=2)
+    prompts = ["game:cook-egg", "action:wait diff:", "x" * 300, "state:{}"]  # the third does not fit
+    preds = predict(prompts, 8)
+    m, tok, _ = load_lang_model(ckpt)
+    fits = [0, 1, 3]
+    assert [preds[i][0] for i in fits] == generate_texts(m, tok, [tok.encode(prompts[i]) for i in fits], 8, 0.0, 2)
+    assert preds[2] == ("", None)
+    for i in fits:
+        assert 1 <= len(preds[i][1]) <= 8 and all(lp <= 0 for lp in preds[i][1])
