@@ -50,19 +50,14 @@ def textgame_reward(text, state: dict, next_state: dict, kind: str = "binary") -
 
 
 def textgame_metrics(text, state: dict, next_state: dict) -> dict:
-    """All text-game metrics of one answer: parsed, exact (0/1), object_acc, score_acc, changed_acc
-    (None when nothing changed), and the two rewards binary and task_specific."""
+    """All text-game metrics of one answer: parsed, exact (0/1), object_acc, score_acc, changed_acc (None when nothing
+    changed), and the two rewards binary and task_specific (formulas and their sources: docs/rewards.md)."""
     diff = parse_diff(text)
     if diff is None:  # unreadable, the wrong shape, or "modified" / "removed" missing: no credit at all
         changed = _fields(state) != _fields(next_state)
         return {"parsed": False, "exact": 0, "object_acc": 0.0, "score_acc": 0.0,
                 "changed_acc": 0.0 if changed else None, "binary": 0.0, "task_specific": 0.0}
-    return _score_metrics(diff, state, next_state)
-
-
-def _score_metrics(diff: dict, state: dict, next_state: dict) -> dict:
-    """The metrics of a parsed diff (formulas and their sources: docs/rewards.md)."""
-    pred = apply_diff(state, diff)
+    pred = apply_diff(state, diff)   # the predicted next state
     correct, errors = _object_counts(pred, next_state)
     object_acc = correct / (correct + errors) if correct + errors else 1.0
     true_score = next_state["score"]

@@ -191,6 +191,42 @@ class Run:
             self.fail(f"ranks diverged: weight checksums {sums}")
 
 
+class WeightPath:
+    """How RLVR moves the weights, for the log: their distance from the start (RMS per weight) and the straightness,
+    that distance over the length of the path walked. A random walk of n steps has straightness ~ 1 / sqrt(n), a steady
+    direction ~ 1."""
+
+    def __init__(self, model):
+        self.start = flat_weights(model)   # where the stage started (before any resume)
+
+    def resume(self, model, length):
+        """Walk on from the current weights, `length` already walked (0 for a fresh stage)."""
+        self.last, self.length = flat_weights(model), length
+
+    def step(self, model):
+        """-> w_path, w_rms, w_straightness after one more optimizer step."""
+        w = flat_weights(model)
+        self.length += (w - self.last).norm().item()   # the length of this step's move
+        self.last = w
+        dist = (w - self.start).norm().item()           # straight-line distance from the start
+        return dict(w_path=self.length, w_rms=dist / math.sqrt(len(w)), w_straightness=dist / max(self.length, 1e-12))
+
+
+def flat_weights(model):
+    """Every parameter, detached and flattened into one vector."""
+    return torch.cat([q.detach().flatten() for q in model.parameters()])
+
+
+def check_ranges(parser, args, at_least_1=(), at_least_0=()):
+    """Stop with parser.error naming the first flag out of range: at_least_1 must be >= 1, at_least_0 >= 0 (not NaN)."""
+    for name in at_least_1:
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    for name in at_least_0:
+        if not getattr(args, name) >= 0:
+            parser.error(f"--{name} must be >= 0, got {getattr(args, name)}")
+
+
 def finite_weights(model):
     return bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all())
 

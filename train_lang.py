@@ -1,43 +1,35 @@
 """
 Train a language world model: MLE (supervised next-state prediction), then RLVR (GRPO with the task's own metric as
-the reward), then compare on held-out records: the MLE start, RLVR, and the control that MLE continued for the same
-wall-clock as RLVR, with paired bootstrap intervals. Tasks: textgame (exact next state, the default) and webpage
-(F1 of the predicted page changes: add --task=webpage to any command below).
+the reward), then compare the MLE start, RLVR and the control (MLE continued for RLVR's wall-clock) on held-out
+records, paired. Tasks: textgame (exact next state, the default) and webpage (--task=webpage: F1 of the page changes).
 
-CPU, the default job (embedded data; RLVR starts from the shipped converged MLE checkpoint; ~10 min on 2 cores):
-    python train_lang.py
-The placebo control (rewards shuffled within each rollout batch: all the machinery, no signal):
-    python train_lang.py --placebo=1 --out_dir=out/textgame_placebo
-CPU, everything from scratch (data, tokenizer, MLE, RLVR):
-    python train_lang.py --init=scratch
-1 GPU, from pretrained HF weights (e.g. DeepSeek-R1-Distill-Qwen-1.5B, the paper's base; SFT first, then RLVR):
+    python train_lang.py                    # CPU, ~10 min: RLVR from the shipped MLE checkpoint, control, evaluation
+    python train_lang.py --placebo=1 --out_dir=out/textgame_placebo   # rewards shuffled: the machinery, no signal
+    python train_lang.py --init=scratch     # everything from scratch: data, tokenizer, MLE, RLVR
+1 GPU from pretrained HF weights (e.g. DeepSeek-R1-Distill-Qwen-1.5B, the paper's base: SFT first, then RLVR), 8 GPUs:
     python train_lang.py --init=/path/to/hf_dir --device=cuda --dtype=bfloat16 --batch_size=16 --micro_batch=8
-8 GPUs:
     torchrun --nproc_per_node=8 train_lang.py --init=/path/to/hf_dir --device=cuda --dtype=bfloat16
 
-Outputs in --out_dir (default out/<task>): mle.safetensors (when trained here), rlvr.safetensors, mle_more.safetensors
-(the control), each with a .json sidecar; the tokenizer file; log.jsonl (one JSON line per logged step; RLVR logs the
-probe-set reward, KL, entropy and weight movement); eval.json (test split) and eval_val.json (validation split), each
-{"mle": M, "rlvr": M, "mle_more": M} with M = data/tasks.evaluate's result (summary metrics and per-record lists).
-Each stage checkpoints every --ckpt_every steps with optimizer and RNG state, and a re-run of the same command resumes
-where it stopped (also under torchrun --max-restarts=N). A NaN/inf loss, reward or gradient stops the run naming the
-step (--on_nan=skip skips the step instead); bad input is one "error:" line.
+Writes to --out_dir (default out/<task>): mle / rlvr / mle_more (the control) .safetensors with .json sidecars, the
+tokenizer, log.jsonl (a JSON line per logged step), eval.json (test) and eval_val.json (validation), each {"mle": M,
+"rlvr": M, "mle_more": M}, M = data/tasks.evaluate's result (summary and per-record metrics). Stages checkpoint every
+--ckpt_every steps and a re-run of the same command resumes (also under torchrun --max-restarts=N). A NaN/inf loss,
+reward or gradient stops the run naming the step (--on_nan=skip skips it); bad input is one "error:" line.
 """
 import argparse
 import copy
 import math
-import shutil
 import time
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from checkpoint import atomic_write, read_checkpoint, write_json
-from data.tasks import TASKS, evaluate, generate_texts, load_lang_model, print_paired, print_table
+from checkpoint import read_checkpoint, write_json
+from data.tasks import TASKS, evaluate, keep_tokenizer, load_lang_model, print_comparison, probe_rewards
 from grpo import GRPOConfig, grpo_step
 from model import GPT, GPTConfig
-from runtime import Run, finite_weights, lr_at
+from runtime import Run, WeightPath, check_ranges, finite_weights, lr_at
 from tokenizer_text import Tokenizer
 
 ROOT = Path(__file__).resolve().parent
@@ -116,15 +108,12 @@ g.add_argument("--ckpt_every", type=int, default=50, help="steps between resumab
 g.add_argument("--on_nan", default="stop", choices=["stop", "skip"],
                help="on a NaN/inf loss, reward or gradient: stop the run, or skip that step (single process only)")
 args = p.parse_args()
-for name in ("n_layer", "n_head", "n_embd", "block_size", "mle_steps", "batch_size", "rl_steps", "prompts_per_step",
-             "max_rounds", "group_size", "ppo_epochs", "minibatches", "micro_batch", "max_new_tokens", "eval_every",
-             "val_n", "threads", "ckpt_every", "probe_n", "probe_every"):
-    if getattr(args, name) < 1:
-        p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-for name in ("mle_minutes", "mle_lr", "warmup", "weight_decay", "control_lr", "rl_lr", "rl_warmup", "rl_weight_decay",
-             "beta", "entropy_coef", "clip_eps", "test_limit", "val_limit", "rl_pool"):
-    if not getattr(args, name) >= 0:
-        p.error(f"--{name} must be >= 0, got {getattr(args, name)}")
+check_ranges(p, args, at_least_1=("n_layer", "n_head", "n_embd", "block_size", "mle_steps", "batch_size", "rl_steps",
+                                  "prompts_per_step", "max_rounds", "group_size", "ppo_epochs", "minibatches",
+                                  "micro_batch", "max_new_tokens", "eval_every", "val_n", "threads", "ckpt_every",
+                                  "probe_n", "probe_every"),
+             at_least_0=("mle_minutes", "mle_lr", "warmup", "weight_decay", "control_lr", "rl_lr", "rl_warmup",
+                         "rl_weight_decay", "beta", "entropy_coef", "clip_eps", "test_limit", "val_limit", "rl_pool"))
 if not set(args.final_eval.split(",")) <= {"val", "test"}:
     p.error(f"--final_eval takes val, test or val,test, got {args.final_eval!r}")
 if not 0 <= args.rl_unchanged_frac <= 1 or not 0 < args.label_frac <= 1 or not args.temperature > 0:
@@ -134,7 +123,7 @@ if not 0 <= args.rl_unchanged_frac <= 1 or not 0 < args.label_frac <= 1 or not a
 # -----------------------------------------------------------------------------
 # setup: distributed, devices, precision (runtime.py)
 out_dir = Path(args.out_dir or f"out/{args.task}")
-run = Run(args, out_dir)
+run = Run(args, out_dir)   # one process, or one rank of torchrun; seeds torch, sets threads and autocast
 master, rank, world, autocast = run.master, run.rank, run.world, run.autocast
 print0, fail, log, barrier = run.print0, run.fail, run.log, run.barrier
 task = TASKS[args.task]   # data module, per-record scores, rewards (data/tasks.py)
@@ -143,10 +132,10 @@ args.data_dir = args.data_dir or str(ROOT / "data" / args.task)
 args.reward = args.reward or task.rewards[0]
 if args.reward not in task.rewards:
     fail(f"--reward {args.reward}: the {args.task} task has rewards {task.rewards}")
-if args.init == "auto":
+if args.init == "auto":   # RLVR post-trains the shipped MLE checkpoint; MLE alone starts from scratch
     shipped = ROOT / "checkpoints" / args.task / "mle.safetensors"
     args.init = str(shipped) if shipped.is_file() and args.stage != "mle" else "scratch"
-init_is_ckpt = args.init != "scratch" and Path(args.init).is_file()
+init_is_ckpt = args.init != "scratch" and Path(args.init).is_file()   # else: scratch or an HF directory
 if args.init != "scratch" and not Path(args.init).exists():
     fail(f"--init {args.init}: no such checkpoint file or HF directory")
 if args.stage == "rlvr" and args.init == "scratch":
@@ -158,11 +147,11 @@ if master:
 # data: generated on first run, like nanoGPT's prepare.py
 try:
     if master:
-        task.prepare.ensure_splits(Path(args.data_dir))
+        task.prepare.ensure_splits(Path(args.data_dir))   # writes the missing splits from the seeded simulator
     barrier()
     train_recs, val_recs, test_recs = (data.load_records(Path(args.data_dir) / f"{s}.jsonl")
                                        for s in ("train", "val", "test"))
-except (OSError, ValueError) as e:
+except (OSError, ValueError) as e:   # a missing or malformed file: one line naming it
     fail(str(e))
 print0(f"data: {len(train_recs)} train / {len(val_recs)} val / {len(test_recs)} test records "
        f"({sum(map(data.is_changed, train_recs)) / len(train_recs):.0%} of train change something)")
@@ -171,7 +160,7 @@ print0(f"data: {len(train_recs)} train / {len(val_recs)} val / {len(test_recs)} 
 # tokenizer and model: from a checkpoint, an HF directory, or trained here from scratch
 if args.init == "scratch":
     tok_file = out_dir / "tokenizer.tiktoken"
-    if master and not tok_file.is_file():
+    if master and not tok_file.is_file():   # BPE on the train split's prompts and answers
         t0 = time.time()
         texts = [data.prompt_text(r) + data.target_text(r) for r in train_recs]
         try:
@@ -179,9 +168,9 @@ if args.init == "scratch":
         except ValueError as e:
             fail(f"--vocab_size {args.vocab_size}: {e}")
         print0(f"tokenizer: trained {args.vocab_size} BPE ranks in {time.time() - t0:.1f}s -> {tok_file}")
-    barrier()
-    start_model, tok = None, Tokenizer.from_tiktoken_file(tok_file)
-    args.tokenizer = tok_file.name
+    barrier()   # the other ranks wait for rank 0's file
+    start_model, tok = None, Tokenizer.from_tiktoken_file(tok_file)   # the model is built once the vocab is known
+    args.tokenizer = tok_file.name   # saved in every checkpoint's args: eval.py finds the tokenizer through it
 else:
     try:
         start_model, tok, start_meta = load_lang_model(args.init, args.device)
@@ -189,14 +178,7 @@ else:
         fail(str(e))
     except (OSError, KeyError, TypeError) as e:   # e.g. an HF config.json without a key we need
         fail(f"--init {args.init}: cannot load ({type(e).__name__}: {e})")
-    src = start_meta["args"]["tokenizer"]
-    src = Path(src) if Path(src).is_absolute() else Path(args.init).parent / src
-    if src.is_dir():  # HF: the tokenizer stays in its directory
-        args.tokenizer = str(src.resolve())
-    else:             # ours: a copy beside our checkpoints, so out_dir is self-contained
-        args.tokenizer = "tokenizer" + src.suffix
-        if master and not (out_dir / args.tokenizer).is_file():
-            atomic_write(out_dir / args.tokenizer, lambda tmp: shutil.copyfile(src, tmp))
+    args.tokenizer = keep_tokenizer(args.init, start_meta, out_dir, write=master)   # HF: its dir; ours: a copy
     print0(f"init: {args.init} ({start_model.num_params() / 1e6:.2f}M non-embedding parameters)")
 
 
@@ -217,19 +199,11 @@ def batch_from(pairs):
     return idx.to(args.device), tgt.to(args.device)
 
 
-def val_headline(model, n):
-    """Greedy headline metric (textgame: exact accuracy, webpage: F1) on the first n validation records, overall and
-    on the changed ones: the progress check of MLE."""
-    with autocast:
-        r = evaluate(args.task, model, tok, val_recs[:n], args.max_new_tokens, desc=None)
-    return r[task.headline], r[task.headline + "_changed"]
-
-
 # -----------------------------------------------------------------------------
 # stage 1: MLE on (prompt -> state difference) pairs, loss on the answer tokens only. The same loop trains the
 # control (MLE continued from the RLVR start for RLVR's wall-clock, at a constant rate).
 def run_mle(model, name, pairs, steps, minutes, lr_of_step):
-    ckpt = out_dir / f"{name}.safetensors"
+    ckpt = out_dir / f"{name}.safetensors"   # resumable while it runs, the trained model once done
     model, trained = run.wrap(model, compile=args.compile)   # trained: the compiled / DDP-wrapped module
     keep = [pr for pr in pairs if len(pr[0]) + len(pr[1]) <= model.config.block_size + 1]   # whole pairs only
     print0(f"{name}: {len(keep)}/{len(pairs)} train pairs fit block_size {model.config.block_size}; "
@@ -242,12 +216,12 @@ def run_mle(model, name, pairs, steps, minutes, lr_of_step):
     step, done = run.resume_stage(ckpt, model, opt, gen, name)   # weights, optimizer and RNG of an unfinished run
     if done:
         return ckpt                                             # a finished stage is reused as it is
-    t_start, metrics = time.time(), {}
+    t_start, metrics = time.time(), {}   # metrics: the last validation check, saved with each checkpoint
     budget = f" (at most {steps} steps or {minutes:.1f} min)" if minutes else ""   # the control stops on time
     bar = tqdm(total=steps, initial=step, desc=name + budget, disable=not master)
     while step < steps:
         for group in opt.param_groups:
-            group["lr"] = lr_of_step(step)
+            group["lr"] = lr_of_step(step)               # MLE: warm-up then cosine; the control: constant
         ids = torch.randint(len(keep), (args.batch_size,), generator=gen).tolist()   # sampled with replacement
         idx, tgt = batch_from([keep[i] for i in ids])                                  # (B, T) each
         with autocast:
@@ -262,14 +236,16 @@ def run_mle(model, name, pairs, steps, minutes, lr_of_step):
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")
         timed_out = run.any_rank(bool(minutes and time.time() - t_start > 60 * minutes))   # the control's budget
-        if step % args.eval_every == 0 or step == steps or timed_out:
+        if step % args.eval_every == 0 or step == steps or timed_out:   # validation loss and greedy headline metric
             model.eval()
             with torch.no_grad(), autocast:   # validation loss over (up to) 256 validation pairs
                 vl = [model(*batch_from(val_pairs[i:i + 64]))[1].item() for i in range(0, len(val_pairs), 64)]
             metrics = dict(stage=name, step=step, loss=loss.item(), val_loss=sum(vl) / len(vl),
                            minutes=(time.time() - t_start) / 60)
-            if master:
-                metrics["val"], metrics["val_changed"] = val_headline(model, args.val_n)
+            if master:   # greedy decoding of the first --val_n validation records, overall and on the changed ones
+                with autocast:
+                    r = evaluate(args.task, model, tok, val_recs[:args.val_n], args.max_new_tokens, desc=None)
+                metrics["val"], metrics["val_changed"] = r[task.headline], r[task.headline + "_changed"]
                 print0(f"\n{name} step {step}: train loss {loss.item():.4f} val loss {metrics['val_loss']:.4f} "
                        f"val {task.headline} {metrics['val']:.3f}")
             model.train()
@@ -286,7 +262,7 @@ def run_mle(model, name, pairs, steps, minutes, lr_of_step):
 # -----------------------------------------------------------------------------
 # stage 2: RLVR with GRPO; the reward is the task metric of the decoded prediction (rewards.py)
 def run_rlvr(model):
-    ckpt = out_dir / "rlvr.safetensors"
+    ckpt = out_dir / "rlvr.safetensors"   # resumable while it runs, the RLVR model once done
     ref = copy.deepcopy(model).eval().requires_grad_(False) if args.beta > 0 else None   # the frozen MLE start
     model, trained = run.wrap(model, compile=args.compile)
     cfg = GRPOConfig(group_size=args.group_size, prompts_per_step=args.prompts_per_step, max_rounds=args.max_rounds,
@@ -297,7 +273,7 @@ def run_rlvr(model):
     # the official recipe's AdamW: betas (0.9, 0.999), weight decay 0.01, a linear warm-up to a constant rate
     opt = torch.optim.AdamW(model.parameters(), lr=args.rl_lr, betas=(0.9, 0.999), weight_decay=args.rl_weight_decay)
     # the prompt pool: every train prompt that leaves room for an answer, split into changed and unchanged ones
-    room = model.config.block_size - args.max_new_tokens
+    room = model.config.block_size - args.max_new_tokens   # a prompt must leave room for the longest answer
     pool = [(r, prompt) for r in train_recs[:args.rl_pool or None]
             if len(prompt := tok.encode(data.prompt_text(r))) <= room]
     changed = [x for x in pool if data.is_changed(x[0])]        # where the headroom is
@@ -315,42 +291,35 @@ def run_rlvr(model):
         texts = [tok.decode([t for t in c if t != tok.eos_id]) for c in completions]   # decode: the reward reads text
         return [task.reward(t, r, args.reward) for t, r in zip(texts, records)]       # never raises on model output
 
-    # the probe set: fixed training prompts, scored every --probe_every steps by the mean reward of 4 samples each
-    # (T=1, a fixed seed) and greedily: the reward GRPO optimises, measured on the same prompts throughout
+    # the probe set: fixed training prompts whose greedy and T=1 reward (4 samples each, a fixed seed) is logged every
+    # --probe_every steps: the reward GRPO optimises, measured on the same prompts throughout
     probe_prompts, probe_recs = draw(args.probe_n)
 
-    def probe(m):
-        def mean_reward(texts, records):   # the training reward of decoded answers
-            return sum(task.reward(t, r, args.reward) for t, r in zip(texts, records)) / len(texts)
-        m.eval()
-        g = torch.Generator().manual_seed(0)   # the same random stream at every measurement
-        with torch.no_grad(), autocast:
-            greedy = generate_texts(m, tok, probe_prompts, args.max_new_tokens)
-            sampled = generate_texts(m, tok, probe_prompts * 4, args.max_new_tokens, 1.0, generator=g)
-        m.train()
-        return dict(probe_greedy=mean_reward(greedy, probe_recs), probe_reward=mean_reward(sampled, probe_recs * 4))
+    def probe():
+        with autocast:
+            return probe_rewards(args.task, model, tok, probe_prompts, probe_recs, args.reward, args.max_new_tokens)
 
     print0(f"rlvr: {len(changed)} changed + {len(unchanged)} unchanged train prompts; per step {args.prompts_per_step} "
            f"groups with reward spread (up to {args.max_rounds} rounds) x {args.group_size} samples x {world} ranks; "
            f"reward {args.reward}{'; PLACEBO: rewards shuffled' if args.placebo else ''}")
-    w0 = torch.cat([q.detach().flatten() for q in model.parameters()])   # the start, for the weight movement
-    step, done = run.resume_stage(ckpt, model, opt, gen, "rlvr")
+    moved = WeightPath(model)   # the MLE start, for the log's weight movement
+    step, done = run.resume_stage(ckpt, model, opt, gen, "rlvr")   # as in run_mle
     if done:
         return ckpt
     prev = read_checkpoint(ckpt)[1]["metrics"] if step else {}   # the interrupted run's last logged state
-    rl_seconds, path_len = prev.get("rl_seconds", 0.0), prev.get("w_path", 0.0)   # carried over a resume
-    w_prev = torch.cat([q.detach().flatten() for q in model.parameters()])
+    rl_seconds = prev.get("rl_seconds", 0.0)   # time in GRPO steps so far: the control gets as much
+    moved.resume(model, prev.get("w_path", 0.0))
     if not finite_weights(model):   # a poisoned start stops here, before any sampling from it
         run.nonfinite("rlvr", step, model, "non-finite weights in the policy")
     if step == 0 and master:
-        log({"stage": "rlvr", "step": 0, **probe(model)})   # the probe set before any update
+        log({"stage": "rlvr", "step": 0, **probe()})   # the probe set before any update
     bar = tqdm(total=args.rl_steps, initial=step, desc="rlvr", disable=not master)
     stats = {}
     while step < args.rl_steps:
         for group in opt.param_groups:   # linear warm-up, then constant
             group["lr"] = args.rl_lr * min(1.0, (step + 1) / max(args.rl_warmup, 1))
         prompts, recs = draw(args.prompts_per_step)   # the first round; grpo_step draws more if groups lack spread
-        try:
+        try:   # rollout -> reward -> advantages -> PPO-clip + KL updates, all in grpo.py
             with autocast:
                 stats = grpo_step(trained, ref, opt, prompts, recs, reward_fn, cfg, tok.eos_id, gen, step,
                                   next_prompts=draw)
@@ -362,26 +331,18 @@ def run_rlvr(model):
         if stats:
             stats["step"] = step   # steps done: the log's step 0 is the probe before any update
             rl_seconds += stats["t_step"]
-            # weight movement: distance from the start (RMS per weight) over the path walked; a random walk of n
-            # steps has displacement / path ~ 1 / sqrt(n), a steady direction ~ 1
-            w = torch.cat([q.detach().flatten() for q in model.parameters()])
-            path_len += (w - w_prev).norm().item()   # the length of this step's move
-            w_prev = w
-            dist = (w - w0).norm().item()            # straight-line distance from the MLE start
-            stats.update(rl_seconds=rl_seconds, w_path=path_len, w_rms=dist / math.sqrt(len(w)),
-                         w_straightness=dist / max(path_len, 1e-12))
+            stats.update(rl_seconds=rl_seconds, **moved.step(model))   # w_path, w_rms, w_straightness
             bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", kept=stats["groups_kept"], kl=f"{stats['kl']:.4f}")
-            if master and (step % args.probe_every == 0 or step == args.rl_steps):
-                stats.update(probe(model))   # greedy and T=1 reward on the fixed training prompts
-                print0(f"\nrlvr step {step}: reward {stats['reward_mean']:.3f} "
-                       f"probe reward {stats['probe_reward']:.3f} "
-                       f"(greedy {stats['probe_greedy']:.3f}) groups kept {stats['groups_kept']}/{stats['groups']} "
-                       f"kl {stats['kl']:.5f} entropy {stats['entropy']:.3f} straightness "
-                       f"{stats['w_straightness']:.2f} (random walk {1 / math.sqrt(step):.2f})")
-            log({"stage": "rlvr", **stats})
-        run.save_stage(ckpt, model, opt, step, stats, gen, done=step == args.rl_steps)
+            if master and (step % args.probe_every == 0 or step == args.rl_steps):   # the probe, and a line of text
+                stats.update(probe())
+                print0(f"\nrlvr step {step}: reward {stats['reward_mean']:.3f} probe reward "
+                       f"{stats['probe_reward']:.3f} (greedy {stats['probe_greedy']:.3f}) groups kept "
+                       f"{stats['groups_kept']}/{stats['groups']} kl {stats['kl']:.5f} entropy {stats['entropy']:.3f} "
+                       f"straightness {stats['w_straightness']:.2f} (random walk {1 / math.sqrt(step):.2f})")
+            log({"stage": "rlvr", **stats})   # reward, KL, entropy, clip fraction, weight movement, probe
+        run.save_stage(ckpt, model, opt, step, stats, gen, done=step == args.rl_steps)   # every --ckpt_every
     bar.close()
-    run.check_ranks_in_sync(model, "rlvr")
+    run.check_ranks_in_sync(model, "rlvr")   # under torchrun: every rank must end with the same weights
     barrier()
     return ckpt
 
@@ -389,43 +350,38 @@ def run_rlvr(model):
 # -----------------------------------------------------------------------------
 # run the stages: MLE (from scratch) -> RLVR -> the equal-time MLE control -> paired evaluation on val and test
 t0 = time.time()
-all_pairs = [encode(r) for r in train_recs]
+all_pairs = [encode(r) for r in train_recs]   # every train record as (prompt ids, answer ids + EOS)
 pairs = all_pairs   # what MLE learns from
 if args.label_frac < 1:   # the regime study: MLE on a fraction of the labels; RLVR and the control see every record
     order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(args.seed)).tolist()
     pairs = [pairs[i] for i in order[:max(1, round(args.label_frac * len(pairs)))]]
-start = args.init
+start = args.init   # the checkpoint RLVR and the control start from
 if args.stage == "mle" or (args.stage == "all" and not init_is_ckpt):
     model = start_model or GPT(GPTConfig.llama(vocab_size=tok.n_vocab, block_size=args.block_size,
                                                n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd))
     start = str(run_mle(model, "mle", pairs, args.mle_steps, args.mle_minutes,
                         lambda s: lr_at(s, args.mle_steps, args.mle_lr, args.warmup)))
 if args.stage in ("all", "rlvr"):
-    rl_ckpt = run_rlvr(load_lang_model(start, args.device)[0])
+    rl_ckpt = run_rlvr(load_lang_model(start, args.device)[0])   # a fresh copy of the start, whatever trained it
     ckpts = {"mle": start, "rlvr": str(rl_ckpt)}
-    if args.control:   # MLE continued from the same start for RLVR's wall-clock of GRPO steps
+    if args.control:   # MLE continued from the same start for RLVR's wall-clock of GRPO steps, at a constant rate
         minutes = read_checkpoint(rl_ckpt)[1]["metrics"].get("rl_seconds", 0.0) / 60
         control = load_lang_model(start, args.device)[0]
         ckpts["mle_more"] = str(run_mle(control, "mle_more", all_pairs, args.mle_steps, minutes,
                                         lambda s: args.control_lr * min(1.0, (s + 1) / 10)))
-    if master:
+    if master:   # every model greedy on the same records, so differences are paired per record
         splits = [(split, recs, limit) for split, recs, limit in
                   (("val", val_recs, args.val_limit), ("test", test_recs, args.test_limit))
                   if split in args.final_eval.split(",")]
         results = {split: {} for split, _, _ in splits}
         for name, path in ckpts.items():
-            model = load_lang_model(path, args.device)[0]
+            model = load_lang_model(path, args.device)[0]   # each model from its saved checkpoint
             for split, recs, limit in splits:
                 with autocast:
                     results[split][name] = evaluate(args.task, model, tok, recs[:limit or None],
                                                     args.max_new_tokens, desc=f"{split} {name}")
         for split, r in results.items():
-            write_json(out_dir / ("eval.json" if split == "test" else "eval_val.json"), r)
-            print0(f"\n{split} split ({r['mle']['n']} transitions, {r['mle']['n_changed']} changed), "
-                   f"{task.headline} % (greedy):")
-            print_table(args.task, r)
-            print_paired(args.task, r, "mle")
-            if "mle_more" in r:
-                print_paired(args.task, {k: v for k, v in r.items() if k != "mle"}, "mle_more")
+            write_json(out_dir / ("eval.json" if split == "test" else "eval_val.json"), r)   # atomically
+            print_comparison(args.task, split, r)   # the table, RLVR - MLE start, RLVR - control: paired 95% CIs
         print0(f"wrote eval.json (test) / eval_val.json (val) in {out_dir}; total {(time.time() - t0) / 60:.1f} min")
 run.finish()

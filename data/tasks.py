@@ -11,6 +11,7 @@ records that change something (`_changed`) and on those that do not (`_unchanged
 record per metric, in file order, so two models evaluated on the same records can be compared *paired*
 (`paired_bootstrap`: the mean difference with a bootstrap 95% interval over records).
 """
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from checkpoint import load_model
+from checkpoint import atomic_write, load_model
 from data.textgame import prepare as textgame_prepare, task as textgame_task
 from data.webpage import prepare as webpage_prepare, task as webpage_task
 from engine import generate
@@ -65,6 +66,20 @@ def load_lang_model(path, device="cpu"):
     return model, load_tokenizer(tok_path), meta
 
 
+def keep_tokenizer(init, meta, out_dir, write=True):
+    """The tokenizer entry for the args of a run started from `init`, a checkpoint or HF directory whose metadata
+    load_lang_model returned: an HF tokenizer stays in its directory (an absolute path); ours is copied beside the
+    run's checkpoints (when `write`: rank 0 only), so out_dir is self-contained -> the entry (a path or a file name)."""
+    src = meta["args"]["tokenizer"]   # relative to the checkpoint's folder, or absolute
+    src = Path(src) if Path(src).is_absolute() else Path(init).parent / src
+    if src.is_dir():
+        return str(src.resolve())
+    name = "tokenizer" + src.suffix
+    if write and not (Path(out_dir) / name).is_file():
+        atomic_write(Path(out_dir) / name, lambda tmp: shutil.copyfile(src, tmp))
+    return name
+
+
 # -----------------------------------------------------------------------------
 # decoding
 
@@ -91,6 +106,21 @@ def generate_texts(model, tok, prompts, max_new_tokens, temperature=0.0, batch_s
         for i, row in zip(ids, tokens.tolist()):
             out[i] = tok.decode([t for t in row if t >= 0 and t != tok.eos_id])
     return out
+
+
+def probe_rewards(task, model, tok, prompts, records, kind, max_new_tokens, samples=4):
+    """RLVR's probe: the mean training reward `kind` on fixed prompts, greedy and over `samples` samples each at T=1
+    drawn from a fixed seed (the same stream at every call) -> dict(probe_greedy, probe_reward). Leaves the model in
+    training mode."""
+    def mean_reward(texts, recs):
+        return sum(TASKS[task].reward(t, r, kind) for t, r in zip(texts, recs)) / len(texts)
+    model.eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        greedy = generate_texts(model, tok, prompts, max_new_tokens)
+        sampled = generate_texts(model, tok, prompts * samples, max_new_tokens, 1.0, generator=g)
+    model.train()
+    return dict(probe_greedy=mean_reward(greedy, records), probe_reward=mean_reward(sampled, records * samples))
 
 
 # -----------------------------------------------------------------------------
@@ -199,3 +229,14 @@ def print_paired(task, rows, against, file=None):
             sig = "  *" if lo > 0 or hi < 0 else ""
             print(f"  {name + ' - ' + against:<22} {sub:<8} {100 * m:+6.2f}  [{100 * lo:+6.2f}, {100 * hi:+6.2f}]{sig}",
                   file=file)
+
+
+def print_comparison(task, split, rows, file=None):
+    """train_lang.py's report of one split (rows: name -> evaluate result, "mle" among them): the table, then the
+    paired differences against the MLE start and, when the control ran, against the control ("mle_more")."""
+    print(f"\n{split} split ({rows['mle']['n']} transitions, {rows['mle']['n_changed']} changed), "
+          f"{TASKS[task].headline} % (greedy):", file=file, flush=True)
+    print_table(task, rows, file)
+    print_paired(task, rows, "mle", file)
+    if "mle_more" in rows:
+        print_paired(task, {k: v for k, v in rows.items() if k != "mle"}, "mle_more", file)

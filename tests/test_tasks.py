@@ -77,3 +77,36 @@ def test_paired_table_and_print_use_the_changed_subset(capsys):
     print_paired("textgame", rows, "mle")
     out = capsys.readouterr().out
     assert "rlvr - mle" in out and "+25.00" in out and "+100.00" in out
+
+
+def test_keep_tokenizer_copies_ours_and_points_at_an_hf_directory(tmp_path):
+    from data.tasks import keep_tokenizer
+    (tmp_path / "run1").mkdir()
+    (tmp_path / "run1" / "tokenizer.tiktoken").write_text("ranks")
+    init = tmp_path / "run1" / "mle.safetensors"          # our checkpoint names its tokenizer relative to its folder
+    out = tmp_path / "run2"
+    assert keep_tokenizer(init, {"args": {"tokenizer": "tokenizer.tiktoken"}}, out, write=False) == "tokenizer.tiktoken"
+    assert not (out / "tokenizer.tiktoken").exists()      # not rank 0: nothing written
+    assert keep_tokenizer(init, {"args": {"tokenizer": "tokenizer.tiktoken"}}, out) == "tokenizer.tiktoken"
+    assert (out / "tokenizer.tiktoken").read_text() == "ranks"   # out_dir is self-contained
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    assert keep_tokenizer(hf, {"args": {"tokenizer": str(hf)}}, out) == str(hf.resolve())   # HF: stays in place
+
+
+def test_probe_rewards_is_the_mean_task_reward_greedy_and_sampled():
+    import torch
+    from data.tasks import generate_texts, probe_rewards
+    from model import GPT, GPTConfig
+    from tokenizer_text import Tokenizer
+    records = textgame_split("val", 6, 0)
+    T = TASKS["textgame"]
+    tok = Tokenizer.train([T.data.prompt_text(r) + T.data.target_text(r) for r in records], 300)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.llama(vocab_size=tok.n_vocab, block_size=1024, n_layer=1, n_head=2, n_embd=16))
+    prompts = [tok.encode(T.data.prompt_text(r)) for r in records]
+    p = probe_rewards("textgame", model, tok, prompts, records, "task_specific", 16, samples=2)
+    assert model.training                                 # left in training mode
+    greedy = generate_texts(model, tok, prompts, 16)      # the same greedy answers, scored by the training reward
+    assert p["probe_greedy"] == sum(T.reward(t, r, "task_specific") for t, r in zip(greedy, records)) / 6
+    assert p == probe_rewards("textgame", model, tok, prompts, records, "task_specific", 16, samples=2)  # fixed seed

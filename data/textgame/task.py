@@ -1,30 +1,20 @@
 """The text-game state-prediction task: records, diffs, and the text the model reads and writes.
 
-A record is one transition of a text game (one JSON object per line of a .jsonl file):
+A record is one transition of a text game (one JSON object per line of a .jsonl file), in the schema of
+ByteSized32-State-Prediction, so our simulator's records and converted ByteSized32 ones (prepare.py) read alike:
 
-    {"game": "cook-egg",
+    {"game": "cook-egg", "action": "put egg in pot",
      "state":      {"objects": [...], "score": {"score": 0, "gameOver": false, "gameWon": false}},
-     "action":     "put egg in pot",
      "next_state": {"objects": [...], "score": {...}}}
 
-Each object is {"name": "pot (ID: 3)", "uuid": 3, "type": "Pot", "properties": {...},
-"contains": ["egg (ID: 4)"]}, the schema of ByteSized32-State-Prediction, so our simulator's records and
-converted ByteSized32 records (data/textgame/prepare.py) go through the same code.
-
-Like RLVR-World (and the "diff" setting of the GPT-simulator paper), the model does not write the whole
-next state: it writes a *difference* {"modified": [full next-state objects that are new or changed],
-"removed": [uuids of objects that disappeared], "score": next score, or {} when the score is unchanged}.
-About half of all transitions change nothing, and their answer is then the short
-{"modified":[],"removed":[],"score":{}}. rewards.apply_diff merges a diff back into the state.
-
-Two objects are "the same" when their properties are equal and they contain the same objects in any order
-(the order of `contains` carries no meaning, as in the GPT-simulator evaluation). Names and types never
-change in practice and are not compared, again as in that evaluation.
-
-The prompt is kept small on purpose, because it is what a tiny model has to read: compact JSON
-(no spaces), and the object keys in the order the data has them (no sorting, so the model always sees
-name, uuid, type, properties, contains in that order). The end-of-sequence token is added by the training
-code, not here.
+with objects {"name": "pot (ID: 3)", "uuid": 3, "type": "Pot", "properties": {...}, "contains": ["egg (ID: 4)"]}.
+Like RLVR-World (the "diff" setting of the GPT-simulator paper) the model writes only a *difference*: {"modified": [the
+full next-state objects that are new or changed], "removed": [uuids of objects that disappeared], "score": the next
+score, or {} when unchanged}; about half the transitions change nothing and their answer is the short
+{"modified":[],"removed":[],"score":{}}. rewards.apply_diff merges a diff back into the state. Two objects are the
+same when their properties are equal and they contain the same objects in any order (names and types never change
+and are not compared, as in that paper's evaluation). The prompt is small on purpose, since a tiny model reads it:
+compact JSON, object keys in the data's order. The end-of-sequence token is added by the training code.
 """
 import json
 from pathlib import Path
