@@ -498,13 +498,14 @@ def main(argv=None):
     p.add_argument("--act", default="planner", choices=("planner", "sim"),
                    help="sim: the true-simulator planner acts; each planner's decisions are scored on its states")
     # how the model planner uses its predictions (chosen on --split=val)
-    p.add_argument("--conf", default="none", choices=("none", "sum", "mean"),
+    p.add_argument("--conf", default="sum", choices=("none", "sum", "mean"),
                    help="confidence p of a prediction: exp(sum) or exp(mean) of its tokens' log-probs; none: p = 1")
-    p.add_argument("--memory", default="none", choices=("none", "block", "now"),
+    p.add_argument("--memory", default="block", choices=("none", "block", "now"),
                    help="a (state, action) whose prediction reality contradicted: never again (block), "
                         "worth V(now) (now), or forgotten (none)")
     p.add_argument("--trust_win", type=float, default=0.0,
-                   help="text game: a predicted win counts +100 only when p >= this (0: always; >1: never)")
+                   help="text game: a predicted win counts +100 only when p >= this (0: always, discounted by --conf "
+                        "alone; > 1: never)")
     p.add_argument("--web_value", default="graded", choices=("graded", "exact"),
                    help="web page: credit per goal line shown (graded), or per whole condition (exact)")
     # world model
