@@ -19,6 +19,8 @@ reward or gradient stops the run naming the step (--on_nan=skip skips it); bad i
 import argparse
 import copy
 import math
+import multiprocessing as mp
+import sys
 import time
 from pathlib import Path
 
@@ -50,6 +52,8 @@ g.add_argument("--init", default="auto",
                help="auto (shipped MLE checkpoint if present, else scratch) | scratch | our .safetensors | HF dir")
 g.add_argument("--resume", type=int, default=1, help="1: continue each stage from its checkpoint in out_dir")
 g.add_argument("--control", type=int, default=1, help="1: train the control, MLE continued for RLVR's wall-clock")
+g.add_argument("--control_alongside", type=int, default=1,
+               help="1: on a CPU, train the control in a second process while RLVR runs (0: after RLVR, for its time)")
 g = p.add_argument_group("model, when training from scratch")
 g.add_argument("--vocab_size", type=int, default=448, help="BPE ranks trained on the train split")
 g.add_argument("--n_layer", type=int, default=4, help="transformer blocks")
@@ -202,7 +206,7 @@ def batch_from(pairs):
 # -----------------------------------------------------------------------------
 # stage 1: MLE on (prompt -> state difference) pairs, loss on the answer tokens only. The same loop trains the
 # control (MLE continued from the RLVR start for RLVR's wall-clock, at a constant rate).
-def run_mle(model, name, pairs, steps, minutes, lr_of_step):
+def run_mle(model, name, pairs, steps, minutes, lr_of_step, stop=None):
     ckpt = out_dir / f"{name}.safetensors"   # resumable while it runs, the trained model once done
     model, trained = run.wrap(model, compile=args.compile)   # trained: the compiled / DDP-wrapped module
     keep = [pr for pr in pairs if len(pr[0]) + len(pr[1]) <= model.config.block_size + 1]   # whole pairs only
@@ -218,6 +222,7 @@ def run_mle(model, name, pairs, steps, minutes, lr_of_step):
         return ckpt                                             # a finished stage is reused as it is
     t_start, metrics = time.time(), {}   # metrics: the last validation check, saved with each checkpoint
     budget = f" (at most {steps} steps or {minutes:.1f} min)" if minutes else ""   # the control stops on time
+    budget = " (until RLVR's last step)" if stop is not None else budget               # ... or when RLVR ends
     bar = tqdm(total=steps, initial=step, desc=name + budget, disable=not master)
     while step < steps:
         for group in opt.param_groups:
@@ -235,7 +240,8 @@ def run_mle(model, name, pairs, steps, minutes, lr_of_step):
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")
-        timed_out = run.any_rank(bool(minutes and time.time() - t_start > 60 * minutes))   # the control's budget
+        timed_out = run.any_rank(bool(minutes and time.time() - t_start > 60 * minutes)   # the control's budget
+                                 or (stop is not None and stop.is_set()))               # set by the RLVR process
         if step % args.eval_every == 0 or step == steps or timed_out:   # validation loss and greedy headline metric
             model.eval()
             with torch.no_grad(), autocast:   # validation loss over (up to) 256 validation pairs
@@ -252,7 +258,7 @@ def run_mle(model, name, pairs, steps, minutes, lr_of_step):
             log(metrics)                                                     # one JSON line in out_dir/log.jsonl
         run.save_stage(ckpt, model, opt, step, metrics, gen, done=step == steps or timed_out)   # every --ckpt_every
         if timed_out:
-            print0(f"{name}: stopping after {minutes:.2f} minutes at step {step}")
+            print0(f"{name}: stopping after {(time.time() - t_start) / 60:.2f} minutes at step {step}")
             break
     bar.close()
     barrier()
@@ -362,13 +368,36 @@ if args.stage == "mle" or (args.stage == "all" and not init_is_ckpt):
     start = str(run_mle(model, "mle", pairs, args.mle_steps, args.mle_minutes,
                         lambda s: lr_at(s, args.mle_steps, args.mle_lr, args.warmup)))
 if args.stage in ("all", "rlvr"):
+    control_lr = lambda s: args.control_lr * min(1.0, (s + 1) / 10)   # noqa: E731  (10 warm-up steps, then constant)
+    rl_file = out_dir / "rlvr.safetensors"
+    rl_done = args.resume and rl_file.is_file() and read_checkpoint(rl_file)[1]["metrics"].get("done")
+    # The control, MLE continued from the same start at a constant rate, gets RLVR's wall-clock. On a CPU it runs in
+    # a forked process on the second core *while* RLVR runs and stops when RLVR's last step ends: the same time by
+    # construction, and the demo takes half as long. Otherwise (GPU, torchrun, a resumed run) it runs after RLVR.
+    alongside = args.control and args.control_alongside and world == 1 and args.device == "cpu" and not rl_done
+    if alongside:
+        def control_process(stop):
+            with open(out_dir / "control.log", "w") as f:
+                sys.stdout = sys.stderr = f   # its progress bar and prints go to a file, not over RLVR's
+                run_mle(load_lang_model(start, args.device)[0], "mle_more", all_pairs, args.mle_steps, 0,
+                        control_lr, stop)
+        stop = mp.get_context("fork").Event()   # set by this process when RLVR is done
+        child = mp.get_context("fork").Process(target=control_process, args=(stop,), daemon=True)
+        child.start()
+        print0(f"control: MLE continues from the start in process {child.pid} while RLVR runs "
+               f"(progress: {out_dir / 'control.log'})")
     rl_ckpt = run_rlvr(load_lang_model(start, args.device)[0])   # a fresh copy of the start, whatever trained it
     ckpts = {"mle": start, "rlvr": str(rl_ckpt)}
-    if args.control:   # MLE continued from the same start for RLVR's wall-clock of GRPO steps, at a constant rate
+    if alongside:
+        stop.set()
+        child.join()   # it finishes its step, saves mle_more.safetensors and exits
+        if child.exitcode:
+            fail(f"the control process failed (exit code {child.exitcode}); see {out_dir / 'control.log'}")
+        ckpts["mle_more"] = str(out_dir / "mle_more.safetensors")
+    elif args.control:   # after RLVR, for RLVR's wall-clock of GRPO steps
         minutes = read_checkpoint(rl_ckpt)[1]["metrics"].get("rl_seconds", 0.0) / 60
-        control = load_lang_model(start, args.device)[0]
-        ckpts["mle_more"] = str(run_mle(control, "mle_more", all_pairs, args.mle_steps, minutes,
-                                        lambda s: args.control_lr * min(1.0, (s + 1) / 10)))
+        ckpts["mle_more"] = str(run_mle(load_lang_model(start, args.device)[0], "mle_more", all_pairs,
+                                        args.mle_steps, minutes, control_lr))
     if master:   # every model greedy on the same records, so differences are paired per record
         splits = [(split, recs, limit) for split, recs, limit in
                   (("val", val_recs, args.val_limit), ("test", test_recs, args.test_limit))
