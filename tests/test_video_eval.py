@@ -85,6 +85,11 @@ def test_per_record_values_and_paired_differences():
     assert diffs[("worse", "m", "ssim", "all")][0] == 0
     copy_gap = np.mean(pr["mae"]) - np.mean(res["copy_last_frame"]["per_record"]["mae"])
     assert abs(diffs[("m", "copy", "mae", "all")][0] - copy_gap) < 1e-9
+    # the "moving" rows only when some window is static (else they repeat "all")
+    assert (("worse", "m", "mae", "moving") in diffs) == (not all(pr["changed"]))
+    static = dict(res, per_record=dict(pr, changed=[True, False, True, True]))
+    subs = {d[3] for d in paired_video({"m": static, "worse": worse}, [("worse", "m")])}
+    assert subs == {"all", "moving"}
     short = dict(res, per_record=dict(pr, mae=pr["mae"][:3]))
     with pytest.raises(ValueError, match="different windows"):
         paired_video({"m": res, "short": short}, [("short", "m")])

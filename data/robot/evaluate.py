@@ -173,9 +173,10 @@ def print_video_table(rows, file=sys.stdout):
 def paired_video(rows, pairs, metrics=("mae", "ssim")):
     """Paired differences a - b over the same test windows, with bootstrap 95% intervals (data/tasks.paired_table).
     rows: name -> eval_video result of the same windows; "copy" names the first row's copy-last-frame baseline.
-    pairs: (a, b) names. -> list of (a, b, metric, subset, mean, low, high); subset "all" or "moving" (the windows
-    whose truth moves)."""
+    pairs: (a, b) names. -> list of (a, b, metric, subset, mean, low, high); subset "all", and "moving" (the windows
+    whose truth moves) when some window does not move."""
     first = next(iter(rows.values()))
+    subsets = ("all",) if all(first["per_record"]["changed"]) else ("all", "changed")   # else "moving" repeats "all"
     per = {name: r["per_record"] for name, r in rows.items()}
     per["copy"] = dict(first["copy_last_frame"]["per_record"], changed=first["per_record"]["changed"])
     out = []
@@ -183,7 +184,8 @@ def paired_video(rows, pairs, metrics=("mae", "ssim")):
         if len(per[a]["mae"]) != len(per[b]["mae"]):
             raise ValueError(f"paired_video: {a} and {b} were evaluated on different windows")
         for m in metrics:   # paired_table compares every row with `b`: here the one row `a`
-            for _, sub, mean, lo, hi in paired_table({a: {"per_record": per[a]}, b: {"per_record": per[b]}}, m, b):
+            for _, sub, mean, lo, hi in paired_table({a: {"per_record": per[a]}, b: {"per_record": per[b]}}, m, b,
+                                                     subsets):
                 out.append((a, b, m, "moving" if sub == "changed" else sub, mean, lo, hi))
     return out
 
