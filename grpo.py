@@ -1,14 +1,12 @@
 """
-GRPO (Group Relative Policy Optimization), written out by hand: the README's "GRPO in seven steps" in code. Every task
-plugs into the same `grpo_step`: sample G completions per prompt (engine.py prefills each prompt once for its G),
-score the decoded completions with the task's reward, drop groups without reward spread and sample more prompts in
-their place (DAPO dynamic sampling), give each sample its group-normalised advantage, then take `ppo_epochs x
-minibatches` optimizer steps on PPO-clip + beta * k3 KL to a frozen reference - an entropy bonus, over completion
-tokens (EOS in, padding out), in micro-batches whose gradients add up. Log-probs use logits / temperature, the
-sampler's distribution. `shuffle_rewards` is the placebo: each round's rewards permuted over its batch (all the
-machinery, no signal; the log keeps the true rewards). In bf16 / fp16 the old log-probs are recomputed on the update's
-exact path (as verl does), so the first ratio is exactly 1. Under DDP each rank samples its own prompts and every rank
-takes the same number of optimizer steps.
+GRPO (Group Relative Policy Optimization) by hand, the README's "GRPO in seven steps", one `grpo_step` for every task:
+sample G completions per prompt, score them with the task's reward, drop groups without reward spread and sample
+more prompts in their place (DAPO dynamic sampling), give each sample its group-normalised advantage, then take
+`ppo_epochs x minibatches` optimizer steps on PPO-clip + beta * k3 KL to a frozen reference - an entropy bonus, over
+completion tokens (EOS in, padding out), in micro-batches whose gradients add up. Log-probs use logits / temperature
+(the sampler's distribution). `shuffle_rewards` is the placebo: rewards permuted over each round's batch (the log
+keeps the true ones). In bf16 / fp16 the old log-probs are recomputed on the update's path (as verl does), so the
+first ratio is exactly 1. Under DDP each rank samples its own prompts; all take the same number of optimizer steps.
 """
 import math
 import time
@@ -72,9 +70,8 @@ def clipped_objective(logp, old_logp, adv, clip_eps):
 
 
 def aggregate(per_token, mask, how, n_tokens=None, n_seqs=None):
-    """Masked mean of per-token values (n, T): "token-mean" = sum over masked tokens / n_tokens (default: their count);
-    "seq-mean" = sum over rows of each row's masked mean / n_seqs (default: the rows). Given a whole minibatch's
-    n_tokens / n_seqs, a micro-batch's result is its share of the minibatch's mean, and the shares add up to it."""
+    """Masked mean of per-token values (n, T): "token-mean" = masked sum / n_tokens (default: their count); "seq-mean"
+    = sum of each row's masked mean / n_seqs (default: n). Given a minibatch's counts: a micro-batch's share of it."""
     mask = mask.to(per_token.dtype)
     if how == "token-mean":
         return (per_token * mask).sum() / (mask.sum().clamp(min=1) if n_tokens is None else max(n_tokens, 1))
@@ -120,10 +117,10 @@ def rollout(model, prompts, items, reward_fn, cfg, eos_id, generator, sampler=No
 
 
 def pack(prompts, tokens, mask=None):
-    """P token-id prompts and their completions tokens (N = P * G, T) (-1 after EOS; mask False: injected, out of the
-    loss) -> prompt_idx (P, L) the right-padded prompts less their last token, prompt_len (P,), idx (N, T) the
-    prompt's last token then the completion less its last, targets (N, T) the completion, -1 out of the loss: the
-    model fed prompt + idx[n, :t+1] predicts targets[n, t]. Each prompt is stored once, not once per sample."""
+    """P token-id prompts and completions tokens (N = P * G, T) (-1 after EOS; mask False: injected, not scored) ->
+    prompt_idx (P, L) right-padded prompts less their last token, prompt_len (P,), idx (N, T) the prompt's last token
+    then the completion less its last, targets (N, T) the completion (-1: no loss): prompt + idx[n, :t+1] predicts
+    targets[n, t]. Each prompt is stored once, not once per sample."""
     P, G = len(prompts), len(tokens) // len(prompts)
     L = max(len(p) for p in prompts) - 1
     prompt_idx = torch.tensor([p[:-1] + [0] * (L + 1 - len(p)) for p in prompts], dtype=torch.long).view(P, L)
@@ -158,10 +155,10 @@ def low_precision(model, device):
 def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_id, generator, step=0, sampler=None,
               next_prompts=None):
     """Rollouts until `cfg.prompts_per_step` groups have reward spread, then `ppo_epochs x minibatches` optimizer steps
-    -> a dict of stats. policy: the trained GPT, maybe DDP-wrapped; ref_model: the frozen GPT (None if beta == 0);
-    prompts, items: the first round's P token-id lists and task objects, scored by reward_fn(items, completions);
-    next_prompts(n) -> (prompts, items) of a further round (None: one round); sampler: see `rollout`. A non-finite
-    weight, reward, loss or gradient norm raises FloatingPointError before the optimizer step it would corrupt."""
+    -> a dict of stats. policy: the GPT, maybe DDP-wrapped; ref_model: frozen (None if beta == 0); prompts, items: the
+    first round's P token-id lists and task objects, scored by reward_fn(items, completions); next_prompts(n) -> a
+    further round's (None: one round); sampler: see `rollout`. A non-finite weight, reward, loss or gradient norm
+    raises FloatingPointError before the optimizer step it would corrupt."""
     t0 = time.time()
     raw = getattr(policy, "module", policy)
     device = raw.wte.weight.device

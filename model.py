@@ -1,18 +1,13 @@
 """
-One GPT for every task in nanoRLVR: a decoder-only transformer that covers two families.
-
-- GPT-2 style: LayerNorm (with bias), learned absolute positions, GELU (tanh) MLP, biases everywhere, tied embeddings.
-- Llama / Qwen2 style: RMSNorm, rotary positions (RoPE, theta configurable), SwiGLU MLP, grouped-query attention
-  (n_kv_head < n_head), optional q/k/v bias (Qwen2 has it, Llama does not), tied or untied output embedding.
-
-Design choices, for the student:
-- q, k and v live in one fused Linear (`c_attn`) and SwiGLU's gate and up projections in one (`c_fc`): one matmul
-  instead of three or two, which matters on small CPUs. `from_pretrained` concatenates HF's separate tensors.
-- Training batches are right-padded (pads only ever sit after the real tokens), so training needs no attention mask.
-- The GRPO update runs each prompt once for all the samples that continue it (`forward(prompts=)`, through a
-  `PromptCache`), with the same logits as the concatenated sequences: most of a text-game sequence is its prompt.
-- Sampling (KV cache, decode attention, `generate`) lives in engine.py, as nanochat keeps its engine apart from its
-  model; this file is the training path.
+One GPT for every task in nanoRLVR, a decoder-only transformer in two families:
+- GPT-2: LayerNorm (with bias), learned absolute positions, GELU (tanh) MLP, biases everywhere, tied embeddings;
+- Llama / Qwen2: RMSNorm, rotary positions (RoPE), SwiGLU MLP, grouped-query attention (n_kv_head < n_head), optional
+  q/k/v bias (Qwen2 has it, Llama does not), tied or untied output embedding.
+q, k and v share one Linear (`c_attn`), SwiGLU's gate and up one (`c_fc`): fewer matmuls, which matters on small CPUs
+(`from_pretrained` concatenates HF's separate tensors). Training batches are right-padded, so they need no attention
+mask. The GRPO update runs each prompt once for all the samples that continue it (`forward(prompts=)`), with the same
+logits as the concatenated sequences: most of a text-game sequence is its prompt. Sampling (KV cache, `generate`)
+lives in engine.py, as nanochat keeps its engine apart from its model; this file is the training path.
 """
 import json
 import math
@@ -108,8 +103,7 @@ class Attention(nn.Module):
         hd, nh, nkv = self.head_dim, self.n_head, self.n_kv_head
         q, k, v = self.c_attn(x).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
         q = q.view(B, T, nh, hd).transpose(1, 2)    # (B, nh, T, hd)
-        k = k.view(B, T, nkv, hd).transpose(1, 2)   # (B, nkv, T, hd)
-        v = v.view(B, T, nkv, hd).transpose(1, 2)   # (B, nkv, T, hd)
+        k, v = (t.view(B, T, nkv, hd).transpose(1, 2) for t in (k, v))   # (B, nkv, T, hd) each
         if rope is not None:   # positions enter as rotations of q and k, so scores depend on distance
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None and cache.rows is None:  # a prompt pass: keep its keys and values for what follows
@@ -118,8 +112,7 @@ class Attention(nn.Module):
             k = torch.cat([cache.k[layer][cache.rows], k], dim=2)  # (B, nkv, Lp + T, hd)
             v = torch.cat([cache.v[layer][cache.rows], v], dim=2)
         if nkv != nh:   # grouped-query attention: each kv head serves nh // nkv query heads
-            k = k.repeat_interleave(nh // nkv, dim=1)  # (B, nh, T_all, hd)
-            v = v.repeat_interleave(nh // nkv, dim=1)
+            k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)  # (B, nh, T_all, hd)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)  # (B, nh, T, hd)
         y = y.transpose(1, 2).contiguous().view(B, T, nh * hd)  # (B, T, nh*hd)
         return self.c_proj(y)
@@ -191,12 +184,10 @@ class GPT(nn.Module):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     def _init_weights(self, module):
-        if isinstance(module, nn.Linear):
+        if isinstance(module, (nn.Linear, nn.Embedding)):   # GPT-2's N(0, 0.02) weights, zero biases
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
 
     def num_params(self, non_embedding=True):
         n = sum(p.numel() for p in self.parameters())

@@ -82,23 +82,18 @@ def _object_counts(pred: dict, true: dict) -> tuple[int, int]:
     correct = errors = 0
     for obj in true["objects"]:
         guess = predicted.get(obj["uuid"])
-        if guess is None:
+        if guess is None:   # a true object the prediction lost: one error
             errors += 1
             continue
         properties = guess.get("properties")
-        if not isinstance(properties, dict):
-            errors += 1
-        else:
-            for key, value in obj["properties"].items():
-                if key in properties and properties[key] == value:
-                    correct += 1
-                else:
-                    errors += 1
-            errors += len(properties.keys() - obj["properties"].keys())
-        if _contents(guess) == _contents(obj):
-            correct += 1
+        if isinstance(properties, dict):   # each true property right or wrong, each invented one wrong
+            right = sum(1 for key, value in obj["properties"].items() if key in properties and properties[key] == value)
+            correct += right
+            errors += len(obj["properties"]) - right + len(properties.keys() - obj["properties"].keys())
         else:
             errors += 1
+        same_contents = _contents(guess) == _contents(obj)   # the contents count as one more property
+        correct, errors = correct + same_contents, errors + (not same_contents)
     errors += len(predicted.keys() - {obj["uuid"] for obj in true["objects"]})
     return correct, errors
 
@@ -127,13 +122,9 @@ def _contents(obj: dict):
 
 
 def apply_diff(state: dict, diff: dict) -> dict:
-    """Merge a diff into a state (inputs are not modified).
-
-    A modified object replaces the object with its uuid, or is added when the uuid is new (the official
-    merge drops new objects; docs/rewards.md). Removed uuids are deleted, and removal wins over
-    modification. An empty score {} keeps the state's score, a non-empty one replaces it, and None (an answer
-    that wrote no "score") predicts no score at all.
-    """
+    """Merge a diff into a state (inputs are not modified). A modified object replaces the one with its uuid, or is
+    added when the uuid is new (the official merge drops new ones; docs/rewards.md); removal wins over modification.
+    Score: {} keeps the state's, a non-empty one replaces it, None (no "score" written) predicts none at all."""
     removed = {u for u in diff["removed"] if _is_uuid(u)}
     changes = {obj["uuid"]: obj for obj in diff["modified"]}
     objects = [changes.pop(obj["uuid"], obj) for obj in state["objects"] if obj["uuid"] not in removed]
@@ -143,13 +134,9 @@ def apply_diff(state: dict, diff: dict) -> dict:
 
 
 def parse_diff(text) -> dict | None:
-    """Read the model's difference JSON from its text; None when there is none to be read.
-
-    Tries each of the first few '{' in the answer segment, each as is and repaired, and returns the first
-    JSON object with the diff shape (so junk before or after the JSON, and inner objects, are skipped).
-    The repair only closes strings and brackets, so it never adds the key a truncated answer lacks.
-    Text longer than MAX_ANSWER_CHARS is not read.
-    """
+    """The model's difference JSON read from its text, or None. Tries the first few '{' of the answer segment, each as
+    is and repaired, and returns the first JSON object with the diff shape (junk around it and inner objects are
+    skipped). The repair only closes strings and brackets: it never adds the key a truncated answer lacks."""
     if not isinstance(text, str) or len(text) > MAX_ANSWER_CHARS:
         return None
     segment = _PY_LITERAL.sub(lambda m: {"True": "true", "False": "false", "None": "null"}[m.group(1)],
@@ -189,19 +176,16 @@ def _is_uuid(value) -> bool:
 def _variants(text: str):
     """The text as is, then repaired: trailing commas, unclosed brackets, then single quotes."""
     yield text
-    repaired = _close_brackets(_TRAILING_COMMA.sub(r"\1", text))
-    if repaired is not None:
-        yield repaired
-    if "'" in text:
-        swapped = _close_brackets(_TRAILING_COMMA.sub(r"\1", text.replace("'", '"')))
-        if swapped is not None:
-            yield swapped
+    for t in (text, text.replace("'", '"')) if "'" in text else (text,):
+        repaired = _close_brackets(_TRAILING_COMMA.sub(r"\1", t))
+        if repaired is not None:
+            yield repaired
 
 
 def _close_brackets(text: str) -> str | None:
-    """The JSON value that `text` starts with, cut where it ends; or, when the text ends first (a truncated
-    answer), closed: an unterminated string gets its quote, a final comma goes, unclosed {/[ are closed.
-    None if brackets mismatch or nest deeper than _MAX_DEPTH. Python sees only the brackets; the regex skips the rest."""
+    """The JSON value that `text` starts with, cut where it ends; or, when the text ends first (a truncated answer),
+    closed: an unterminated string gets its quote, a final comma goes, unclosed {/[ are closed. None if brackets
+    mismatch or nest deeper than _MAX_DEPTH. Python sees only the brackets; the regex skips the rest."""
     closers, pos = [], 0
     while (m := _JSON_TOKEN.match(text, pos)) is not None:
         token, pos = m.group(1), m.end()
@@ -225,9 +209,7 @@ def _answer_segment(text: str) -> str:
     if finals:
         return text[finals[-1].end():]
     fenced = _last_fenced(text)
-    if fenced is not None and len(fenced) >= 10:
-        return fenced
-    return text
+    return fenced if fenced is not None and len(fenced) >= 10 else text
 
 
 def _last_fenced(text: str) -> str | None:

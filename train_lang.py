@@ -28,7 +28,8 @@ import torch
 from tqdm import tqdm
 
 from checkpoint import read_checkpoint, write_json
-from data.tasks import TASKS, evaluate, keep_tokenizer, load_lang_model, print_comparison, probe_rewards
+from data.tasks import (TASKS, PromptPool, evaluate, evaluate_checkpoints, keep_tokenizer, load_lang_model,
+                        print_comparison, probe_rewards)
 from grpo import GRPOConfig, grpo_step
 from model import GPT, GPTConfig
 from runtime import Run, WeightPath, check_ranges, finite_weights, lr_at
@@ -278,20 +279,11 @@ def run_rlvr(model):
                      micro_batch=args.micro_batch, shuffle_rewards=bool(args.placebo))
     # the official recipe's AdamW: betas (0.9, 0.999), weight decay 0.01, a linear warm-up to a constant rate
     opt = torch.optim.AdamW(model.parameters(), lr=args.rl_lr, betas=(0.9, 0.999), weight_decay=args.rl_weight_decay)
-    # the prompt pool: every train prompt that leaves room for an answer, split into changed and unchanged ones
-    room = model.config.block_size - args.max_new_tokens   # a prompt must leave room for the longest answer
-    pool = [(r, prompt) for r in train_recs[:args.rl_pool or None]
-            if len(prompt := tok.encode(data.prompt_text(r))) <= room]
-    changed = [x for x in pool if data.is_changed(x[0])]        # where the headroom is
-    unchanged = [x for x in pool if not data.is_changed(x[0])]  # mostly right already; kept so "no change" stays right
     gen = torch.Generator().manual_seed(args.seed + 1000 + rank)   # prompts, samples and minibatch order
-
-    def draw(n):
-        """n prompts from the pool, a share --rl_unchanged_frac of them unchanged -> (prompts, records)."""
-        n_unch = round(n * args.rl_unchanged_frac) if unchanged else 0
-        picks = [changed[i] for i in torch.randint(len(changed), (n - n_unch,), generator=gen)]
-        picks += [unchanged[i] for i in torch.randint(len(unchanged), (n_unch,), generator=gen)]
-        return [x[1] for x in picks], [x[0] for x in picks]   # token-id prompts, and the records the reward reads
+    # the prompt pool: every train prompt that leaves room for the longest answer, split into changed and unchanged
+    # records; draw(n) -> n token-id prompts and their records, a share --rl_unchanged_frac of them unchanged
+    draw = PromptPool(args.task, tok, train_recs[:args.rl_pool or None], model.config.block_size - args.max_new_tokens,
+                      args.rl_unchanged_frac, gen)
 
     def reward_fn(records, completions):   # token lists -> the task's metric of each decoded answer
         texts = [tok.decode([t for t in c if t != tok.eos_id]) for c in completions]   # decode: the reward reads text
@@ -305,9 +297,9 @@ def run_rlvr(model):
         with autocast:
             return probe_rewards(args.task, model, tok, probe_prompts, probe_recs, args.reward, args.max_new_tokens)
 
-    print0(f"rlvr: {len(changed)} changed + {len(unchanged)} unchanged train prompts; per step {args.prompts_per_step} "
-           f"groups with reward spread (up to {args.max_rounds} rounds) x {args.group_size} samples x {world} ranks; "
-           f"reward {args.reward}{'; PLACEBO: rewards shuffled' if args.placebo else ''}")
+    print0(f"rlvr: {len(draw.changed)} changed + {len(draw.unchanged)} unchanged train prompts; per step "
+           f"{args.prompts_per_step} groups with reward spread (up to {args.max_rounds} rounds) x {args.group_size} "
+           f"samples x {world} ranks; reward {args.reward}{'; PLACEBO: rewards shuffled' if args.placebo else ''}")
     moved = WeightPath(model)   # the MLE start, for the log's weight movement
     step, done = run.resume_stage(ckpt, model, opt, gen, "rlvr")   # as in run_mle
     if done:
@@ -398,17 +390,11 @@ if args.stage in ("all", "rlvr"):
         minutes = read_checkpoint(rl_ckpt)[1]["metrics"].get("rl_seconds", 0.0) / 60
         ckpts["mle_more"] = str(run_mle(load_lang_model(start, args.device)[0], "mle_more", all_pairs,
                                         args.mle_steps, minutes, control_lr))
-    if master:   # every model greedy on the same records, so differences are paired per record
-        splits = [(split, recs, limit) for split, recs, limit in
+    if master:   # every model, loaded from its checkpoint, greedy on the same records: differences are paired
+        splits = {split: recs[:limit or None] for split, recs, limit in
                   (("val", val_recs, args.val_limit), ("test", test_recs, args.test_limit))
-                  if split in args.final_eval.split(",")]
-        results = {split: {} for split, _, _ in splits}
-        for name, path in ckpts.items():
-            model = load_lang_model(path, args.device)[0]   # each model from its saved checkpoint
-            for split, recs, limit in splits:
-                with autocast:
-                    results[split][name] = evaluate(args.task, model, tok, recs[:limit or None],
-                                                    args.max_new_tokens, desc=f"{split} {name}")
+                  if split in args.final_eval.split(",")}
+        results = evaluate_checkpoints(args.task, ckpts, tok, splits, args.max_new_tokens, args.device, autocast)
         for split, r in results.items():
             write_json(out_dir / ("eval.json" if split == "test" else "eval_val.json"), r)   # atomically
             print_comparison(args.task, split, r)   # the table, RLVR - MLE start, RLVR - control: paired 95% CIs

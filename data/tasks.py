@@ -12,6 +12,7 @@ record per metric, in file order, so two models evaluated on the same records ca
 (`paired_bootstrap`: the mean difference with a bootstrap 95% interval over records).
 """
 import shutil
+from contextlib import nullcontext
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -108,6 +109,26 @@ def generate_texts(model, tok, prompts, max_new_tokens, temperature=0.0, batch_s
     return out
 
 
+class PromptPool:
+    """RLVR's prompt pool: every record whose prompt is at most `room` tokens, split into those that change something
+    (where the headroom is) and those that do not (mostly right already; drawn so "no change" stays right)."""
+
+    def __init__(self, task, tok, records, room, unchanged_frac, generator):
+        data = TASKS[task].data
+        pool = [(r, prompt) for r in records if len(prompt := tok.encode(data.prompt_text(r))) <= room]
+        self.changed = [x for x in pool if data.is_changed(x[0])]
+        self.unchanged = [x for x in pool if not data.is_changed(x[0])]
+        self.unchanged_frac, self.generator = unchanged_frac, generator
+
+    def __call__(self, n):
+        """n draws with replacement, a share unchanged_frac of them unchanged -> (token-id prompts, records)."""
+        n_unch = round(n * self.unchanged_frac) if self.unchanged else 0
+        picks = [self.changed[i] for i in torch.randint(len(self.changed), (n - n_unch,), generator=self.generator)]
+        picks += [self.unchanged[i] for i in   # (max: none to draw from is 0 draws, not an error)
+                  torch.randint(max(len(self.unchanged), 1), (n_unch,), generator=self.generator)]
+        return [x[1] for x in picks], [x[0] for x in picks]
+
+
 def probe_rewards(task, model, tok, prompts, records, kind, max_new_tokens, samples=4):
     """RLVR's probe: the mean training reward `kind` on fixed prompts, greedy and over `samples` samples each at T=1
     drawn from a fixed seed (the same stream at every call) -> dict(probe_greedy, probe_reward). Leaves the model in
@@ -169,6 +190,18 @@ def evaluate(task, model, tok, records, max_new_tokens=256, batch_size=64, sampl
                        for r, c, t in list(zip(records, changed, greedy))[:5]]
     res["per_record"] = {k: [float(m[k]) for m in scores] for k in scores[0]} | {"changed": changed}
     return res
+
+
+def evaluate_checkpoints(task, ckpts, tok, splits, max_new_tokens, device="cpu", autocast=None):
+    """Each checkpoint of {name: path} greedy on every split's records {split: records} (under `autocast`), so
+    differences are paired per record -> {split: {name: evaluate's result}}."""
+    results = {split: {} for split in splits}
+    for name, path in ckpts.items():
+        model = load_lang_model(path, device)[0]
+        for split, records in splits.items():
+            with autocast or nullcontext():
+                results[split][name] = evaluate(task, model, tok, records, max_new_tokens, desc=f"{split} {name}")
+    return results
 
 
 def paired_bootstrap(a, b, n_boot=10000, seed=0):

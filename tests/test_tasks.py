@@ -110,3 +110,49 @@ def test_probe_rewards_is_the_mean_task_reward_greedy_and_sampled():
     greedy = generate_texts(model, tok, prompts, 16)      # the same greedy answers, scored by the training reward
     assert p["probe_greedy"] == sum(T.reward(t, r, "task_specific") for t, r in zip(greedy, records)) / 6
     assert p == probe_rewards("textgame", model, tok, prompts, records, "task_specific", 16, samples=2)  # fixed seed
+
+
+def test_prompt_pool_fits_the_room_and_draws_the_unchanged_share():
+    import torch
+    from data.tasks import PromptPool
+    from tokenizer_text import Tokenizer
+    records = textgame_split("train", 60, 0)
+    T = TASKS["textgame"]
+    tok = Tokenizer.train([T.data.prompt_text(r) + T.data.target_text(r) for r in records], 300)
+    lengths = sorted(len(tok.encode(T.data.prompt_text(r))) for r in records)
+    room = lengths[len(lengths) // 2]                     # about half the prompts fit
+    pool = PromptPool("textgame", tok, records, room, 0.25, torch.Generator().manual_seed(0))
+    fits = [r for r in records if len(tok.encode(T.data.prompt_text(r))) <= room]
+    assert [r for r, _ in pool.changed] == [r for r in fits if T.data.is_changed(r)]
+    assert [r for r, _ in pool.unchanged] == [r for r in fits if not T.data.is_changed(r)]
+    prompts, recs = pool(8)
+    assert [T.data.is_changed(r) for r in recs] == [True] * 6 + [False] * 2   # round(8 * 0.25) unchanged, last
+    assert prompts == [tok.encode(T.data.prompt_text(r)) for r in recs]
+    again = PromptPool("textgame", tok, records, room, 0.25, torch.Generator().manual_seed(0))(8)
+    assert again == (prompts, recs)                       # the generator alone decides the draw
+    only_changed = PromptPool("textgame", tok, [r for r in fits if T.data.is_changed(r)], room, 0.25,
+                              torch.Generator().manual_seed(0))
+    assert all(T.data.is_changed(r) for r in only_changed(8)[1])   # no unchanged records: all 8 changed
+
+
+def test_evaluate_checkpoints_pairs_every_model_on_every_split(tmp_path):
+    import torch
+    from checkpoint import save_checkpoint
+    from data.tasks import evaluate, evaluate_checkpoints, load_lang_model
+    from model import GPT, GPTConfig
+    from tokenizer_text import Tokenizer
+    records = textgame_split("val", 4, 0)
+    T = TASKS["textgame"]
+    tok = Tokenizer.train([T.data.prompt_text(r) + T.data.target_text(r) for r in records], 300)
+    tok.save(tmp_path / "tokenizer.tiktoken")
+    ckpts = {}
+    for name, seed in (("a", 0), ("b", 1)):
+        torch.manual_seed(seed)
+        model = GPT(GPTConfig.llama(vocab_size=tok.n_vocab, block_size=1024, n_layer=1, n_head=2, n_embd=16))
+        ckpts[name] = str(tmp_path / f"{name}.safetensors")
+        save_checkpoint(ckpts[name], model, args={"tokenizer": "tokenizer.tiktoken"})
+    splits = {"val": records[:2], "test": records[2:]}
+    res = evaluate_checkpoints("textgame", ckpts, tok, splits, 8)
+    assert list(res) == ["val", "test"] and all(list(r) == ["a", "b"] for r in res.values())
+    direct = evaluate("textgame", load_lang_model(ckpts["b"])[0], tok, records[2:], 8, desc=None)
+    assert res["test"]["b"] == direct                     # each model from its checkpoint, as evaluate scores it

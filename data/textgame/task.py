@@ -8,13 +8,11 @@ ByteSized32-State-Prediction, so our simulator's records and converted ByteSized
      "next_state": {"objects": [...], "score": {...}}}
 
 with objects {"name": "pot (ID: 3)", "uuid": 3, "type": "Pot", "properties": {...}, "contains": ["egg (ID: 4)"]}.
-Like RLVR-World (the "diff" setting of the GPT-simulator paper) the model writes only a *difference*: {"modified": [the
-full next-state objects that are new or changed], "removed": [uuids of objects that disappeared], "score": the next
-score, or {} when unchanged}; about half the transitions change nothing and their answer is the short
-{"modified":[],"removed":[],"score":{}}. rewards.apply_diff merges a diff back into the state. Two objects are the
-same when their properties are equal and they contain the same objects in any order (names and types never change
-and are not compared, as in that paper's evaluation). The prompt is small on purpose, since a tiny model reads it:
-compact JSON, object keys in the data's order. The end-of-sequence token is added by the training code.
+Like RLVR-World (the GPT-simulator paper's "diff" setting) the model writes only a *difference* (`make_diff`); about
+half the transitions change nothing and their answer is {"modified":[],"removed":[],"score":{}}. rewards.apply_diff
+merges a diff back into the state. Two objects are the same when their properties are equal and they contain the
+same objects in any order (names and types never change and are not compared, as in that paper's evaluation). The
+prompt is compact JSON, keys in the data's order, since a tiny model reads it; the training code adds the EOS token.
 """
 import json
 from pathlib import Path
@@ -76,11 +74,8 @@ def same_object(a: dict, b: dict) -> bool:
 
 
 def make_diff(state: dict, next_state: dict) -> dict:
-    """The answer the model must produce: what changed from `state` to `next_state`.
-
-    `modified` keeps next_state's object order and holds full objects (new ones included);
-    `removed` lists uuids in state's order; `score` is the next score only if it changed.
-    """
+    """The answer the model must write: what changed from `state` to `next_state`. `modified`: full objects (new ones
+    included) in next_state's order; `removed`: uuids in state's order; `score`: the next score only if it changed."""
     before = {obj["uuid"]: obj for obj in state["objects"]}
     after_uuids = {obj["uuid"] for obj in next_state["objects"]}
     modified = [obj for obj in next_state["objects"]
