@@ -33,6 +33,7 @@ p.add_argument("--against", default="mle,mle_more", help="models RLVR is compare
 p.add_argument("--out", default=None, help="PNG forest plot to write")
 p.add_argument("--json", default=None, help="JSON file for the rows")
 p.add_argument("--target", type=float, default=None, help="draw a dashed line at this gain (points)")
+p.add_argument("--pooled_only", type=int, default=0, help="1: a label with several seeds shows its pooled rows only")
 args = p.parse_args()
 against = args.against.split(",")
 NAMES = {"mle": "MLE start", "mle_more": "equal-compute MLE", "placebo": "placebo"}
@@ -80,7 +81,8 @@ for spec in args.runs:
                 m, lo, hi = paired_bootstrap(x, np.zeros_like(x))
                 row[sub] = [100 * m, 100 * lo, 100 * hi]
             else:
-                table.append(row)
+                if len(runs) == 1 or not args.pooled_only:
+                    table.append(row)
         if len(runs) > 1 and len(per_seed["all"]) == len(runs):
             row = {"regime": label, "run": f"{len(runs)} seeds pooled", "against": ref, "metric": runs[0][1],
                    "n": len(per_seed["all"][0])}
@@ -96,6 +98,7 @@ for spec in args.runs:
 
 def ci(v):
     star = " *" if v[1] > 0 or v[2] < 0 else ""   # the interval excludes zero
+    v = [round(x, 2) + 0.0 for x in v]             # no "-0.00"
     return f"{v[0]:+.2f} [{v[1]:+.2f}, {v[2]:+.2f}]{star}"
 
 
@@ -107,7 +110,7 @@ for r in table:
 if args.json:
     write_json(args.json, {"split": args.split, "rows": table})
 if args.out:
-    fig, ax = plt.subplots(figsize=(9, 0.42 * len(table) + 1.4))
+    fig, ax = plt.subplots(figsize=(10, 0.42 * len(table) + 1.4))
     for i, r in enumerate(table):
         y = len(table) - 1 - i
         for sub, dy, color in (("all", 0.12, "C0"), ("changed", -0.12, "C1")):
@@ -120,7 +123,7 @@ if args.out:
     ax.axvline(0, color="k", lw=0.8)
     if args.target is not None:
         ax.axvline(args.target, color="k", ls="--", lw=0.8, label=f"target +{args.target:g}")
-    ax.set_xlabel(f"RLVR minus model, {table[0]['metric']} points ({args.split} split, paired bootstrap 95% CI)")
+    ax.set_xlabel(f"RLVR minus model: {table[0]['metric']} points, {args.split} split, paired 95% CI")
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
