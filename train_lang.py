@@ -103,6 +103,7 @@ g.add_argument("--val_n", type=int, default=200, help="validation records for th
 g.add_argument("--val_limit", type=int, default=0, help="validation records in the final eval (0 = all)")
 g.add_argument("--test_limit", type=int, default=0, help="test records in the final eval (0 = all)")
 g.add_argument("--final_eval", default="val,test", help="splits of the final evaluation (choices are made on val)")
+g.add_argument("--eval_workers", type=int, default=2, help="processes sharing the final evaluation on a CPU")
 g = p.add_argument_group("system")
 g.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
 g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="autocast dtype")
@@ -116,7 +117,7 @@ args = p.parse_args()
 check_ranges(p, args, at_least_1=("n_layer", "n_head", "n_embd", "block_size", "mle_steps", "batch_size", "rl_steps",
                                   "prompts_per_step", "max_rounds", "group_size", "ppo_epochs", "minibatches",
                                   "micro_batch", "max_new_tokens", "eval_every", "val_n", "threads", "ckpt_every",
-                                  "probe_n", "probe_every"),
+                                  "probe_n", "probe_every", "eval_workers"),
              at_least_0=("mle_minutes", "mle_lr", "warmup", "weight_decay", "control_lr", "rl_lr", "rl_warmup",
                          "rl_weight_decay", "beta", "entropy_coef", "clip_eps", "test_limit", "val_limit", "rl_pool"))
 if not set(args.final_eval.split(",")) <= {"val", "test"}:
@@ -394,7 +395,9 @@ if args.stage in ("all", "rlvr"):
         splits = {split: recs[:limit or None] for split, recs, limit in
                   (("val", val_recs, args.val_limit), ("test", test_recs, args.test_limit))
                   if split in args.final_eval.split(",")}
-        results = evaluate_checkpoints(args.task, ckpts, tok, splits, args.max_new_tokens, args.device, autocast)
+        workers = args.eval_workers if args.device == "cpu" else 1   # CPU: split the jobs over the cores
+        results = evaluate_checkpoints(args.task, ckpts, tok, splits, args.max_new_tokens, args.device, autocast,
+                                       workers)
         for split, r in results.items():
             write_json(out_dir / ("eval.json" if split == "test" else "eval_val.json"), r)   # atomically
             print_comparison(args.task, split, r)   # the table, RLVR - MLE start, RLVR - control: paired 95% CIs

@@ -11,6 +11,7 @@ records that change something (`_changed`) and on those that do not (`_unchanged
 record per metric, in file order, so two models evaluated on the same records can be compared *paired*
 (`paired_bootstrap`: the mean difference with a bootstrap 95% interval over records).
 """
+import multiprocessing as mp
 import shutil
 from contextlib import nullcontext
 from pathlib import Path
@@ -192,16 +193,37 @@ def evaluate(task, model, tok, records, max_new_tokens=256, batch_size=64, sampl
     return res
 
 
-def evaluate_checkpoints(task, ckpts, tok, splits, max_new_tokens, device="cpu", autocast=None):
+def evaluate_checkpoints(task, ckpts, tok, splits, max_new_tokens, device="cpu", autocast=None, workers=1):
     """Each checkpoint of {name: path} greedy on every split's records {split: records} (under `autocast`), so
-    differences are paired per record -> {split: {name: evaluate's result}}."""
+    differences are paired per record -> {split: {name: evaluate's result}}. workers > 1 (CPU only): that many
+    forked processes share the (checkpoint, split) jobs, largest first; every job computes what it would alone."""
+    jobs = sorted(((name, split) for name in ckpts for split in splits), key=lambda j: -len(splits[j[1]]))
+
+    def run(job, desc=None):
+        name, split = job
+        with autocast or nullcontext():
+            return evaluate(task, load_lang_model(ckpts[name], device)[0], tok, splits[split], max_new_tokens,
+                            desc=desc)
+
+    if workers > 1:
+        global _eval_job
+        _eval_job = run   # a forked worker inherits this closure; the pool pickles only the job tuples
+        with mp.get_context("fork").Pool(workers) as pool:
+            outs = pool.map(_run_eval_job, jobs, chunksize=1)
+    else:
+        outs = [run(job, desc=f"{job[1]} {job[0]}") for job in jobs]
     results = {split: {} for split in splits}
-    for name, path in ckpts.items():
-        model = load_lang_model(path, device)[0]
-        for split, records in splits.items():
-            with autocast or nullcontext():
-                results[split][name] = evaluate(task, model, tok, records, max_new_tokens, desc=f"{split} {name}")
+    for name in ckpts:   # in the checkpoints' order, whatever order the jobs ran in
+        for split in splits:
+            results[split][name] = outs[jobs.index((name, split))]
     return results
+
+
+_eval_job = None
+
+
+def _run_eval_job(job):
+    return _eval_job(job)
 
 
 def paired_bootstrap(a, b, n_boot=10000, seed=0):

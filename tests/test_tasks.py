@@ -1,4 +1,6 @@
 """data/tasks.py: aggregation, the no-change baseline, paired statistics and cropping."""
+from pathlib import Path
+
 import pytest
 
 from data.textgame.simulator import generate_split as textgame_split
@@ -156,3 +158,17 @@ def test_evaluate_checkpoints_pairs_every_model_on_every_split(tmp_path):
     assert list(res) == ["val", "test"] and all(list(r) == ["a", "b"] for r in res.values())
     direct = evaluate("textgame", load_lang_model(ckpts["b"])[0], tok, records[2:], 8, desc=None)
     assert res["test"]["b"] == direct                     # each model from its checkpoint, as evaluate scores it
+
+
+def test_evaluate_checkpoints_in_two_processes_equals_one(tmp_path):
+    """The final evaluation split over forked workers gives the same per-record results as one process."""
+    from data.tasks import evaluate_checkpoints, load_lang_model
+    ckpt = Path(__file__).resolve().parents[1] / "checkpoints" / "textgame" / "mle.safetensors"
+    tok = load_lang_model(ckpt)[1]
+    records = textgame_split("val", 12, 0)
+    splits = {"val": records[:4], "test": records[4:]}
+    ckpts = {"mle": str(ckpt), "again": str(ckpt)}
+    one = evaluate_checkpoints("textgame", ckpts, tok, splits, 200)
+    two = evaluate_checkpoints("textgame", ckpts, tok, splits, 200, workers=2)
+    assert one == two and list(two) == ["val", "test"] and list(two["test"]) == ["mle", "again"]
+    assert 0 < one["test"]["mle"]["accuracy"]   # a trained model: the comparison is not between empty answers
