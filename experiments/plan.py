@@ -52,11 +52,11 @@ Reported per planner: success rate with its Wilson 95% interval, mean steps of t
 (capped ones count the cap), lost rate, `agree` (share of steps whose action is among the true simulator's best under
 the same value function: decision accuracy; `random` gives its chance level), `wm_acc` (the world model's score on
 the actions it took: exact next state for the text game, F1 of the changed lines for the web), `cand_acc` (the same
-over every candidate it scored), `cand_exact` (the share of all candidate predictions made while planning that are
-exactly the simulator's next state: the world model's accuracy on the planner's own questions), `tie` (steps where
-every candidate had the same value: a random choice), `repeat` (steps that took a (state, action) already
-contradicted), and per game or site success. The JSON has every episode (success, steps, per-step scores), so any
-interval can be recomputed. `--act=sim` lets the true-simulator planner act while every planner still
+over every candidate it scored), `cand_exact` (the share of the candidate predictions that are exactly the
+simulator's next state, per step, averaged over steps: the world model's accuracy on the planner's own questions),
+`tie` (steps where every candidate had the same value: a random choice), `repeat` (steps that took a (state, action)
+already contradicted), and per game or site success. The JSON has every episode (success, steps, per-step scores),
+so any interval can be recomputed. `--act=sim` lets the true-simulator planner act while every planner still
 decides (success is then the simulator's): decisions scored on the states a perfect planner visits, without the
 compounding of a model's own mistakes. `--split=val` draws episodes from validation layouts, for development.
 Seeded and deterministic on CPU.
