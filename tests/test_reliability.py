@@ -57,7 +57,7 @@ LANG = ["train_lang.py", "--n_layer=1", "--n_head=2", "--n_embd=32", "--vocab_si
         "--probe_n=2", "--control=0", "--threads=1"]   # the control runs for a wall-clock: not reproducible by design
 VIDEO = ["train_video.py", "--vq_batch=4", "--n_codes=32", "--batch_size=2", "--n_layer=1", "--n_head=2",
          "--n_embd=32", "--prompts_per_step=2", "--group_size=2", "--horizon=3", "--micro_batch=4", "--threads=1",
-         "--clip_len=8", "--mode=multi"]
+         "--clip_len=8", "--mode=multi", "--control=0"]   # the control: a wall-clock, as in LANG
 TIMING = {"minutes", "t_rollout", "t_step", "rl_seconds"}   # wall-clock fields: the only ones a resumed run may change
 TAG = f"nanorlvr-test-{uuid.uuid4()}"   # marks the processes this module starts (to find a torchrun worker)
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "NANORLVR_TEST_TAG": TAG}
@@ -262,8 +262,8 @@ def test_torchrun_restart_resumes_from_the_last_checkpoint(lang_data, tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                           "--max-restarts=1", *LANG, "--stage=rlvr", f"--init={SHIPPED}",
                           f"--data_dir={lang_data}", "--rl_steps=4", "--ckpt_every=2", "--prompts_per_step=2",
-                          "--temperature=2", f"--out_dir={out}"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True)
+                          "--temperature=2", f"--out_dir={out}"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
     try:
         while checkpoint_step(out / "rlvr.json") is None:   # the step-2 checkpoint is written
             assert p.poll() is None, p.stdout.read()[-3000:]
