@@ -223,8 +223,8 @@ def run_mle(model, name, pairs, steps, minutes, lr_of_step, stop=None):
     if done:
         return ckpt                                             # a finished stage is reused as it is
     t_start, metrics = time.time(), {}   # metrics: the last validation check, saved with each checkpoint
-    budget = f" (at most {steps} steps or {minutes:.1f} min)" if minutes else ""   # the control stops on time
-    budget = " (until RLVR's last step)" if stop is not None else budget               # ... or when RLVR ends
+    budget = (" (until RLVR's last step)" if stop is not None            # the control stops when RLVR ends
+              else f" (at most {steps} steps or {minutes:.1f} min)" if minutes else "")   # ... or on time
     bar = tqdm(total=steps, initial=step, desc=name + budget, disable=not master)
     while step < steps:
         for group in opt.param_groups:
@@ -374,8 +374,9 @@ if args.stage in ("all", "rlvr"):
                 sys.stdout = sys.stderr = f   # its progress bar and prints go to a file, not over RLVR's
                 run_mle(load_lang_model(start, args.device)[0], "mle_more", all_pairs, args.mle_steps, 0,
                         control_lr, stop)
-        stop = mp.get_context("fork").Event()   # set by this process when RLVR is done
-        child = mp.get_context("fork").Process(target=control_process, args=(stop,), daemon=True)
+        fork = mp.get_context("fork")   # the child shares the loaded data and tokenizer; dies with this process
+        stop = fork.Event()              # set by this process when RLVR is done
+        child = fork.Process(target=control_process, args=(stop,), daemon=True)
         child.start()
         print0(f"control: MLE continues from the start in process {child.pid} while RLVR runs "
                f"(progress: {out_dir / 'control.log'})")
