@@ -8,7 +8,8 @@ MAX_ANSWER_CHARS characters, and their work is linear in the answer's length.
 One section per domain, each opening with its public reward:
 - text game: `textgame_reward(text, state, next_state, kind)`, kind "binary" or "task_specific";
 - web page: `web_f1(text, target_text)`;
-- video: `video_reward(name, pred, true, lpips_net)`, name "mae+ssim" or "mae+lpips".
+- video: `video_reward(name, pred, true, ...)`, name "mae+ssim" or "mae+lpips", minus optional terms for the error on
+  the pixels that move (copying the last frame is not paid) and for erased objects.
 
 docs/rewards.md holds where each formula comes from, where we deliberately differ from the official RLVR-World
 rewards and why, the text game's answer contract on truncated answers, and the bounds on the work.
@@ -296,20 +297,36 @@ def _item(line: str) -> str:
 WORST_VIDEO_REWARD = -3.0   # the floor of -(MAE + (1 - SSIM)): MAE <= 1, SSIM >= -1
 
 
-def video_reward(name, pred, true, lpips_net=None):
+def video_reward(name, pred, true, lpips_net=None, context=None, moving_weight=0.0, background=None,
+                 object_weight=0.0):
     """Per-sample reward (N,) of decoded predictions against the true frames; never raises on model output.
 
+    Two optional terms close holes that the whole-frame metrics leave (docs/rewards.md), each frame (N, 3, H, W):
+    - moving_weight x `moving_mae` (context: the last true context frame): the error on the pixels where the truth
+      differs from the context frame. Whole-frame metrics are ~99% static pixels, so they pay for copying the last
+      frame; this term is where copying is worst.
+    - object_weight x `object_miss` (background: the bare scene without objects): the share of the truth's object
+      pixels that the prediction leaves empty. Pixel errors pay for erasing an object whose position is uncertain
+      (the median pixel is the table); this term does not.
     The prediction is clamped to [0, 1] (+-inf pixels read as 1 and 0); a sample holding a NaN or infinite pixel, or
-    whose reward is still non-finite, gets WORST_VIDEO_REWARD (-3), never a neutral 0 that RL could learn to reach."""
+    whose reward is still non-finite, gets the floor, WORST_VIDEO_REWARD (-3) minus the terms' weights, never a neutral
+    value that RL could learn to reach."""
     if name not in REWARDS:
         raise ValueError(f"unknown video reward {name!r}; choose from {sorted(REWARDS)}")
     _check_frames(pred, true, min_side=11)
     if not torch.isfinite(true).all():
         raise ValueError("video reward: the true frames hold non-finite values")
+    if (moving_weight and context is None) or (object_weight and background is None):
+        raise ValueError("video reward: moving_weight needs the context frames, object_weight the backgrounds")
     with torch.no_grad():
-        r = REWARDS[name](pred.float().clamp(0, 1), true.float(), lpips_net)
+        clamped = pred.float().clamp(0, 1)
+        r = REWARDS[name](clamped, true.float(), lpips_net)
+        if moving_weight:
+            r = r - moving_weight * moving_mae(clamped, true.float(), context.float())
+        if object_weight:
+            r = r - object_weight * object_miss(clamped, true.float(), background.float())
     bad = ~torch.isfinite(pred.reshape(len(pred), -1)).all(1) | ~torch.isfinite(r)
-    return r.masked_fill(bad, WORST_VIDEO_REWARD)
+    return r.masked_fill(bad, WORST_VIDEO_REWARD - moving_weight - object_weight)   # each term is at most 1
 
 
 def pick_reward(name, lpips_net):
@@ -379,6 +396,26 @@ def ssim(pred, true, data_range=1.0, sigma=1.5):
     c1, c2 = (0.01 * data_range) ** 2, (0.03 * data_range) ** 2
     s = ((2 * ux * uy + c1) * (2 * vxy + c2)) / ((ux * ux + uy * uy + c1) * (vx + vy + c2))
     return s.view(N, -1).mean(1).float()
+
+
+def moving_mae(pred, true, context, tol=0.1):
+    """MAE over the pixels that move: where the true frame differs from the context frame by > tol in some channel
+    (data/robot/evaluate.py's mae_moving, per sample); 0 for a frame where nothing moves. -> (N,)"""
+    _check_frames(pred, true)
+    _check_frames(context, true)
+    mask = ((true - context).abs().amax(1, keepdim=True) > tol).float()          # (N, 1, H, W)
+    err = ((pred - true).abs() * mask).flatten(1).sum(1)                          # summed over the moving pixels
+    return err / (3 * mask.flatten(1).sum(1)).clamp(min=1)
+
+
+def object_miss(pred, true, background, tol=0.15):
+    """Share of the true frame's object pixels (differing from the background by > tol in some channel) where the
+    prediction shows none: 1 - data/robot/evaluate.py's object recall, per sample; 0 for a frame without objects."""
+    _check_frames(pred, true)
+    _check_frames(background, true)
+    shown = (true - background).abs().amax(1) > tol                               # (N, H, W) objects in the truth
+    drawn = (pred - background).abs().amax(1) > tol                               # ... and in the prediction
+    return (shown & ~drawn).flatten(1).sum(1) / shown.flatten(1).sum(1).clamp(min=1)
 
 
 # -----------------------------------------------------------------------------

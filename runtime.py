@@ -8,6 +8,8 @@ trains. The scripts stay straight-line nanoGPT style; this module only removes t
     model, trained = run.wrap(model)  # to device, optionally torch.compile, DDP when launched by torchrun
     step, done = run.resume_stage(ckpt, model, opt, g, "mle")   # then each step:
     run.save_stage(ckpt, model, opt, step, metrics, g, done=step == total)
+    stop, child = fork_alongside(train_control, out_dir / "control.log")   # a second process on the second core
+    results = fork_map(evaluate_one, jobs, workers=2)                        # jobs shared by 2 forked processes
 
 Design choices:
 - torchrun is detected from its RANK environment variable, as in nanoGPT; without it there is one rank and no
@@ -32,6 +34,7 @@ Design choices:
 """
 import json
 import math
+import multiprocessing as mp
 import os
 import re
 import sys
@@ -241,3 +244,41 @@ def lr_at(step, total, base, warmup):
     if step < warmup:
         return base * (step + 1) / warmup
     return base * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup)))))
+
+
+# -----------------------------------------------------------------------------
+# two cores: a second process beside the run (fork: the child inherits the loaded data and models, nothing is pickled
+# but jobs and results; CPU only, where forking after torch has run is safe)
+
+def fork_alongside(target, log_path):
+    """Start target(stop) in a forked process whose prints and progress bars go to log_path, not over the parent's
+    -> (stop, process): set `stop` (an Event) to ask it to finish, then join the process. It dies with the parent."""
+    fork = mp.get_context("fork")
+    stop = fork.Event()
+
+    def main():
+        with open(log_path, "w") as f:
+            sys.stdout = sys.stderr = f
+            target(stop)
+
+    child = fork.Process(target=main, daemon=True)
+    child.start()
+    return stop, child
+
+
+def fork_map(fn, jobs, workers):
+    """[fn(job) for job in jobs], in order; with workers > 1, computed by that many forked processes (jobs first to
+    last, one at a time each: put the largest first). Each job computes what it would alone."""
+    if workers <= 1:
+        return [fn(job) for job in jobs]
+    global _fork_fn
+    _fork_fn = fn   # a forked worker inherits this closure; the pool pickles only the jobs and results
+    with mp.get_context("fork").Pool(workers) as pool:
+        return pool.map(_call_fork_fn, jobs, chunksize=1)
+
+
+_fork_fn = None
+
+
+def _call_fork_fn(job):
+    return _fork_fn(job)

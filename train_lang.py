@@ -19,8 +19,6 @@ reward or gradient stops the run naming the step (--on_nan=skip skips it); bad i
 import argparse
 import copy
 import math
-import multiprocessing as mp
-import sys
 import time
 from pathlib import Path
 
@@ -32,7 +30,7 @@ from data.tasks import (TASKS, PromptPool, evaluate, evaluate_checkpoints, keep_
                         print_comparison, probe_rewards)
 from grpo import GRPOConfig, grpo_step
 from model import GPT, GPTConfig
-from runtime import Run, WeightPath, check_ranges, finite_weights, lr_at
+from runtime import Run, WeightPath, check_ranges, finite_weights, fork_alongside, lr_at
 from tokenizer_text import Tokenizer
 
 ROOT = Path(__file__).resolve().parent
@@ -369,15 +367,11 @@ if args.stage in ("all", "rlvr"):
     # construction, and the demo takes half as long. Otherwise (GPU, torchrun, a resumed run) it runs after RLVR.
     alongside = args.control and args.control_alongside and world == 1 and args.device == "cpu" and not rl_done
     if alongside:
-        def control_process(stop):
-            with open(out_dir / "control.log", "w") as f:
-                sys.stdout = sys.stderr = f   # its progress bar and prints go to a file, not over RLVR's
-                run_mle(load_lang_model(start, args.device)[0], "mle_more", all_pairs, args.mle_steps, 0,
-                        control_lr, stop)
-        fork = mp.get_context("fork")   # the child shares the loaded data and tokenizer; dies with this process
-        stop = fork.Event()              # set by this process when RLVR is done
-        child = fork.Process(target=control_process, args=(stop,), daemon=True)
-        child.start()
+        # runtime.fork_alongside: the child shares the loaded data and tokenizer, prints to control.log, and stops
+        # when this process sets `stop` (RLVR done)
+        stop, child = fork_alongside(lambda stop: run_mle(load_lang_model(start, args.device)[0], "mle_more",
+                                                          all_pairs, args.mle_steps, 0, control_lr, stop),
+                                     out_dir / "control.log")
         print0(f"control: MLE continues from the start in process {child.pid} while RLVR runs "
                f"(progress: {out_dir / 'control.log'})")
     rl_ckpt = run_rlvr(load_lang_model(start, args.device)[0])   # a fresh copy of the start, whatever trained it

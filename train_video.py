@@ -3,17 +3,17 @@ Train a video world model: a VQ tokenizer, an action-conditioned GPT by MLE, the
 metric of the decoded frames against the true ones), and compare on held-out episodes the MLE start, RLVR, and the
 control: the MLE start trained further by MLE for RLVR's wall-clock ("mle_more"), so a gain is not just more compute.
 
-CPU, the default job (embedded robot-pushing data; RLVR from the shipped checkpoints/video_mle.safetensors):
-    python train_video.py                                   # single-step, 100 GRPO steps
-    python train_video.py --mode=multi --rl_steps=30 --prompts_per_step=4 --rl_lr=5e-5 --out_dir=out/video_multi
-The same from the context-conditioned world model (checkpoints/video_cond_mle + video_cvq; docs/video.md):
-    python train_video.py --init=checkpoints/video_cond_mle.safetensors --out_dir=out/video_cond_rl
+CPU, the default jobs (embedded robot-pushing data; RLVR from the shipped context-conditioned world model
+checkpoints/video_cond_mle.safetensors and its tokenizer checkpoints/video_cvq.safetensors; docs/video.md):
+    python train_video.py                                   # single-step, 100 GRPO steps (~10 min on 2 cores)
+    python train_video.py --mode=multi --out_dir=out/video_multi   # 7 frames with the true actions injected, 40 steps
 The shipped checkpoints, from scratch (the tokenizers stop on their time caps, so numbers vary a little):
     python train_video.py --stage=tokenizer --init=scratch --vq_minutes=6 --cvq_minutes=6 --out_dir=out/video_scratch
     python train_video.py --stage=mle --mode=multi --eval_every=100 --out_dir=out/video_scratch
     (then copy video_vq/video_cvq/video_mle.safetensors from out/video_scratch to checkpoints/)
 Everything in one go (tokenizers, MLE, RLVR, eval): python train_video.py --init=scratch --mode=multi
-The per-frame tokenizer instead of the context-conditioned one: --tokenizer=frame (with --init=scratch).
+The per-frame tokenizer instead of the context-conditioned one: --tokenizer=frame (with --init=scratch); its MLE
+model is shipped too (--init=checkpoints/video_mle.safetensors).
 Converted RT-1 episodes (.npz with image (T, 256, 320, 3) and action (T, 13)), on GPUs:
     torchrun --nproc_per_node=8 train_video.py --data=/path/rt1 --init=scratch --device=cuda --dtype=bfloat16
 
@@ -66,12 +66,13 @@ from data.robot.task import (Layout, clips, frame_codes, load_split, read_action
 from grpo import GRPOConfig, grpo_step
 from model import GPT, GPTConfig
 from rewards import load_lpips, mae, pick_reward, psnr, ssim, video_reward
-from runtime import Run, lr_at
+from runtime import Run, fork_alongside, fork_map, lr_at
 from tokenizer_vq import CondVQConfig, CondVQVAE, VQConfig, VQVAE, codebook_stats, load_vq, save_vq
 
 ROOT = Path(__file__).resolve().parent
-SHIPPED_MLE = ROOT / "checkpoints" / "video_mle.safetensors"
-SHIPPED_VQ = ROOT / "checkpoints" / "video_vq.safetensors"
+SHIPPED_MLE = ROOT / "checkpoints" / "video_cond_mle.safetensors"   # on the context-conditioned tokenizer
+SHIPPED_VQ = dict(frame=ROOT / "checkpoints" / "video_vq.safetensors",      # per tokenizer kind, for --stage=mle
+                  cond=ROOT / "checkpoints" / "video_cvq.safetensors")
 
 # -----------------------------------------------------------------------------
 # flags
@@ -88,7 +89,7 @@ p.add_argument("--vq", default="auto", help="tokenizer file for --stage=mle from
                                             "shipped per-frame one); also the per-frame VQ a new cond tokenizer uses")
 p.add_argument("--resume", type=int, default=1, help="1: continue from out_dir's checkpoints; 0: start over")
 # tokenizers
-p.add_argument("--tokenizer", default="frame", choices=["cond", "frame"],
+p.add_argument("--tokenizer", default="cond", choices=["cond", "frame"],
                help="for a model trained from scratch: context-conditioned (predicted frames coded against the "
                     "context frame) or per-frame tokenizer")
 p.add_argument("--size", type=int, default=64, help="frame side (frames are resized to it)")
@@ -121,14 +122,17 @@ p.add_argument("--warmup", type=int, default=100, help="MLE warmup steps")
 p.add_argument("--weight_decay", type=float, default=0.1, help="AdamW weight decay for MLE")
 p.add_argument("--control", type=int, default=1,
                help="1: also train the control, the MLE start trained further by MLE for RLVR's wall-clock")
+p.add_argument("--control_alongside", type=int, default=1,
+               help="1: on a CPU, train the control in a second process while RLVR runs (0: after RLVR, for its time)")
 p.add_argument("--control_steps", type=int, default=0,
                help="0: the control runs for RLVR's wall-clock; N: exactly N steps instead (reproducible, for a "
                     "machine whose load changed between the RLVR run and the control)")
 p.add_argument("--control_lr", type=float, default=2e-4,
                help="constant learning rate of the control (the default MLE schedule's final rate, 0.1 x 2e-3)")
 # RLVR
-p.add_argument("--rl_steps", type=int, default=100, help="GRPO steps")
-p.add_argument("--prompts_per_step", type=int, default=8, help="prompts (windows) per GRPO step (per rank)")
+p.add_argument("--rl_steps", type=int, default=None, help="GRPO steps (default: 100 single-step, 40 multi-step)")
+p.add_argument("--prompts_per_step", type=int, default=None,
+               help="prompts (windows) per GRPO step and rank (default: 8 single-step, 4 multi-step)")
 p.add_argument("--group_size", type=int, default=8, help="samples per prompt (G)")
 p.add_argument("--rl_lr", type=float, default=1e-4, help="GRPO learning rate")
 p.add_argument("--beta", type=float, default=0.02, help="KL coefficient")
@@ -138,10 +142,18 @@ p.add_argument("--micro_batch", type=int, default=32, help="sequences per forwar
 p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the rollouts")
 p.add_argument("--reward", default="auto", help="auto | mae+ssim | mae+lpips")
 p.add_argument("--lpips", default=None, help="LPIPS-VGG weights (tools/convert_lpips.py) for the reward and eval")
+p.add_argument("--moving_weight", type=float, default=1.0,
+               help="the reward also loses this x the MAE on the pixels that move (rewards.moving_mae): copying the "
+                    "last frame, or drawing a still scene, is not paid")
+p.add_argument("--object_weight", type=float, default=0.0,
+               help="the reward also loses this x the share of the true objects' pixels left empty "
+                    "(rewards.object_miss; needs episodes with a background image): erasing an object is not paid")
 p.add_argument("--moving_only", type=int, default=1, help="RL prompts only from windows where the scene moves")
 # evaluation
 p.add_argument("--eval_every", type=int, default=500, help="MLE steps between validation losses (RLVR: every 20)")
 p.add_argument("--test_limit", type=int, default=0, help="test episodes in the final eval (0 = all)")
+p.add_argument("--eval_workers", type=int, default=2,
+               help="CPU: forked processes sharing the final evaluations (model x greedy/sampled)")
 p.add_argument("--train_limit", type=int, default=0, help="train episodes to use (0 = all)")
 # system
 p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
@@ -152,14 +164,20 @@ p.add_argument("--ckpt_every", type=int, default=200, help="steps between resuma
 p.add_argument("--on_nan", default="stop", choices=["stop", "skip"],
                help="on a NaN/inf loss, reward or gradient: stop the run, or skip that step (single process only)")
 args = p.parse_args()
+# defaults per mode: a multi-step completion is 7 frames, so fewer prompts and steps fit the time box
+for name, value in dict(single=dict(rl_steps=100, prompts_per_step=8), multi=dict(rl_steps=40, prompts_per_step=4))[
+        args.mode].items():
+    if getattr(args, name) is None:
+        setattr(args, name, value)
 # every bad value stops here with one line naming its flag, before any data is read or file written
 for name in ("size", "n_codes", "vq_steps", "vq_batch", "vq_crop", "cvq_steps", "cvq_batch", "cvq_crop", "context",
              "horizon", "n_layer", "n_head", "n_embd", "mle_steps", "batch_size", "rl_steps", "prompts_per_step",
-             "group_size", "minibatches", "micro_batch", "eval_every", "threads", "ckpt_every"):
+             "group_size", "minibatches", "micro_batch", "eval_every", "eval_workers", "threads", "ckpt_every"):
     if getattr(args, name) < 1:
         p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
 for name in ("vq_minutes", "vq_lr", "cvq_minutes", "move_weight", "mle_minutes", "mle_lr", "warmup", "weight_decay",
-             "control_steps", "control_lr", "rl_lr", "beta", "clip_eps", "test_limit", "train_limit"):
+             "control_steps", "control_lr", "rl_lr", "moving_weight", "object_weight", "beta", "clip_eps", "test_limit",
+             "train_limit"):
     if not getattr(args, name) >= 0:
         p.error(f"--{name} must be >= 0, got {getattr(args, name)}")
 if args.clip_len < 2 or args.vq_crop > args.size or args.cvq_crop > args.size or not args.temperature > 0:
@@ -396,14 +414,16 @@ def split_tokens(vq_path, vq, layout, split, episodes, horizon):
 # -----------------------------------------------------------------------------
 # stage 2: MLE on token windows (loss on the predicted frames' codes only)
 
-def run_mle(model, layout, tokens, horizon, name, steps, minutes, lr_of_step):
+def run_mle(model, layout, tokens, horizon, name, steps, minutes, lr_of_step, stop=None):
     """Train `model` (a new GPT, the --init one, or a copy of the MLE start for the control) on windows of context +
-    horizon frames for `steps` steps or `minutes` of wall-clock (0: no limit), at lr_of_step(step), checkpointing to
-    FILES[name] -> the trained model. "mle" is the MLE stage; "mle_more" the equal-time control."""
+    horizon frames for `steps` steps, `minutes` of wall-clock (0: no limit) or until `stop` (an Event) is set, at
+    lr_of_step(step), checkpointing to FILES[name] -> the trained model. "mle" is the MLE stage; "mle_more" the
+    equal-time control."""
     model, trained = run.wrap(model)                  # trained: the DDP-wrapped module under torchrun
     train_tok, val_tok = tokens["train"], tokens["val"]
     n = args.context + horizon                        # frames per window
-    budget = f", at most {minutes:.2f} min" if minutes else ""     # the control stops on RLVR's wall-clock
+    budget = (f", at most {minutes:.2f} min" if minutes    # the control stops on RLVR's wall-clock, or its end
+              else " (until RLVR's last step)" if stop is not None else "")
     print0(f"{name}: {model.num_params() / 1e6:.2f}M non-embedding parameters, windows of {n} frames "
            f"({layout.window_len(args.context, horizon)} tokens), batch {args.batch_size} x {world} ranks{budget}")
     val_windows = [(e, t) for e in range(len(val_eps)) for t in range(0, T - n + 1, n)]   # fixed validation set
@@ -433,7 +453,8 @@ def run_mle(model, layout, tokens, horizon, name, steps, minutes, lr_of_step):
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")
-        timed_out = run.any_rank(bool(minutes and time.time() - t0 > 60 * minutes))   # every rank agrees
+        timed_out = run.any_rank(bool(minutes and time.time() - t0 > 60 * minutes)   # every rank agrees
+                                 or (stop is not None and stop.is_set()))               # set when RLVR is done
         if step % args.eval_every == 0 or step == steps or timed_out:
             model.eval()
             losses = []                                  # mean cross-entropy of each chunk of 64 validation windows
@@ -452,7 +473,7 @@ def run_mle(model, layout, tokens, horizon, name, steps, minutes, lr_of_step):
         # every --ckpt_every steps the resumable state; at the end the weights alone, marked done
         run.save_stage(FILES[name], model, opt, step, metrics, g, done=step == steps or timed_out)
         if timed_out:
-            print0(f"{name}: stopping after {minutes:.2f} minutes at step {step}")
+            print0(f"{name}: stopping after {(time.time() - t0) / 60:.2f} minutes at step {step}")
             break
     bar.close()
     barrier()
@@ -498,8 +519,13 @@ def run_rlvr(model, vq, layout, tokens, horizon, lpips_net, reward_name):
         with torch.no_grad():   # every frame decoded against the true last context frame (N*K frames at once)
             pred = vq.detokenize(codes.flatten(0, 1).to(args.device), ctx.flatten(0, 1).to(args.device)).cpu()
         truth = torch.cat([it["truth"] for it in items])                                   # (N*K, 3, H, W)
-        # rewards.video_reward: one value per frame, e.g. -(MAE + 1 - SSIM); a completion gets its frames' mean
-        return video_reward(reward_name, pred, truth, lpips_net).view(-1, horizon).mean(1).tolist()
+        # rewards.video_reward: one value per frame, e.g. -(MAE + 1 - SSIM) - moving_weight * MAE on moving pixels;
+        # a completion gets its frames' mean
+        bg = (torch.stack([it["background"] for it in items])[:, None].expand(-1, horizon, -1, -1, -1).flatten(0, 1)
+              if args.object_weight else None)                                          # (N*K, 3, H, W) bare scenes
+        r = video_reward(reward_name, pred, truth, lpips_net, ctx.flatten(0, 1), args.moving_weight, bg,
+                         args.object_weight)
+        return r.view(-1, horizon).mean(1).tolist()
 
     def sampler(m, prompts, items, cfg, gen):
         """Multi-step: sample frame by frame, injecting each window's true actions."""
@@ -515,7 +541,8 @@ def run_rlvr(model, vq, layout, tokens, horizon, lpips_net, reward_name):
         acts = seq[:, P:P + (horizon - 1) * FL].view(len(picks), horizon - 1, FL)[:, :, L:]   # true later actions
         items = [dict(truth=to_float(train_eps[e]["image"][t + args.context:t + n]),        # (K, 3, H, W)
                       context=to_float(train_eps[e]["image"][t + args.context - 1]),         # (3, H, W)
-                      actions=acts[i]) for i, (e, t) in enumerate(picks)]
+                      actions=acts[i], background=to_float(train_eps[e]["background"]) if args.object_weight
+                      else None) for i, (e, t) in enumerate(picks)]
         # one GRPO step (grpo.py): G samples per prompt, rewards, group advantages, PPO-clip + KL update(s)
         try:
             with autocast:
@@ -553,14 +580,25 @@ def evaluate_models(models, vq, test_tokens, horizon, lpips_net):
     """Evaluate every model of `models` (name -> (GPT, checkpoint path)) on the test windows, greedy (the table) and
     sampled at T=1 with top-k 100 (OFFICIAL, the paper's protocol; one seed for all models, so their samples pair up),
     write eval.json = {name: eval_video result + "sampled" + "checkpoint"} and print the paired differences."""
+    def evaluate(job):
+        """One model under one protocol: greedy (with a grid of predictions) or the paper's sampling."""
+        name, official = job
+        m = models[name][0]
+        with autocast:
+            if official:
+                return eval_video(m, vq, test_eps, test_tokens, lo, hi, args.context, horizon, lpips_net, **OFFICIAL,
+                                  seed=args.seed, desc=None if workers > 1 else f"test {name} T=1 top-k")
+            return eval_video(m, vq, test_eps, test_tokens, lo, hi, args.context, horizon, lpips_net,
+                              grid_path=out_dir / f"grid_{name}.{'gif' if horizon > 1 else 'png'}",
+                              desc=None if workers > 1 else f"test {name}")
+
+    workers = args.eval_workers if args.device == "cpu" else 1   # CPU: the jobs shared by forked processes
+    jobs = [(name, official) for name in models for official in (False, True)]
+    print0(f"evaluating {len(models)} models greedy and sampled on the test windows ({workers} processes)")
+    outs = dict(zip(jobs, fork_map(evaluate, jobs, workers)))
     rows = {}                                     # name -> eval_video dict, written as eval.json
     for name, (m, path) in models.items():
-        with autocast:
-            rows[name] = eval_video(m, vq, test_eps, test_tokens, lo, hi, args.context, horizon, lpips_net,
-                                    grid_path=out_dir / f"grid_{name}.{'gif' if horizon > 1 else 'png'}",
-                                    desc=f"test {name}")
-            sampled = eval_video(m, vq, test_eps, test_tokens, lo, hi, args.context, horizon, lpips_net,
-                                 **OFFICIAL, seed=args.seed, desc=f"test {name} T=1 top-k")
+        rows[name], sampled = outs[name, False], outs[name, True]
         # the sampled run's summaries and per-window values; its baselines are the greedy run's
         rows[name]["sampled"] = {k: sampled[k] for k in ("mae", "mse", "psnr", "ssim", "lpips", "mae_moving",
                                                           "repetition_rate", "temperature", "top_k", "per_record")}
@@ -599,7 +637,7 @@ elif args.stage in ("all", "tokenizer"):         # from scratch: the per-frame V
 elif args.vq != "auto":                          # --stage=mle from scratch with a given tokenizer
     vq_path = Path(args.vq)
 else:                                            # --stage=mle from scratch: this out_dir's tokenizer, else shipped
-    vq_path = next((f for f in (FILES["cvq"], FILES["vq"]) if f.is_file()), SHIPPED_VQ)
+    vq_path = next((f for f in (FILES["cvq"], FILES["vq"]) if f.is_file()), SHIPPED_VQ[args.tokenizer])
 if args.stage == "tokenizer":                    # the tokenizer files are written: nothing else to do
     sys.exit(0)
 if not Path(vq_path).is_file():
@@ -643,17 +681,39 @@ if args.stage in ("all", "rlvr"):
         reward_name = pick_reward(args.reward, lpips_net)
     except ValueError as e:
         fail(str(e))
-    print0(f"reward: {reward_name}" + ("" if lpips_net else " (no LPIPS weights: --lpips=FILE enables mae+lpips)"))
+    if args.object_weight and train_eps[0]["background"] is None:   # e.g. Meta-World or RT-1 episodes
+        fail(f"--object_weight needs episodes with a background image; {args.data} has none")
+    print0(f"reward: {reward_name}" + (f" - {args.moving_weight:g} x moving MAE" if args.moving_weight else "")
+           + (f" - {args.object_weight:g} x object miss" if args.object_weight else "")
+           + ("" if lpips_net else " (no LPIPS weights: --lpips=FILE enables mae+lpips)"))
     mle_model = copy.deepcopy(start_model)      # kept for the comparison; RLVR updates start_model in place
     models = {"mle": (mle_model, mle_path)}      # name -> (model, its checkpoint file), evaluated below
+    control_lr = lambda s: args.control_lr * min(1.0, (s + 1) / 10)   # noqa: E731  (10 warm-up steps, then flat)
+    rl_done = args.resume and FILES["rlvr"].is_file() and read_checkpoint(FILES["rlvr"])[1]["metrics"].get("done")
+    # The control, the same start trained further by MLE, gets RLVR's wall-clock. On a CPU it runs in a forked
+    # process on the second core *while* RLVR runs and stops when RLVR's last step ends (runtime.fork_alongside): the
+    # same time by construction, and the demo takes half as long. Otherwise (GPU, torchrun, a resumed run,
+    # --control_steps) it runs after RLVR, for RLVR's recorded wall-clock or exactly --control_steps steps.
+    alongside = (args.control and args.control_alongside and world == 1 and args.device == "cpu" and not rl_done
+                 and not args.control_steps)
+    if alongside:
+        stop, child = fork_alongside(lambda stop: run_mle(copy.deepcopy(mle_model), layout, tokens, horizon,
+                                                          "mle_more", 10 ** 6, 0, control_lr, stop),   # to the end
+                                     out_dir / "control.log")
+        print0(f"control: MLE continues from the start in process {child.pid} while RLVR runs "
+               f"(progress: {out_dir / 'control.log'})")
     models["rlvr"] = (run_rlvr(start_model, vq, layout, tokens, horizon, lpips_net, reward_name), FILES["rlvr"])
-    if args.control:                             # the same start, trained further by MLE for RLVR's wall-clock
-        # its budget: RLVR's recorded wall-clock of GRPO steps, or exactly --control_steps steps (then no clock)
+    if alongside:
+        stop.set()
+        child.join()                             # it finishes its step, saves video_mle_more.safetensors and exits
+        if child.exitcode:
+            fail(f"the control process failed (exit code {child.exitcode}); see {out_dir / 'control.log'}")
+        models["mle_more"] = (load_video_model(FILES["mle_more"], args.device)[0], FILES["mle_more"])
+    elif args.control:
         minutes = 0 if args.control_steps else read_checkpoint(FILES["rlvr"])[1]["metrics"].get("rl_seconds", 0) / 60
         if minutes > 0 or args.control_steps:
             control = run_mle(copy.deepcopy(mle_model), layout, tokens, horizon, "mle_more",
-                              args.control_steps or args.mle_steps, minutes,
-                              lambda s: args.control_lr * min(1.0, (s + 1) / 10))   # 10 warm-up steps, then flat
+                              args.control_steps or args.mle_steps, minutes, control_lr)
             models["mle_more"] = (control, FILES["mle_more"])
         else:                                    # an RLVR file written before rl_seconds was recorded
             print0(f"control skipped: {FILES['rlvr']} records no RLVR wall-clock (rl_seconds)")

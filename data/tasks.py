@@ -11,7 +11,6 @@ records that change something (`_changed`) and on those that do not (`_unchanged
 record per metric, in file order, so two models evaluated on the same records can be compared *paired*
 (`paired_bootstrap`: the mean difference with a bootstrap 95% interval over records).
 """
-import multiprocessing as mp
 import shutil
 from contextlib import nullcontext
 from pathlib import Path
@@ -27,6 +26,7 @@ from data.webpage import prepare as webpage_prepare, task as webpage_task
 from engine import generate
 from model import GPT
 from rewards import textgame_reward, web_prf
+from runtime import fork_map
 from tokenizer_text import load_tokenizer
 
 
@@ -199,31 +199,18 @@ def evaluate_checkpoints(task, ckpts, tok, splits, max_new_tokens, device="cpu",
     forked processes share the (checkpoint, split) jobs, largest first; every job computes what it would alone."""
     jobs = sorted(((name, split) for name in ckpts for split in splits), key=lambda j: -len(splits[j[1]]))
 
-    def run(job, desc=None):
+    def run(job):
         name, split = job
         with autocast or nullcontext():
             return evaluate(task, load_lang_model(ckpts[name], device)[0], tok, splits[split], max_new_tokens,
-                            desc=desc)
+                            desc=f"{split} {name}" if workers <= 1 else None)   # forked workers: no bars
 
-    if workers > 1:
-        global _eval_job
-        _eval_job = run   # a forked worker inherits this closure; the pool pickles only the job tuples
-        with mp.get_context("fork").Pool(workers) as pool:
-            outs = pool.map(_run_eval_job, jobs, chunksize=1)
-    else:
-        outs = [run(job, desc=f"{job[1]} {job[0]}") for job in jobs]
+    outs = fork_map(run, jobs, workers)
     results = {split: {} for split in splits}
     for name in ckpts:   # in the checkpoints' order, whatever order the jobs ran in
         for split in splits:
             results[split][name] = outs[jobs.index((name, split))]
     return results
-
-
-_eval_job = None
-
-
-def _run_eval_job(job):
-    return _eval_job(job)
 
 
 def paired_bootstrap(a, b, n_boot=10000, seed=0):

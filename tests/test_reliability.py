@@ -474,7 +474,7 @@ def test_nan_stops_train_video_tokenizer_mle_and_rlvr(video_run, video_data, tmp
     assert re.fullmatch(r"error: mle: non-finite (loss|gradient norm) \(nan\) at step [1-9].*",
                         p.stderr.strip().splitlines()[-1])
     assert all_finite(tmp_path / "out")
-    bad = poisoned_copy(video_run[0] / "video_mle.safetensors", tmp_path / "bad", "video_vq.safetensors")
+    bad = poisoned_copy(video_run[0] / "video_mle.safetensors", tmp_path / "bad", "video_cvq.safetensors")
     p = run([*base, "--stage=rlvr", "--init", bad], ok=False)
     assert p.stderr.strip().splitlines()[-1].startswith("error: rlvr: non-finite weights in the policy at step 0")
     assert not (tmp_path / "out" / "video_rlvr.safetensors").exists()

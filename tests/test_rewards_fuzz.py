@@ -254,6 +254,20 @@ def test_video_reward_mae_ssim_is_finite_in_range():
     assert sum(rows) >= 10_000
 
 
+def test_video_reward_with_moving_and_object_terms_is_finite_in_range():
+    """The moving-pixel and erased-object terms on the same fuzzed frames: finite, within [floor, 0], never raising."""
+    @settings(max_examples=300, **FUZZ)
+    @given(SEEDS)
+    def check(seed):
+        pred, true = frame_pair(seed)
+        g = torch.Generator().manual_seed(seed % 2**31)
+        ctx, bg = torch.rand(true.shape, generator=g), torch.rand(true.shape, generator=g).round()
+        r = video_reward("mae+ssim", pred, true, context=ctx, moving_weight=2.0, background=bg, object_weight=0.5)
+        assert torch.isfinite(r).all() and (r >= -5.5 - 1e-5).all() and (r <= 1e-5).all()
+
+    check()
+
+
 def test_video_reward_mae_lpips_is_finite_in_range():
     torch.manual_seed(0)
     net = LPIPS().eval().requires_grad_(False)       # random VGG; lin weights made >= 0 like the learned ones

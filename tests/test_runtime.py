@@ -3,6 +3,9 @@ generator streams (and shrink to weights once done), one-line failures, NaN hand
 import argparse
 import json
 import math
+import os
+import re
+import time
 
 import pytest
 import torch
@@ -10,7 +13,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from model import GPT, GPTConfig
-from runtime import MAX_SKIPS, Run, WeightPath, check_ranges, checksum, lr_at
+from runtime import MAX_SKIPS, Run, WeightPath, check_ranges, checksum, fork_alongside, fork_map, lr_at
 
 torch.set_num_threads(1)
 
@@ -170,3 +173,27 @@ def test_check_ranges_names_the_first_bad_flag(capsys):
         with pytest.raises(SystemExit):
             check_ranges(p, argparse.Namespace(**bad), at_least_1=("steps",), at_least_0=("lr",))
         assert capsys.readouterr().err.strip().splitlines()[-1] == f"train_x.py: error: {msg}"
+
+
+def test_fork_map_and_fork_alongside(tmp_path):
+    """fork_map: the jobs' results in order, from 2 forked processes as from one; fork_alongside: the child's prints
+    go to its log file, and it runs until the parent sets `stop`."""
+    offset = 10   # a closure over the parent's state: a forked worker inherits it, nothing is pickled but the jobs
+    jobs = [3, 1, 2, 5]
+    assert fork_map(lambda j: (j * j + offset, os.getpid()), jobs, 1)[0][0] == 19
+    two = fork_map(lambda j: (j * j + offset, os.getpid()), jobs, 2)
+    assert [r for r, _ in two] == [19, 11, 14, 35] and os.getpid() not in {pid for _, pid in two}
+
+    def target(stop):
+        n = 0
+        while not stop.wait(0.01):
+            n += 1
+        print(f"stopped after {n} waits in {os.getpid()}")
+
+    stop, child = fork_alongside(target, tmp_path / "child.log")
+    time.sleep(0.3)
+    assert child.is_alive()            # it runs until asked to stop
+    stop.set()
+    child.join(10)
+    assert child.exitcode == 0
+    assert re.fullmatch(rf"stopped after \d+ waits in {child.pid}\n", (tmp_path / "child.log").read_text())

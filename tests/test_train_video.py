@@ -111,6 +111,13 @@ def test_rt1_format_episodes_train(tmp_path):
     assert "--init=auto: the shipped model's vocabulary is for 2-dim actions" in out and "training from scratch" in out
     rows = json.loads((tmp_path / "out" / "eval.json").read_text())
     assert rows["rlvr"]["n"] == 7 and "objects" not in rows["rlvr"]      # no background in RT-1 files
+    # the reward's object term needs backgrounds: refused with one line
+    args = ["--data", tmp_path, "--out_dir", tmp_path / "out", "--stage=rlvr", "--init",
+            tmp_path / "out" / "video_mle.safetensors", "--control=0", "--test_limit=1"]
+    r = subprocess.run([sys.executable, "train_video.py", *map(str, args), "--object_weight=0.5", *TINY], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120, env=ENV)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
+        f"error: --object_weight needs episodes with a background image; {tmp_path} has none")
 
 
 @pytest.mark.slow

@@ -4,8 +4,8 @@ import torch
 from safetensors.torch import save_file
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
-from rewards import (LPIPS, REWARDS, load_lpips, mae, mse, pick_reward, psnr, repetition_rate, ssim,
-                                 video_reward)
+from rewards import (LPIPS, REWARDS, load_lpips, mae, moving_mae, mse, object_miss, pick_reward, psnr, repetition_rate,
+                     ssim, video_reward)
 
 
 def image_pairs(seed=0, n=4, size=32):
@@ -102,6 +102,36 @@ def test_named_rewards():
     out = video_reward("mae+ssim", bad, true)
     assert torch.isfinite(out).all() and out[0] == -3.0 and (out[1:] == r[1:]).all()  # NaN: the worst score
     assert set(REWARDS) == {"mae+ssim", "mae+lpips"}
+
+
+def test_moving_and_object_terms_by_hand():
+    """A 16x16 grey table; the context has a white 2x2 block at (2, 2), the truth has it moved to (8, 8)."""
+    bg = torch.full((1, 3, 16, 16), 0.5)
+    ctx, true = bg.clone(), bg.clone()
+    ctx[..., 2:4, 2:4] = 1.0
+    true[..., 8:10, 8:10] = 1.0
+    # moving pixels: the 4 the block left (truth 0.5) and the 4 it reached (truth 1.0), 3 channels each
+    assert moving_mae(true, true, ctx).item() == 0.0
+    assert moving_mae(ctx, true, ctx).item() == pytest.approx(0.5)       # copying: off by 0.5 on all 8 pixels
+    assert moving_mae(bg, true, ctx).item() == pytest.approx(0.25)       # erasing: right where it left, wrong where
+    assert moving_mae(bg, bg, bg).item() == 0.0                          # nothing moves: no error, no NaN
+    # objects: the truth's 4 block pixels; copying and erasing both leave them empty, a half-drawn block hits 2
+    assert object_miss(ctx, true, bg).item() == 1.0 and object_miss(bg, true, bg).item() == 1.0
+    half = true.clone()
+    half[..., 8:10, 9] = 0.5
+    assert object_miss(half, true, bg).item() == pytest.approx(0.5) and object_miss(true, true, bg).item() == 0.0
+    assert object_miss(bg, bg, bg).item() == 0.0                         # a frame without objects
+    # in the reward: copying, which whole-frame MAE + SSIM barely punish, loses the two terms on top
+    base = video_reward("mae+ssim", ctx, true)
+    r = video_reward("mae+ssim", ctx, true, context=ctx, moving_weight=2.0, background=bg, object_weight=3.0)
+    assert r.item() == pytest.approx(base.item() - 2.0 * 0.5 - 3.0 * 1.0)
+    nan = ctx.clone()
+    nan[..., 0, 0] = float("nan")
+    assert video_reward("mae+ssim", nan, true, context=ctx, moving_weight=1.0).item() == -4.0   # the floor
+    with pytest.raises(ValueError, match="context"):
+        video_reward("mae+ssim", ctx, true, moving_weight=1.0)
+    with pytest.raises(ValueError, match="background"):
+        video_reward("mae+ssim", ctx, true, object_weight=1.0)
 
 
 def import_official_lpips():
