@@ -111,7 +111,7 @@ def static_attention(q, k, v, cache, layer):
 def static_decode_step(model, tok, pos, cache):
     """decode_step with static_attention, the function torch.compile compiles once per shape (rows, max_new, prompt
     length): logits (N, vocab) and the step's keys and values (n_layer, 2, N, n_kv_head, head_dim), which the caller
-    stores (a compiled function that mutates its inputs would make CUDA graphs copy the cache back)."""
+    stores (torch.compile gives no CUDA graph to a function that writes to inputs without fixed addresses)."""
     new = []
 
     def attention(q, k, v, cache, layer):
