@@ -14,7 +14,11 @@ the profile, and the measurements behind each choice below and of the alternativ
   prompt's keys in one matmul, and each row to its own generated keys in another; one softmax joins the two parts.
 - Rows that reached EOS leave the batch once they are a quarter of it.
 - Sampling draws one uniform per row and inverts the CDF: no exponential per vocabulary entry as in multinomial.
+- Opt-in, `generate(compile=True | "cuda-graphs")`: `static_decode_step`, the step with the same shapes at every
+  step, for torch.compile and CUDA graphs (no row dropping there).
 """
+import functools
+
 import torch
 
 from model import PromptCache, additive, apply_rope
@@ -28,7 +32,8 @@ class KVCache:
     (B * n_kv_head, S * g, P), 0 or -inf, masking their left padding for the S * g queries that share a kv head.
     Generated tokens: `kv` (n_layer, 2, R, n_kv_head, max_new, head_dim), keys [:, 0] and values [:, 1] of the R rows
     still decoding, one tensor preallocated for every layer and written in place; `length` positions are filled.
-    The R live rows are the grid rows `slots` (None: all N, in order); `keep` drops the others."""
+    The R live rows are the grid rows `slots` (None: all N, in order); `keep` drops the others.
+    The compiled step (`static_attention`) needs `unseen` (max_new,): 0 at the positions written, -inf elsewhere."""
 
     def __init__(self, config, prompt, valid, samples, max_new):
         B, P = valid.shape
@@ -39,7 +44,7 @@ class KVCache:
         self.bias = bias[:, None, None].expand(B, self.nkv, samples * self.g, P).reshape(-1, samples * self.g, P)
         shape = (config.n_layer, 2, B * samples, config.n_kv_head, max_new, config.head_dim)
         self.kv = torch.empty(shape, dtype=self.k[0].dtype, device=valid.device)
-        self.length, self.slots = 0, None
+        self.length, self.slots, self.unseen = 0, None, None
 
     def keep(self, live):
         """Go on with the current rows `live` (long) only: finished rows leave the batch."""
@@ -84,12 +89,43 @@ def decode_attention(q, k, v, cache, layer):
     return y.view(R, nh * hd)
 
 
-def decode_step(model, tok, pos, cache):
+def static_attention(q, k, v, cache, layer):
+    """decode_attention with the same shapes at every step, for torch.compile: each row attends to its prompt, to
+    all max_new positions of its generated-token buffer (cache.unseen adds -inf at those not written yet; the buffer
+    starts as zeros, so they add exactly nothing) and to its own new key. Writes nothing to the cache."""
+    R, nh, hd = q.shape
+    nkv, g, scale = cache.nkv, cache.g, hd ** -0.5
+    kn, vn = cache.kv[layer].flatten(1, 2)                                # (R * nkv, max_new, hd) each, views
+    kp, vp = cache.k[layer], cache.v[layer]                               # (B * nkv, P, hd)
+    P, M = kp.size(1), kn.size(1)
+    q = q.contiguous().view(R, nkv, g, hd)
+    s_prompt = cache.by_row(torch.baddbmm(cache.bias, cache.by_prompt(q), kp.transpose(1, 2), alpha=scale))
+    s_new = torch.baddbmm(cache.unseen, q.view(R * nkv, g, hd), kn.transpose(1, 2), alpha=scale).view(R, nkv, g, M)
+    s_self = (q * k[:, :, None]).sum(-1, keepdim=True) * scale            # (R, nkv, g, 1): the step's own key
+    p = torch.softmax(torch.cat([s_prompt, s_new, s_self], dim=-1), dim=-1)   # (R, nkv, g, P + M + 1)
+    y = cache.by_row(torch.bmm(cache.by_prompt(p[..., :P]), vp))          # (R, nkv, g, hd)
+    y = torch.baddbmm(y.reshape(R * nkv, g, hd), p[..., P:-1].reshape(R * nkv, g, M), vn).view(R, nkv, g, hd)
+    return (y + p[..., -1:] * v[:, :, None]).view(R, nh * hd)
+
+
+def static_decode_step(model, tok, pos, cache):
+    """decode_step with static_attention, the function torch.compile compiles once per shape (rows, max_new, prompt
+    length): logits (N, vocab) and the step's keys and values (n_layer, 2, N, n_kv_head, head_dim), which the caller
+    stores (torch.compile gives no CUDA graph to a function that writes to inputs without fixed addresses)."""
+    new = []
+
+    def attention(q, k, v, cache, layer):
+        new.append(torch.stack([k, v]))
+        return static_attention(q, k, v, cache, layer)
+    return decode_step(model, tok, pos, cache, attention), torch.stack(new)
+
+
+def decode_step(model, tok, pos, cache, attention=None):
     """Logits (R, vocab) of the next token of the R live rows, fed their last tokens tok (R,) at positions pos (R,).
-    The same layers as GPT._run, on (R, C) activations; the new keys and values go to the cache."""
+    The same layers as GPT._run, on (R, C) activations; `attention` stores the new keys and values in the cache."""
     c = model.config
     R, nh, nkv, hd = len(tok), c.n_head, c.n_kv_head, c.head_dim
-    x, rope = model.wte(tok), None                                        # (R, C)
+    x, rope, attention = model.wte(tok), None, attention or decode_attention  # (R, C)
     if model.wpe is not None:
         x = x + model.wpe(pos)
     else:
@@ -100,7 +136,7 @@ def decode_step(model, tok, pos, cache):
         if rope is not None:
             qk = apply_rope(qk, *rope)                                    # q and k rotated together
         q, k = qk.split([nh, nkv], dim=1)
-        x = x + block.attn.c_proj(decode_attention(q, k, v.view(R, nkv, hd), cache, layer))
+        x = x + block.attn.c_proj(attention(q, k, v.view(R, nkv, hd), cache, layer))
         x = x + block.mlp(block.ln_2(x))
     return model.lm_head(model.ln_f(x))
 
@@ -128,9 +164,39 @@ def prefill(model, prompts, max_new_tokens, samples):
     return logits.repeat_interleave(samples, 0), lens.repeat_interleave(samples), cache
 
 
+@functools.cache
+def compiled_step(cuda_graphs):
+    """static_decode_step compiled by torch.compile (inductor), with CUDA graphs ("reduce-overhead") or without."""
+    return torch.compile(static_decode_step, fullgraph=True, mode="reduce-overhead" if cuda_graphs else None)
+
+
+def decoder(model, cache, compile):
+    """generate's decode step: step(tok, pos) -> logits, the cache one position longer. compile: see generate."""
+    if compile not in (False, True, "cuda-graphs"):
+        raise ValueError(f"engine.generate: compile={compile!r}; expected False, True or 'cuda-graphs'")
+    if not compile:
+        def step(tok, pos):
+            logits = decode_step(model, tok, pos, cache)
+            cache.length += 1
+            return logits
+        return step
+    fn = compiled_step(compile == "cuda-graphs")
+    cache.kv.zero_()  # positions not written yet are attended to with weight 0: zeros, not garbage (0 * nan = nan)
+    cache.unseen = torch.full(cache.kv.shape[4:5], float("-inf"), dtype=cache.kv.dtype, device=cache.kv.device)
+
+    def step(tok, pos):
+        torch.compiler.cudagraph_mark_step_begin()   # the previous step's outputs are used up (CUDA graphs only)
+        logits, new = fn(model, tok, pos, cache)
+        cache.kv[:, :, :, :, cache.length] = new     # the step's keys and values, then they are seen
+        cache.unseen[cache.length] = 0
+        cache.length += 1
+        return logits
+    return step
+
+
 @torch.inference_mode()
 def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_id=None, generator=None,
-             num_samples=1):
+             num_samples=1, compile=False):
     """Sample continuations of a batch of prompts with a KV cache.
 
     prompts: list of B token-id lists (lengths may differ; each >= 1); results do not depend on the batch.
@@ -141,8 +207,16 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=
     done): tokens is long, the sampled ids, with -1 after a row's eos_id (the eos itself is kept);
     logprobs is float32, each sampled token's log-prob under the sampling distribution (for greedy: under the
     model at T=1), 0 where tokens == -1.
+    compile: False, the eager decode step; True, a decode step of the same shapes at every step (it attends to all
+    max_new_tokens positions, masking those not written yet), compiled by torch.compile once per shape (rows,
+    max_new_tokens, longest prompt), never per step: minutes of compilation on a shared 2-core CPU for ~10% more
+    tokens/s (docs/performance.md); "cuda-graphs", the same also captured as CUDA graphs (torch.compile's
+    mode="reduce-overhead"; GPU only, untested: no GPU was available). Compiled, finished rows are not dropped (they
+    decode on, their outputs masked), so with eos_id a seeded run draws other tokens than the eager one once the eager
+    one drops rows; without row dropping the results equal the eager ones up to float rounding (1e-5).
     """
     logits, lens, cache = prefill(model, prompts, max_new_tokens, num_samples)
+    step = decoder(model, cache, compile)
     N, device = len(logits), logits.device
     tokens = torch.full((N, max_new_tokens), -1, dtype=torch.long, device=device)
     logprobs = torch.zeros(N, max_new_tokens, device=device)
@@ -155,12 +229,11 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=
             done = done | (tok == eos_id)
         if t == max_new_tokens - 1 or (eos_id is not None and bool(done.all())):
             break
-        if eos_id is not None and 4 * int(done.sum()) >= len(done):  # a quarter has finished: drop them
+        if eos_id is not None and not compile and 4 * int(done.sum()) >= len(done):  # a quarter finished: drop them
             live = (~done).nonzero().squeeze(1)
             rows, lens, tok, done = rows[live], lens[live], tok[live], done[live]
             cache.keep(live)
-        logits = decode_step(model, tok, lens + t, cache)
-        cache.length += 1
+        logits = step(tok, lens + t)
     return tokens[:, :t + 1], logprobs[:, :t + 1]
 
 

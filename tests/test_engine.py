@@ -1,5 +1,8 @@
 """engine.py (sampling) against HF transformers' generate and against model.py's full forward pass: greedy
 continuations, sampled log-probs, both cache layouts (own prompt per row, shared prompt), dropping finished rows."""
+import os
+import shutil
+
 import pytest
 import torch
 
@@ -151,3 +154,32 @@ def test_one_prompt_many_samples_matches_a_fresh_forward():
             seq = torch.tensor([[1, 2] + row[:n].tolist()])
             fresh = torch.log_softmax(m(seq[:, :-1])[0][0, 1:], -1).gather(-1, row[:n].unsqueeze(-1)).squeeze(-1)
             assert torch.allclose(fresh, lp[:n], atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch._dynamo.is_dynamo_supported() or not (shutil.which("g++") or shutil.which("c++")),
+                    reason="torch.compile (inductor on CPU) needs dynamo support and a C++ compiler")
+@pytest.mark.skipif(bool(os.environ.get("CI")), reason="CI is set: the first compile takes minutes on a shared 2-core "
+                    "machine (docs/performance.md); run it with CI unset")
+def test_compiled_decode_step_matches_eager():
+    """generate(compile=True): the static-shape decode step compiled once (all calls below share its shapes) gives the
+    eager path's tokens and log-probs; with EOS (no rows dropped) its log-probs equal a fresh forward pass."""
+    torch.manual_seed(0)
+    m = GPT(GPTConfig.llama(vocab_size=8, block_size=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=16)).eval()
+    prompts = [[1, 2], [3], [4, 5, 6]]
+    for kw in (dict(temperature=0), dict(temperature=1.0)):   # no EOS: the eager path drops no row either
+        eager = engine.generate(m, prompts, 12, num_samples=2, generator=torch.Generator().manual_seed(1), **kw)
+        compiled = engine.generate(m, prompts, 12, num_samples=2, generator=torch.Generator().manual_seed(1),
+                                   compile=True, **kw)
+        assert torch.equal(eager[0], compiled[0])
+        assert torch.allclose(eager[1], compiled[1], atol=1e-5)
+    toks, lps = engine.generate(m, prompts, 12, eos_id=0, num_samples=2, generator=torch.Generator().manual_seed(2),
+                                compile=True)
+    lengths = (toks >= 0).sum(1)
+    assert lengths.min() < lengths.max()  # rows finished at different steps
+    for n in range(len(toks)):
+        c = toks[n, :lengths[n]].tolist()
+        assert torch.allclose(fresh_logprobs(m, prompts[n // 2], c), lps[n, :len(c)], atol=1e-5)
+        assert (toks[n, lengths[n]:] == -1).all() and (lps[n, lengths[n]:] == 0).all()
+    with pytest.raises(ValueError, match="compile="):
+        engine.generate(m, prompts, 4, compile="yes")
