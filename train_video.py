@@ -70,7 +70,8 @@ from runtime import Run, fork_alongside, fork_map, lr_at
 from tokenizer_vq import CondVQConfig, CondVQVAE, VQConfig, VQVAE, codebook_stats, load_vq, save_vq
 
 ROOT = Path(__file__).resolve().parent
-SHIPPED_MLE = ROOT / "checkpoints" / "video_cond_mle.safetensors"   # on the context-conditioned tokenizer
+SHIPPED_MLE = dict(single=ROOT / "checkpoints" / "video_cond_mle.safetensors",   # on the context-conditioned
+                   multi=ROOT / "checkpoints" / "video_cond_multi_mle.safetensors")   # tokenizer, per --mode
 SHIPPED_VQ = dict(frame=ROOT / "checkpoints" / "video_vq.safetensors",      # per tokenizer kind, for --stage=mle
                   cond=ROOT / "checkpoints" / "video_cvq.safetensors")
 
@@ -145,9 +146,10 @@ p.add_argument("--lpips", default=None, help="LPIPS-VGG weights (tools/convert_l
 p.add_argument("--moving_weight", type=float, default=1.0,
                help="the reward also loses this x the MAE on the pixels that move (rewards.moving_mae): copying the "
                     "last frame, or drawing a still scene, is not paid")
-p.add_argument("--object_weight", type=float, default=0.0,
+p.add_argument("--object_weight", type=float, default=None,
                help="the reward also loses this x the share of the true objects' pixels left empty "
-                    "(rewards.object_miss; needs episodes with a background image): erasing an object is not paid")
+                    "(rewards.object_miss; needs episodes with a background image): erasing an object is not paid "
+                    "(default: 0 single-step, 0.5 multi-step; 0 on data without backgrounds)")
 p.add_argument("--moving_only", type=int, default=1, help="RL prompts only from windows where the scene moves")
 # evaluation
 p.add_argument("--eval_every", type=int, default=500, help="MLE steps between validation losses (RLVR: every 20)")
@@ -164,10 +166,13 @@ p.add_argument("--ckpt_every", type=int, default=200, help="steps between resuma
 p.add_argument("--on_nan", default="stop", choices=["stop", "skip"],
                help="on a NaN/inf loss, reward or gradient: stop the run, or skip that step (single process only)")
 args = p.parse_args()
-# defaults per mode: a multi-step completion is 7 frames, so fewer prompts and steps fit the time box
-for name, value in dict(single=dict(rl_steps=100, prompts_per_step=8), multi=dict(rl_steps=40, prompts_per_step=4))[
-        args.mode].items():
-    if getattr(args, name) is None:
+# defaults per mode, chosen on the validation split (docs/video.md): a multi-step completion is 7 frames, so fewer
+# prompts and steps fit the time box; multi-step RLVR erased objects unless the reward's object term said otherwise
+MODE_DEFAULTS = dict(single=dict(rl_steps=100, prompts_per_step=8, object_weight=0.0),
+                     multi=dict(rl_steps=40, prompts_per_step=4, object_weight=0.5))
+given = {name for name in MODE_DEFAULTS[args.mode] if getattr(args, name) is not None}   # set on the command line
+for name, value in MODE_DEFAULTS[args.mode].items():
+    if name not in given:
         setattr(args, name, value)
 # every bad value stops here with one line naming its flag, before any data is read or file written
 for name in ("size", "n_codes", "vq_steps", "vq_batch", "vq_crop", "cvq_steps", "cvq_batch", "cvq_crop", "context",
@@ -228,10 +233,11 @@ print0(f"data: {len(train_eps)} train / {len(val_eps)} val / {len(test_eps)} tes
 # --init=auto: the shipped MLE model, when this run post-trains and the checkpoint's action dimensions fit the data
 if args.init == "auto":
     args.init = "scratch"                       # unless the shipped model fits, below
-    if SHIPPED_MLE.is_file() and args.stage in ("all", "rlvr"):
-        shipped_args = json.loads(SHIPPED_MLE.with_suffix(".json").read_text())["args"]   # its sidecar's flags
+    shipped = SHIPPED_MLE[args.mode]
+    if shipped.is_file() and args.stage in ("all", "rlvr"):
+        shipped_args = json.loads(shipped.with_suffix(".json").read_text())["args"]   # its sidecar's flags
         if len(shipped_args["action_lo"]) == D:   # its vocabulary has action tokens for D dimensions
-            args.init = str(SHIPPED_MLE)
+            args.init = str(shipped)
         else:
             print0(f"--init=auto: the shipped model's vocabulary is for {len(shipped_args['action_lo'])}-dim actions, "
                    f"{args.data} has {D}-dim ones; training from scratch (tokenizer, MLE, RLVR)")
@@ -503,7 +509,7 @@ def run_rlvr(model, vq, layout, tokens, horizon, lpips_net, reward_name):
         pool = [(e, t) for e, t in pool if np.abs(img[e][t + args.context:t + n].astype(np.int16)
                                                   - img[e][t + args.context - 1]).max() > 25]
     print0(f"rlvr: {len(pool)} train windows; per step {args.prompts_per_step} prompts x {args.group_size} samples "
-           f"x {world} ranks, {horizon} predicted frame(s) each; reward {reward_name}")
+           f"x {world} ranks, {horizon} predicted frame(s) each")
     g = torch.Generator().manual_seed(args.seed + 1000 + rank)          # prompts and samples, per rank
     step, done = run.resume_stage(FILES["rlvr"], model, opt, g, "rlvr")
     if done:
@@ -682,7 +688,10 @@ if args.stage in ("all", "rlvr"):
     except ValueError as e:
         fail(str(e))
     if args.object_weight and train_eps[0]["background"] is None:   # e.g. Meta-World or RT-1 episodes
-        fail(f"--object_weight needs episodes with a background image; {args.data} has none")
+        if "object_weight" in given:
+            fail(f"--object_weight needs episodes with a background image; {args.data} has none")
+        print0(f"reward: {args.data} has no background images, so no object term (the default --object_weight)")
+        args.object_weight = 0.0
     print0(f"reward: {reward_name}" + (f" - {args.moving_weight:g} x moving MAE" if args.moving_weight else "")
            + (f" - {args.object_weight:g} x object miss" if args.object_weight else "")
            + ("" if lpips_net else " (no LPIPS weights: --lpips=FILE enables mae+lpips)"))

@@ -111,9 +111,11 @@ def test_rt1_format_episodes_train(tmp_path):
     assert "--init=auto: the shipped model's vocabulary is for 2-dim actions" in out and "training from scratch" in out
     rows = json.loads((tmp_path / "out" / "eval.json").read_text())
     assert rows["rlvr"]["n"] == 7 and "objects" not in rows["rlvr"]      # no background in RT-1 files
-    # the reward's object term needs backgrounds: refused with one line
+    # the reward's object term needs backgrounds: the multi-step default's is dropped with one line; asked for, it
+    # is refused with one line
     args = ["--data", tmp_path, "--out_dir", tmp_path / "out", "--stage=rlvr", "--init",
             tmp_path / "out" / "video_mle.safetensors", "--control=0", "--test_limit=1"]
+    assert "has no background images, so no object term" in train(*args, "--mode=multi", "--out_dir", tmp_path / "m")
     r = subprocess.run([sys.executable, "train_video.py", *map(str, args), "--object_weight=0.5", *TINY], cwd=ROOT,
                        capture_output=True, text=True, timeout=120, env=ENV)
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
