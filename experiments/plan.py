@@ -46,7 +46,9 @@ p is the model's probability of its own answer, from the greedy answer's token l
 their mean); a prediction counts only as far as the model believes it. A predicted win counts +100 only if
 p >= --trust_win, else the predicted state is valued by what it shows. With --memory, a (state, action) whose
 prediction reality contradicted (the executed action's real next state differed from the predicted one) is not
-chosen again in the episode (block) or is worth V(now) (now).
+chosen again in the episode (block) or is worth V(now) (now). --noop=c: a candidate whose predicted state equals the
+current one is worth c less: it spends a step, and if the model is wrong about it its effect is unforeseen (the
+text model predicts "nothing happens" for eating the egg it holds, at p > 0.9). --explore=b adds b * (1 - p).
 
 Reported per planner: success rate with its Wilson 95% interval, mean steps of the successful episodes and of all
 (capped ones count the cap), lost rate, `agree` (share of steps whose action is among the true simulator's best under
