@@ -380,10 +380,10 @@ def plan(envs, planner, predict=None, seed=0, max_steps=None, max_new_tokens=Non
     about it, its effect is unknown.
     memory: once the real next state of an executed (state, action) differs from the model's prediction, that pair
     is worth -inf for the rest of the episode ("block": chosen only if every candidate is as bad) or V(now) ("now").
-    -> list of per-episode dicts: label, success, lost, steps, and per step: actions (the one executed), agree (the action is among the true
-    simulator's best), acc (the taken action's prediction score), conf (its p), cand_acc and cand_exact (mean score
-    and exact share over every candidate), tie (all candidates valued alike), repeat (the pair taken had been
-    contradicted before). The per-step lists are empty for random and sim, except agree."""
+    -> list of per-episode dicts: label, success, lost, steps, and per step: actions (the one executed), agree (the
+    action is among the true simulator's best), acc (the taken action's prediction score), conf (its p), cand_acc
+    and cand_exact (mean score and exact share over every candidate), tie (all candidates valued alike), repeat
+    (the pair taken had been contradicted before). The per-step lists are empty for random and sim, except agree."""
     E = type(envs[0])
     max_steps, max_new_tokens = max_steps or E.max_steps, max_new_tokens or E.max_new_tokens
     rngs = [random.Random(f"plan:{seed}:{i}") for i in range(len(envs))]
