@@ -46,7 +46,9 @@ p is the model's probability of its own answer, from the greedy answer's token l
 their mean); a prediction counts only as far as the model believes it. A predicted win counts +100 only if
 p >= --trust_win, else the predicted state is valued by what it shows. With --memory, a (state, action) whose
 prediction reality contradicted (the executed action's real next state differed from the predicted one) is not
-chosen again in the episode (block) or is worth V(now) (now).
+chosen again in the episode (block) or is worth V(now) (now). --noop=c: a candidate whose predicted state equals the
+current one is worth c less: it spends a step, and if the model is wrong about it its effect is unforeseen (the
+text model predicts "nothing happens" for eating the egg it holds, at p > 0.9). --explore=b adds b * (1 - p).
 
 Reported per planner: success rate with its Wilson 95% interval, mean steps of the successful episodes and of all
 (capped ones count the cap), lost rate, `agree` (share of steps whose action is among the true simulator's best under
@@ -229,6 +231,9 @@ class TextGame:
     def prompt(self, obs, action):
         return tg_task.prompt_text({"game": self.w.game, "state": obs, "action": tg_sim.action_text(action)})
 
+    def action_text(self, action):
+        return tg_sim.action_text(action)
+
     def simulate(self, action):
         w = copy.deepcopy(self.w)
         w.act(action)
@@ -278,6 +283,9 @@ class WebPage:
     def prompt(self, obs, action):
         return web_task.prompt_text({"site": self.page.site, "observation": obs,
                                      "action": web_sim.action_text(action)})
+
+    def action_text(self, action):
+        return web_sim.action_text(action)
 
     def simulate(self, action):
         page = copy.deepcopy(self.page, {id(self.page.rng): self.page.rng})  # acting never draws from rng
@@ -361,23 +369,26 @@ def weighted_value(p, v_pred, v_now):
 
 
 def plan(envs, planner, predict=None, seed=0, max_steps=None, max_new_tokens=None, act="planner",
-         conf="none", memory="none", trust_win=0.0):
+         conf="none", memory="none", trust_win=0.0, explore=0.0, noop=0.0):
     """Run every episode to its end with `planner` ("random", "sim" or "model", which uses `predict`).
     act="sim": the true-simulator planner acts instead, so a model's decisions are scored on the states a perfect
     planner visits (no compounding of its own mistakes).
     The model planner values candidate k by weighted_value(p_k, V(predicted_k), V(now)), p_k = confidence(.., conf);
-    a predicted win counts as won only when p_k >= trust_win (else by what its state shows: see textgame_value).
+    a predicted win counts as won only when p_k >= trust_win (else by what its state shows: see textgame_value);
+    explore adds explore * (1 - p_k): of two candidates valued alike, the one whose outcome the model is less sure of.
+    noop subtracts noop from a candidate predicted to change nothing: it spends a step, and if the model is wrong
+    about it, its effect is unknown.
     memory: once the real next state of an executed (state, action) differs from the model's prediction, that pair
     is worth -inf for the rest of the episode ("block": chosen only if every candidate is as bad) or V(now) ("now").
-    -> list of per-episode dicts: label, success, lost, steps, and per step: agree (the action is among the true
-    simulator's best), acc (the taken action's prediction score), conf (its p), cand_acc and cand_exact (mean score
-    and exact share over every candidate), tie (all candidates valued alike), repeat (the pair taken had been
-    contradicted before). The per-step lists are empty for random and sim, except agree."""
+    -> list of per-episode dicts: label, success, lost, steps, and per step: actions (the one executed), agree (the
+    action is among the true simulator's best), acc (the taken action's prediction score), conf (its p), cand_acc
+    and cand_exact (mean score and exact share over every candidate), tie (all candidates valued alike), repeat
+    (the pair taken had been contradicted before). The per-step lists are empty for random and sim, except agree."""
     E = type(envs[0])
     max_steps, max_new_tokens = max_steps or E.max_steps, max_new_tokens or E.max_new_tokens
     rngs = [random.Random(f"plan:{seed}:{i}") for i in range(len(envs))]
-    out = [dict(label=e.label(), success=False, lost=False, steps=0, agree=[], acc=[], conf=[], cand_acc=[],
-                cand_exact=[], tie=[], repeat=[]) for e in envs]
+    out = [dict(label=e.label(), success=False, lost=False, steps=0, actions=[], agree=[], acc=[], conf=[],
+                cand_acc=[], cand_exact=[], tie=[], repeat=[]) for e in envs]
     wrong = [set() for _ in envs]  # per episode: the (state key, action) pairs whose prediction reality contradicted
 
     def best(values, rng):  # index of the best value, ties broken at random
@@ -413,8 +424,9 @@ def plan(envs, planner, predict=None, seed=0, max_steps=None, max_new_tokens=Non
                     if memory != "none" and (keys[i], a) in wrong[i]:  # reality contradicted this prediction
                         values.append(-math.inf if memory == "block" else v_now)
                         continue
-                    v_pred = e.value(e.from_text(obs[i], text), trust_win=p >= trust_win)
-                    values.append(weighted_value(p, v_pred, v_now))
+                    pred = e.from_text(obs[i], text)
+                    v_pred = e.value(pred, trust_win=p >= trust_win)
+                    values.append(weighted_value(p, v_pred, v_now) + explore * (1 - p) - noop * (pred == obs[i]))
                 j = best(values, rng)
                 acc = [e.accuracy(t, obs[i], s) for (t, _), s in zip(by_env[i], truth[i])]
                 r["acc"].append(acc[j])
@@ -427,6 +439,7 @@ def plan(envs, planner, predict=None, seed=0, max_steps=None, max_new_tokens=Non
             x = best(true_values[i], rng) if act == "sim" else j  # the action executed
             if planner == "model" and acc[x] < 1:  # its prediction was not the real next state: remember
                 wrong[i].add((keys[i], cands[i][x]))
+            r["actions"].append(e.action_text(cands[i][x]))
             e.step(cands[i][x])
             r["steps"] += 1
     for e, r in zip(envs, out):
@@ -438,6 +451,15 @@ def wilson(k, n, z=1.96):
     """The Wilson 95% interval of a success rate k / n."""
     centre, half = k + z * z / 2, z * math.sqrt(k * (n - k) / n + z * z / 4)
     return (centre - half) / (n + z * z), (centre + half) / (n + z * z)
+
+
+def paired(a, b, resamples=10000, seed=0):
+    """Success of episodes a minus that of episodes b (the same start states, in order) with its bootstrap 95%
+    interval over the episodes. -> (difference, low, high)."""
+    x = [float(r["success"]) - float(q["success"]) for r, q in zip(a, b)]
+    rng = random.Random(seed)
+    means = sorted(sum(rng.choice(x) for _ in x) / len(x) for _ in range(resamples))
+    return sum(x) / len(x), means[int(0.025 * resamples) - 1], means[int(0.975 * resamples) - 1]
 
 
 def summarize(results, max_steps):
@@ -506,6 +528,10 @@ def main(argv=None):
     p.add_argument("--trust_win", type=float, default=0.0,
                    help="text game: a predicted win counts +100 only when p >= this (0: always, discounted by --conf "
                         "alone; > 1: never)")
+    p.add_argument("--explore", type=float, default=0.0,
+                   help="bonus explore * (1 - p) per candidate: small values break ties toward unconfident predictions")
+    p.add_argument("--noop", type=float, default=0.0,
+                   help="penalty on a candidate predicted to change nothing (a wasted step, or an unforeseen effect)")
     p.add_argument("--web_value", default="graded", choices=("graded", "exact"),
                    help="web page: credit per goal line shown (graded), or per whole condition (exact)")
     # world model
@@ -537,12 +563,16 @@ def main(argv=None):
                 sys.exit(f"error: --planners: {e}")
         results = plan(E.episodes(args.episodes, args.seed, args.split, **env_args),
                        name if predict is None else "model", predict, args.seed, max_steps, args.max_new_tokens,
-                       args.act, args.conf, args.memory, args.trust_win)
+                       args.act, args.conf, args.memory, args.trust_win, args.explore, args.noop)
         rows[name] = dict(summarize(results, max_steps), minutes=(time.time() - t0) / 60)
         episodes[name] = results
         print(f"{name}: success {pct(rows[name]['success']).strip()}% in {rows[name]['minutes']:.1f} min", flush=True)
     print()
     print_planners(rows)
+    for name in names[1:]:  # every other planner against the first, over the same start states
+        rows[name]["paired_vs_first"] = paired(episodes[name], episodes[names[0]])
+        print(f"{name} - {names[0]}: " + "{:+.1f} [{:+.1f}, {:+.1f}] points, paired bootstrap 95%".format(
+            *(100 * x for x in rows[name]["paired_vs_first"])))
     if args.json:
         write_json(args.json, {"args": vars(args), "summary": rows, "episodes": episodes})
 

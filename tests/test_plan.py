@@ -189,7 +189,7 @@ def test_cli_rejects_unknown_planner(tmp_path):
         plan.main(["--episodes=0"])
 
 
-# ----------------------------------------------------------------------------- what the model planner does with predictions
+# ------------------------------------------------------------------ what the model planner does with predictions
 
 class Ladder:
     """A toy environment for the planner's rules: climb from rung 0 to rung 3 with "up"; "stay" does nothing.
@@ -207,6 +207,9 @@ class Ladder:
 
     def candidates(self):
         return ["stay", "up"]
+
+    def action_text(self, action):
+        return action
 
     def prompt(self, obs, action):
         return f"{obs}:{action}"
@@ -278,6 +281,43 @@ def test_an_unconfident_predicted_win_is_not_trusted():
     assert plan.textgame_value("chill-milk", claimed) == plan.WIN
     assert plan.textgame_value("chill-milk", claimed, trust_win=False) == plan.textgame_value("chill-milk",
                                                                                                w.snapshot())
+
+
+def fixed(answers):
+    """A model whose answer to an action is answers[action] = (rung change, its probability), at every rung."""
+    def predict(prompts, max_new_tokens):
+        out = []
+        for prompt in prompts:
+            rung, action = prompt.split(":")
+            change, p = answers[action]
+            out.append((str(int(rung) + change), [math.log(p)]))
+        return out
+    return predict
+
+
+def test_explore_breaks_ties_toward_the_unconfident_prediction():
+    # "up" wrongly predicted to do nothing (p = 0.5), "stay" rightly (p = 1): both worth the rung, a tie
+    model = fixed({"up": (0, 0.5), "stay": (0, 1.0)})
+    r = plan.plan([Ladder()], "model", model, conf="sum", explore=0.01)[0]
+    assert r["success"] and r["steps"] == 3 and r["actions"] == ["up"] * 3
+    ties = plan.plan([Ladder() for _ in range(8)], "model", model, conf="sum")
+    assert all(r["tie"][0] for r in ties) and {r["actions"][0] for r in ties} == {"up", "stay"}   # a coin
+
+
+def test_noop_penalty_prefers_a_predicted_change():
+    # "up" wrongly predicted to go down (p = 0.2): worth rung - 0.2, below a certain "stay" (rung): stay forever;
+    # a predicted no-change costs 0.5: "stay" is worth rung - 0.5 and "up" is taken (then remembered as contradicted)
+    model = fixed({"up": (-1, 0.2), "stay": (0, 1.0)})
+    assert plan.plan([Ladder()], "model", model, conf="sum", memory="none")[0]["actions"] == ["stay"] * 8
+    r = plan.plan([Ladder()], "model", model, conf="sum", memory="none", noop=0.5)[0]
+    assert r["success"] and r["actions"] == ["up"] * 3
+
+
+def test_paired_difference_and_its_interval():
+    a, b = [dict(success=x) for x in (1, 1, 0, 1, 1, 0)], [dict(success=x) for x in (0, 1, 0, 0, 1, 0)]
+    d, lo, hi = plan.paired(a, b)
+    assert d == pytest.approx(2 / 6) and 0 <= lo < d < hi <= 4 / 6 + 1e-9   # a resample's mean is at most 4/6
+    assert plan.paired(a, a) == (0, 0, 0)
 
 
 def test_graded_web_value_credits_each_goal_line():

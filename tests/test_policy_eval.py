@@ -74,40 +74,150 @@ def tiny_world(frames_per_window=4):
     return vq, lay, gpt
 
 
+def test_gripper_detector_on_real_frames():
+    errs = []
+    for i in range(4):
+        ep = sim.policy_episode(np.random.default_rng([5, 3, i]), np.random.default_rng(i), 16, 0.6)
+        errs += [np.abs(pe.locate_gripper(f) - g).max() for f, g in zip(ep["image"], ep["gripper"])]
+    assert np.mean(errs) < 0.4 and max(errs) < 1.0
+    rng = np.random.default_rng(3)
+    bg = sim.draw_goal(sim.render_background(rng), sim.reset(rng)["goal"])
+    empty = (np.clip(bg, 0, 1) * 255 + 0.5).astype(np.uint8)
+    assert pe.locate_gripper(empty) is None                  # no gripper, no centre
+    scattered = empty.copy()
+    scattered[:4, :4] = scattered[-4:, -4:] = (sim.GRIPPER_RGB * 255).astype(np.uint8)   # two far dark corners
+    assert pe.locate_gripper(scattered) is None
+
+
 def test_imagine_rolls_out_in_chunks_from_the_last_predicted_frame(monkeypatch):
     vq, lay, gpt = tiny_world(4)                             # room for 1 context + 3 predicted frames
     eps = [sim.policy_episode(np.random.default_rng([0, 3, i]), np.random.default_rng(i), 7, 0.3) for i in range(3)]
     first, actions = np.stack([e["image"][0] for e in eps]), np.stack([e["action"] for e in eps])
     lo, hi = np.full(2, -1, np.float32), np.ones(2, np.float32)
+    wm = (gpt, vq, lo, hi)
     calls = []
     real_rollout = pe.rollout
     monkeypatch.setattr(pe, "rollout", lambda *a: calls.append(a) or real_rollout(*a))
-    codes = pe.imagine(gpt, vq, first, actions, lo, hi, horizon=3, batch_size=2)
-    assert codes.shape == (3, 6, 64) and codes.max() < 16
-    assert [c[3] for c in calls] == [3, 3, 3, 3]             # frames 1-3 and 4-6, for 2 batches
+    frames = pe.imagine(wm, first, actions, horizon=3, batch_size=2)
+    assert frames.shape == (3, 6, 64, 64, 3) and frames.dtype == np.uint8
+    assert [c[3] for c in calls] == [3, 3, 3, 3]             # frames 1-3 for 2 batches, then 4-6 for 2 batches
     bins = lay.action_tokens(pe.action_bins(actions, lo, hi))
-    assert calls[1][1][0] == codes[0, 2].tolist() + bins[0, 3].tolist()   # chunk 2 starts from predicted frame 3
-    assert calls[1][2][0].tolist() == bins[0, 4:6].tolist()                # and injects actions 4 and 5
-    again = pe.imagine(gpt, vq, first, actions, lo, hi, horizon=3, batch_size=3)
-    assert torch.equal(codes, again)                          # greedy, independent of batching
-    one = pe.imagine(gpt, vq, first, actions[:, :4], lo, hi, horizon=3)
-    assert torch.equal(one, codes[:, :3])                     # a single chunk is the plain rollout
+    ctx = vq.tokenize_context(frames[:, 2]).tolist()         # chunk 2 starts from predicted frame 3, re-encoded
+    assert calls[2][1][0] == ctx[0] + bins[0, 3].tolist()
+    assert calls[2][2][0].tolist() == bins[0, 4:6].tolist()                # and injects actions 4 and 5
+    assert np.array_equal(frames, pe.imagine(wm, first, actions, horizon=3, batch_size=3))   # greedy, any batching
+    assert np.array_equal(pe.imagine(wm, first, actions[:, :4], horizon=3), frames[:, :3])   # one chunk: a rollout
+
+
+class CondStub:
+    """A context-conditioned tokenizer's interface, recording what each call got: its future codes are frame-sized
+    offsets that mean nothing without their context frame."""
+    def __init__(self):
+        self.decoded_with, self.context_of = [], []
+
+    def vocab(self):
+        return dict(context_codes=16, context_len=64, n_codes=16, codes_per_frame=64, code_offset=16)
+
+    def tokenize_context(self, frames):
+        self.context_of.append(np.array(frames))
+        return torch.zeros(len(frames), 64, dtype=torch.long)
+
+    def detokenize(self, codes, context):
+        self.decoded_with.append(np.array(context))
+        return torch.from_numpy(np.array(context)).permute(0, 3, 1, 2).float() / 255 + 0.1 * codes[:, :1, None, None]
+
+    def parameters(self):
+        yield torch.zeros(1)
+
+
+def test_cond_chunks_decode_against_their_context_and_chain_decoded_frames(monkeypatch):
+    vq = CondStub()
+    lay = Layout.of(vq, 2)
+    monkeypatch.setattr(pe, "rollout", lambda model, prompts, acts, h, L, *a: (torch.full(
+        (len(prompts), h * L + (h - 1) * 2), lay.offset + 1), None, None))     # every predicted code: 1
+    first = np.zeros((2, 64, 64, 3), np.uint8)
+    frames = pe.imagine((None, vq, -np.ones(2), np.ones(2)), first, np.zeros((2, 5, 2), np.float32), horizon=2)
+    assert frames.shape == (2, 4, 64, 64, 3)
+    assert (frames[:, :2] == 26).all() and (frames[:, 2:] == 52).all()   # chunk 2 adds its change to chunk 1's frame
+    assert [c.max() for c in vq.context_of] == [0, 26]                     # chunk 2's context: the decoded frame 2
+    assert [d.max() for d in vq.decoded_with] == [0, 26]                   # each chunk decoded against its context
+
+
+def oracle_world(monkeypatch, eps):
+    """A world model that knows the simulator: each frame it is shown maps to its true state (the episodes' first
+    frames, then every frame it predicts), and it predicts the rendered next state."""
+    states = {}
+    for i, ep in enumerate(eps):
+        rng = np.random.default_rng([0, pe.SCENE_STREAM, i])
+        state = sim.reset(rng)
+        bg = sim.draw_goal(sim.render_background(rng), state["goal"])
+        states[ep["image"][0].tobytes()] = (state, bg)
+
+    def predict(wm, ctx, actions, *a, **k):
+        out = []
+        for f, act in zip(ctx, actions[:, 0]):
+            state, bg = states[f.tobytes()]
+            nxt = sim.step(state, act)
+            img = sim.render(bg, nxt)
+            states[img.tobytes()] = (nxt, bg)
+            out.append(img[None])
+        return np.stack(out)
+    monkeypatch.setattr(pe, "predict_frames", predict)
+
+
+def test_closed_loop_with_a_perfect_world_is_the_real_episode(monkeypatch):
+    for policy in ("random", 0.0):
+        eps = pe.real_episodes(policy, 4, 2, 16, seed=0)
+        scenes = [i for i in range(4) for _ in range(2)]
+        oracle_world(monkeypatch, [eps[2 * i] for i in range(4)])
+        rngs = [pe.policy_rng(0, i, s) for i in range(4) for s in range(2)]
+        goals = [pe.locate_goal(ep["image"][0]) for ep in eps]
+        frames = pe.imagine_closed(None, np.stack([ep["image"][0] for ep in eps]), [ep["color"] for ep in eps], goals,
+                                   policy, rngs, 16)
+        assert frames.shape == (8, 15, 64, 64, 3) and len(set(scenes)) == 4
+        if policy == "random":        # the policy ignores the frame and draws the real episode's actions
+            assert np.array_equal(frames, np.stack([ep["image"][1:] for ep in eps]))
+        else:                         # the expert acts on perceived positions (0.2 px off): about the same pushes
+            end = [pe.locate_block(f, ep["color"]) for f, ep in zip(frames[:, -1], eps)]
+            assert max(np.abs(b - ep["block"][-1]).max() for b, ep in zip(end, eps)) < 3
+            assert [pe.judge(f, ep["color"], g) for f, ep, g in zip(frames[:, -1], eps, goals)] == \
+                [bool(ep["success"][-1]) for ep in eps]
+
+
+def test_one_step_checks_pass_a_perfect_world_and_fail_a_still_one(monkeypatch):
+    eps = pe.real_episodes(0.0, 3, 1, 16, seed=0)
+    oracle_world(monkeypatch, eps)
+    good = pe.one_step_checks(None, eps)
+    assert good["gripper"]["passed"] and good["push"]["passed"] and good["push"]["n"] > 3
+    assert good["gripper"]["response"] == pytest.approx(1.0) and good["gripper"]["error_px"] == 0
+    monkeypatch.setattr(pe, "predict_frames", lambda wm, ctx, actions, **k: ctx[:, None])   # nothing moves
+    still = pe.one_step_checks(None, eps)
+    assert not still["gripper"]["passed"] and not still["push"]["passed"]
+    assert still["push"]["response"] == 0 and still["push"]["error_px"] == pytest.approx(still["push"]["true_px"])
 
 
 @pytest.mark.slow
-def test_main_end_to_end_on_the_shipped_model(tmp_path, capsys):
-    mle = ROOT / "checkpoints" / "video_mle.safetensors"
+def test_main_end_to_end_on_the_shipped_model(tmp_path, capsys, monkeypatch):
+    mle = ROOT / "checkpoints" / "video_cond_mle.safetensors"
     out = tmp_path / "r.json"
-    pe.main([f"--mle={mle}", f"--rlvr={mle}", "--episodes=2", "--policies=0,random", "--length=4", "--horizon=2",
-             f"--json={out}"])
+    pe.main([f"--mle={mle}", f"--rlvr={mle}", "--episodes=2", "--samples=2", "--policies=0,random", "--length=4",
+             "--check_episodes=1", "--gate=0", f"--json={out}"])
     res = json.loads(out.read_text())
-    assert [r["policy"] for r in res["policies"]] == ["0.0", "random"]
+    assert [r["policy"] for r in res["policies"]] == ["0.0", "random"] and set(res["checks"]) == {"mle", "rlvr"}
+    assert res["checks"]["mle"] == res["checks"]["rlvr"]
     for r in res["policies"]:
-        assert r["models"]["mle"] == r["models"]["rlvr"]      # the same checkpoint twice: deterministic
-        m = r["models"]["mle"]
+        assert r["models"]["mle"] == r["models"]["rlvr"]      # the same checkpoint twice: one seeded generator each
+        assert len(r["episodes"]["real"]) == 4 and len(r["episodes"]["mle"]["closed"]) == 4
+        m = r["models"]["mle"]["closed"]
         assert m["gap"] == pytest.approx(abs(m["estimate"] - r["real"])) and 0 <= m["episode_agreement"] <= 1
-    assert res["detector"]["frames"] == 16 and "Spearman" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="--rlvr .*train_video.py"):
+    assert res["detector"]["frames"] == 32 and "Spearman" in capsys.readouterr().out
+    failed = dict(n=1, true_px=1.0, pred_px=0.0, response=0.0, error_px=1.0, passed=False)
+    monkeypatch.setattr(pe, "one_step_checks", lambda *a: dict(gripper=failed, push=failed))
+    pe.main([f"--mle={mle}", "--episodes=1", f"--json={out}"])   # the gate: checks only
+    assert "policies" not in json.loads(out.read_text()) and "gate: " in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--rlvr .*no such checkpoint"):
         pe.main([f"--mle={mle}", f"--rlvr={tmp_path / 'none.safetensors'}"])
     with pytest.raises(SystemExit, match="block size"):
-        pe.main([f"--mle={mle}", "--rlvr=", "--horizon=8"])
+        pe.main([f"--mle={mle}", "--horizon=8"])
+    with pytest.raises(SystemExit, match="--loops"):
+        pe.main([f"--mle={mle}", "--loops=dream"])

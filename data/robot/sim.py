@@ -214,16 +214,18 @@ def policy_episode(scene_rng, policy_rng, length, policy):
     """Roll out a policy in a scene drawn from scene_rng (the same draws as `episode`, so one scene seed gives the same
     scene whatever the policy); the policy's randomness comes from policy_rng.
     -> dict(image (T, H, W, 3) uint8, action (T, 2) float32, success (T,) bool (`success` of the state each frame
-    shows), block (T, 2) float32 (target block centre per frame), goal (2,), color (3,) the target block's colour)."""
+    shows), block (T, 2) float32 (target block centre per frame), gripper (T, 2) float32 (gripper centre per frame),
+    goal (2,), color (3,) the target block's colour)."""
     state = reset(scene_rng)
     background = draw_goal(render_background(scene_rng), state["goal"])
-    frames, actions, wins, blocks = [], [], [], []
+    frames, actions, wins, blocks, grippers = [], [], [], [], []
     for _ in range(length):
         frames.append(render(background, state))
         wins.append(success(state))
         blocks.append(state["blocks"][0])
+        grippers.append(state["gripper"])
         a = policy_action(state, policy, policy_rng)
         actions.append(a)
         state = step(state, a)
     return dict(image=np.stack(frames), action=np.stack(actions).astype(np.float32), success=np.array(wins),
-                block=np.stack(blocks), goal=state["goal"], color=state["colors"][0])
+                block=np.stack(blocks), gripper=np.stack(grippers), goal=state["goal"], color=state["colors"][0])
