@@ -7,11 +7,8 @@ CPU, the default jobs (embedded robot-pushing data; RLVR from the shipped contex
 checkpoints/video_cond_mle.safetensors and its tokenizer checkpoints/video_cvq.safetensors; docs/video.md):
     python train_video.py                                   # single-step, 100 GRPO steps (~10 min on 2 cores)
     python train_video.py --mode=multi --out_dir=out/video_multi   # 7 frames with the true actions injected, 40 steps
-The shipped checkpoints, from scratch (the tokenizers stop on their time caps, so numbers vary a little):
-    python train_video.py --stage=tokenizer --init=scratch --vq_minutes=6 --cvq_minutes=6 --out_dir=out/video_scratch
-    python train_video.py --stage=mle --mode=multi --eval_every=100 --out_dir=out/video_scratch
-    (then copy video_vq/video_cvq/video_mle.safetensors from out/video_scratch to checkpoints/)
-Everything in one go (tokenizers, MLE, RLVR, eval): python train_video.py --init=scratch --mode=multi
+The commands that made the shipped tokenizers and MLE models (--stage=tokenizer, then --stage=mle legs) are in
+docs/video.md. Everything in one go (tokenizers, MLE, RLVR, eval): python train_video.py --init=scratch --mode=multi
 The per-frame tokenizer instead of the context-conditioned one: --tokenizer=frame (with --init=scratch); its MLE
 model is shipped too (--init=checkpoints/video_mle.safetensors).
 Converted RT-1 episodes (.npz with image (T, 256, 320, 3) and action (T, 13)), on GPUs:
