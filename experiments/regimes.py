@@ -1,9 +1,10 @@
 """
 The regime table and figure: RLVR against its MLE start and against equal-compute MLE, paired over the same records,
-for several train_lang.py runs (regimes, seeds, tasks), read from their eval.json / eval_val.json.
+for several train_lang.py or train_video.py runs (regimes, seeds, tasks), read from their eval.json / eval_val.json.
 
     python experiments/regimes.py "default=out/textgame,out/textgame_s1,out/textgame_s2" \
         "off-script prompts=out/textgame_cover" --split=test --out=docs/img/regimes_textgame.png
+    python experiments/regimes.py "video=out/video,out/video_s1,out/video_s2"    # MAE per test window, x 1e-3
 
 Each positional argument is `label=dir[,dir...]`; several folders under one label are seeds of one regime. A seed
 row gives RLVR - model on the headline metric (exact accuracy or F1, in points) with a paired bootstrap 95% interval
@@ -37,6 +38,7 @@ p.add_argument("--pooled_only", type=int, default=0, help="1: a label with sever
 args = p.parse_args()
 against = args.against.split(",")
 NAMES = {"mle": "MLE start", "mle_more": "equal-compute MLE", "placebo": "placebo"}
+UNITS = {"accuracy": (100, "points"), "f1": (100, "points"), "mae": (1000, "x 1e-3")}   # metric -> (scale, unit)
 
 
 def load(run_dir):
@@ -48,7 +50,7 @@ def load(run_dir):
         sys.exit(f"error: {path}: {e}")
     if "rlvr" not in rows:
         sys.exit(f"error: {path}: no 'rlvr' entry (a run with --stage=mle?)")
-    metric = "accuracy" if "accuracy" in rows["rlvr"]["per_record"] else "f1"
+    metric = next(m for m in UNITS if m in rows["rlvr"]["per_record"])   # the task's headline metric
     return metric, {name: r["per_record"] for name, r in rows.items()}
 
 
@@ -79,7 +81,7 @@ for spec in args.runs:
                     break
                 per_seed[sub].append(x)
                 m, lo, hi = paired_bootstrap(x, np.zeros_like(x))
-                row[sub] = [100 * m, 100 * lo, 100 * hi]
+                row[sub] = [UNITS[metric][0] * v for v in (m, lo, hi)]
             else:
                 if len(runs) == 1 or not args.pooled_only:
                     table.append(row)
@@ -89,8 +91,11 @@ for spec in args.runs:
             for sub, xs in per_seed.items():
                 x = np.mean(xs, axis=0)   # (n,) difference per record, averaged over the seeds
                 m, lo, hi = paired_bootstrap(x, np.zeros_like(x))
-                row[sub] = [100 * m, 100 * lo, 100 * hi]
+                row[sub] = [UNITS[row["metric"]][0] * v for v in (m, lo, hi)]
             table.append(row)
+
+if len({r["metric"] for r in table}) > 1:   # one unit per table and figure
+    sys.exit("error: the runs have different headline metrics (text and video?); give one task per call")
 
 # -----------------------------------------------------------------------------
 # print, save, plot
@@ -102,7 +107,7 @@ def ci(v):
     return f"{v[0]:+.2f} [{v[1]:+.2f}, {v[2]:+.2f}]{star}"
 
 
-print(f"| regime | run | RLVR minus | n ({args.split}) | overall (points, 95% CI) | changed |")
+print(f"| regime | run | RLVR minus | n ({args.split}) | overall ({UNITS[table[0]['metric']][1]}, 95% CI) | changed |")
 print("| --- | --- | --- | ---: | --- | --- |")
 for r in table:
     print(f"| {r['regime']} | {r['run']} | {NAMES.get(r['against'], r['against'])} | {r['n']} | {ci(r['all'])} "
@@ -123,7 +128,8 @@ if args.out:
     ax.axvline(0, color="k", lw=0.8)
     if args.target is not None:
         ax.axvline(args.target, color="k", ls="--", lw=0.8, label=f"target +{args.target:g}")
-    ax.set_xlabel(f"RLVR minus model: {table[0]['metric']} points, {args.split} split, paired 95% CI")
+    ax.set_xlabel(f"RLVR minus model: {table[0]['metric']} {UNITS[table[0]['metric']][1]}, {args.split} split, "
+                  "paired 95% CI")
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()

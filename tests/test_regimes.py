@@ -47,3 +47,21 @@ def test_bad_input_is_one_line(tmp_path):
     assert p.returncode != 0 and p.stderr.strip().splitlines()[-1].startswith("error: 'no-equals-sign'")
     p = regimes(f"x={tmp_path / 'missing'}")
     assert p.returncode != 0 and "eval.json" in p.stderr.strip().splitlines()[-1]
+
+
+def test_video_runs_use_mae_in_thousandths_and_refuse_mixing(tmp_path):
+    """train_video.py's eval.json: per-window MAE, reported x 1e-3; a text run and a video run in one call: one line."""
+    v = tmp_path / "v"
+    v.mkdir()
+    entry = lambda mae: {"per_record": {"mae": mae, "ssim": [0.9] * 4, "changed": [True] * 4}}  # noqa: E731
+    (v / "eval.json").write_text(json.dumps({"mle": entry([0.010] * 4), "rlvr": entry([0.008] * 4),
+                                             "mle_more": entry([0.009] * 4)}))
+    p = regimes(f"video={v}", f"--json={tmp_path / 'v.json'}")
+    assert p.returncode == 0, p.stderr
+    assert "overall (x 1e-3, 95% CI)" in p.stdout
+    rows = {r["against"]: r for r in json.loads((tmp_path / "v.json").read_text())["rows"]}
+    assert rows["mle"]["all"] == pytest.approx([-2.0, -2.0, -2.0]) and rows["mle_more"]["all"][0] == pytest.approx(-1.0)
+    t = fake_run(tmp_path / "t", [1.0] * 4, [0.0] * 4, [0.0] * 4, [True] * 4)
+    p = regimes(f"video={v}", f"text={t}")
+    assert p.returncode == 1 and p.stderr.strip() == ("error: the runs have different headline metrics (text and "
+                                                      "video?); give one task per call")
