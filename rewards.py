@@ -295,6 +295,8 @@ def _item(line: str) -> str:
 # returns a per-sample tensor (N,), a reward for a whole GRPO batch at once. Wrong shapes or dtypes and non-finite
 # true frames are the caller's bug: a ValueError says what was expected. Ranges and sources: docs/rewards.md.
 WORST_VIDEO_REWARD = -3.0   # the floor of -(MAE + (1 - SSIM)): MAE <= 1, SSIM >= -1
+# a pixel moved: it differs from the context frame by more than MOVE_TOL; an object: from the background, OBJECT_TOL
+MOVE_TOL, OBJECT_TOL = 0.1, 0.15
 
 
 def video_reward(name, pred, true, lpips_net=None, context=None, moving_weight=0.0, background=None,
@@ -398,7 +400,7 @@ def ssim(pred, true, data_range=1.0, sigma=1.5):
     return s.view(N, -1).mean(1).float()
 
 
-def moving_mae(pred, true, context, tol=0.1):
+def moving_mae(pred, true, context, tol=MOVE_TOL):
     """MAE over the pixels that move: where the true frame differs from the context frame by > tol in some channel
     (data/robot/evaluate.py's mae_moving, per sample); 0 for a frame where nothing moves. -> (N,)"""
     _check_frames(pred, true)
@@ -408,7 +410,7 @@ def moving_mae(pred, true, context, tol=0.1):
     return err / (3 * mask.flatten(1).sum(1)).clamp(min=1)
 
 
-def object_miss(pred, true, background, tol=0.15):
+def object_miss(pred, true, background, tol=OBJECT_TOL):
     """Share of the true frame's object pixels (differing from the background by > tol in some channel) where the
     prediction shows none: 1 - data/robot/evaluate.py's object recall, per sample; 0 for a frame without objects."""
     _check_frames(pred, true)

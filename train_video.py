@@ -518,16 +518,19 @@ def run_rlvr(model, vq, layout, tokens, horizon, lpips_net, reward_name):
         """Decode each completion's frames against its context frame; mean reward over the predicted frames."""
         # completions hold horizon frames of L codes with D action tokens between them (horizon * FL - D tokens)
         codes = frame_codes([c[:horizon * FL - layout.D] for c in completions], layout, horizon)   # (N, K, L)
-        ctx = torch.stack([it["context"] for it in items])[:, None].expand(-1, horizon, -1, -1, -1)   # (N, K, 3, H, W)
+
+        def per_frame(key):
+            """items' (3, H, W) image under `key`, repeated for each predicted frame -> (N*K, 3, H, W)"""
+            return torch.stack([it[key] for it in items])[:, None].expand(-1, horizon, -1, -1, -1).flatten(0, 1)
+
+        ctx = per_frame("context")                                                          # the last context frame
         with torch.no_grad():   # every frame decoded against the true last context frame (N*K frames at once)
-            pred = vq.detokenize(codes.flatten(0, 1).to(args.device), ctx.flatten(0, 1).to(args.device)).cpu()
+            pred = vq.detokenize(codes.flatten(0, 1).to(args.device), ctx.to(args.device)).cpu()
         truth = torch.cat([it["truth"] for it in items])                                   # (N*K, 3, H, W)
         # rewards.video_reward: one value per frame, e.g. -(MAE + 1 - SSIM) - moving_weight * MAE on moving pixels;
         # a completion gets its frames' mean
-        bg = (torch.stack([it["background"] for it in items])[:, None].expand(-1, horizon, -1, -1, -1).flatten(0, 1)
-              if args.object_weight else None)                                          # (N*K, 3, H, W) bare scenes
-        r = video_reward(reward_name, pred, truth, lpips_net, ctx.flatten(0, 1), args.moving_weight, bg,
-                         args.object_weight)
+        bg = per_frame("background") if args.object_weight else None                       # the bare scenes
+        r = video_reward(reward_name, pred, truth, lpips_net, ctx, args.moving_weight, bg, args.object_weight)
         return r.view(-1, horizon).mean(1).tolist()
 
     def sampler(m, prompts, items, cfg, gen):

@@ -32,9 +32,8 @@ from checkpoint import load_model
 from data.robot.task import Layout, frame_codes, rollout, tokenize_split, windows
 from data.tasks import paired_table
 from tokenizer_vq import load_vq
-from rewards import mae, mse, psnr, repetition_rate, ssim
+from rewards import MOVE_TOL, OBJECT_TOL, mae, mse, psnr, repetition_rate, ssim
 
-MOVE_TOL, OBJECT_TOL = 0.1, 0.15
 OFFICIAL = dict(temperature=1.0, top_k=100)   # RLVR-World's video evaluation protocol: sampled at T=1, top-k 100
 
 
