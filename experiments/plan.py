@@ -6,6 +6,7 @@ Planning with a language world model: model-predictive control (MPC) in the text
     python experiments/plan.py --task=textgame --planners=random,checkpoints/textgame/mle.safetensors --act=sim   (decisions only)
     python experiments/plan.py --task=textgame --planners=sim --episodes=20 --split=val --json=plan.json      (a quick look)
     python experiments/plan.py --task=webpage --planners=out/webpage/rlvr.safetensors --device=cuda --batch_size=256
+    python experiments/plan.py --task=webpage --planners=policy,checkpoints/webpage/mle.safetensors --propose=3
 
 A world model is worth what it lets an agent do. At every step the agent lists the environment's valid actions,
 predicts each one's next state with the world model (all candidates of all running episodes in one batched greedy
@@ -39,6 +40,9 @@ Enter). The model writes the changed lines; task.apply_changes merges them into 
     V(page) = (sum over milestone conditions of the share of their lines shown) + 10 * (share of the goal's lines),
 so a prediction that gets one of two goal lines right is worth more than one that gets none (`--web_value=exact`
 counts a condition only when all its lines show, which left all candidates tied in most steps).
+As in the paper's web-agent setup, a policy can propose the candidates (`--propose=K`): every planner then chooses
+among the K best actions of a word-overlap policy (`web_policy_score`: the instruction's words found in the line of
+the element an action acts on and in the text it types), and `--planners=policy` is that policy alone.
 
 How the model planner uses a prediction (each choice made on `--split=val`, see docs/downstream.md):
     V(candidate) = p * V(predicted state) + (1 - p) * V(now)                       (--conf)
@@ -199,6 +203,22 @@ def web_shown(goal, page):
     return [sum(" ".join(c.split()) in lines for c in cond) / len(cond) for cond in goal["conditions"]]
 
 
+STOP = {"a", "an", "and", "for", "from", "of", "on", "the", "to", "with"}
+
+
+def words(text):
+    """The lower-case words of a text, without the few function words an instruction is made with."""
+    return set(re.findall(r"[a-z0-9]+", text.lower())) - STOP
+
+
+def web_policy_score(instruction, lines, action):
+    """The word-overlap policy's score of an action: the instruction's words found in the line of the element it
+    acts on (`lines`: id -> accessibility-tree line) and in the text it types; 0 for scroll, back and Enter."""
+    want = words(instruction)
+    on = lines.get(action[1], "") if len(action) > 1 else ""
+    return len(want & words(on)) + (len(want & words(action[2])) if action[0] == "type" else 0)
+
+
 def web_value(goal, page, graded=True):
     """V(page) = milestones shown + 10 * goal shown. graded: each condition counts the share of its lines that show
     (partial credit per line: fewer candidates tie); else a condition counts only when all its lines show."""
@@ -279,6 +299,13 @@ class WebPage:
 
     def candidates(self):
         return web_sim.valid_actions(self.page, self.goal["texts"])
+
+    def propose(self, actions, k, rng):
+        """Indices of the policy's k best actions, best first (ties in random order): a stand-in for the paper's
+        web agent, which proposes the candidates the world model then judges (web_policy_score)."""
+        lines = {n.id: n.line() for n in self.page.visible()}
+        score = {j: web_policy_score(self.goal["instruction"], lines, a) for j, a in enumerate(actions)}
+        return sorted(score, key=lambda j: (-score[j], rng.random()))[:k]
 
     def prompt(self, obs, action):
         return web_task.prompt_text({"site": self.page.site, "observation": obs,
@@ -369,8 +396,11 @@ def weighted_value(p, v_pred, v_now):
 
 
 def plan(envs, planner, predict=None, seed=0, max_steps=None, max_new_tokens=None, act="planner",
-         conf="none", memory="none", trust_win=0.0, explore=0.0, noop=0.0):
-    """Run every episode to its end with `planner` ("random", "sim" or "model", which uses `predict`).
+         conf="none", memory="none", trust_win=0.0, explore=0.0, noop=0.0, propose=0):
+    """Run every episode to its end with `planner` ("random", "sim", "model", which uses `predict`, or "policy",
+    the web policy's best action; see WebPage.propose).
+    propose=k (web page): every planner chooses among the policy's k best actions instead of every valid action;
+    agree is still measured against the best of every valid action.
     act="sim": the true-simulator planner acts instead, so a model's decisions are scored on the states a perfect
     planner visits (no compounding of its own mistakes).
     The model planner values candidate k by weighted_value(p_k, V(predicted_k), V(now)), p_k = confidence(.., conf);
@@ -404,6 +434,13 @@ def plan(envs, planner, predict=None, seed=0, max_steps=None, max_new_tokens=Non
         cands = {i: envs[i].candidates() for i in live}
         truth = {i: [envs[i].simulate(a) for a in cands[i]] for i in live}
         true_values = {i: [envs[i].value(s) for s in truth[i]] for i in live}
+        true_best = {i: max(true_values[i]) for i in live}  # over every valid action, for agree
+        k = propose or (1 if planner == "policy" else 0)
+        if k:  # only the policy's k best, best first
+            for i in live:
+                keep = envs[i].propose(cands[i], k, rngs[i])
+                cands[i], truth[i], true_values[i] = ([xs[j] for j in keep]
+                                                      for xs in (cands[i], truth[i], true_values[i]))
         if planner == "model":
             pairs = [(i, a) for i in live for a in cands[i]]
             preds = predict([envs[i].prompt(obs[i], a) for i, a in pairs], max_new_tokens)
@@ -412,7 +449,9 @@ def plan(envs, planner, predict=None, seed=0, max_steps=None, max_new_tokens=Non
                 by_env[i].append(pred)  # (text, log-probs) per candidate, in candidate order
         for i in live:
             e, rng, r = envs[i], rngs[i], out[i]
-            if planner == "random":
+            if planner == "policy":
+                j = 0
+            elif planner == "random":
                 j = rng.randrange(len(cands[i]))
             elif planner == "sim":
                 j = best(true_values[i], rng)
@@ -435,7 +474,7 @@ def plan(envs, planner, predict=None, seed=0, max_steps=None, max_new_tokens=Non
                 r["cand_exact"].append(sum(a == 1 for a in acc) / len(acc))
                 r["tie"].append(all(v == values[0] for v in values))
                 r["repeat"].append((keys[i], cands[i][j]) in wrong[i])
-            r["agree"].append(true_values[i][j] == max(true_values[i]))
+            r["agree"].append(true_values[i][j] == true_best[i])
             x = best(true_values[i], rng) if act == "sim" else j  # the action executed
             if planner == "model" and acc[x] < 1:  # its prediction was not the real next state: remember
                 wrong[i].add((keys[i], cands[i][x]))
@@ -455,8 +494,10 @@ def wilson(k, n, z=1.96):
 
 def paired(a, b, resamples=10000, seed=0):
     """Success of episodes a minus that of episodes b (the same start states, in order) with its bootstrap 95%
-    interval over the episodes. -> (difference, low, high)."""
-    x = [float(r["success"]) - float(q["success"]) for r, q in zip(a, b)]
+    interval over the episodes. a may be a list of several seeds' episodes, averaged per start state first.
+    -> (difference, low, high)."""
+    runs = a if isinstance(a[0], list) else [a]
+    x = [sum(float(r[i]["success"]) for r in runs) / len(runs) - float(q["success"]) for i, q in enumerate(b)]
     rng = random.Random(seed)
     means = sorted(sum(rng.choice(x) for _ in x) / len(x) for _ in range(resamples))
     return sum(x) / len(x), means[int(0.025 * resamples) - 1], means[int(0.975 * resamples) - 1]
@@ -511,7 +552,8 @@ def main(argv=None):
     # what to plan
     p.add_argument("--task", default="textgame", choices=sorted(ENVS))
     p.add_argument("--planners", default="random,sim",
-                   help="comma-separated: random, sim (the true simulator), or world-model checkpoints / HF dirs")
+                   help="comma-separated: random, sim (the true simulator), policy (web page: the word-overlap "
+                        "policy's best action), or world-model checkpoints / HF dirs")
     p.add_argument("--episodes", type=int, default=100, help="held-out episodes (test-split rooms or sites)")
     p.add_argument("--split", default="test", choices=("test", "val"),
                    help="whose room layouts / sites (val: for development)")
@@ -532,6 +574,9 @@ def main(argv=None):
                    help="bonus explore * (1 - p) per candidate: small values break ties toward unconfident predictions")
     p.add_argument("--noop", type=float, default=0.0,
                    help="penalty on a candidate predicted to change nothing (a wasted step, or an unforeseen effect)")
+    p.add_argument("--propose", type=int, default=0,
+                   help="web page: every planner chooses among the word-overlap policy's K best actions "
+                        "(0: among every valid action)")
     p.add_argument("--web_value", default="graded", choices=("graded", "exact"),
                    help="web page: credit per goal line shown (graded), or per whole condition (exact)")
     # world model
@@ -547,8 +592,12 @@ def main(argv=None):
         sys.exit(f"error: --episodes must be >= 1 (got {args.episodes})")
     names = [x.strip() for x in args.planners.split(",") if x.strip()]
     for name in names:
-        if name not in ("random", "sim") and not Path(name).exists():
-            sys.exit(f"error: --planners: {name!r} is neither random, sim nor an existing checkpoint")
+        if name not in ("random", "sim", "policy") and not Path(name).exists():
+            sys.exit(f"error: --planners: {name!r} is neither random, sim, policy nor an existing checkpoint")
+    if args.task != "webpage" and ("policy" in names or args.propose):
+        sys.exit("error: --planners=policy and --propose are for --task=webpage (the text game has no policy)")
+    if args.propose < 0:
+        sys.exit(f"error: --propose must be >= 0 (got {args.propose})")
     E = ENVS[args.task]
     env_args = {"graded": args.web_value == "graded"} if args.task == "webpage" else {}
     max_steps = args.max_steps or E.max_steps
@@ -556,14 +605,14 @@ def main(argv=None):
     for name in names:
         t0 = time.time()
         predict = None
-        if name not in ("random", "sim"):
+        if name not in ("random", "sim", "policy"):
             try:
                 predict = lm_predictor(name, args.device, args.batch_size)
             except ValueError as e:
                 sys.exit(f"error: --planners: {e}")
         results = plan(E.episodes(args.episodes, args.seed, args.split, **env_args),
                        name if predict is None else "model", predict, args.seed, max_steps, args.max_new_tokens,
-                       args.act, args.conf, args.memory, args.trust_win, args.explore, args.noop)
+                       args.act, args.conf, args.memory, args.trust_win, args.explore, args.noop, args.propose)
         rows[name] = dict(summarize(results, max_steps), minutes=(time.time() - t0) / 60)
         episodes[name] = results
         print(f"{name}: success {pct(rows[name]['success']).strip()}% in {rows[name]['minutes']:.1f} min", flush=True)

@@ -182,11 +182,46 @@ def test_tiny_model_planner_runs_deterministically(tmp_path, capsys, task, by):
     assert f"success % by {by}" in capsys.readouterr().out
 
 
+def test_web_policy_scores_by_instruction_words_and_proposals_narrow_every_planner():
+    lines = {3: "[3] link 'CATALOG' expanded: False", 8: "[8] textbox 'Email'", 9: "[9] button 'Save'"}
+    score = plan.web_policy_score
+    assert score("open Products from the CATALOG menu", lines, ("click", 3)) == 1
+    assert score("open Products from the CATALOG menu", lines, ("scroll", "down")) == 0
+    assert score("open Products from the CATALOG menu", lines, ("click", 99)) == 0       # not on screen
+    # typing: the field's words and the typed text's words both count ("the", "with", "a", "and" do not)
+    assert score("save a customer with Email ann@x.org and City Oslo", lines, ("type", 8, "ann@x.org")) == 1 + 3
+    assert score("save a customer with Email ann@x.org and City Oslo", lines, ("type", 8, "Oslo")) == 1 + 1
+    assert score("save a customer with Email ann@x.org and City Oslo", lines, ("click", 9)) == 1
+    n = 20
+    for e in plan.WebPage.episodes(n, 0, "val"):  # best first, ties in random order, a subset of the candidates
+        actions, lines = e.candidates(), {x.id: x.line() for x in e.page.visible()}
+        keep = e.propose(actions, 3, plan.random.Random(0))
+        scores = [score(e.goal["instruction"], lines, actions[j]) for j in keep]
+        assert len(keep) == len(set(keep)) == min(3, len(actions)) and scores == sorted(scores, reverse=True)
+        assert scores[0] == max(score(e.goal["instruction"], lines, a) for a in actions)
+    pol = plan.plan(plan.WebPage.episodes(n, 0, "val"), "policy")
+    sim2 = plan.plan(plan.WebPage.episodes(n, 0, "val"), "sim", propose=2)
+    for planner, k in [(pol, 1), (sim2, 2)]:  # replayed: each action taken is among the policy's k best there
+        for e, r in zip(plan.WebPage.episodes(n, 0, "val"), planner):
+            for taken in r["actions"]:
+                actions, lines = e.candidates(), {x.id: x.line() for x in e.page.visible()}
+                scores = sorted((score(e.goal["instruction"], lines, a) for a in actions), reverse=True)
+                a = next(a for a in actions if web_sim.action_text(a) == taken)
+                assert score(e.goal["instruction"], lines, a) >= scores[k - 1]
+                e.step(a)
+    # agree is measured against every valid action: the sim planner among 2 proposals misses the best sometimes
+    assert plan.summarize(pol, 8)["agree"] < plan.summarize(sim2, 8)["agree"] < 1
+
+
 def test_cli_rejects_unknown_planner(tmp_path):
     with pytest.raises(SystemExit, match="--planners: 'nope' is neither"):
         plan.main(["--planners=random,nope"])
     with pytest.raises(SystemExit, match="--episodes"):
         plan.main(["--episodes=0"])
+    with pytest.raises(SystemExit, match="--task=webpage"):
+        plan.main(["--task=textgame", "--planners=policy"])
+    with pytest.raises(SystemExit, match="--propose must be"):
+        plan.main(["--task=webpage", "--propose=-1"])
 
 
 # ------------------------------------------------------------------ what the model planner does with predictions
@@ -318,6 +353,9 @@ def test_paired_difference_and_its_interval():
     d, lo, hi = plan.paired(a, b)
     assert d == pytest.approx(2 / 6) and 0 <= lo < d < hi <= 4 / 6 + 1e-9   # a resample's mean is at most 4/6
     assert plan.paired(a, a) == (0, 0, 0)
+    # seeds pooled: the mean success per start state first (here (1 + 0) / 2 on every state), then the difference
+    c = [dict(success=1 - x["success"]) for x in a]
+    assert plan.paired([a, c], b)[0] == pytest.approx(0.5 - 2 / 6) and plan.paired([a], b) == plan.paired(a, b)
 
 
 def test_graded_web_value_credits_each_goal_line():
