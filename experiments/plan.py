@@ -339,6 +339,7 @@ class WebPage:
 
 
 ENVS = {"textgame": TextGame, "webpage": WebPage}
+BUILTIN = ("random", "sim", "policy")  # the planners that need no world-model checkpoint
 
 # -----------------------------------------------------------------------------
 # the planner
@@ -420,6 +421,7 @@ def plan(envs, planner, predict=None, seed=0, max_steps=None, max_new_tokens=Non
     out = [dict(label=e.label(), success=False, lost=False, steps=0, actions=[], agree=[], acc=[], conf=[],
                 cand_acc=[], cand_exact=[], tie=[], repeat=[]) for e in envs]
     wrong = [set() for _ in envs]  # per episode: the (state key, action) pairs whose prediction reality contradicted
+    k = propose or (1 if planner == "policy" else 0)  # candidates narrowed to the policy's k best (0: all of them)
 
     def best(values, rng):  # index of the best value, ties broken at random
         top = max(values)
@@ -435,7 +437,6 @@ def plan(envs, planner, predict=None, seed=0, max_steps=None, max_new_tokens=Non
         truth = {i: [envs[i].simulate(a) for a in cands[i]] for i in live}
         true_values = {i: [envs[i].value(s) for s in truth[i]] for i in live}
         true_best = {i: max(true_values[i]) for i in live}  # over every valid action, for agree
-        k = propose or (1 if planner == "policy" else 0)
         if k:  # only the policy's k best, best first
             for i in live:
                 keep = envs[i].propose(cands[i], k, rngs[i])
@@ -592,7 +593,7 @@ def main(argv=None):
         sys.exit(f"error: --episodes must be >= 1 (got {args.episodes})")
     names = [x.strip() for x in args.planners.split(",") if x.strip()]
     for name in names:
-        if name not in ("random", "sim", "policy") and not Path(name).exists():
+        if name not in BUILTIN and not Path(name).exists():
             sys.exit(f"error: --planners: {name!r} is neither random, sim, policy nor an existing checkpoint")
     if args.task != "webpage" and ("policy" in names or args.propose):
         sys.exit("error: --planners=policy and --propose are for --task=webpage (the text game has no policy)")
@@ -605,7 +606,7 @@ def main(argv=None):
     for name in names:
         t0 = time.time()
         predict = None
-        if name not in ("random", "sim", "policy"):
+        if name not in BUILTIN:
             try:
                 predict = lm_predictor(name, args.device, args.batch_size)
             except ValueError as e:
