@@ -1,13 +1,22 @@
 """
-One GPT for every task in nanoRLVR, a decoder-only transformer in two families:
-- GPT-2: LayerNorm (with bias), learned absolute positions, GELU (tanh) MLP, biases everywhere, tied embeddings;
-- Llama / Qwen2: RMSNorm, rotary positions (RoPE), SwiGLU MLP, grouped-query attention (n_kv_head < n_head), optional
-  q/k/v bias (Qwen2 has it, Llama does not), tied or untied output embedding.
-q, k and v share one Linear (`c_attn`), SwiGLU's gate and up one (`c_fc`): fewer matmuls, which matters on small CPUs
-(`from_pretrained` concatenates HF's separate tensors). Training batches are right-padded, so they need no attention
-mask. The GRPO update runs each prompt once for all the samples that continue it (`forward(prompts=)`), with the same
-logits as the concatenated sequences: most of a text-game sequence is its prompt. Sampling (KV cache, `generate`)
-lives in engine.py, as nanochat keeps its engine apart from its model; this file is the training path.
+One GPT for every task in nanoRLVR: a decoder-only transformer in two families.
+- GPT-2: LayerNorm (with bias), learned absolute positions, GELU (tanh) MLP, biases everywhere,
+  tied input and output embeddings;
+- Llama / Qwen2: RMSNorm, rotary positions (RoPE), SwiGLU MLP, grouped-query attention
+  (n_kv_head < n_head), optional q/k/v bias (Qwen2 has it, Llama does not), tied or untied output.
+q, k and v share one Linear (`c_attn`), as do SwiGLU's gate and up (`c_fc`): fewer matmuls, which
+matters on small CPUs (`from_pretrained` concatenates HF's separate tensors).
+
+Read it top down: the config, the building blocks bottom up, then `GPT` with its plain
+`forward(idx, targets)` and a plain `generate` (one full forward pass per new token), and
+`sample_next`, the sampling rule. Training batches are right-padded, so they need no attention mask.
+Two sections follow the plain model:
+- the fast path: the GRPO update's `forward(idx, prompts=)` runs each prompt once for all the
+  rows that continue it (`forward_shared_prompts`), with the logits of the concatenated sequences;
+  most of a text-game sequence is its prompt. engine.py's prefill uses the same `run_cached`.
+- loading HF weights (`GPT.from_pretrained`), apart from the training path.
+The sampler the runs use is engine.py (KV cache, shared prefill): it samples with `sample_next` too,
+and tests/test_engine.py holds it equal to `GPT.generate`.
 """
 import json
 import math
@@ -39,7 +48,8 @@ class GPTConfig:
     tie_embeddings: bool = True
 
     def __post_init__(self):
-        assert self.norm in ("layernorm", "rmsnorm"), f"norm must be layernorm|rmsnorm, got {self.norm!r}"
+        assert self.norm in ("layernorm", "rmsnorm"), \
+            f"norm must be layernorm|rmsnorm, got {self.norm!r}"
         assert self.pos in ("learned", "rope"), f"pos must be learned|rope, got {self.pos!r}"
         assert self.mlp in ("gelu", "swiglu"), f"mlp must be gelu|swiglu, got {self.mlp!r}"
         self.n_kv_head = self.n_kv_head or self.n_head
@@ -49,7 +59,8 @@ class GPTConfig:
 
     @staticmethod
     def gpt2(**kw):
-        return GPTConfig(**{**dict(norm="layernorm", pos="learned", mlp="gelu", bias=True, tie_embeddings=True), **kw})
+        family = dict(norm="layernorm", pos="learned", mlp="gelu", bias=True, tie_embeddings=True)
+        return GPTConfig(**{**family, **kw})
 
     @staticmethod
     def llama(**kw):
@@ -66,9 +77,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        xf = x.float()                                                       # normalise in float32, as HF does
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)  # x / RMS(x): no mean subtracted
-        return self.weight * xf.to(x.dtype)                                  # a learned gain per channel
+        # normalise in float32, as HF does: x / RMS(x), no mean subtracted
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        # then a learned gain per channel
+        return self.weight * xf.to(x.dtype)
 
 
 def make_norm(config):
@@ -78,43 +91,56 @@ def make_norm(config):
 
 
 def rope_tables(head_dim, length, theta):
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))  # one per pair
-    angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)  # (length, head_dim/2)
-    angles = torch.cat([angles, angles], dim=-1)                                 # (length, head_dim)
+    """cos and sin (length, head_dim) of RoPE's angles: position x one frequency per dim pair."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)  # (length, hd/2)
+    angles = torch.cat([angles, angles], dim=-1)                               # (length, hd)
     return angles.cos(), angles.sin()
 
 
 def apply_rope(x, cos, sin):
-    # x: (B, nh, T, hd); cos/sin: (B, 1, T, hd). HF's "rotate half" layout: pairs are (i, i + hd/2).
+    # x: (B, nh, T, hd); cos/sin: (B, 1, T, hd). HF's "rotate half" layout: pairs are (i, i + hd/2)
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 class Attention(nn.Module):
+    """Causal self-attention; with grouped-query attention, n_head queries share n_kv_head keys."""
+
     def __init__(self, config):
         super().__init__()
-        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
+        self.head_dim = config.head_dim
         qkv_out = (config.n_head + 2 * config.n_kv_head) * config.head_dim
         self.c_attn = nn.Linear(config.n_embd, qkv_out, bias=config.bias or config.qkv_bias)
         self.c_proj = nn.Linear(config.n_head * config.head_dim, config.n_embd, bias=config.bias)
 
-    def forward(self, x, rope, mask, cache, layer):
+    def forward(self, x, rope):
+        q, k, v = self.qkv(x, rope)
+        return self.attend(q, k, v)
+
+    def qkv(self, x, rope):
+        """x (B, T, C) -> q (B, nh, T, hd), k and v (B, nkv, T, hd); rope None: no rotation."""
         B, T, _ = x.size()
         hd, nh, nkv = self.head_dim, self.n_head, self.n_kv_head
         q, k, v = self.c_attn(x).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
-        q = q.view(B, T, nh, hd).transpose(1, 2)    # (B, nh, T, hd)
-        k, v = (t.view(B, T, nkv, hd).transpose(1, 2) for t in (k, v))   # (B, nkv, T, hd) each
-        if rope is not None:   # positions enter as rotations of q and k, so scores depend on distance
+        q = q.view(B, T, nh, hd).transpose(1, 2)                          # (B, nh, T, hd)
+        k, v = (t.view(B, T, nkv, hd).transpose(1, 2) for t in (k, v))    # (B, nkv, T, hd)
+        # RoPE: positions enter as rotations of q and k, so scores depend on distance only
+        if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        if cache is not None and cache.rows is None:  # a prompt pass: keep its keys and values for what follows
-            cache.k[layer], cache.v[layer] = k.contiguous(), v.contiguous()
-        elif cache is not None:  # rows continuing the prompts cache.rows: their prompt's keys and values come first
-            k = torch.cat([cache.k[layer][cache.rows], k], dim=2)  # (B, nkv, Lp + T, hd)
-            v = torch.cat([cache.v[layer][cache.rows], v], dim=2)
-        if nkv != nh:   # grouped-query attention: each kv head serves nh // nkv query heads
-            k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)  # (B, nh, T_all, hd)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)  # (B, nh, T, hd)
-        y = y.transpose(1, 2).contiguous().view(B, T, nh * hd)  # (B, T, nh*hd)
+        return q, k, v
+
+    def attend(self, q, k, v, mask=None):
+        """Each query's mix of the values -> (B, T, C). q (B, nh, T, hd); k, v (B, nkv, S, hd);
+        mask None: causal (S = T), else (B, 1, T, S) added to the scores (0 or -inf)."""
+        B, nh, T, hd = q.size()
+        nkv = self.n_kv_head
+        # grouped-query attention: each kv head serves nh // nkv query heads
+        if nkv != nh:
+            k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        y = y.transpose(1, 2).contiguous().view(B, T, nh * hd)  # the heads side by side
         return self.c_proj(y)
 
 
@@ -122,16 +148,19 @@ class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.swiglu = config.mlp == "swiglu"
-        self.c_fc = nn.Linear(config.n_embd, (2 if self.swiglu else 1) * config.mlp_hidden, bias=config.bias)
+        fc_out = (2 if self.swiglu else 1) * config.mlp_hidden
+        self.c_fc = nn.Linear(config.n_embd, fc_out, bias=config.bias)
         self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)
 
     def forward(self, x):
-        h = self.c_fc(x)                   # (B, T, hidden), or gate and up side by side for SwiGLU
+        h = self.c_fc(x)  # (B, T, hidden), or SwiGLU's gate and up side by side
         if self.swiglu:
+            # the gate decides how much of each up channel passes
             gate, up = h.chunk(2, dim=-1)
-            h = F.silu(gate) * up          # the gate decides how much of each up channel passes
+            h = F.silu(gate) * up
         else:
-            h = F.gelu(h, approximate="tanh")  # GPT-2's "gelu_new"
+            # GPT-2's "gelu_new"
+            h = F.gelu(h, approximate="tanh")
         return self.c_proj(h)
 
 
@@ -141,23 +170,10 @@ class Block(nn.Module):
         self.ln_1, self.attn = make_norm(config), Attention(config)
         self.ln_2, self.mlp = make_norm(config), MLP(config)
 
-    def forward(self, x, rope, mask, cache, layer):
-        x = x + self.attn(self.ln_1(x), rope, mask, cache, layer)   # pre-norm residual: tokens talk to each other
-        return x + self.mlp(self.ln_2(x))                           # ... then each token thinks on its own
-
-
-def additive(allowed, dtype):
-    """A bool mask (True = may attend) as the float mask the attention adds to its scores: 0 or -inf."""
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
-
-
-class PromptCache:
-    """Keys and values of a batch of prompts, (B, n_kv_head, P, head_dim) per layer, kept by a prompt pass (`rows`
-    None) so that other rows can continue the prompts without running them again: `forward(prompts=)` sets `rows`
-    (N,) long, row n continuing prompt rows[n]; engine.py's sampler attends to them from its decode step."""
-
-    def __init__(self, n_layer):
-        self.k, self.v, self.rows = [None] * n_layer, [None] * n_layer, None
+    def forward(self, x, rope):
+        # pre-norm residuals: tokens talk to each other, then each token thinks on its own
+        x = x + self.attn(self.ln_1(x), rope)
+        return x + self.mlp(self.ln_2(x))
 
 
 # -----------------------------------------------------------------------------
@@ -168,80 +184,100 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
-        self.wpe = nn.Embedding(config.block_size, config.n_embd) if config.pos == "learned" else None
+        learned = config.pos == "learned"
+        self.wpe = nn.Embedding(config.block_size, config.n_embd) if learned else None
         self.h = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
         self.ln_f = make_norm(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        if config.tie_embeddings:   # one matrix reads tokens in and writes logits out
+        # tied: one matrix reads tokens in and writes logits out
+        if config.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         if config.pos == "rope":
             cos, sin = rope_tables(config.head_dim, config.block_size, config.rope_theta)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.apply(self._init_weights)
-        for name, p in self.named_parameters():  # GPT-2's scaled init of the residual projections
+        # GPT-2's scaled init of the residual projections
+        for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     def _init_weights(self, module):
-        if isinstance(module, (nn.Linear, nn.Embedding)):   # GPT-2's N(0, 0.02) weights, zero biases
+        # GPT-2's N(0, 0.02) weights, zero biases
+        if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
     def num_params(self, non_embedding=True):
         n = sum(p.numel() for p in self.parameters())
-        if non_embedding:   # the convention of scaling laws: embeddings are lookups, not compute
+        # the convention of scaling laws: embeddings are lookups, not compute
+        if non_embedding:
             n -= self.wte.weight.numel() + (self.wpe.weight.numel() if self.wpe is not None else 0)
         return n
 
     def flops_per_token(self, T):
-        """Training FLOPs per token (forward + backward) at sequence length T, as in the PaLM paper's appendix B."""
+        """Training FLOPs per token (forward + backward) at sequence length T, as in the PaLM
+        paper's appendix B."""
         c = self.config
-        return 6 * self.num_params(non_embedding=True) + 6 * c.vocab_size * c.n_embd + 12 * c.n_layer * c.n_head * c.head_dim * T
+        attention = 12 * c.n_layer * c.n_head * c.head_dim * T
+        return 6 * self.num_params(non_embedding=True) + 6 * c.vocab_size * c.n_embd + attention
 
-    def _run(self, idx, pos, mask=None, cache=None, last=False):
-        # idx, pos: (B, T) long; mask: None (causal) or (B, 1, T, T_all) float, added to the attention scores (0 where
-        # a query may attend, -inf where not); cache: an empty PromptCache to run prompts into, or a filled one with
-        # rows set to continue them; last: logits of the last position only (B, 1, vocab)
-        x = self.wte(idx)                                    # (B, T, C)
-        rope = None
-        if self.wpe is not None:   # GPT-2: a learned vector per position, added once
-            x = x + self.wpe(pos)
-        else:                      # RoPE: cos / sin at each token's position, applied in every attention
-            rope = (self.rope_cos[pos].unsqueeze(1).to(x.dtype), self.rope_sin[pos].unsqueeze(1).to(x.dtype))  # (B, 1, T, hd)
-        for i, block in enumerate(self.h):
-            x = block(x, rope, mask, cache, i)
-        if last:   # prefill only needs the next token's logits
-            x = x[:, -1:]
-        return self.lm_head(self.ln_f(x))                    # (B, T, vocab)
+    def embed(self, idx, pos):
+        """Token ids idx at positions pos (same shape) -> (their embeddings, RoPE's cos and sin for
+        the attention or None)."""
+        x = self.wte(idx)
+        # GPT-2: a learned vector per position, added once
+        if self.wpe is not None:
+            return x + self.wpe(pos), None
+        # RoPE: cos and sin at each token's position, applied in every attention
+        cos, sin = self.rope_cos[pos].unsqueeze(1), self.rope_sin[pos].unsqueeze(1)  # (B, 1, T, hd)
+        return x, (cos.to(x.dtype), sin.to(x.dtype))
 
     def forward(self, idx, targets=None, prompts=None):
-        """idx (N, T) -> logits (N, T, vocab); with targets (N, T) also the mean cross-entropy (targets -1 ignored).
+        """idx (N, T) -> logits (N, T, vocab); with targets (N, T) also the mean cross-entropy
+        (targets -1 are ignored).
 
-        prompts: None, or (prompt_idx (B, L) right-padded, prompt_len (B,), rows (N,)): row n of idx continues prompt
-        rows[n] (its first prompt_len tokens), so idx holds only the continuations. Each prompt is run once however many
-        rows continue it (GRPO's G samples of a prompt), and the logits equal those of the concatenated sequences."""
-        (N, T), device = idx.size(), idx.device
-        if prompts is None:
-            assert T <= self.config.block_size, f"sequence of {T} tokens > block_size {self.config.block_size}"
-            logits = self._run(idx, torch.arange(T, device=device).expand(N, T))
+        prompts: None, or (prompt_idx (B, L) right-padded, prompt_len (B,), rows (N,)): row n of idx
+        continues prompt rows[n] (its first prompt_len tokens), so idx holds only the continuations;
+        see forward_shared_prompts."""
+        if prompts is not None:
+            # the fast path (below): each prompt runs once for all the rows continuing it
+            logits = forward_shared_prompts(self, idx, prompts)
         else:
-            prompt_idx, prompt_len, rows = prompts
-            B, L = prompt_idx.size()
-            assert L + T <= self.config.block_size, f"prompt {L} + {T} tokens > block_size {self.config.block_size}"
-            cache = PromptCache(self.config.n_layer)   # the prompts' keys and values, once per prompt
-            self._run(prompt_idx, torch.arange(L, device=device).expand(B, L), None, cache, last=True)  # fills cache
-            cache.rows = rows   # row n attends to prompt rows[n]'s real tokens, then causally to its own
-            causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
-            seen = torch.arange(L, device=device) < prompt_len[rows].unsqueeze(1)          # (N, L) real prompt keys
-            allowed = torch.cat([seen.unsqueeze(1).expand(N, T, L), causal.expand(N, T, T)], dim=2)  # (N, T, L + T)
-            pos = prompt_len[rows].unsqueeze(1) + torch.arange(T, device=device)           # (N, T)
-            logits = self._run(idx, pos, additive(allowed.unsqueeze(1), self.wte.weight.dtype), cache)
+            N, T = idx.size()
+            assert T <= self.config.block_size, \
+                f"sequence of {T} tokens > block_size {self.config.block_size}"
+            pos = torch.arange(T, device=idx.device).expand(N, T)
+            x, rope = self.embed(idx, pos)            # (N, T, C)
+            for block in self.h:
+                x = block(x, rope)
+            logits = self.lm_head(self.ln_f(x))       # (N, T, vocab)
         loss = None
-        if targets is not None:   # float32 cross-entropy even under autocast; -1 marks tokens nobody scores
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        # float32 cross-entropy even under autocast; -1 marks tokens nobody scores
+        if targets is not None:
+            flat = logits.float().view(-1, logits.size(-1))
+            loss = F.cross_entropy(flat, targets.view(-1), ignore_index=-1)
         return logits, loss
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_id=None,
+                 generator=None):
+        """Continue the rows of idx (B, T) by up to max_new_tokens tokens -> (B, T + n).
+
+        One full forward pass per new token, no cache. The tokens are drawn by sample_next, the rule
+        engine.generate samples with, so that for one row (or several without eos_id) a seeded call
+        draws engine.generate's tokens. Stops early once every row has drawn eos_id."""
+        T = idx.size(1)
+        for _ in range(max_new_tokens):
+            # the model sees at most block_size tokens: crop the oldest ones
+            logits, _ = self(idx[:, -self.config.block_size:])
+            # only the last position predicts the next token
+            tok, _ = sample_next(logits[:, -1].float(), temperature, top_k, top_p, generator)
+            idx = torch.cat([idx, tok[:, None]], dim=1)
+            if eos_id is not None and bool((idx[:, T:] == eos_id).any(1).all()):
+                break
+        return idx
 
     @classmethod
     def from_pretrained(cls, path, dtype=torch.float32):
@@ -249,21 +285,125 @@ class GPT(nn.Module):
         return load_pretrained(path, dtype)
 
 
+def sample_next(logits, temperature, top_k, top_p, generator):
+    """logits (R, V) -> (token (R,), its log-prob (R,) under the distribution sampled from).
+    temperature 0: greedy (the log-prob is the model's at T=1); top_k, top_p: None or the filter."""
+    if temperature == 0:
+        tok = logits.argmax(-1)
+        return tok, torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)
+    if temperature != 1:
+        logits = logits / temperature
+    # top-k: keep the k largest logits
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    # top-p: keep the smallest prefix of the sorted distribution reaching top_p
+    if top_p is not None:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        probs = torch.softmax(sorted_logits, -1)
+        drop = probs.cumsum(-1) - probs >= top_p
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    logp = torch.log_softmax(logits, -1)
+    # inverse-CDF sampling: one uniform per row (multinomial draws one exponential per vocabulary
+    # entry). The CDF is summed in float64 and u kept below its total, so the first entry above u
+    # is a token of non-zero probability.
+    cdf = logp.exp().cumsum(-1, dtype=torch.float64)
+    u = torch.rand(len(cdf), 1, generator=generator, dtype=torch.float64, device=logits.device)
+    tok = torch.searchsorted(cdf, u * cdf[:, -1:] * (1 - 1e-9), right=True).squeeze(-1)
+    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
 # =============================================================================
-# loading pretrained HF-format weights (GPT2LMHeadModel, Qwen2ForCausalLM, LlamaForCausalLM): not on the training path
+# the fast path: prompts run once, their keys and values kept for the rows that continue them.
+# GPT.forward(prompts=) in the GRPO update, engine.py's prefill and decode steps.
+
+class PromptCache:
+    """Keys and values of a batch of prompts, k[layer] and v[layer] (B, n_kv_head, P, head_dim).
+
+    A prompt pass (`rows` None) keeps them; then `rows` (N,) long makes later passes continuation
+    passes, row n continuing prompt rows[n]. engine.py's decode steps read k and v directly."""
+
+    def __init__(self, n_layer):
+        self.k, self.v, self.rows = [None] * n_layer, [None] * n_layer, None
+
+    def keys_values(self, layer, k, v):
+        """The keys and values a pass's queries attend to in `layer`, given its own k, v
+        (n, nkv, T, hd): a prompt pass keeps and returns its own; a continuation pass puts each
+        row's prompt's first: (N, nkv, P + T, hd)."""
+        if self.rows is None:
+            self.k[layer], self.v[layer] = k.contiguous(), v.contiguous()
+            return k, v
+        k = torch.cat([self.k[layer][self.rows], k], dim=2)
+        v = torch.cat([self.v[layer][self.rows], v], dim=2)
+        return k, v
+
+
+def additive(allowed, dtype):
+    """A bool mask (True = may attend) as the float mask added to attention scores: 0 or -inf."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(~allowed, float("-inf"))
+
+
+def run_cached(model, idx, pos, mask, cache, last=False):
+    """GPT.forward's layers on idx (B, T) at positions pos (B, T), each attention's keys and values
+    passed through cache (a PromptCache). mask: None (causal) or (B, 1, T, T_all) added to the
+    scores. last: the logits of the last position only, (B, 1, vocab)."""
+    x, rope = model.embed(idx, pos)
+    for layer, block in enumerate(model.h):
+        q, k, v = block.attn.qkv(block.ln_1(x), rope)
+        k, v = cache.keys_values(layer, k, v)
+        x = x + block.attn.attend(q, k, v, mask)
+        x = x + block.mlp(block.ln_2(x))
+    # a prefill needs only the next token's logits
+    if last:
+        x = x[:, -1:]
+    return model.lm_head(model.ln_f(x))
+
+
+def forward_shared_prompts(model, idx, prompts):
+    """GPT.forward(idx, prompts=(prompt_idx, prompt_len, rows)) -> logits (N, T, vocab).
+
+    Each of the B prompts runs once, however many rows continue it (GRPO's G samples of a prompt),
+    then the N rows run with their prompt's keys and values in front of their own: the logits equal
+    those of the concatenated sequences prompt + row."""
+    prompt_idx, prompt_len, rows = prompts
+    (B, L), (N, T), device = prompt_idx.size(), idx.size(), idx.device
+    assert L + T <= model.config.block_size, \
+        f"prompt {L} + {T} tokens > block_size {model.config.block_size}"
+    # the prompt pass fills the cache, causally (the right padding comes after the real tokens)
+    cache = PromptCache(model.config.n_layer)
+    prompt_pos = torch.arange(L, device=device).expand(B, L)
+    run_cached(model, prompt_idx, prompt_pos, None, cache, last=True)
+    cache.rows = rows
+    # row n attends to prompt rows[n]'s real tokens, then causally to its own
+    causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+    seen = torch.arange(L, device=device) < prompt_len[rows].unsqueeze(1)    # (N, L)
+    allowed = torch.cat([seen.unsqueeze(1).expand(N, T, L), causal.expand(N, T, T)], dim=2)
+    mask = additive(allowed.unsqueeze(1), model.wte.weight.dtype)             # (N, 1, T, L + T)
+    # a row's tokens go on from its prompt's length
+    pos = prompt_len[rows].unsqueeze(1) + torch.arange(T, device=device)      # (N, T)
+    return run_cached(model, idx, pos, mask, cache)
+
+
+# =============================================================================
+# loading pretrained HF-format weights (GPT2LMHeadModel, Qwen2ForCausalLM, LlamaForCausalLM)
 
 def load_pretrained(path, dtype=torch.float32):
-    """An HF model directory (config.json + safetensors, sharded or not) -> GPT in `dtype`; ValueError naming the
-    file on anything we cannot read or map."""
+    """An HF model directory (config.json + safetensors, sharded or not) -> GPT in `dtype`;
+    ValueError naming the file on anything we cannot read or map."""
     from safetensors.torch import load_file
     path = Path(path)
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
-        raise ValueError(f"{cfg_file}: missing (expected an HF model directory with config.json + safetensors)")
+        raise ValueError(f"{cfg_file}: missing (expected an HF model directory with config.json + "
+                         f"safetensors)")
     hf = json.loads(cfg_file.read_text())
     config = config_from_hf(hf, cfg_file)
     index = path / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
     sd = {}
     for f in files:
         try:
@@ -283,7 +423,8 @@ def load_pretrained(path, dtype=torch.float32):
         raise ValueError(f"{path}: missing tensors {missing[:5]}, unused tensors {unused[:5]}")
     for k, v in mapped.items():
         if v.shape != ours[k].shape:
-            raise ValueError(f"{path}: tensor {k} has shape {tuple(v.shape)}, expected {tuple(ours[k].shape)}")
+            raise ValueError(f"{path}: tensor {k} has shape {tuple(v.shape)}, "
+                             f"expected {tuple(ours[k].shape)}")
     model.load_state_dict(mapped, strict=not config.tie_embeddings)
     return model.to(dtype)
 
@@ -293,21 +434,29 @@ def config_from_hf(hf, where):
     if kind == "gpt2":
         act = hf.get("activation_function", "gelu_new")
         if act not in ("gelu_new", "gelu_pytorch_tanh"):
-            raise ValueError(f"{where}: activation_function {act!r} unsupported (GPT-2 uses gelu_new)")
-        return GPTConfig.gpt2(vocab_size=hf["vocab_size"], block_size=hf["n_positions"], n_layer=hf["n_layer"],
-                              n_head=hf["n_head"], n_kv_head=hf["n_head"], n_embd=hf["n_embd"],
-                              mlp_hidden=hf.get("n_inner") or 4 * hf["n_embd"], norm_eps=hf["layer_norm_epsilon"])
+            raise ValueError(f"{where}: activation_function {act!r} unsupported "
+                             f"(GPT-2 uses gelu_new)")
+        return GPTConfig.gpt2(vocab_size=hf["vocab_size"], block_size=hf["n_positions"],
+                              n_layer=hf["n_layer"], n_head=hf["n_head"], n_kv_head=hf["n_head"],
+                              n_embd=hf["n_embd"], mlp_hidden=hf.get("n_inner") or 4 * hf["n_embd"],
+                              norm_eps=hf["layer_norm_epsilon"])
     if kind in ("qwen2", "llama"):
         if hf.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"{where}: hidden_act {hf['hidden_act']!r} unsupported (expected silu)")
-        if hf.get("use_sliding_window") or hf.get("mlp_bias") or (hf.get("rope_scaling") or {}).get("rope_type", "default") != "default":
-            raise ValueError(f"{where}: sliding window, mlp_bias and rope scaling are not supported")
+            raise ValueError(f"{where}: hidden_act {hf['hidden_act']!r} unsupported "
+                             f"(expected silu)")
+        unsupported = (hf.get("use_sliding_window") or hf.get("mlp_bias")
+                       or (hf.get("rope_scaling") or {}).get("rope_type", "default") != "default")
+        if unsupported:
+            msg = "sliding window, mlp_bias and rope scaling are not supported"
+            raise ValueError(f"{where}: {msg}")
         theta = hf.get("rope_theta") or (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0)
-        return GPTConfig.llama(vocab_size=hf["vocab_size"], block_size=hf["max_position_embeddings"],
+        return GPTConfig.llama(vocab_size=hf["vocab_size"],
+                               block_size=hf["max_position_embeddings"],
                                n_layer=hf["num_hidden_layers"], n_head=hf["num_attention_heads"],
                                n_kv_head=hf.get("num_key_value_heads") or hf["num_attention_heads"],
-                               n_embd=hf["hidden_size"], head_dim=hf.get("head_dim"), mlp_hidden=hf["intermediate_size"],
-                               norm_eps=hf["rms_norm_eps"], rope_theta=float(theta),
+                               n_embd=hf["hidden_size"], head_dim=hf.get("head_dim"),
+                               mlp_hidden=hf["intermediate_size"], norm_eps=hf["rms_norm_eps"],
+                               rope_theta=float(theta),
                                qkv_bias=kind == "qwen2" or bool(hf.get("attention_bias")),
                                tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
     raise ValueError(f"{where}: model_type {kind!r} unsupported (gpt2, qwen2, llama)")
@@ -315,8 +464,10 @@ def config_from_hf(hf, where):
 
 def hf_to_ours(sd, config, kind):
     """Rename HF tensors to ours, explicitly. GPT-2's Conv1D stores (in, out): transposed here."""
-    if kind == "gpt2":  # names with or without the "transformer." prefix; attn.bias buffers are causal masks
-        sd = {k.removeprefix("transformer."): v for k, v in sd.items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
+    # GPT-2: names with or without the "transformer." prefix; attn.bias buffers are causal masks
+    if kind == "gpt2":
+        sd = {k.removeprefix("transformer."): v for k, v in sd.items()
+              if not k.endswith((".attn.bias", ".attn.masked_bias"))}
     out = {}
 
     def take(k):
@@ -329,7 +480,8 @@ def hf_to_ours(sd, config, kind):
         for i in range(config.n_layer):
             p = f"h.{i}."
             for ln in ("ln_1", "ln_2"):
-                out[p + ln + ".weight"], out[p + ln + ".bias"] = take(p + ln + ".weight"), take(p + ln + ".bias")
+                out[p + ln + ".weight"] = take(p + ln + ".weight")
+                out[p + ln + ".bias"] = take(p + ln + ".bias")
             for hf_name, ours in (("attn.c_attn", "attn.c_attn"), ("attn.c_proj", "attn.c_proj"),
                                   ("mlp.c_fc", "mlp.c_fc"), ("mlp.c_proj", "mlp.c_proj")):
                 out[p + ours + ".weight"] = take(p + hf_name + ".weight").t().contiguous()
@@ -342,17 +494,21 @@ def hf_to_ours(sd, config, kind):
             p, q = f"model.layers.{i}.", f"h.{i}."
             out[q + "ln_1.weight"] = take(p + "input_layernorm.weight")
             out[q + "ln_2.weight"] = take(p + "post_attention_layernorm.weight")
-            out[q + "attn.c_attn.weight"] = torch.cat([take(p + f"self_attn.{x}_proj.weight") for x in "qkv"])
+            qkv = [take(p + f"self_attn.{x}_proj.weight") for x in "qkv"]
+            out[q + "attn.c_attn.weight"] = torch.cat(qkv)
             if config.qkv_bias:
-                out[q + "attn.c_attn.bias"] = torch.cat([take(p + f"self_attn.{x}_proj.bias") for x in "qkv"])
+                qkv = [take(p + f"self_attn.{x}_proj.bias") for x in "qkv"]
+                out[q + "attn.c_attn.bias"] = torch.cat(qkv)
             out[q + "attn.c_proj.weight"] = take(p + "self_attn.o_proj.weight")
-            out[q + "mlp.c_fc.weight"] = torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])
+            gate_up = [take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]
+            out[q + "mlp.c_fc.weight"] = torch.cat(gate_up)
             out[q + "mlp.c_proj.weight"] = take(p + "mlp.down_proj.weight")
         out["ln_f.weight"] = take("model.norm.weight")
         if config.tie_embeddings:
             sd.pop("lm_head.weight", None)
         else:
             out["lm_head.weight"] = take("lm_head.weight")
-    for k in sd:  # anything left over is a tensor we do not understand
+    # anything left over is a tensor we do not understand
+    for k in sd:
         out["unused:" + k] = sd[k]
     return out

@@ -5,7 +5,6 @@ float32 matmul roofline of this machine.
     python bench/bench_rollout.py                    # the four shapes below, 1 thread, median of 3
     python bench/bench_rollout.py --tiny             # seconds; the smoke test in tests/test_bench.py
     python bench/bench_rollout.py --profile          # the bar shape's time by section and by op (docs/performance.md)
-    python bench/bench_rollout.py --compile          # also engine.generate(compile=True), its compile time apart
 
 Shapes (one row each):
 - bar: a random GPT-2 of 4 layers x 128, vocab 512; 64 prompts of 8-24 tokens, 64 new tokens (issue 15's target);
@@ -47,9 +46,6 @@ p.add_argument("--clock", default="cpu", choices=["cpu", "wall"],
                help="cpu: this process's CPU time (fair on a shared machine; 1 thread only), wall: elapsed time")
 p.add_argument("--profile", action="store_true",
                help="instead of the table: where the bar shape's time goes (torch.profiler, by section and by op)")
-p.add_argument("--compile", action="store_true",
-               help="also time engine.generate(compile=True) (torch.compile'd static-shape decode step); its first "
-                    "call, which compiles, is timed apart (wall seconds)")
 p.add_argument("--tiny", action="store_true", help="smoke mode: 2 prompts of 4-8 tokens, 4 new tokens, 1 repeat")
 args = p.parse_args()
 
@@ -135,33 +131,19 @@ def bench(name, peak_fn, peak_flops):
         toks, _ = engine.generate(ours, prompts, new, temperature=1.0, generator=g_ours, num_samples=S)
         assert toks.shape == (B * S, new)
 
-    def run_compiled():
-        toks, _ = engine.generate(ours, prompts, new, temperature=1.0, generator=g_ours, num_samples=S, compile=True)
-        assert toks.shape == (B * S, new)
-
     def run_hf():
         with torch.inference_mode():
             out = hf.generate(input_ids=ids, attention_mask=att, generation_config=gen_cfg, num_return_sequences=S)
         assert out.shape == (B * S, ids.size(1) + new)
 
-    fns = {"ours": run_ours, "hf": run_hf, "peak": peak_fn}
-    if args.compile:  # the first call compiles (once per shape): timed apart, in wall time (inductor's compile
-        t0 = time.perf_counter()  # workers are other processes, so CPU time would miss them)
-        run_compiled()
-        compile_s = f"{time.perf_counter() - t0:.0f}"
-        fns["compiled"] = run_compiled
-    t = interleaved(fns, args.repeats, clock=CLOCK)
+    t = interleaved({"ours": run_ours, "hf": run_hf, "peak": peak_fn}, args.repeats, clock=CLOCK)
     sec, peak = median(t["ours"]), peak_flops / median(t["peak"])
     n_tok, flops = B * S * new, new_token_flops(ours.config, [len(x) for x in prompts], new, S)
     shape = f"{B} prompts of {lo}-{hi}" + (f" x {S} samples" if S > 1 else "") + f", {new} new"
     model = f"{ours.config.n_layer}x{ours.config.n_embd}, vocab {ours.config.vocab_size}"
-    row = [name, shape, model, torch.get_num_threads(), f"{n_tok / sec:,.0f}", f"{n_tok / median(t['hf']):,.0f}",
-           f"**{median(t['hf']) / sec:.2f}x**", f"{flops / n_tok / 1e6:.2f}", f"{peak / 1e9:.1f}",
-           f"**{flops / sec / peak:.0%}**"]
-    if args.compile:
-        sec = median(t["compiled"])
-        row += [f"{n_tok / sec:,.0f}", f"**{median(t['hf']) / sec:.2f}x**", f"**{flops / sec / peak:.0%}**", compile_s]
-    return row
+    return [name, shape, model, torch.get_num_threads(), f"{n_tok / sec:,.0f}", f"{n_tok / median(t['hf']):,.0f}",
+            f"**{median(t['hf']) / sec:.2f}x**", f"{flops / n_tok / 1e6:.2f}", f"{peak / 1e9:.1f}",
+            f"**{flops / sec / peak:.0%}**"]
 
 
 def profile(name):
@@ -218,7 +200,6 @@ for threads in thread_list(args.threads):
             raise SystemExit(f"--shapes: unknown shape {name!r} ({'|'.join(SHAPES)})")
         rows.append(bench(name, peak_fn, peak_flops))
 print_table(["shape", "workload", "model", "threads", "ours tok/s", "HF generate tok/s", "ours / HF",
-             "MFLOP/token", "matmul peak GFLOP/s", "roofline"]
-            + (["compiled tok/s", "compiled / HF", "compiled roofline", "compile s (wall)"] * args.compile),
+             "MFLOP/token", "matmul peak GFLOP/s", "roofline"],
             rows,
             "rollout throughput (new tokens per second; higher is better); roofline = model FLOPs / (time x peak)")

@@ -1,5 +1,5 @@
-"""model.py against HF transformers (the oracle): logits of both families, the shared-prompt pass, loading errors.
-Sampling (engine.py) is tested in test_engine.py."""
+"""model.py against HF transformers (the oracle): logits of both families, the shared-prompt pass, loading errors;
+the plain GPT.generate. engine.py's sampler, held equal to GPT.generate, is tested in test_engine.py."""
 import pytest
 import torch
 
@@ -55,6 +55,20 @@ def test_shared_prompt_pass_equals_concatenated(pair):
             p = prompts[int(rows[n])]
             full, _ = ours(torch.tensor([p + conts[n].tolist()]))
             assert torch.allclose(shared[n], full[0, len(p):], atol=1e-5)
+
+
+def test_plain_generate_crops_to_the_block_and_stops_at_eos():
+    torch.manual_seed(0)
+    m = GPT(GPTConfig.gpt2(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=16)).eval()
+    out = m.generate(torch.tensor([[1, 2, 3, 4, 5, 6]]), 10, temperature=0)
+    assert out.shape == (1, 16)   # past block_size: the model sees the last 8 tokens
+    for t in range(6, 16):
+        logits, _ = m(out[:, max(0, t - 8):t])
+        assert int(out[0, t]) == int(logits[0, -1].argmax())
+    prompts = torch.tensor([[1, 2], [3, 4]])
+    out = m.generate(prompts, 40, eos_id=5, generator=torch.Generator().manual_seed(0))
+    drew_eos = (out[:, 2:] == 5).any(1)
+    assert out.size(1) < 42 and drew_eos.all() and (out[:, -1] == 5).any()  # stopped once both did
 
 
 def test_training_loss_and_counts():
