@@ -1,5 +1,6 @@
-"""tools/export_hf.py: HF transformers / tokenizers (the oracles) read the exported directory with our logits
-and ids, and our loaders (what `train_lang.py --init=OUT_DIR` uses) read it back exactly; clear errors."""
+"""tools/export_hf.py: HF transformers / tokenizers (the oracles) read the exported directory with
+our logits and ids, our loaders (what `train_lang.py --init=OUT_DIR` uses) read it back exactly, and
+bad inputs are one-line errors that write nothing."""
 import shutil
 import subprocess
 import sys
@@ -23,15 +24,18 @@ from tools.export_hf import export  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 TEXTGAME = ROOT / "checkpoints" / "textgame" / "mle.safetensors"
 TIKTOKEN = ROOT / "checkpoints" / "textgame" / "tokenizer.tiktoken"
-UNICODE = ["café naïve — “quotes” … 中文分词 你好，世界！ 한국어 emoji 😀🎉👍🏽 👨‍👩‍👧",
-           "  leading spaces\tand tabs\n\n\nthree newlines   \n  trailing   ", "it's DON'T 3,000 -17 1e10", ""]
+UNICODE = ["café naïve — “quotes” … 中文分词 你好，世界！ 한국어 😀🎉👍🏽 👨‍👩‍👧",
+           "  leading spaces\tand tabs\n\n\nthree newlines   \n  trailing   ",
+           "it's DON'T 3,000 -17 1e10", ""]
 
 
 @pytest.fixture(scope="module")
 def records():
-    """Three real text-game transitions (the simulator's first test records), the first two changing."""
+    """Three real text-game transitions (the simulator's first test records): two change the state,
+    one does not."""
     recs = generate_split("test", 6, seed=0)
-    return [r for r in recs if task.is_changed(r)][:2] + [next(r for r in recs if not task.is_changed(r))]
+    changed = [r for r in recs if task.is_changed(r)]
+    return changed[:2] + [next(r for r in recs if not task.is_changed(r))]
 
 
 def texts(records):
@@ -44,7 +48,7 @@ def textgame_hf(tmp_path_factory):
 
 
 def tiny_checkpoint(directory, config):
-    """A random GPT of ours saved as a checkpoint beside the shipped text-game tokenizer, with every norm
+    """A random GPT of ours saved as a checkpoint beside the shipped text-game tokenizer, every norm
     weight and bias moved off its initial 1 / 0 so that a misplaced tensor changes the logits."""
     torch.manual_seed(0)
     model = GPT(config)
@@ -58,17 +62,17 @@ def tiny_checkpoint(directory, config):
 
 TINY = {   # vocab 452 > the tokenizer's 449 ids: padded embeddings, as an HF base model may have
     "gpt2": GPTConfig.gpt2(vocab_size=452, block_size=64, n_layer=2, n_head=4, n_embd=32),
-    "llama": GPTConfig.llama(vocab_size=452, block_size=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
-                             head_dim=16, mlp_hidden=48, rope_theta=500.0, norm_eps=1e-6,
+    "llama": GPTConfig.llama(vocab_size=452, block_size=64, n_layer=2, n_head=4, n_kv_head=2,
+                             n_embd=32, head_dim=16, mlp_hidden=48, rope_theta=500.0, norm_eps=1e-6,
                              tie_embeddings=False),
-    "qwen2": GPTConfig.llama(vocab_size=452, block_size=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
-                             qkv_bias=True),
+    "qwen2": GPTConfig.llama(vocab_size=452, block_size=64, n_layer=2, n_head=4, n_kv_head=2,
+                             n_embd=32, qkv_bias=True),
 }
 
 
 def assert_hf_matches_ours(ours, tok, out, prompts):
-    """transformers' logits equal ours (< 1e-4) on `prompts` (cut to block_size), and our loaders read `out`
-    back to identical logits and ids."""
+    """transformers' logits equal ours (< 1e-4) on `prompts` (cut to block_size), and our loaders
+    read `out` back to identical logits and ids."""
     hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     back, back_tok, _ = load_lang_model(out)
     for text in prompts:
@@ -88,7 +92,8 @@ def test_textgame_checkpoint(textgame_hf, records):
     hf = assert_hf_matches_ours(ours.eval(), tok, textgame_hf, texts(records))
     assert hf.config.model_type == "llama" and hf.config.eos_token_id == tok.eos_id == 448
     ids = tok.encode(task.prompt_text(records[0]))   # greedy continuations agree, EOS included
-    mine = [t for t in generate(ours, [ids], 60, temperature=0.0, eos_id=tok.eos_id)[0][0].tolist() if t >= 0]
+    out, _ = generate(ours, [ids], 60, temperature=0.0, eos_id=tok.eos_id)
+    mine = [t for t in out[0].tolist() if t >= 0]   # -1 pads after the EOS
     with torch.no_grad():
         theirs = hf.generate(torch.tensor([ids]), max_new_tokens=60, do_sample=False)[0, len(ids):]
     assert theirs.tolist() == mine and mine[-1] == tok.eos_id
@@ -107,8 +112,9 @@ def test_tokenizer_ids(textgame_hf, records):
 
 
 def test_trained_and_hf_tokenizers_round_trip(tmp_path):
-    """Any tokenizer of ours exports: one trained here on unicode text, and a Qwen2-style HF one (NFC, its own
-    regex, several specials, <|im_end|> as EOS) whose export encodes as the original does."""
+    """Any tokenizer of ours exports: one trained here on unicode text, and a Qwen2-style HF one
+    (NFC, its own regex, several specials, <|im_end|> as EOS) whose export encodes as the original
+    does."""
     from test_tokenizer_text import QWEN2_PAT, SAMPLES, corpus, train_hf
     trained = Tokenizer.train(corpus(), 600)
     pre = tokenizers.pre_tokenizers.Sequence([
@@ -158,11 +164,13 @@ def test_errors(tmp_path):
     assert [p.name for p in full.iterdir()] == ["keep.txt"]
     export(ckpt, full, force=True)   # replaced whole; no temp directories left beside it
     assert not (full / "keep.txt").exists() and (full / "config.json").is_file()
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("."))  == []
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
 def test_cli_errors_are_one_line(tmp_path):
-    run = subprocess.run([sys.executable, str(ROOT / "tools" / "export_hf.py"), str(tmp_path / "nope.safetensors"),
-                          str(tmp_path / "out")], capture_output=True, text=True, cwd=ROOT)
-    assert run.returncode != 0 and run.stderr.strip().count("\n") == 0 and "nope.safetensors" in run.stderr
+    run = subprocess.run([sys.executable, str(ROOT / "tools" / "export_hf.py"),
+                          str(tmp_path / "nope.safetensors"), str(tmp_path / "out")],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode != 0 and "nope.safetensors" in run.stderr
+    assert run.stderr.strip().count("\n") == 0   # one line, no traceback
     assert not (tmp_path / "out").exists()

@@ -1,23 +1,23 @@
-"""Export a language checkpoint of ours as a Hugging Face model directory, for transformers, vLLM and
-any other tool that reads one.
+"""Export a language checkpoint of ours as a Hugging Face model directory, for transformers, vLLM
+and any other tool that reads one.
 
     python tools/export_hf.py checkpoints/textgame/mle.safetensors out/textgame_hf
-    python -c "from transformers import AutoModelForCausalLM, AutoTokenizer; \
-m = AutoModelForCausalLM.from_pretrained('out/textgame_hf'); t = AutoTokenizer.from_pretrained('out/textgame_hf')"
+    python -c "from transformers import AutoModelForCausalLM as M, AutoTokenizer as T; \
+m, t = M.from_pretrained('out/textgame_hf'), T.from_pretrained('out/textgame_hf')"
 
 OUT_DIR gets config.json, model.safetensors, tokenizer.json, tokenizer_config.json and
-generation_config.json. Our RMSNorm / RoPE / SwiGLU family becomes a `llama` model (`qwen2` when q, k and v
-have biases, which Llama's attention_bias would also put on the output projection), the GPT-2 family a
-`gpt2` one. The tensor names are model.py's `hf_to_ours` run backwards: the fused q|k|v projection
-(`c_attn`) and SwiGLU's gate|up (`c_fc`) are split into HF's separate Linears, and GPT-2's weights are
-transposed into its Conv1D's (in, out) layout. RoPE needs no reordering: model.py rotates HF's way ("rotate
-half"). The tokenizer's tiktoken ranks are written as HF byte-level BPE by tokenizer_text's `save_hf`, and
-<|endoftext|> is both EOS and BOS, as in GPT-2 (our sequences start without a BOS).
+generation_config.json. Our RMSNorm / RoPE / SwiGLU family becomes a `llama` model (`qwen2` when q,
+k and v have biases: Llama's attention_bias would put one on the output projection too), the GPT-2
+family a `gpt2` one. The tensor names are model.py's `hf_to_ours` run backwards: the fused q|k|v
+projection (`c_attn`) and SwiGLU's gate|up (`c_fc`) are split into HF's separate Linears, and
+GPT-2's weights are transposed into its Conv1D's (in, out) layout. RoPE needs no reordering:
+model.py rotates HF's way ("rotate half"). tokenizer_text's `save_hf` writes the tiktoken ranks as
+HF byte-level BPE; <|endoftext|> is both EOS and BOS, as in GPT-2 (our sequences start without one).
 
-The directory comes back into ours with `GPT.from_pretrained(OUT_DIR)` / `load_tokenizer(OUT_DIR)`, which is
-what `train_lang.py --init=OUT_DIR` and `eval.py` use; before the directory is moved into place the export
-reads it back that way and checks that every tensor is the checkpoint's. It is written whole or not at all
-(a temp directory beside OUT_DIR, then a rename); an OUT_DIR that holds anything is replaced only with --force.
+`GPT.from_pretrained(OUT_DIR)` and `load_tokenizer(OUT_DIR)` read the directory back, as
+`train_lang.py --init=OUT_DIR` and `eval.py` do; the export reads it back that way and checks every
+tensor before moving it into place. It is written whole or not at all (a temp directory beside
+OUT_DIR, then a rename); an OUT_DIR that holds anything is replaced only with --force.
 """
 import argparse
 import json
@@ -36,9 +36,9 @@ from tokenizer_text import load_tokenizer  # noqa: E402
 
 
 def load_language_checkpoint(path):
-    """Our .safetensors language checkpoint -> (GPT, Tokenizer); ValueError naming the file otherwise. The
-    tokenizer is found as data/tasks.py's load_lang_model finds it: the file the checkpoint's args name,
-    relative to the checkpoint's folder (or an absolute path: an HF directory the run started from)."""
+    """Our .safetensors language checkpoint -> (GPT, Tokenizer); else a ValueError naming the file.
+    The tokenizer is found as data/tasks.py's load_lang_model finds it: the file the checkpoint's
+    args name, relative to the checkpoint's folder (or absolute: the HF dir a run began from)."""
     path = Path(path)
     model, meta = load_model(path)
     args = meta["args"]
@@ -50,15 +50,16 @@ def load_language_checkpoint(path):
     tok_path = Path(args["tokenizer"])
     tok = load_tokenizer(tok_path if tok_path.is_absolute() else path.parent / tok_path)
     if tok.n_vocab > model.config.vocab_size:
-        raise ValueError(f"{path}: tokenizer has {tok.n_vocab} ids, the model only {model.config.vocab_size}")
+        raise ValueError(f"{path}: tokenizer has {tok.n_vocab} ids, the model only "
+                         f"{model.config.vocab_size}")
     return model, tok
 
 
 def hf_family(c):
     """The HF model_type our GPTConfig `c` is, or a ValueError saying why none is."""
     if (c.norm, c.pos, c.mlp) == ("layernorm", "learned", "gelu"):
-        if not c.bias or c.qkv_bias or c.n_kv_head != c.n_head or c.head_dim * c.n_head != c.n_embd \
-                or not c.tie_embeddings:
+        if not c.bias or c.qkv_bias or c.n_kv_head != c.n_head \
+                or c.head_dim * c.n_head != c.n_embd or not c.tie_embeddings:
             raise ValueError("a GPT-2-family model needs biases everywhere, n_kv_head == n_head, "
                              "head_dim == n_embd / n_head and tied embeddings, as GPT-2 has")
         return "gpt2"
@@ -71,7 +72,7 @@ def hf_family(c):
 
 
 def hf_config(c, kind, eos_id, dtype):
-    """config.json for GPTConfig `c` as HF model_type `kind` (every field config_from_hf reads back)."""
+    """config.json for GPTConfig `c` as HF model_type `kind` (all config_from_hf reads back)."""
     common = dict(vocab_size=c.vocab_size, bos_token_id=eos_id, eos_token_id=eos_id,
                   tie_word_embeddings=c.tie_embeddings, initializer_range=0.02, use_cache=True,
                   dtype=str(dtype).removeprefix("torch."))
@@ -89,7 +90,8 @@ def hf_config(c, kind, eos_id, dtype):
                 num_attention_heads=c.n_head, num_key_value_heads=c.n_kv_head, head_dim=c.head_dim,
                 max_position_embeddings=c.block_size, hidden_act="silu", rms_norm_eps=c.norm_eps,
                 # transformers 4 reads rope_theta, transformers 5 rope_parameters
-                rope_theta=c.rope_theta, rope_parameters=dict(rope_type="default", rope_theta=c.rope_theta),
+                rope_theta=c.rope_theta,
+                rope_parameters=dict(rope_type="default", rope_theta=c.rope_theta),
                 attention_dropout=0.0, **extra, **common)
 
 
@@ -98,19 +100,23 @@ def hf_tensors(model, kind):
     c, sd = model.config, model.state_dict()
     out = {}
     if kind == "gpt2":
-        out["transformer.wte.weight"], out["transformer.wpe.weight"] = sd["wte.weight"], sd["wpe.weight"]
+        for name in ("wte.weight", "wpe.weight"):
+            out["transformer." + name] = sd[name]
         for i in range(c.n_layer):
             p = f"h.{i}."
             for name in ("ln_1", "ln_2"):
                 for x in ("weight", "bias"):
                     out[f"transformer.{p}{name}.{x}"] = sd[f"{p}{name}.{x}"]
             for name in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"):
-                out[f"transformer.{p}{name}.weight"] = sd[f"{p}{name}.weight"].t()   # Conv1D: (in, out)
+                # Conv1D stores (in, out), nn.Linear (out, in)
+                out[f"transformer.{p}{name}.weight"] = sd[f"{p}{name}.weight"].t()
                 out[f"transformer.{p}{name}.bias"] = sd[f"{p}{name}.bias"]
-        out["transformer.ln_f.weight"], out["transformer.ln_f.bias"] = sd["ln_f.weight"], sd["ln_f.bias"]
+        for name in ("ln_f.weight", "ln_f.bias"):
+            out["transformer." + name] = sd[name]
     else:
         out["model.embed_tokens.weight"] = sd["wte.weight"]
-        qkv = [c.n_head * c.head_dim, c.n_kv_head * c.head_dim, c.n_kv_head * c.head_dim]   # rows of c_attn
+        # c_attn's rows: the query heads, then the key heads, then the value heads
+        qkv = [c.n_head * c.head_dim, c.n_kv_head * c.head_dim, c.n_kv_head * c.head_dim]
         for i in range(c.n_layer):
             p, q = f"model.layers.{i}.", f"h.{i}."
             out[p + "input_layernorm.weight"] = sd[q + "ln_1.weight"]
@@ -121,7 +127,7 @@ def hf_tensors(model, kind):
                 for x, b in zip("qkv", sd[q + "attn.c_attn.bias"].split(qkv)):
                     out[p + f"self_attn.{x}_proj.bias"] = b
             out[p + "self_attn.o_proj.weight"] = sd[q + "attn.c_proj.weight"]
-            gate, up = sd[q + "mlp.c_fc.weight"].chunk(2)   # SwiGLU: gate rows first, as MLP.forward
+            gate, up = sd[q + "mlp.c_fc.weight"].chunk(2)   # gate rows first, as in MLP.forward
             out[p + "mlp.gate_proj.weight"], out[p + "mlp.up_proj.weight"] = gate, up
             out[p + "mlp.down_proj.weight"] = sd[q + "mlp.c_proj.weight"]
         out["model.norm.weight"] = sd["ln_f.weight"]
@@ -137,7 +143,8 @@ def write_hf_dir(model, tok, directory):
     kind = hf_family(model.config)
     dtype = model.wte.weight.dtype
     write_json(directory / "config.json", hf_config(model.config, kind, tok.eos_id, dtype))
-    save_file(hf_tensors(model, kind), str(directory / "model.safetensors"), metadata={"format": "pt"})
+    save_file(hf_tensors(model, kind), str(directory / "model.safetensors"),
+              metadata={"format": "pt"})   # transformers wants to know the framework
     write_json(directory / "generation_config.json",
                dict(bos_token_id=tok.eos_id, eos_token_id=tok.eos_id, pad_token_id=tok.eos_id))
     tok.save_hf(directory)
@@ -152,8 +159,9 @@ def check_round_trip(model, directory):
 
 
 def export(ckpt, out_dir, force=False):
-    """Export checkpoint `ckpt` to the HF directory `out_dir`, all or nothing; ValueError (one line) on a
-    missing or non-language checkpoint, a model with no HF equivalent, or an occupied out_dir."""
+    """Export checkpoint `ckpt` to the HF directory `out_dir`, all or nothing; ValueError (one
+    line) on a missing or non-language checkpoint, a model with no HF equivalent, or an occupied
+    out_dir."""
     out_dir = Path(os.path.abspath(out_dir))   # "out/" or "." get a name to put a temp dir beside
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"{out_dir}: exists and is not a directory")
