@@ -114,9 +114,10 @@ class Tokenizer:
 
         ranks = {t: self.enc.encode_single_token(t) for t in self.enc.token_byte_values()}
         merges = []
-        for token, _ in sorted(ranks.items(), key=lambda kv: kv[1]):   # a merge's place in the list is its priority
-            splits = [(token[:i], token[i:]) for i in range(1, len(token)) if token[:i] in ranks and token[i:] in ranks]
-            merges += [[text(a), text(b)] for a, b in sorted(splits, key=lambda ab: (ranks[ab[0]], ranks[ab[1]]))]
+        for token, _ in sorted(ranks.items(), key=lambda kv: kv[1]):   # a merge's place in the list is its rank
+            splits = [(token[:i], token[i:]) for i in range(1, len(token))]
+            splits = sorted((ranks[a], ranks[b], a, b) for a, b in splits if a in ranks and b in ranks)
+            merges += [[text(a), text(b)] for _, _, a, b in splits]
         specials = sorted((self.enc.encode_single_token(s), s) for s in self.enc.special_tokens_set)
         spec = {
             "version": "1.0", "truncation": None, "padding": None,
@@ -125,12 +126,14 @@ class Tokenizer:
             "normalizer": {"type": "NFC"} if self.nfc else None,
             # tiktoken's regex splits the text into pre-tokens, then ByteLevel maps their bytes to characters
             "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-                {"type": "Split", "pattern": {"Regex": self.enc._pat_str}, "behavior": "Isolated", "invert": False},
+                {"type": "Split", "pattern": {"Regex": self.enc._pat_str}, "behavior": "Isolated",
+                 "invert": False},
                 {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
             "post_processor": None,   # encoding adds no BOS / EOS, as `encode` adds none
             "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
             "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
+                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                      "ignore_merges": True,   # a pre-token that is a token stays whole, as in tiktoken
                       "vocab": {text(t): i for t, i in sorted(ranks.items(), key=lambda kv: kv[1])},
                       "merges": merges},
         }
