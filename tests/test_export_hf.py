@@ -162,6 +162,8 @@ def test_errors(tmp_path):
     with pytest.raises(ValueError, match="not empty.*--force"):
         export(ckpt, full)
     assert [p.name for p in full.iterdir()] == ["keep.txt"]
+    with pytest.raises(ValueError, match="holds the checkpoint"):   # even --force keeps the source
+        export(ckpt, tmp_path, force=True)
     export(ckpt, full, force=True)   # replaced whole; no temp directories left beside it
     assert not (full / "keep.txt").exists() and (full / "config.json").is_file()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

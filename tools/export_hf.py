@@ -165,6 +165,8 @@ def export(ckpt, out_dir, force=False):
     out_dir = Path(os.path.abspath(out_dir))   # "out/" or "." get a name to put a temp dir beside
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"{out_dir}: exists and is not a directory")
+    if Path(ckpt).resolve().is_relative_to(out_dir.resolve()):   # --force would delete the source
+        raise ValueError(f"{out_dir}: holds the checkpoint {ckpt} itself; choose another OUT_DIR")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
         raise ValueError(f"{out_dir}: exists and is not empty (pass --force to replace it)")
     model, tok = load_language_checkpoint(ckpt)
