@@ -15,6 +15,14 @@ bytes and builds tiktoken's `mergeable_ranks` {token bytes: id}. That only repro
 merge order (true for GPT-2, Qwen2 and anything BpeTrainer writes), so it is checked, not assumed; the
 tests compare ids with HF on varied text.
 
+The way back (`save_hf`, used by tools/export_hf.py). tiktoken keeps no merge list: inside a pre-token it
+fuses whichever adjacent pair concatenates to the lowest-ranked token, while HF fuses only the pairs its
+`merges` list holds, the earliest listed first. Listing every split of every token into two tokens, in the
+rank order of the tokens they make, makes the two agree; HF's `ignore_merges` copies tiktoken's shortcut of
+emitting a pre-token that is itself a token whole. One tie remains: two different pairs that make the same
+token side by side (ab|a|ba) fuse left first in tiktoken and list first in HF; no text of the tests meets it.
+HF also finds special tokens such as "<|endoftext|>" in the text it encodes, where `encode` never does.
+
 Fast training. The naive trainer re-scans the whole corpus for every merge: tiktoken's `_educational`
 trainer took 12 minutes for 1000 merges on 1 MB here. The trick: pre-tokens never interact, so count each
 *distinct* pre-token once with its frequency (JSON-like text has a few thousand distinct words for
@@ -94,6 +102,47 @@ class Tokenizer:
         by_rank = sorted((self.enc.encode_single_token(t), t) for t in self.enc.token_byte_values())
         atomic_write_text(path, "".join(f"{base64.b64encode(t).decode()} {rank}\n" for rank, t in by_rank))
 
+    def save_hf(self, directory):
+        """Write this tokenizer as HF byte-level BPE into `directory`: tokenizer.json (vocab, merges derived from
+        the ranks as the module docstring explains, the split regex, the specials) and tokenizer_config.json
+        (the eos token), for HF `tokenizers`, `transformers.AutoTokenizer` and `from_hf`."""
+        directory = Path(directory)
+        to_char = bytes_to_unicode()
+
+        def text(token):   # token bytes -> the printable string HF stores
+            return "".join(to_char[b] for b in token)
+
+        ranks = {t: self.enc.encode_single_token(t) for t in self.enc.token_byte_values()}
+        merges = []
+        for token, _ in sorted(ranks.items(), key=lambda kv: kv[1]):   # a merge's place in the list is its rank
+            splits = [(token[:i], token[i:]) for i in range(1, len(token))]
+            splits = sorted((ranks[a], ranks[b], a, b) for a, b in splits if a in ranks and b in ranks)
+            merges += [[text(a), text(b)] for _, _, a, b in splits]
+        specials = sorted((self.enc.encode_single_token(s), s) for s in self.enc.special_tokens_set)
+        spec = {
+            "version": "1.0", "truncation": None, "padding": None,
+            "added_tokens": [{"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
+                              "normalized": False, "special": True} for i, s in specials],
+            "normalizer": {"type": "NFC"} if self.nfc else None,
+            # tiktoken's regex splits the text into pre-tokens, then ByteLevel maps their bytes to characters
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": self.enc._pat_str}, "behavior": "Isolated",
+                 "invert": False},
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+            "post_processor": None,   # encoding adds no BOS / EOS, as `encode` adds none
+            "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                      "ignore_merges": True,   # a pre-token that is a token stays whole, as in tiktoken
+                      "vocab": {text(t): i for t, i in sorted(ranks.items(), key=lambda kv: kv[1])},
+                      "merges": merges},
+        }
+        eos = next(s for i, s in specials if i == self.eos_id)
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos,
+                  "clean_up_tokenization_spaces": False}
+        atomic_write_text(directory / "tokenizer.json", json.dumps(spec, ensure_ascii=False, indent=2) + "\n")
+        atomic_write_text(directory / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")
+
     @classmethod
     def from_tiktoken_file(cls, path):
         path = Path(path)
@@ -153,9 +202,11 @@ class Tokenizer:
         ranks = {to_bytes(tok): i for tok, i in model["vocab"].items() if i not in special_ids}
         _check_bytes(ranks, file)
         # tiktoken merges by rank == id, HF by position in `merges`: they agree when ids grow in merge order.
+        # Each token above the bytes is made by one merge or, as save_hf writes, by several listed side by side.
         merges = [m.split(" ") if isinstance(m, str) else m for m in model.get("merges", [])]
         merged_ids = [ranks.get(to_bytes(a) + to_bytes(b), -1) for a, b in merges]
-        if len(merged_ids) != len(ranks) - 256 or any(x >= y for x, y in zip([-1] + merged_ids, merged_ids)):
+        if -1 in merged_ids or len(set(merged_ids)) != len(ranks) - 256 \
+                or any(x > y for x, y in zip(merged_ids, merged_ids[1:])):
             raise unsupported("vocab ids do not follow the merge order, which tiktoken needs")
 
         eos = EOT
