@@ -1,10 +1,8 @@
 """Verifiable rewards: each world model's task metric, computed on its *decoded* prediction.
 
 RLVR-World's point is that the reward is the metric itself, measured on what the model wrote. Every
-reward takes the model's output and the ground truth and returns a float (video: one per sample),
-and never raises on model output: text that cannot be read scores 0, a video frame that cannot be
-scored gets the worst reward. Text rewards read at most MAX_ANSWER_CHARS characters, and their work
-is linear in the answer's length.
+reward takes the model's output and the ground truth, returns a float (video: one per sample), and
+never raises on model output: unreadable text scores 0, an unscorable video frame the worst reward.
 
 The file, in reading order, and the reward each task uses:
 - text game (train_lang.py --task=textgame): `textgame_reward(text, state, next_state, kind)`, kind
@@ -35,18 +33,16 @@ MAX_ANSWER_CHARS = 100_000
 # ======================================================================================= text game
 # The model writes a difference JSON {"modified": [new or changed objects], "removed": [uuids],
 # "score": {...}, or {} when the score does not change} (data/textgame/task.py makes the true one).
-# The reward reads it (`parse_diff`), merges it into the current state (`apply_diff`) and compares
-# the merged state with the true next state (`_compare`). The contract (official): an answer without
-# the key "modified" or "removed" scores 0; one without "score" predicts no score (never exact).
+# The contract (official): an answer without the key "modified" or "removed" scores 0; one without
+# "score" predicts no score, so it is never exact.
 
 TEXTGAME_KINDS = ("binary", "task_specific")
 
 
 def textgame_reward(text, state: dict, next_state: dict, kind: str = "binary") -> float:
     """The reward of the answer `text` on the transition state -> next_state: kind "binary" (1 when
-    the predicted next state is exact, else 0) or "task_specific" (partial credit, 0 to 1.3). An
-    answer whose diff lacks "modified" or "removed" (e.g. a truncated one) scores 0; any text, or
-    any non-string, scores without raising."""
+    the predicted next state is exact, else 0) or "task_specific" (partial credit, 0 to 1.3).
+    Any text, or any non-string, scores without raising."""
     if kind not in TEXTGAME_KINDS:
         raise ValueError(f"unknown text-game reward kind {kind!r}; "
                          f"expected one of {TEXTGAME_KINDS}")
