@@ -1,18 +1,22 @@
-"""Verifiable rewards: the task metric of each world model, computed on the *decoded* prediction.
+"""Verifiable rewards: each world model's task metric, computed on its *decoded* prediction.
 
-RLVR-World's point is that the reward is the metric itself, measured on what the model wrote: every reward here
-takes the model's output and the ground truth and returns a float, and never raises on model output (text that
-cannot be read scores 0; a video frame that cannot be scored gets the worst reward). Text rewards read at most
-MAX_ANSWER_CHARS characters, and their work is linear in the answer's length.
+RLVR-World's point is that the reward is the metric itself, measured on what the model wrote. Every
+reward takes the model's output and the ground truth, returns a float (video: one per sample), and
+never raises on model output: unreadable text scores 0, an unscorable video frame the worst reward.
 
-One section per domain, each opening with its public reward:
-- text game: `textgame_reward(text, state, next_state, kind)`, kind "binary" or "task_specific";
-- web page: `web_f1(text, target_text)`;
-- video: `video_reward(name, pred, true, ...)`, name "mae+ssim" or "mae+lpips", minus optional terms for the error on
-  the pixels that move (copying the last frame is not paid) and for erased objects.
+The file, in reading order, and the reward each task uses:
+- text game (train_lang.py --task=textgame): `textgame_reward(text, state, next_state, kind)`, kind
+  "binary" (1 for the exact next state, else 0; the default) or "task_specific" (partial credit, 0
+  to 1.3). It parses the model's diff JSON (`parse_diff`), merges it into the current state
+  (`apply_diff`) and compares the merged state with the true next state (`_compare`).
+- web page (train_lang.py --task=webpage): `web_f1(text, target_text)`, the F1 of the changed items.
+- video (train_video.py): `video_reward(name, pred, true, ...)`, name "mae+ssim" = -(MAE + 1 - SSIM)
+  (the default without LPIPS weights) or "mae+lpips" = -(MAE + LPIPS), minus optional terms for the
+  error on the pixels that move and for erased objects; then the metrics and LPIPS (VGG16).
+- multi-step video: `repetition_rate`, an evaluation metric (data/robot/evaluate.py), not a reward.
 
-docs/rewards.md holds where each formula comes from, where we deliberately differ from the official RLVR-World
-rewards and why, the text game's answer contract on truncated answers, and the bounds on the work.
+docs/rewards.md holds where each formula comes from, where and why it deviates from the official
+RLVR-World rewards, the text game's contract on truncated answers, and the bounds on the work.
 """
 import itertools
 import json
@@ -22,53 +26,200 @@ from collections import Counter
 import torch
 import torch.nn as nn
 
-# ============================================================================ text game
-# The model writes a difference JSON {"modified": [new or changed objects], "removed": [uuids], "score": {...} or {}
-# when unchanged} (data/textgame/task.py). `parse_diff` reads it, `apply_diff` merges it into the current state, and
-# the merged state is compared with the true next state. Contract (official): an answer without the key "modified"
-# or "removed" scores 0; one without "score" predicts no score (never exact). Formulas: docs/rewards.md.
+# a text reward reads at most this many characters: a longer answer scores 0 unread, which bounds
+# the work (docs/rewards.md, "Bounded work")
+MAX_ANSWER_CHARS = 100_000
+
+# ======================================================================================= text game
+# The model writes a difference JSON {"modified": [new or changed objects], "removed": [uuids],
+# "score": {...}, or {} when the score does not change} (data/textgame/task.py makes the true one).
+# The contract (official): an answer without the key "modified" or "removed" scores 0; one without
+# "score" predicts no score, so it is never exact.
 
 TEXTGAME_KINDS = ("binary", "task_specific")
-_FINAL_ANSWER = re.compile(r"the final (?:answer|state|game state) is:", re.IGNORECASE)
-_PY_LITERAL = re.compile(r"\b(True|False|None)\b")
-_TRAILING_COMMA = re.compile(r",(\s*[}\]])")
-MAX_ANSWER_CHARS = 100_000   # longer answers score 0 unread (docs/rewards.md, "Bounded work")
-_MAX_STARTS = 8   # how many '{' positions to try: bounds the work on long junk
-_MAX_DEPTH = 100  # the repair gives up on deeper nesting (the decoder itself stops at the recursion limit)
-# from where it is applied, skip whole strings and other characters (in C, possessively), up to the next bracket or the
-# opening quote of a string that never closes: group 1
-_JSON_TOKEN = re.compile(r'(?:"(?:[^"\\]|\\[\s\S])*"|[^"{}\[\]])*+([{}\[\]]|")')
-_ABSENT = object()   # a field that does not exist in a state
-_INVALID = object()  # contents that are not a list of names: equal to nothing else
 
 
 def textgame_reward(text, state: dict, next_state: dict, kind: str = "binary") -> float:
-    """The reward of one answer: kind "binary" (0 or 1) or "task_specific" (0 to 1.3). An answer whose diff lacks
-    "modified" or "removed" (e.g. a truncated one) scores 0; any text, or any non-string, scores without raising."""
+    """The reward of the answer `text` on the transition state -> next_state: kind "binary" (1 when
+    the predicted next state is exact, else 0) or "task_specific" (partial credit, 0 to 1.3).
+    Any text, or any non-string, scores without raising."""
     if kind not in TEXTGAME_KINDS:
-        raise ValueError(f"unknown text-game reward kind {kind!r}; expected one of {TEXTGAME_KINDS}")
+        raise ValueError(f"unknown text-game reward kind {kind!r}; "
+                         f"expected one of {TEXTGAME_KINDS}")
     return textgame_metrics(text, state, next_state)[kind]
 
 
 def textgame_metrics(text, state: dict, next_state: dict) -> dict:
-    """All text-game metrics of one answer: parsed, exact (0/1), object_acc, score_acc, changed_acc (None when nothing
-    changed), and the two rewards binary and task_specific (formulas and their sources: docs/rewards.md)."""
+    """All text-game metrics of one answer: parsed, exact (0/1), object_acc, score_acc, changed_acc
+    (None when nothing changed), and the two rewards binary and task_specific."""
     diff = parse_diff(text)
-    if diff is None:  # unreadable, the wrong shape, or "modified" / "removed" missing: no credit at all
+    if diff is None:
+        # unreadable, the wrong shape, or "modified" / "removed" missing: no credit at all;
+        # changed_acc is None on a transition that changes nothing, as for an answer that parses
         changed = _fields(state) != _fields(next_state)
         return {"parsed": False, "exact": 0, "object_acc": 0.0, "score_acc": 0.0,
                 "changed_acc": 0.0 if changed else None, "binary": 0.0, "task_specific": 0.0}
     pred = apply_diff(state, diff)   # the predicted next state
+    return _compare(pred, state, next_state)
+
+
+# --------------------------------------------------------------------------------- parse the diff
+
+# the official extraction: the JSON follows the last "The final answer is:" (or "state is:", ...)
+_FINAL_ANSWER = re.compile(r"the final (?:answer|state|game state) is:", re.IGNORECASE)
+# models write Python's literals inside the JSON: they are read as JSON's
+_PY_LITERAL = re.compile(r"\b(True|False|None)\b")
+_JSON_LITERAL = {"True": "true", "False": "false", "None": "null"}
+# a comma before a closing bracket, which JSON forbids: the repair drops it
+_TRAILING_COMMA = re.compile(r",(\s*[}\]])")
+# Matched at a position, this skips whole strings and all other characters up to the next bracket,
+# or up to the opening quote of a string that never closes; that bracket or quote is group 1. The
+# outer repetition is possessive (*+), so the skipping runs in C and stays linear in the length.
+_JSON_TOKEN = re.compile(r'(?:"(?:[^"\\]|\\[\s\S])*"|[^"{}\[\]])*+([{}\[\]]|")')
+_MAX_STARTS = 8   # how many '{' positions to try: bounds the work on long junk
+_MAX_DEPTH = 100  # the repair gives up on deeper nesting (the decoder stops at the recursion limit)
+
+
+def parse_diff(text) -> dict | None:
+    """The model's difference JSON read from its text, as {"modified", "removed", "score"}, or None.
+
+    Tries the first _MAX_STARTS '{' of the answer segment, each as is and repaired, and returns the
+    first JSON object with the diff's shape (junk around it and inner objects are skipped). The
+    repair only closes strings and brackets: it never adds the key that a truncated answer lacks."""
+    if not isinstance(text, str) or len(text) > MAX_ANSWER_CHARS:
+        return None
+    segment = _PY_LITERAL.sub(lambda m: _JSON_LITERAL[m.group(1)], _answer_segment(text))
+    decoder = json.JSONDecoder()
+    for brace in itertools.islice(re.finditer(r"\{", segment), _MAX_STARTS):
+        for candidate in _variants(segment[brace.start():]):
+            try:
+                obj, _ = decoder.raw_decode(candidate)   # the first JSON value; the rest is ignored
+            except (ValueError, RecursionError):  # bad JSON, too-long integers, too-deep nesting
+                continue
+            diff = _validated(obj)
+            if diff is not None:
+                return diff
+    return None
+
+
+def _answer_segment(text: str) -> str:
+    """The part of the model's text that should hold the JSON (the official extraction): after the
+    last "The final answer is:", else the last ```json block of at least 10 characters, else the
+    whole text."""
+    finals = list(_FINAL_ANSWER.finditer(text))
+    if finals:
+        return text[finals[-1].end():]
+    fenced = _last_fenced(text)
+    return fenced if fenced is not None and len(fenced) >= 10 else text
+
+
+def _last_fenced(text: str) -> str | None:
+    """The stripped content of the last ```json block, as the official regex
+    r"```json\\s*([\\s\\S]*?)\\s*```" finds it, or None. By str.find: that regex takes quadratic
+    time on a long run of whitespace after an unclosed fence."""
+    last, pos = None, 0
+    while (start := text.find("```json", pos)) != -1:
+        end = text.find("```", start + 7)   # the closing fence
+        if end == -1:   # an unclosed fence (and no later one): the regex finds no match here either
+            break
+        last, pos = text[start + 7:end].strip(), end + 3
+    return last
+
+
+def _variants(text: str):
+    """The text as is; then repaired (trailing commas dropped, unclosed brackets closed); then, when
+    it holds single quotes, repaired with them read as double quotes."""
+    yield text
+    for t in (text, text.replace("'", '"')) if "'" in text else (text,):
+        repaired = _close_brackets(_TRAILING_COMMA.sub(r"\1", t))
+        if repaired is not None:
+            yield repaired
+
+
+def _close_brackets(text: str) -> str | None:
+    """The JSON value that `text` starts with, cut where it ends; or, when the text ends first (a
+    truncated answer), closed: an unterminated string gets its quote, a final comma goes, unclosed
+    {/[ are closed. None if brackets mismatch or nest deeper than _MAX_DEPTH. Python sees only the
+    brackets; the regex skips the rest."""
+    closers, pos = [], 0   # the closing brackets owed, innermost last
+    while (m := _JSON_TOKEN.match(text, pos)) is not None:
+        token, pos = m.group(1), m.end()
+        if token == '"':  # a string that never closes runs to the end of the text
+            return text + '"' + "".join(reversed(closers))
+        if token in "{[":
+            closers.append("}" if token == "{" else "]")
+            if len(closers) > _MAX_DEPTH:
+                return None
+        elif not closers or closers.pop() != token:   # nothing open, or a bracket of the other kind
+            return None
+        elif not closers:  # the first value is complete; what follows is not read
+            return text[:pos]
+    # the text ended inside the value: close it
+    text = text.rstrip()
+    return (text[:-1] if text.endswith(",") else text) + "".join(reversed(closers))
+
+
+def _validated(obj) -> dict | None:
+    """The diff {"modified", "removed", "score"} that `obj` holds, or None when it lacks "modified"
+    or "removed" (the official contract: a truncated answer must not earn credit) or has the wrong
+    shape. An absent "score" reads as None; a present one must be an object (null is not)."""
+    if not isinstance(obj, dict) or "modified" not in obj or "removed" not in obj:
+        return None
+    modified, removed, score = obj["modified"], obj["removed"], obj.get("score")
+    ok = (isinstance(modified, list) and isinstance(removed, list)
+          and ("score" not in obj or isinstance(score, dict))
+          and all(isinstance(o, dict) and _is_uuid(o.get("uuid")) for o in modified))
+    return {"modified": modified, "removed": removed, "score": score} if ok else None
+
+
+def _is_uuid(value) -> bool:
+    """A uuid is an integer; JSON's true and false (Python bools, a kind of int) are not."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# --------------------------------------------------------------------------------- merge it
+
+def apply_diff(state: dict, diff: dict) -> dict:
+    """The predicted next state: `diff` merged into `state` (neither is modified).
+
+    A modified object replaces the object with its uuid, or is added when the uuid is new (the
+    official merge drops new ones; docs/rewards.md); removal wins over modification. The score:
+    {} keeps the state's, a non-empty one replaces it, None (no "score" written) predicts none."""
+    removed = {u for u in diff["removed"] if _is_uuid(u)}   # an entry not a uuid removes nothing
+    changes = {obj["uuid"]: obj for obj in diff["modified"]}
+    # the kept objects in the state's order, each replaced by its change; then the new objects
+    objects = [changes.pop(obj["uuid"], obj) for obj in state["objects"]
+               if obj["uuid"] not in removed]
+    objects += [obj for uuid, obj in changes.items() if uuid not in removed]
+    score = diff["score"]
+    return {"objects": objects,
+            "score": state["score"] if score == {} else ({} if score is None else score)}
+
+
+# --------------------------------------------------------------------------------- compare
+# The metrics compare the predicted next state with the true one; formulas and their sources:
+# docs/rewards.md, "Where the formulas come from".
+
+_ABSENT = object()   # a field that does not exist in a state
+_INVALID = object()  # contents that are not a list of names: equal to nothing else
+
+
+def _compare(pred: dict, state: dict, next_state: dict) -> dict:
+    """The metrics of an answer that parses, whose predicted next state is `pred`."""
+    # object-property accuracy: the share of the checks on the true objects that the guess passes
     correct, errors = _object_counts(pred, next_state)
     object_acc = correct / (correct + errors) if correct + errors else 1.0
+    # score accuracy: the share of the true score keys (score, gameOver, gameWon) predicted equal
     true_score = next_state["score"]
     score_right = sum(1 for key, value in true_score.items()
                       if key in pred["score"] and pred["score"][key] == value)
     score_acc = score_right / len(true_score) if true_score else 1.0
-    exact = int(errors == 0 and score_right == len(true_score))
-    # a field changed when its value or presence differs between state and next state; the share predicted right
+    exact = int(errors == 0 and score_right == len(true_score))   # every check right
+    # changed-field accuracy: a field changed when its value or presence differs between state and
+    # next state; the share of those that the prediction gets right, None when nothing changed
     before, after, predicted = _fields(state), _fields(next_state), _fields(pred)
-    changed = [f for f in before.keys() | after.keys() if before.get(f, _ABSENT) != after.get(f, _ABSENT)]
+    changed = [f for f in before.keys() | after.keys()
+               if before.get(f, _ABSENT) != after.get(f, _ABSENT)]
     changed_acc = (sum(1 for f in changed if predicted.get(f, _ABSENT) == after.get(f, _ABSENT))
                    / len(changed)) if changed else None
     # official weights: the truth scores 1.3 on a changed transition, 0.3 on an unchanged one
@@ -78,7 +229,9 @@ def textgame_metrics(text, state: dict, next_state: dict) -> dict:
 
 
 def _object_counts(pred: dict, true: dict) -> tuple[int, int]:
-    """(correct, errors) of the object-property accuracy, per the official `evaluate` plus fix 2."""
+    """(correct, errors) of the object-property accuracy: the official `evaluate`, plus the
+    predicted objects and properties that the truth lacks, counted as errors (docs/rewards.md,
+    "Where we deliberately differ", 2)."""
     predicted = {obj["uuid"]: obj for obj in pred["objects"]}
     correct = errors = 0
     for obj in true["objects"]:
@@ -86,15 +239,19 @@ def _object_counts(pred: dict, true: dict) -> tuple[int, int]:
         if guess is None:   # a true object the prediction lost: one error
             errors += 1
             continue
-        properties = guess.get("properties")
-        if isinstance(properties, dict):   # each true property right or wrong, each invented one wrong
-            right = sum(1 for key, value in obj["properties"].items() if key in properties and properties[key] == value)
+        properties, true_properties = guess.get("properties"), obj["properties"]
+        if isinstance(properties, dict):
+            # each true property is right or wrong; each property the truth lacks is wrong
+            right = sum(1 for key, value in true_properties.items()
+                        if key in properties and properties[key] == value)
             correct += right
-            errors += len(obj["properties"]) - right + len(properties.keys() - obj["properties"].keys())
-        else:
+            errors += len(true_properties) - right + len(properties.keys() - true_properties.keys())
+        else:   # no properties to compare: one error
             errors += 1
-        same_contents = _contents(guess) == _contents(obj)   # the contents count as one more property
+        # the contents count as one more property
+        same_contents = _contents(guess) == _contents(obj)
         correct, errors = correct + same_contents, errors + (not same_contents)
+    # each predicted object that the truth lacks: one error
     errors += len(predicted.keys() - {obj["uuid"] for obj in true["objects"]})
     return correct, errors
 
@@ -122,113 +279,12 @@ def _contents(obj: dict):
     return _INVALID
 
 
-def apply_diff(state: dict, diff: dict) -> dict:
-    """Merge a diff into a state (inputs are not modified). A modified object replaces the one with its uuid, or is
-    added when the uuid is new (the official merge drops new ones; docs/rewards.md); removal wins over modification.
-    Score: {} keeps the state's, a non-empty one replaces it, None (no "score" written) predicts none at all."""
-    removed = {u for u in diff["removed"] if _is_uuid(u)}
-    changes = {obj["uuid"]: obj for obj in diff["modified"]}
-    objects = [changes.pop(obj["uuid"], obj) for obj in state["objects"] if obj["uuid"] not in removed]
-    objects += [obj for uuid, obj in changes.items() if uuid not in removed]
-    score = diff["score"]
-    return {"objects": objects, "score": state["score"] if score == {} else ({} if score is None else score)}
-
-
-def parse_diff(text) -> dict | None:
-    """The model's difference JSON read from its text, or None. Tries the first few '{' of the answer segment, each as
-    is and repaired, and returns the first JSON object with the diff shape (junk around it and inner objects are
-    skipped). The repair only closes strings and brackets: it never adds the key a truncated answer lacks."""
-    if not isinstance(text, str) or len(text) > MAX_ANSWER_CHARS:
-        return None
-    segment = _PY_LITERAL.sub(lambda m: {"True": "true", "False": "false", "None": "null"}[m.group(1)],
-                              _answer_segment(text))
-    decoder = json.JSONDecoder()
-    starts = [m.start() for m in itertools.islice(re.finditer(r"\{", segment), _MAX_STARTS)]
-    for start in starts:
-        for candidate in _variants(segment[start:]):
-            try:
-                obj, _ = decoder.raw_decode(candidate)
-            except (ValueError, RecursionError):  # bad JSON, too-long integers, too-deep nesting
-                continue
-            diff = _validated(obj)
-            if diff is not None:
-                return diff
-    return None
-
-
-def _validated(obj) -> dict | None:
-    """The diff {"modified", "removed", "score"} that `obj` holds, or None when it lacks "modified" or "removed" (the
-    official contract: a truncated answer must not earn credit) or has the wrong shape. "score" may be absent: None."""
-    if not isinstance(obj, dict) or "modified" not in obj or "removed" not in obj:
-        return None
-    diff = {"modified": obj["modified"], "removed": obj["removed"], "score": obj.get("score")}
-    if not (isinstance(diff["modified"], list) and isinstance(diff["removed"], list)
-            and ("score" not in obj or isinstance(diff["score"], dict))):
-        return None
-    if not all(isinstance(o, dict) and _is_uuid(o.get("uuid")) for o in diff["modified"]):
-        return None
-    return diff
-
-
-def _is_uuid(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _variants(text: str):
-    """The text as is, then repaired: trailing commas, unclosed brackets, then single quotes."""
-    yield text
-    for t in (text, text.replace("'", '"')) if "'" in text else (text,):
-        repaired = _close_brackets(_TRAILING_COMMA.sub(r"\1", t))
-        if repaired is not None:
-            yield repaired
-
-
-def _close_brackets(text: str) -> str | None:
-    """The JSON value that `text` starts with, cut where it ends; or, when the text ends first (a truncated answer),
-    closed: an unterminated string gets its quote, a final comma goes, unclosed {/[ are closed. None if brackets
-    mismatch or nest deeper than _MAX_DEPTH. Python sees only the brackets; the regex skips the rest."""
-    closers, pos = [], 0
-    while (m := _JSON_TOKEN.match(text, pos)) is not None:
-        token, pos = m.group(1), m.end()
-        if token == '"':  # a string that never closes runs to the end of the text
-            return text + '"' + "".join(reversed(closers))
-        if token in "{[":
-            closers.append("}" if token == "{" else "]")
-            if len(closers) > _MAX_DEPTH:
-                return None
-        elif not closers or closers.pop() != token:
-            return None
-        elif not closers:  # the first value is complete; what follows is not read
-            return text[:pos]
-    text = text.rstrip()
-    return (text[:-1] if text.endswith(",") else text) + "".join(reversed(closers))
-
-
-def _answer_segment(text: str) -> str:
-    """The part of the model's text that should hold the JSON (official extraction rules)."""
-    finals = list(_FINAL_ANSWER.finditer(text))
-    if finals:
-        return text[finals[-1].end():]
-    fenced = _last_fenced(text)
-    return fenced if fenced is not None and len(fenced) >= 10 else text
-
-
-def _last_fenced(text: str) -> str | None:
-    """The stripped content of the last ```json block, as the official regex r"```json\\s*([\\s\\S]*?)\\s*```" finds
-    it, or None. By str.find: that regex takes quadratic time on a long run of whitespace after an unclosed fence."""
-    last, pos = None, 0
-    while (start := text.find("```json", pos)) != -1:
-        end = text.find("```", start + 7)
-        if end == -1:
-            break
-        last, pos = text[start + 7:end].strip(), end + 3
-    return last
-
-
-# ============================================================================ web page
-# The model writes the items an action adds, deletes and updates on a page, in three sections of accessibility-tree
-# lines (data/webpage/task.py); the reward is the F1 of its items against the true ones (docs/rewards.md).
+# ======================================================================================= web page
+# The model writes the items an action adds, deletes and updates on a page, in three sections of
+# accessibility-tree lines (data/webpage/task.py makes the true answer); the reward is the F1 of its
+# items against the true ones (docs/rewards.md).
 SECTION_KEYS = ("new", "deleted", "updated")
+# a section header, e.g. "New items:", possibly with the first item on the same line (group 2)
 _HEADER = re.compile(r"(new|deleted|updated)\s+items\s*(?::\s*(.*))?", re.IGNORECASE)
 _SPACES = re.compile(r"\s+")
 
@@ -239,19 +295,19 @@ def web_f1(text, target_text) -> float:
 
 
 def web_prf(text, target_text) -> tuple[float, float, float]:
-    """(precision, recall, f1) of the items in `text` against those in `target_text`, pooled over sections.
+    """(precision, recall, f1) of the predicted items against the true ones, pooled over sections.
 
     Matches per section are the multiset intersection of the exact items. No items on either side
     gives (1, 1, 1); a side without items gives 0 for the ratio it divides. A prediction longer than
     MAX_ANSWER_CHARS scores (0, 0, 0) unread. Never raises.
     """
-    if not isinstance(text, str) or not isinstance(target_text, str) or len(text) > MAX_ANSWER_CHARS:
+    if not (isinstance(text, str) and isinstance(target_text, str)) or len(text) > MAX_ANSWER_CHARS:
         return 0.0, 0.0, 0.0
     pred, true = parse_sections(text), parse_sections(target_text)
     matched = sum(sum((Counter(pred[k]) & Counter(true[k])).values()) for k in SECTION_KEYS)
     n_pred = sum(len(pred[k]) for k in SECTION_KEYS)
     n_true = sum(len(true[k]) for k in SECTION_KEYS)
-    if n_pred == 0 and n_true == 0:
+    if n_pred == 0 and n_true == 0:   # "nothing changes", predicted right
         return 1.0, 1.0, 1.0
     precision = matched / n_pred if n_pred else 0.0
     recall = matched / n_true if n_true else 0.0
@@ -262,13 +318,14 @@ def web_prf(text, target_text) -> tuple[float, float, float]:
 def parse_sections(text) -> dict[str, list[str]]:
     """{"new": [...], "deleted": [...], "updated": [...]} read from a three-section answer.
 
-    Items are stripped non-blank lines after a header (in any order, possibly repeated); lines before the
-    first header are ignored; a missing section is an empty list; non-strings give empty sections.
+    Items are stripped non-blank lines after a header (in any order, possibly repeated); lines
+    before the first header are ignored; a missing section is an empty list; a non-string gives
+    empty sections.
     """
     sections = {key: [] for key in SECTION_KEYS}
     if not isinstance(text, str):
         return sections
-    current = None
+    current = None   # the list of the section being read
     for raw in text.splitlines():
         line = raw.strip()
         if not line:
@@ -290,182 +347,218 @@ def _item(line: str) -> str:
     return "None" if line.lower() == "none" else line
 
 
-# ============================================================================ video
-# Every function takes float tensors (N, 3, H, W) in [0, 1], the *decoded* prediction and the true frames, and
-# returns a per-sample tensor (N,), a reward for a whole GRPO batch at once. Wrong shapes or dtypes and non-finite
-# true frames are the caller's bug: a ValueError says what was expected. Ranges and sources: docs/rewards.md.
+# ======================================================================================= video
+# Every function takes float tensors (N, 3, H, W) in [0, 1], the *decoded* prediction and the true
+# frames, and returns a per-sample tensor (N,): a reward for a whole GRPO batch at once. Wrong
+# shapes or dtypes and non-finite true frames are the caller's bug: a ValueError says what was
+# expected. Ranges and sources: docs/rewards.md.
 WORST_VIDEO_REWARD = -3.0   # the floor of -(MAE + (1 - SSIM)): MAE <= 1, SSIM >= -1
-# a pixel moved: it differs from the context frame by more than MOVE_TOL; an object: from the background, OBJECT_TOL
+# a pixel moved: it differs from the context frame by more than MOVE_TOL; an object pixel differs
+# from the background by more than OBJECT_TOL
 MOVE_TOL, OBJECT_TOL = 0.1, 0.15
 
 
 def video_reward(name, pred, true, lpips_net=None, context=None, moving_weight=0.0, background=None,
                  object_weight=0.0):
-    """Per-sample reward (N,) of decoded predictions against the true frames; never raises on model output.
+    """Per-sample reward (N,) of decoded predictions against the true frames. Never raises on
+    model output.
 
-    Two optional terms close holes that the whole-frame metrics leave (docs/rewards.md), each frame (N, 3, H, W):
-    - moving_weight x `moving_mae` (context: the last true context frame): the error on the pixels where the truth
-      differs from the context frame. Whole-frame metrics are ~99% static pixels, so they pay for copying the last
-      frame; this term is where copying is worst.
-    - object_weight x `object_miss` (background: the bare scene without objects): the share of the truth's object
-      pixels that the prediction leaves empty. Pixel errors pay for erasing an object whose position is uncertain
-      (the median pixel is the table); this term does not.
-    The prediction is clamped to [0, 1] (+-inf pixels read as 1 and 0); a sample holding a NaN or infinite pixel, or
-    whose reward is still non-finite, gets the floor, WORST_VIDEO_REWARD (-3) minus the terms' weights, never a neutral
-    value that RL could learn to reach."""
+    Two optional terms close holes that the whole-frame metrics leave (docs/rewards.md), each frame
+    (N, 3, H, W):
+    - moving_weight x `moving_mae` (context: the last true context frame): the error on the pixels
+      where the truth differs from the context frame. Whole-frame metrics are ~99% static pixels, so
+      they pay for copying the last frame; this term is where copying is worst.
+    - object_weight x `object_miss` (background: the bare scene without objects): the share of the
+      truth's object pixels that the prediction leaves empty. Pixel errors pay for erasing an object
+      whose position is uncertain (the median pixel is the table); this term does not.
+
+    The prediction is clamped to [0, 1] (+-inf pixels read as 1 and 0); a sample holding a NaN or
+    infinite pixel, or whose reward is still non-finite, gets the floor, WORST_VIDEO_REWARD (-3)
+    minus the terms' weights, never a neutral value that RL could learn to reach."""
     if name not in REWARDS:
         raise ValueError(f"unknown video reward {name!r}; choose from {sorted(REWARDS)}")
     _check_frames(pred, true, min_side=11)
     if not torch.isfinite(true).all():
         raise ValueError("video reward: the true frames hold non-finite values")
     if (moving_weight and context is None) or (object_weight and background is None):
-        raise ValueError("video reward: moving_weight needs the context frames, object_weight the backgrounds")
+        raise ValueError("video reward: moving_weight needs the context frames, "
+                         "object_weight the backgrounds")
     with torch.no_grad():
-        clamped = pred.float().clamp(0, 1)
-        r = REWARDS[name](clamped, true.float(), lpips_net)
+        clamped, true = pred.float().clamp(0, 1), true.float()
+        r = REWARDS[name](clamped, true, lpips_net)
         if moving_weight:
-            r = r - moving_weight * moving_mae(clamped, true.float(), context.float())
+            r = r - moving_weight * moving_mae(clamped, true, context.float())
         if object_weight:
-            r = r - object_weight * object_miss(clamped, true.float(), background.float())
+            r = r - object_weight * object_miss(clamped, true, background.float())
+    # the floor for a non-finite prediction or reward: each term is at most 1, so it lies below all
     bad = ~torch.isfinite(pred.reshape(len(pred), -1)).all(1) | ~torch.isfinite(r)
-    return r.masked_fill(bad, WORST_VIDEO_REWARD - moving_weight - object_weight)   # each term is at most 1
+    return r.masked_fill(bad, WORST_VIDEO_REWARD - moving_weight - object_weight)
 
 
 def pick_reward(name, lpips_net):
-    """'auto' -> 'mae+lpips' when LPIPS weights are loaded, else 'mae+ssim'. Raises on an impossible choice."""
+    """'auto' -> 'mae+lpips' when LPIPS weights are loaded, else 'mae+ssim'.
+    Raises on an impossible choice."""
     if name == "auto":
         name = "mae+lpips" if lpips_net is not None else "mae+ssim"
     if name not in REWARDS:
         raise ValueError(f"unknown video reward {name!r}; choose from {sorted(REWARDS)}")
     if name == "mae+lpips" and lpips_net is None:
-        raise ValueError("reward mae+lpips needs LPIPS weights (--lpips=FILE, see tools/convert_lpips.py)")
+        raise ValueError("reward mae+lpips needs LPIPS weights "
+                         "(--lpips=FILE, see tools/convert_lpips.py)")
     return name
 
 
-# -----------------------------------------------------------------------------
-# metrics
+# ---------------------------------------------------------------------------------- metrics
 
 def _check_frames(pred, true, min_side=None):
-    """Two float tensors of one shape (N, ...); with min_side, (N, 3, H, W) with H, W >= min_side. Else ValueError."""
-    shapes = [f"{tuple(t.shape)} {t.dtype}" if torch.is_tensor(t) else type(t).__name__ for t in (pred, true)]
-    ok = all(torch.is_tensor(t) and t.is_floating_point() for t in (pred, true)) and pred.shape == true.shape
+    """Two float tensors of one shape (N, ...); with min_side, (N, 3, H, W) with H, W >= min_side.
+    Else ValueError."""
+    shapes = [f"{tuple(t.shape)} {t.dtype}" if torch.is_tensor(t) else type(t).__name__
+              for t in (pred, true)]
+    ok = (all(torch.is_tensor(t) and t.is_floating_point() for t in (pred, true))
+          and pred.shape == true.shape)
     if ok and min_side is not None:
         ok = pred.dim() == 4 and pred.shape[1] == 3 and min(pred.shape[2:]) >= min_side
     if not ok or pred.dim() < 2:
         need = f"(N, 3, H, W) with H, W >= {min_side}" if min_side else "(N, ...)"
-        raise ValueError(f"video metrics take two float tensors of one shape {need}, got {shapes[0]} and {shapes[1]}")
+        raise ValueError(f"video metrics take two float tensors of one shape {need}, "
+                         f"got {shapes[0]} and {shapes[1]}")
 
 
 def mae(pred, true):
+    """Mean absolute error per sample -> (N,)."""
     _check_frames(pred, true)
     return (pred - true).abs().flatten(1).mean(1)
 
 
 def mse(pred, true):
+    """Mean squared error per sample -> (N,)."""
     _check_frames(pred, true)
     return torch.square(pred - true).flatten(1).mean(1)
 
 
 def psnr(pred, true):
+    """Peak signal-to-noise ratio in dB per sample, pixels in [0, 1], in float64 -> (N,)."""
     _check_frames(pred, true)
+    # the MSE floor of 1e-10 caps identical frames at 100 dB instead of infinity
     return 10 * torch.log10(1.0 / mse(pred.double(), true.double()).clamp(min=1e-10)).float()
 
 
 def gaussian_taps(sigma=1.5, truncate=3.5):
-    radius = int(truncate * sigma + 0.5)                     # scipy.ndimage's rule: 5 for sigma 1.5 -> 11 taps
+    """The normalised 1-D Gaussian window of SSIM, in float64."""
+    radius = int(truncate * sigma + 0.5)   # scipy.ndimage's rule: 5 for sigma 1.5 -> 11 taps
     x = torch.arange(-radius, radius + 1, dtype=torch.float64)
     w = torch.exp(-0.5 * (x / sigma) ** 2)
     return w / w.sum()
 
 
 def ssim(pred, true, data_range=1.0, sigma=1.5):
+    """Structural similarity per sample (Gaussian window, valid region, computed in float64),
+    averaged over pixels and channels -> (N,)."""
     w = gaussian_taps(sigma).to(pred.device)
     k = len(w)
     _check_frames(pred, true, min_side=k)
     N, C, H, W = pred.shape
 
-    def band(n):                                             # (n-k+1, n): row i holds the taps at columns i..i+k-1
+    def band(n):   # (n-k+1, n): row i holds the taps at columns i..i+k-1
         b = torch.zeros(n - k + 1, n, dtype=torch.float64, device=pred.device)
         for j in range(k):
             b.diagonal(j).fill_(w[j])
         return b
 
     x, y = pred.double(), true.double()
-    # separable Gaussian, valid region only, as two banded matmuls over all five maps at once: (5, N, C, H', W')
-    # (float64 conv2d has no fast CPU path; the same sums as matmuls are several times faster)
+    # the separable Gaussian, valid region only, as two banded matmuls over all five maps at once,
+    # (5, N, C, H', W'): float64 conv2d has no fast CPU path; the same sums as matmuls are several
+    # times faster
     ux, uy, xx, yy, xy = band(H) @ torch.stack([x, y, x * x, y * y, x * y]) @ band(W).T
-    vx, vy, vxy = xx - ux * ux, yy - uy * uy, xy - ux * uy
+    vx, vy, vxy = xx - ux * ux, yy - uy * uy, xy - ux * uy   # local variances and covariance
     c1, c2 = (0.01 * data_range) ** 2, (0.03 * data_range) ** 2
     s = ((2 * ux * uy + c1) * (2 * vxy + c2)) / ((ux * ux + uy * uy + c1) * (vx + vy + c2))
     return s.view(N, -1).mean(1).float()
 
 
 def moving_mae(pred, true, context, tol=MOVE_TOL):
-    """MAE over the pixels that move: where the true frame differs from the context frame by > tol in some channel
-    (data/robot/evaluate.py's mae_moving, per sample); 0 for a frame where nothing moves. -> (N,)"""
+    """MAE over the pixels that move: where the true frame differs from the context frame by > tol
+    in some channel (data/robot/evaluate.py's mae_moving, per sample); 0 for a frame where nothing
+    moves. -> (N,)"""
     _check_frames(pred, true)
     _check_frames(context, true)
-    mask = ((true - context).abs().amax(1, keepdim=True) > tol).float()          # (N, 1, H, W)
-    err = ((pred - true).abs() * mask).flatten(1).sum(1)                          # summed over the moving pixels
-    return err / (3 * mask.flatten(1).sum(1)).clamp(min=1)
+    mask = ((true - context).abs().amax(1, keepdim=True) > tol).float()   # (N, 1, H, W)
+    err = ((pred - true).abs() * mask).flatten(1).sum(1)   # summed over the moving pixels
+    return err / (3 * mask.flatten(1).sum(1)).clamp(min=1)   # the mean over them, 3 channels each
 
 
 def object_miss(pred, true, background, tol=OBJECT_TOL):
-    """Share of the true frame's object pixels (differing from the background by > tol in some channel) where the
-    prediction shows none: 1 - data/robot/evaluate.py's object recall, per sample; 0 for a frame without objects."""
+    """Share of the true frame's object pixels (differing from the background by > tol in some
+    channel) where the prediction shows none: 1 - data/robot/evaluate.py's object recall, per
+    sample; 0 for a frame without objects. -> (N,)"""
     _check_frames(pred, true)
     _check_frames(background, true)
-    shown = (true - background).abs().amax(1) > tol                               # (N, H, W) objects in the truth
-    drawn = (pred - background).abs().amax(1) > tol                               # ... and in the prediction
+    shown = (true - background).abs().amax(1) > tol   # (N, H, W) objects in the truth
+    drawn = (pred - background).abs().amax(1) > tol   # ... and in the prediction
     return (shown & ~drawn).flatten(1).sum(1) / shown.flatten(1).sum(1).clamp(min=1)
 
 
-# -----------------------------------------------------------------------------
-# LPIPS (VGG16)
+# ---------------------------------------------------------------------------------- LPIPS (VGG16)
+# LPIPS compares the two images' deep features: the unit-normalised activations of five VGG16
+# stages, their squared difference weighted per channel by a learned 1x1 "lin" layer, averaged over
+# space, and summed over the stages. tools/convert_lpips.py writes the official weights and checks
+# the distances.
 
 VGG16 = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512]
-TAPS = (3, 8, 15, 22, 29)                                    # relu1_2 ... relu5_3 in torchvision's features
+TAPS = (3, 8, 15, 22, 29)   # relu1_2 ... relu5_3 in torchvision's features
 LIN_CHANNELS = (64, 128, 256, 512, 512)
 
 
 class LPIPS(nn.Module):
     def __init__(self):
         super().__init__()
+        # torchvision's VGG16 features and layer indices: a conv + ReLU per number, "M" a max-pool
         layers, c = [], 3
         for v in VGG16:
-            layers += [nn.MaxPool2d(2, 2)] if v == "M" else [nn.Conv2d(c, v, 3, padding=1), nn.ReLU()]
-            c = v if v != "M" else c
+            if v == "M":
+                layers += [nn.MaxPool2d(2, 2)]
+            else:
+                layers += [nn.Conv2d(c, v, 3, padding=1), nn.ReLU()]
+                c = v
         self.features = nn.Sequential(*layers)
         self.lins = nn.ModuleList([nn.Conv2d(ch, 1, 1, bias=False) for ch in LIN_CHANNELS])
-        self.register_buffer("shift", torch.tensor([-0.030, -0.088, -0.188]).view(1, 3, 1, 1), persistent=False)
-        self.register_buffer("scale", torch.tensor([0.458, 0.448, 0.450]).view(1, 3, 1, 1), persistent=False)
+        # the official input scaling layer: [-1, 1] images shifted and scaled per channel
+        self.register_buffer("shift", torch.tensor([-0.030, -0.088, -0.188]).view(1, 3, 1, 1),
+                             persistent=False)
+        self.register_buffer("scale", torch.tensor([0.458, 0.448, 0.450]).view(1, 3, 1, 1),
+                             persistent=False)
 
     def forward(self, pred, true):
-        """(N, 3, H, W) in [0, 1] twice, H, W >= 16 -> (N,) distances (on the network's device, returned on pred's)."""
+        """(N, 3, H, W) in [0, 1] twice, H, W >= 16 -> (N,) distances (computed on the network's
+        device, returned on pred's)."""
         _check_frames(pred, true, min_side=16)   # five VGG stages: 16 pixels shrink to 1
+        # both batches through the network at once: [0, 1] -> [-1, 1] -> the official scaling
         x = torch.cat([pred, true]).to(self.shift.device, torch.float32) * 2 - 1
         x = (x - self.shift) / self.scale
         total, k = 0.0, 0
         for i, layer in enumerate(self.features):
             x = layer(x)
             if i in TAPS:
-                f = x / (x.pow(2).sum(1, keepdim=True).sqrt() + 1e-10)
-                a, b = f.chunk(2)
+                f = x / (x.pow(2).sum(1, keepdim=True).sqrt() + 1e-10)   # unit length over channels
+                a, b = f.chunk(2)   # pred's features, true's features
                 total = total + self.lins[k]((a - b) ** 2).mean((1, 2, 3))
                 k += 1
         return total.to(pred.device)
 
 
 def load_lpips(path, device="cpu"):
-    """LPIPS with weights from a safetensors file (tools/convert_lpips.py), or None when path is None."""
+    """LPIPS with the weights of a safetensors file (tools/convert_lpips.py); None for path None."""
     if path is None:
         return None
     from safetensors.torch import load_file
     try:
         sd = load_file(str(path))
     except Exception as e:
-        raise ValueError(f"{path}: cannot read LPIPS weights ({e}); build them with tools/convert_lpips.py") from None
+        raise ValueError(f"{path}: cannot read LPIPS weights ({e}); "
+                         "build them with tools/convert_lpips.py") from None
     net = LPIPS()
+    # the file names the lin layers lin0 ... lin4; the module holds them as lins.0 ... lins.4
     sd = {k.replace("lin", "lins.", 1) if k.startswith("lin") else k: v for k, v in sd.items()}
     try:
         net.load_state_dict(sd)
@@ -474,27 +567,27 @@ def load_lpips(path, device="cpu"):
     return net.to(device).eval().requires_grad_(False)
 
 
-# -----------------------------------------------------------------------------
-# multi-step: repetition
+# ---------------------------------------------------------------------------------- repetition
 
 def repetition_rate(pred_codes, context_codes, true_frames, context_frame, tol=0.05):
     """Share of predicted frames that repeat the previous frame while the world moved, per sample.
 
-    pred_codes (N, K, L): the K predicted frames' codes; context_codes (N, L): codes of the last context frame;
-    true_frames (N, K, 3, H, W) and context_frame (N, 3, H, W): the truth, in [0, 1].
-    Predicted frame k is a *repetition* when its codes equal those of the frame before it (predicted frame k - 1, or the
-    last context frame for k = 0) while the true frame k differs from the true frame before it (some pixel by more
-    than tol). The rate is repetitions / frames whose truth changed (0 where the truth never changes). -> (N,)"""
+    pred_codes (N, K, L): the K predicted frames' codes; context_codes (N, L): codes of the last
+    context frame; true_frames (N, K, 3, H, W) and context_frame (N, 3, H, W): the truth, in [0, 1].
+    Predicted frame k is a *repetition* when its codes equal those of the frame before it (predicted
+    frame k - 1, or the last context frame for k = 0) while the true frame k differs from the true
+    frame before it (some pixel by more than tol). The rate is repetitions / frames whose truth
+    changed (0 where the truth never changes). -> (N,)"""
     prev_codes = torch.cat([context_codes[:, None], pred_codes[:, :-1]], 1)
-    repeated = (pred_codes == prev_codes).all(-1)                                        # (N, K)
+    repeated = (pred_codes == prev_codes).all(-1)                            # (N, K)
     prev_true = torch.cat([context_frame[:, None], true_frames[:, :-1]], 1)
-    changed = (true_frames - prev_true).abs().flatten(2).amax(-1) > tol                  # (N, K)
+    changed = (true_frames - prev_true).abs().flatten(2).amax(-1) > tol      # (N, K)
     return (repeated & changed).sum(1).float() / changed.sum(1).clamp(min=1).float()
 
 
-# -----------------------------------------------------------------------------
-# named rewards: "mae+lpips" = -(MAE + LPIPS), the paper's; "mae+ssim" = -(MAE + (1 - SSIM)), the default without LPIPS
-# weights (SSIM, like LPIPS, rewards structure that MAE alone would blur away)
+# ---------------------------------------------------------------------------------- named rewards
+# "mae+lpips" = -(MAE + LPIPS), the paper's; "mae+ssim" = -(MAE + (1 - SSIM)), the default without
+# LPIPS weights (SSIM, like LPIPS, rewards structure that MAE alone would blur away)
 
 def reward_mae_ssim(pred, true, lpips_net=None):
     return -(mae(pred, true) + (1 - ssim(pred, true)))
