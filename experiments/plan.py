@@ -82,7 +82,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root
 from checkpoint import write_json  # noqa: E402
 from data.textgame import simulator as tg_sim, task as tg_task  # noqa: E402
-from data.tasks import crop, load_lang_model  # noqa: E402
+from tasks import crop, load_lang_model  # noqa: E402
 from engine import generate  # noqa: E402
 from data.webpage import simulator as web_sim, task as web_task  # noqa: E402
 from rewards import apply_diff, parse_diff, parse_sections, textgame_reward, web_prf  # noqa: E402

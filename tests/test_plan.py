@@ -372,7 +372,7 @@ def test_graded_web_value_credits_each_goal_line():
 
 def test_predictor_returns_generate_texts_answers_with_their_log_probs(tmp_path):
     torch = pytest.importorskip("torch")
-    from data.tasks import generate_texts, load_lang_model
+    from tasks import generate_texts, load_lang_model
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=449, block_size=64, n_layer=1, n_head=2, n_embd=32))
     ckpt = tmp_path / "tiny.safetensors"
