@@ -9,7 +9,7 @@ Evaluate world-model checkpoints on a held-out split: one entry point for every 
     python eval.py --task=video --ckpt=out/video/video_rlvr.safetensors --official=1   (+ sampled, T=1, top-k 100)
     python eval.py --task=video --tokenizer=checkpoints/video_cvq.safetensors [--mode=multi]   (a tokenizer's ceiling)
 
-Every language task writes "what changes" as text and is scored by its reward in rewards.py (data/tasks.py):
+Every language task writes "what changes" as text and is scored by its reward in rewards.py (tasks.py):
 - textgame: the state difference is merged into the current state and compared with the true next state;
   `accuracy` = exact state (binary reward), `task_specific` = the graded reward.
 - webpage: the three sections of changed page items; `precision`, `recall`, `f1` (per record, then averaged).
@@ -18,9 +18,9 @@ Each metric is reported overall and on the transitions that change something (`_
 "pass@k", per record under "per_record" (one value per record, in file order, and "changed"), plus the baseline that
 exposes fake gains: always answering "nothing changes", scored by the same reward. With --compare the paired
 differences (bootstrap 95% intervals over the same records) are printed too.
-`n_cropped` counts prompts too long for the model's block_size, which keep only their last tokens (data/tasks.crop).
+`n_cropped` counts prompts too long for the model's block_size, which keep only their last tokens (tasks.crop).
 
-Video (data/robot/evaluate.py): a window is `context` true frames with their actions, then `horizon` predicted frames
+Video (evaluate_video.py): a window is `context` true frames with their actions, then `horizon` predicted frames
 (data/robot/task.rollout: the GPT samples a frame's codes, the next true action's tokens are injected, and so on;
 single-step is horizon 1), decoded with the true last context frame and scored by MAE, PSNR, SSIM, LPIPS (with
 weights), the error on moving pixels and object recall, against copy-last-frame and the tokenizer's own ceiling;
@@ -36,12 +36,13 @@ import numpy as np
 import torch
 
 from checkpoint import write_json
-from data.robot.evaluate import (OFFICIAL, eval_video, load_video_model, paired_video, print_video_paired,
-                                 print_video_table, tokenizer_ceiling)
 from data.robot.prepare import DATA_DIR, ensure_splits
 from data.robot.task import clips, load_split
-from data.tasks import TASKS, evaluate, load_lang_model, pct, print_paired, print_table
+from evaluate_lang import evaluate, pct, print_paired, print_table
+from evaluate_video import (OFFICIAL, eval_video, load_video_model, paired_video, print_video_paired,
+                            print_video_table, tokenizer_ceiling)
 from rewards import load_lpips
+from tasks import TASKS, load_lang_model
 from tokenizer_vq import load_vq
 
 ROOT = Path(__file__).resolve().parent

@@ -26,11 +26,11 @@ import torch
 from tqdm import tqdm
 
 from checkpoint import read_checkpoint, write_json
-from data.tasks import (TASKS, PromptPool, evaluate, evaluate_checkpoints, keep_tokenizer, load_lang_model,
-                        print_comparison, probe_rewards)
+from evaluate_lang import evaluate, evaluate_checkpoints, print_comparison
 from grpo import GRPOConfig, grpo_step
 from model import GPT, GPTConfig
 from runtime import Run, WeightPath, check_ranges, finite_weights, fork_alongside, lr_at
+from tasks import TASKS, PromptPool, keep_tokenizer, load_lang_model, probe_rewards
 from tokenizer_text import Tokenizer
 
 ROOT = Path(__file__).resolve().parent

@@ -56,10 +56,10 @@ from tqdm import tqdm
 
 from checkpoint import atomic_write, atomic_write_text, read_checkpoint
 from data.robot.prepare import DATA_DIR, ensure_splits
-from data.robot.evaluate import (OFFICIAL, eval_video, load_video_model, paired_video, print_video_paired,
-                                 print_video_table, to_float)
 from data.robot.task import (Layout, clips, frame_codes, load_split, read_action_stats, rollout, tokenize_split,
                              windows)
+from evaluate_video import (OFFICIAL, eval_video, load_video_model, paired_video, print_video_paired,
+                            print_video_table, to_float)
 from grpo import GRPOConfig, grpo_step
 from model import GPT, GPTConfig
 from rewards import load_lpips, mae, pick_reward, psnr, ssim, video_reward

@@ -32,8 +32,8 @@ from common import ROOT, machine, median, print_table
 
 from data.textgame.prepare import generate_split  # noqa: E402
 from data.textgame.task import is_changed, prompt_text  # noqa: E402
-from data.tasks import TASKS, load_lang_model  # noqa: E402
 from grpo import GRPOConfig, grpo_step  # noqa: E402
+from tasks import TASKS, load_lang_model  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # flags

@@ -72,8 +72,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root
 from checkpoint import write_json  # noqa: E402
 from data.robot import sim  # noqa: E402
-from data.robot.evaluate import load_video_model  # noqa: E402
 from data.robot.task import Layout, action_bins, frame_codes, rollout  # noqa: E402
+from evaluate_video import load_video_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GREEN_TOL, COLOR_TOL, GRIPPER_TOL, MIN_PIXELS = 0.09, 0.25, 0.1, 12

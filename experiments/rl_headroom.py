@@ -23,9 +23,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root
 from checkpoint import write_json  # noqa: E402
-from data.tasks import TASKS, generate_texts, load_lang_model, summarize  # noqa: E402
+from evaluate_lang import summarize  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from rewards import parse_diff  # noqa: E402
+from tasks import TASKS, generate_texts, load_lang_model  # noqa: E402
 from tokenizer_text import Tokenizer  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[1].strip())

@@ -1,20 +1,23 @@
-"""plan.py (model-predictive control with a world model) and the planning parts of the simulators: valid actions,
-held-out start states, web goals, the value functions, and the planner loop with the true simulator, an oracle
-text model (the truth written as a model would write it) and a tiny random GPT."""
+"""experiments/plan.py (model-predictive control with a world model), experiments/envs.py (the environments
+and their value functions) and the planning parts of the simulators: valid actions, held-out start states, web
+goals, the value functions, and the planner loop with the true simulator, an oracle text model (the truth written
+as a model would write it) and a tiny random GPT."""
 import copy
 import json
 import math
+import random
+from pathlib import Path
 
 import pytest
 
-from experiments import plan
+from experiments import envs, plan
 from checkpoint import save_checkpoint
 from data.textgame import simulator as tg_sim, task as tg_task
 from data.webpage import simulator as web_sim, task as web_task
 from model import GPT, GPTConfig
 from rewards import apply_diff, parse_sections
 
-TOKENIZER = plan.Path(plan.__file__).parents[1] / "checkpoints" / "textgame" / "tokenizer.tiktoken"
+TOKENIZER = Path(plan.__file__).parents[1] / "checkpoints" / "textgame" / "tokenizer.tiktoken"
 
 
 # ----------------------------------------------------------------------------- text game
@@ -54,18 +57,18 @@ def test_valid_actions_include_every_scripted_step():
 
 def test_value_of_won_lost_and_progress():
     w = tg_sim.World("cook-egg", ["agent", "stove", "pot", "egg"])
-    assert plan.steps_to_win("cook-egg", plan.Room(w.snapshot())) == 2 + 2 + 1 + 3  # egg, pot, stove on, 3 ticks
+    assert envs.steps_to_win("cook-egg", envs.Room(w.snapshot())) == 2 + 2 + 1 + 3  # egg, pot, stove on, 3 ticks
     for action in [("take", "egg"), ("eat", "egg")]:
         w.act(action)
         w.tick()
-    assert plan.textgame_value("cook-egg", w.snapshot()) == plan.LOSE
+    assert envs.textgame_value("cook-egg", w.snapshot()) == envs.LOSE
     won = tg_sim.World("chill-milk", ["agent", "fridge", "milk"])
     won.props("fridge")["isOpen"] = True
     for action in [("take", "milk"), ("put", "milk", "fridge"), ("wait",)]:
         won.act(action)
         won.tick()
-    assert won.score["gameWon"] and plan.textgame_value("chill-milk", won.snapshot()) == plan.WIN
-    assert plan.textgame_value("chill-milk", None) == -math.inf
+    assert won.score["gameWon"] and envs.textgame_value("chill-milk", won.snapshot()) == envs.WIN
+    assert envs.textgame_value("chill-milk", None) == -math.inf
 
 
 def test_objects_are_read_by_uuid():
@@ -76,10 +79,10 @@ def test_objects_are_read_by_uuid():
                            "contains": ["egg (ID: 3)"]}], "removed": [], "score": {}}
     right = {"modified": [{"name": "pot (ID: 1)", "uuid": 1, "type": "Pot", "properties": {"temp": 20},
                            "contains": ["egg (ID: 3)"]}], "removed": [], "score": {}}
-    base = plan.textgame_value("cook-egg", w.snapshot(), kinds)
-    assert plan.textgame_value("cook-egg", apply_diff(w.snapshot(), right), kinds) == base + 2  # egg in pot
-    assert plan.textgame_value("cook-egg", apply_diff(w.snapshot(), wrong), kinds) == base  # the egg is in the knife
-    assert plan.textgame_value("cook-egg", apply_diff(w.snapshot(), wrong)) == base + 2     # read by name instead
+    base = envs.textgame_value("cook-egg", w.snapshot(), kinds)
+    assert envs.textgame_value("cook-egg", apply_diff(w.snapshot(), right), kinds) == base + 2  # egg in pot
+    assert envs.textgame_value("cook-egg", apply_diff(w.snapshot(), wrong), kinds) == base  # the egg is in the knife
+    assert envs.textgame_value("cook-egg", apply_diff(w.snapshot(), wrong)) == base + 2     # read by name instead
 
 
 @pytest.mark.parametrize("state", [
@@ -94,7 +97,7 @@ def test_objects_are_read_by_uuid():
 ])
 def test_value_never_raises_on_garbage(state):
     for game in tg_sim.GAMES:
-        assert isinstance(plan.textgame_value(game, state, {1: "stove", 9: "pot"}), float)
+        assert isinstance(envs.textgame_value(game, state, {1: "stove", 9: "pot"}), float)
 
 
 # ----------------------------------------------------------------------------- web page
@@ -118,34 +121,34 @@ def test_web_goals_are_solvable_by_valid_actions_and_not_yet_met():
     assert {p.site for p, _ in episodes} == set(web_sim.SITES)
     for page, goal in episodes:
         assert web_sim.bucket(page.site, page.owner, page.user) in web_sim.SPLIT_BUCKETS["val"]
-        assert plan.web_value(goal, page.render()) < 10
+        assert envs.web_value(goal, page.render()) < 10
         sim = copy.deepcopy(page)
         for i, action in enumerate(goal["solution"]):
             assert action in web_sim.valid_actions(sim, goal["texts"]), (goal["instruction"], action)
             sim.act(action)
             assert set(goal["conditions"][i]) <= set(sim.render().splitlines())
-        assert plan.web_value(goal, sim.render()) >= 10
+        assert envs.web_value(goal, sim.render()) >= 10
     with pytest.raises(ValueError, match="split"):
         web_sim.planning_episodes(3, split="dev")
 
 
 # ----------------------------------------------------------------------------- the planner
 
-def oracle(envs):
+def oracle(episodes):
     """A perfect text world model: the true answer for every (state, action) prompt of the running episodes."""
     def predict(prompts, max_new_tokens):
         table = {}
-        for e in envs:
+        for e in episodes:
             obs = e.observe()
             for a in e.candidates():
                 nxt = e.simulate(a)
-                table[e.prompt(obs, a)] = (tg_task.compact(tg_task.make_diff(obs, nxt)) if isinstance(e, plan.TextGame)
+                table[e.prompt(obs, a)] = (tg_task.compact(tg_task.make_diff(obs, nxt)) if isinstance(e, envs.TextGame)
                                            else web_task.diff_text(obs, nxt))
         return [(table[p], [0.0]) for p in prompts]  # certain of every answer: p = exp(0) = 1
     return predict
 
 
-@pytest.mark.parametrize("E,n", [(plan.TextGame, 30), (plan.WebPage, 30)])
+@pytest.mark.parametrize("E,n", [(envs.TextGame, 30), (envs.WebPage, 30)])
 def test_sim_planner_wins_random_does_not_and_an_oracle_model_equals_sim(E, n):
     sim = plan.plan(E.episodes(n, 0, "val"), "sim")
     rnd = plan.plan(E.episodes(n, 0, "val"), "random")
@@ -154,8 +157,8 @@ def test_sim_planner_wins_random_does_not_and_an_oracle_model_equals_sim(E, n):
     assert s_rnd["success"] < 0.6 and s_rnd["agree"] < 0.6
     assert s_sim["steps_success"] < s_rnd["steps_success"]
     for conf, memory in [("none", "none"), ("sum", "block"), ("mean", "now")]:  # a perfect model: all the same
-        envs = E.episodes(n, 0, "val")
-        orc = plan.plan(envs, "model", oracle(envs), conf=conf, memory=memory, trust_win=0.5)
+        episodes = E.episodes(n, 0, "val")
+        orc = plan.plan(episodes, "model", oracle(episodes), conf=conf, memory=memory, trust_win=0.5)
         assert [(r["success"], r["steps"]) for r in orc] == [(r["success"], r["steps"]) for r in sim]
         assert all(a == 1.0 for r in orc for a in r["acc"] + r["cand_exact"])
         assert not any(x for r in orc for x in r["repeat"])
@@ -184,7 +187,7 @@ def test_tiny_model_planner_runs_deterministically(tmp_path, capsys, task, by):
 
 def test_web_policy_scores_by_instruction_words_and_proposals_narrow_every_planner():
     lines = {3: "[3] link 'CATALOG' expanded: False", 8: "[8] textbox 'Email'", 9: "[9] button 'Save'"}
-    score = plan.web_policy_score
+    score = envs.web_policy_score
     assert score("open Products from the CATALOG menu", lines, ("click", 3)) == 1
     assert score("open Products from the CATALOG menu", lines, ("scroll", "down")) == 0
     assert score("open Products from the CATALOG menu", lines, ("click", 99)) == 0       # not on screen
@@ -193,16 +196,16 @@ def test_web_policy_scores_by_instruction_words_and_proposals_narrow_every_plann
     assert score("save a customer with Email ann@x.org and City Oslo", lines, ("type", 8, "Oslo")) == 1 + 1
     assert score("save a customer with Email ann@x.org and City Oslo", lines, ("click", 9)) == 1
     n = 20
-    for e in plan.WebPage.episodes(n, 0, "val"):  # best first, ties in random order, a subset of the candidates
+    for e in envs.WebPage.episodes(n, 0, "val"):  # best first, ties in random order, a subset of the candidates
         actions, lines = e.candidates(), {x.id: x.line() for x in e.page.visible()}
-        keep = e.propose(actions, 3, plan.random.Random(0))
+        keep = e.propose(actions, 3, random.Random(0))
         scores = [score(e.goal["instruction"], lines, actions[j]) for j in keep]
         assert len(keep) == len(set(keep)) == min(3, len(actions)) and scores == sorted(scores, reverse=True)
         assert scores[0] == max(score(e.goal["instruction"], lines, a) for a in actions)
-    pol = plan.plan(plan.WebPage.episodes(n, 0, "val"), "policy")
-    sim2 = plan.plan(plan.WebPage.episodes(n, 0, "val"), "sim", propose=2)
+    pol = plan.plan(envs.WebPage.episodes(n, 0, "val"), "policy")
+    sim2 = plan.plan(envs.WebPage.episodes(n, 0, "val"), "sim", propose=2)
     for planner, k in [(pol, 1), (sim2, 2)]:  # replayed: each action taken is among the policy's k best there
-        for e, r in zip(plan.WebPage.episodes(n, 0, "val"), planner):
+        for e, r in zip(envs.WebPage.episodes(n, 0, "val"), planner):
             for taken in r["actions"]:
                 actions, lines = e.candidates(), {x.id: x.line() for x in e.page.visible()}
                 scores = sorted((score(e.goal["instruction"], lines, a) for a in actions), reverse=True)
@@ -228,7 +231,7 @@ def test_cli_rejects_unknown_planner(tmp_path):
 
 class Ladder:
     """A toy environment for the planner's rules: climb from rung 0 to rung 3 with "up"; "stay" does nothing.
-    Its value is the rung (a win is worth plan.WIN); a model's answer is the rung it predicts, as text."""
+    Its value is the rung (a win is worth envs.WIN); a model's answer is the rung it predicts, as text."""
     max_steps, max_new_tokens = 8, 4
 
     def __init__(self):
@@ -256,7 +259,7 @@ class Ladder:
         return int(text)
 
     def value(self, rung, trust_win=True):
-        return plan.WIN if rung >= 3 and trust_win else float(min(rung, 3))
+        return envs.WIN if rung >= 3 and trust_win else float(min(rung, 3))
 
     def step(self, action):
         self.rung = self.simulate(action)
@@ -313,8 +316,8 @@ def test_an_unconfident_predicted_win_is_not_trusted():
     assert r["success"] and r["steps"] == 3 and r["acc"] == [1.0] * 3
     w = tg_sim.World("chill-milk", ["agent", "fridge", "milk"])
     claimed = dict(w.snapshot(), score={"gameWon": True, "gameOver": True})  # a win claimed, nothing done
-    assert plan.textgame_value("chill-milk", claimed) == plan.WIN
-    assert plan.textgame_value("chill-milk", claimed, trust_win=False) == plan.textgame_value("chill-milk",
+    assert envs.textgame_value("chill-milk", claimed) == envs.WIN
+    assert envs.textgame_value("chill-milk", claimed, trust_win=False) == envs.textgame_value("chill-milk",
                                                                                                w.snapshot())
 
 
@@ -361,18 +364,18 @@ def test_paired_difference_and_its_interval():
 def test_graded_web_value_credits_each_goal_line():
     goal = {"conditions": [["[3] link 'A' expanded: True"], ["[9] heading 'B'", "[1] RootWebArea 'B'"]]}
     page = "[1] RootWebArea 'B'\n[2] link 'x'"
-    assert plan.web_value(goal, page) == 5.0 and plan.web_value(goal, page, graded=False) == 0.0
+    assert envs.web_value(goal, page) == 5.0 and envs.web_value(goal, page, graded=False) == 0.0
     page += "\n  [3] link   'A' expanded: True"  # whitespace does not matter
-    assert plan.web_value(goal, page) == 6.0 and plan.web_value(goal, page, graded=False) == 1.0
+    assert envs.web_value(goal, page) == 6.0 and envs.web_value(goal, page, graded=False) == 1.0
     page += "\n[9] heading 'B'"
-    assert plan.web_value(goal, page) == plan.web_value(goal, page, graded=False) == 11.0
-    env = plan.WebPage.episodes(1, 0, "val")[0]
+    assert envs.web_value(goal, page) == envs.web_value(goal, page, graded=False) == 11.0
+    env = envs.WebPage.episodes(1, 0, "val")[0]
     assert not env.won() and env.value(env.observe()) < 10
 
 
 def test_predictor_returns_generate_texts_answers_with_their_log_probs(tmp_path):
     torch = pytest.importorskip("torch")
-    from data.tasks import generate_texts, load_lang_model
+    from tasks import generate_texts, load_lang_model
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=449, block_size=64, n_layer=1, n_head=2, n_embd=32))
     ckpt = tmp_path / "tiny.safetensors"

@@ -1,11 +1,14 @@
-"""data/tasks.py: aggregation, the no-change baseline, paired statistics and cropping."""
+"""tasks.py and evaluate_lang.py: the registry, cropping, RLVR's prompt pool and probe, aggregation, the no-change
+baseline, evaluation of checkpoints and the printed tables."""
 from pathlib import Path
 
 import pytest
 
 from data.textgame.simulator import generate_split as textgame_split
 from data.webpage.simulator import generate_split as webpage_split
-from data.tasks import TASKS, paired_bootstrap, paired_table, print_paired, print_table, summarize
+from evaluate_lang import print_paired, print_table, summarize
+from stats import paired_table
+from tasks import TASKS
 
 
 def test_summarize_splits_changed_and_unchanged():
@@ -36,7 +39,7 @@ def test_print_table_has_baseline_row(capsys):
 
 def test_prompts_longer_than_the_block_are_cropped_not_fatal():
     import torch
-    from data.tasks import crop, generate_texts
+    from tasks import crop, generate_texts
     from model import GPT, GPTConfig
     from tokenizer_text import Tokenizer
     assert crop([[1, 2, 3, 4, 5], [1, 2]], 6, 200) == ([[3, 4, 5], [1, 2]], 1)  # room min(200, 64, 6 // 2) = 3
@@ -47,25 +50,6 @@ def test_prompts_longer_than_the_block_are_cropped_not_fatal():
     assert len(prompts[0]) > 32
     out = generate_texts(model, tok, prompts, max_new_tokens=8, batch_size=2)
     assert len(out) == 2 and all(isinstance(t, str) for t in out)
-
-
-def test_paired_bootstrap_matches_hand_computed_cases():
-    # identical models: zero difference, zero-width interval
-    assert paired_bootstrap([1, 0, 1, 1], [1, 0, 1, 1]) == (0.0, 0.0, 0.0)
-    # a always 1 point better on every record: the interval is that point exactly
-    m, lo, hi = paired_bootstrap([2.0] * 50, [1.0] * 50)
-    assert (m, lo, hi) == (1.0, 1.0, 1.0)
-    # 30 wins, 10 losses, 60 ties of a 0/1 metric: mean +0.2, the interval excludes 0 and holds the mean;
-    # its width is close to the normal approximation 2 * 1.96 * sd / sqrt(n)
-    a = [1] * 30 + [0] * 10 + [1] * 60
-    b = [0] * 30 + [1] * 10 + [1] * 60
-    m, lo, hi = paired_bootstrap(a, b, seed=1)
-    assert m == 0.2 and 0 < lo < m < hi
-    sd = (sum((x - y - 0.2) ** 2 for x, y in zip(a, b)) / 100) ** 0.5
-    assert abs((hi - lo) - 2 * 1.96 * sd / 10) < 0.03
-    # the same seed gives the same interval; the sign flips with the order
-    assert paired_bootstrap(a, b, seed=1) == (m, lo, hi)
-    assert paired_bootstrap(b, a, seed=1)[0] == -0.2
 
 
 def test_paired_table_and_print_use_the_changed_subset(capsys):
@@ -82,7 +66,7 @@ def test_paired_table_and_print_use_the_changed_subset(capsys):
 
 
 def test_keep_tokenizer_copies_ours_and_points_at_an_hf_directory(tmp_path):
-    from data.tasks import keep_tokenizer
+    from tasks import keep_tokenizer
     (tmp_path / "run1").mkdir()
     (tmp_path / "run1" / "tokenizer.tiktoken").write_text("ranks")
     init = tmp_path / "run1" / "mle.safetensors"          # our checkpoint names its tokenizer relative to its folder
@@ -98,7 +82,7 @@ def test_keep_tokenizer_copies_ours_and_points_at_an_hf_directory(tmp_path):
 
 def test_probe_rewards_is_the_mean_task_reward_greedy_and_sampled():
     import torch
-    from data.tasks import generate_texts, probe_rewards
+    from tasks import generate_texts, probe_rewards
     from model import GPT, GPTConfig
     from tokenizer_text import Tokenizer
     records = textgame_split("val", 6, 0)
@@ -116,7 +100,7 @@ def test_probe_rewards_is_the_mean_task_reward_greedy_and_sampled():
 
 def test_prompt_pool_fits_the_room_and_draws_the_unchanged_share():
     import torch
-    from data.tasks import PromptPool
+    from tasks import PromptPool
     from tokenizer_text import Tokenizer
     records = textgame_split("train", 60, 0)
     T = TASKS["textgame"]
@@ -140,7 +124,8 @@ def test_prompt_pool_fits_the_room_and_draws_the_unchanged_share():
 def test_evaluate_checkpoints_pairs_every_model_on_every_split(tmp_path):
     import torch
     from checkpoint import save_checkpoint
-    from data.tasks import evaluate, evaluate_checkpoints, load_lang_model
+    from evaluate_lang import evaluate, evaluate_checkpoints
+    from tasks import load_lang_model
     from model import GPT, GPTConfig
     from tokenizer_text import Tokenizer
     records = textgame_split("val", 4, 0)
@@ -162,7 +147,8 @@ def test_evaluate_checkpoints_pairs_every_model_on_every_split(tmp_path):
 
 def test_evaluate_checkpoints_in_two_processes_equals_one(tmp_path):
     """The final evaluation split over forked workers gives the same per-record results as one process."""
-    from data.tasks import evaluate_checkpoints, load_lang_model
+    from evaluate_lang import evaluate_checkpoints
+    from tasks import load_lang_model
     ckpt = Path(__file__).resolve().parents[1] / "checkpoints" / "textgame" / "mle.safetensors"
     tok = load_lang_model(ckpt)[1]
     records = textgame_split("val", 12, 0)

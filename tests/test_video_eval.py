@@ -5,12 +5,11 @@ import pytest
 import torch
 
 from data.robot import sim
-from data.robot.task import Layout
+from data.robot.task import Layout, frame_codes, rollout
+from evaluate_video import eval_video, paired_video, tokenizer_ceiling, write_grid
 from model import GPT, GPTConfig
-from tokenizer_vq import CondVQConfig, CondVQVAE, VQConfig, VQVAE
-from data.robot.evaluate import eval_video, paired_video, write_grid
-from data.robot.task import frame_codes, rollout
 from rewards import mae
+from tokenizer_vq import CondVQConfig, CondVQVAE, VQConfig, VQVAE
 
 
 def tiny(n_codes=16, D=2):
@@ -110,6 +109,20 @@ def test_eval_video_with_the_context_conditioned_tokenizer():
     assert res["n"] == 8 and np.isfinite(res["mae"]) and 0 <= res["repetition_rate"] <= 1
     # an untrained cond tokenizer decodes to (nearly) its context: the ceiling sits next to copy-last-frame
     assert abs(res["tokenizer_ceiling"]["mae"] - res["copy_last_frame"]["mae"]) < 0.02
+
+
+def test_tokenizer_ceiling_alone_equals_the_ceiling_eval_video_reports():
+    # one-step windows: the tokenizer's own reconstruction and copy-last-frame, scored as eval_video scores them
+    vq, lay, gpt = tiny()
+    rng = np.random.default_rng(2)
+    eps = [dict(sim.episode(rng, 5, 0.0)) for _ in range(2)]
+    lo, hi = np.full(2, -1, np.float32), np.ones(2, np.float32)
+    res = eval_video(gpt, vq, eps, None, lo, hi, context=1, horizon=1, desc=None)
+    alone = tokenizer_ceiling(vq, eps, context=1, horizon=1)
+    assert alone["n"] == res["n"] == 8
+    for key in ("tokenizer_ceiling", "copy_last_frame"):
+        for k in ("mae", "mse", "psnr", "ssim", "mae_moving"):
+            assert alone[key][k] == pytest.approx(res[key][k], rel=1e-6), (key, k)
 
 
 def test_write_grid_png(tmp_path):

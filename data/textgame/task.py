@@ -1,21 +1,27 @@
 """The text-game state-prediction task: records, diffs, and the text the model reads and writes.
 
-A record is one transition of a text game (one JSON object per line of a .jsonl file), in the schema of
-ByteSized32-State-Prediction, so our simulator's records and converted ByteSized32 ones (prepare.py) read alike:
+A record is one transition of a text game (one JSON object per line of a .jsonl file), in the schema
+of ByteSized32-State-Prediction, so our simulator's records and converted ByteSized32 ones
+(prepare.py) read alike:
 
     {"game": "cook-egg", "action": "put egg in pot",
      "state":      {"objects": [...], "score": {"score": 0, "gameOver": false, "gameWon": false}},
      "next_state": {"objects": [...], "score": {...}}}
 
-with objects {"name": "pot (ID: 3)", "uuid": 3, "type": "Pot", "properties": {...}, "contains": ["egg (ID: 4)"]}.
-Like RLVR-World (the GPT-simulator paper's "diff" setting) the model writes only a *difference* (`make_diff`); about
-half the transitions change nothing and their answer is {"modified":[],"removed":[],"score":{}}. rewards.apply_diff
-merges a diff back into the state. Two objects are the same when their properties are equal and they contain the
-same objects in any order (names and types never change and are not compared, as in that paper's evaluation). The
-prompt is compact JSON, keys in the data's order, since a tiny model reads it; the training code adds the EOS token.
+with objects {"name": "pot (ID: 3)", "uuid": 3, "type": "Pot", "properties": {...},
+"contains": ["egg (ID: 4)"]}.
+
+Like RLVR-World (the GPT-simulator paper's "diff" setting) the model writes only a *difference*
+(`make_diff`); about half the transitions change nothing and their answer is
+{"modified":[],"removed":[],"score":{}}. rewards.apply_diff merges a diff back into the state. Two
+objects are the same when their properties are equal and they contain the same objects in any order
+(names and types never change and are not compared, as in that paper's evaluation). The prompt is
+compact JSON, keys in the data's order, since a tiny model reads it; the training code adds the EOS
+token.
 """
 import json
-from pathlib import Path
+
+from data.jsonl import load_jsonl
 
 RECORD_KEYS = ("game", "state", "action", "next_state")
 
@@ -25,48 +31,37 @@ def compact(obj) -> str:
     return json.dumps(obj, separators=(",", ":"))
 
 
+# -----------------------------------------------------------------------------
+# reading records
+
 def _check_state(state, where: str, key: str) -> None:
+    """A state must be {"objects": [...], "score": {...}}, every object with a uuid, properties and
+    contents (what make_diff and the rewards read); else a ValueError naming `where` (file:line)
+    and `key`."""
     if not isinstance(state, dict) or not isinstance(state.get("objects"), list) \
             or not isinstance(state.get("score"), dict):
-        raise ValueError(f"{where}: '{key}' must be an object with an 'objects' list and a 'score' object")
+        raise ValueError(f"{where}: '{key}' must be an object with an 'objects' list "
+                         "and a 'score' object")
     for obj in state["objects"]:
         if not isinstance(obj, dict) or not {"uuid", "properties", "contains"} <= obj.keys():
-            raise ValueError(f"{where}: every object in '{key}' needs 'uuid', 'properties' and 'contains'")
+            raise ValueError(f"{where}: every object in '{key}' needs 'uuid', 'properties' "
+                             "and 'contains'")
 
 
-def utf8_lines(f, path):
-    """The lines of a text file opened as UTF-8; a file that is not UTF-8 is a ValueError naming it."""
-    try:
-        yield from f
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text ({e.reason}); expected JSON lines") from None
+def check_record(record: dict, where: str) -> dict:
+    """The record, once both its states have the shape _check_state asks for."""
+    _check_state(record["state"], where, "state")
+    _check_state(record["next_state"], where, "next_state")
+    return record
 
 
 def load_records(path) -> list[dict]:
     """Read a .jsonl file of records; ValueError naming the file and line for anything malformed."""
-    path = Path(path)
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(utf8_lines(f, path), start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: invalid JSON ({e.msg})") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{where}: a record must be a JSON object")
-            missing = [k for k in RECORD_KEYS if k not in record]
-            if missing:
-                raise ValueError(f"{where}: record is missing key(s) {missing}")
-            _check_state(record["state"], where, "state")
-            _check_state(record["next_state"], where, "next_state")
-            records.append(record)
-    if not records:
-        raise ValueError(f"{path}: no records (empty file)")
-    return records
+    return load_jsonl(path, RECORD_KEYS, check_record)
 
+
+# -----------------------------------------------------------------------------
+# the answer: what changed
 
 def same_object(a: dict, b: dict) -> bool:
     """Equal properties, and the same contents in any order."""
@@ -74,10 +69,12 @@ def same_object(a: dict, b: dict) -> bool:
 
 
 def make_diff(state: dict, next_state: dict) -> dict:
-    """The answer the model must write: what changed from `state` to `next_state`. `modified`: full objects (new ones
-    included) in next_state's order; `removed`: uuids in state's order; `score`: the next score only if it changed."""
+    """The answer the model must write: what changed from `state` to `next_state`. `modified`: full
+    objects (new ones included) in next_state's order; `removed`: uuids in state's order; `score`:
+    the next score only if it changed."""
     before = {obj["uuid"]: obj for obj in state["objects"]}
     after_uuids = {obj["uuid"] for obj in next_state["objects"]}
+    # an object is modified when it is new or no longer the same_object as before
     modified = [obj for obj in next_state["objects"]
                 if obj["uuid"] not in before or not same_object(before[obj["uuid"]], obj)]
     removed = [obj["uuid"] for obj in state["objects"] if obj["uuid"] not in after_uuids]
@@ -90,6 +87,9 @@ def is_changed(record: dict) -> bool:
     diff = make_diff(record["state"], record["next_state"])
     return bool(diff["modified"] or diff["removed"] or diff["score"])
 
+
+# -----------------------------------------------------------------------------
+# the text the model reads and writes
 
 def prompt_text(record: dict) -> str:
     """What the model reads: the game, the current state, the action, then the cue 'diff:'."""

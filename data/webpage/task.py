@@ -34,10 +34,10 @@ section is written `None`, so an unchanged transition has the short answer of th
 The prompt is kept small, because it is what a tiny model has to read: one instruction line, the site,
 the page, the action, then the cue "changes:". The end-of-sequence token is added by the training code.
 """
-import json
 import re
 from collections import Counter
-from pathlib import Path
+
+from data.jsonl import load_jsonl
 
 REQUIRED_KEYS = ("observation", "action", "next_observation")
 DEFAULT_SITE = "web"
@@ -111,43 +111,20 @@ def apply_changes(observation: str, items: dict[str, list[str]]) -> str:
     return "\n".join(out)
 
 
-def utf8_lines(f, path):
-    """The lines of a text file opened as UTF-8; a file that is not UTF-8 is a ValueError naming it."""
-    try:
-        yield from f
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text ({e.reason}); expected JSON lines") from None
+def check_record(record: dict, where: str) -> dict:
+    """The record, its "site" defaulting to "web", once its fields are strings (other keys are kept
+    and ignored); else a ValueError naming `where` (file:line)."""
+    record.setdefault("site", DEFAULT_SITE)
+    wrong = [k for k in ("site",) + REQUIRED_KEYS if not isinstance(record[k], str)]
+    if wrong:
+        raise ValueError(f"{where}: {wrong} must be string(s)")
+    return record
 
 
 def load_records(path) -> list[dict]:
     """Read a .jsonl file of records; ValueError naming the file and line for anything malformed.
-
-    "site" defaults to "web"; other keys are kept (and ignored). Blank lines are skipped.
-    """
-    path = Path(path)
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(utf8_lines(f, path), start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: invalid JSON ({e.msg})") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{where}: a record must be a JSON object")
-            missing = [k for k in REQUIRED_KEYS if k not in record]
-            if missing:
-                raise ValueError(f"{where}: record is missing key(s) {missing}")
-            record.setdefault("site", DEFAULT_SITE)
-            wrong = [k for k in ("site",) + REQUIRED_KEYS if not isinstance(record[k], str)]
-            if wrong:
-                raise ValueError(f"{where}: {wrong} must be string(s)")
-            records.append(record)
-    if not records:
-        raise ValueError(f"{path}: no records (empty file)")
-    return records
+    Blank lines are skipped."""
+    return load_jsonl(path, REQUIRED_KEYS, check_record)
 
 
 def is_changed(record: dict) -> bool:

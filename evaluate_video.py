@@ -1,0 +1,269 @@
+"""
+Held-out evaluation of a video world model: rollouts on test windows, pixel metrics, baselines and
+reward-hacking checks (train_video.py reports with it at the end of a run; `eval.py --task=video` is
+its command line).
+
+What is reported (`eval_video`), all on decoded pixels against the *true* frames, averaged over
+predicted frames:
+- mse, mae, psnr, ssim, lpips (null without LPIPS weights), and repetition_rate (rewards.py): a
+  predicted frame whose codes equal the previous frame's (for the first one: the codes of "nothing
+  changed", vq.tokenize(ctx, ctx)).
+- copy_last_frame: the same metrics for the baseline that repeats the last context frame. On a
+  mostly static scene it is strong on whole-frame metrics, so we also report every model on the
+  pixels that truly move: mae_moving = MAE over pixels where the true frame differs from the last
+  context frame by > 0.1 in some channel.
+- tokenizer_ceiling: the metrics of the tokenizer's own reconstruction of the true frame (decoded
+  with the true context frame), the best a model that predicts codes can do; differences below it
+  are the model's.
+- objects (when episodes carry their `background`): pixels differing from the bare table by > 0.15,
+  in the truth and in the prediction, and object_recall = share of the truth's object pixels where
+  the prediction also shows something. A reward-hacking model that erases objects to lower MAE shows
+  object pixels and recall falling.
+- per_record: one entry per test window, in a fixed order (clip by clip, start by start; `windows`
+  names them): mae, ssim (averaged over the window's predicted frames), repetition, and `changed`
+  (some pixel of the window's truth moves by > MOVE_TOL); copy_last_frame has its own per_record mae
+  and ssim. `paired_video` turns them into paired differences between models with bootstrap 95%
+  intervals (stats.paired_table), as the language tasks.
+
+Sampling: greedy by default; `temperature` and `top_k` give the paper's protocol (T=1, top-k 100,
+OFFICIAL below).
+"""
+import sys
+from pathlib import Path
+
+import imageio.v2 as imageio
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from checkpoint import load_model
+from data.robot.task import Layout, frame_codes, rollout, tokenize_split, windows
+from rewards import MOVE_TOL, OBJECT_TOL, mae, mse, psnr, repetition_rate, ssim
+from stats import paired_table
+from tokenizer_vq import load_vq
+
+# RLVR-World's video evaluation protocol: sampled at T=1, top-k 100
+OFFICIAL = dict(temperature=1.0, top_k=100)
+
+
+def load_video_model(path, device="cpu"):
+    """A world-model checkpoint of train_video.py -> (GPT, tokenizer, meta). The tokenizer is named
+    in the meta, relative to the checkpoint's folder."""
+    path = Path(path)
+    model, meta = load_model(path, device)
+    a = meta["args"]
+    if "vq" not in a or "action_lo" not in a:
+        raise ValueError(f"{path}: not a video world-model checkpoint "
+                         "(no tokenizer or action bins in its metadata)")
+    vq, _ = load_vq(path.parent / a["vq"], device)
+    return model, vq, meta
+
+
+def to_float(frames):
+    """uint8 (..., H, W, 3) array -> float tensor (..., 3, H, W) in [0, 1]."""
+    return torch.from_numpy(np.ascontiguousarray(frames)).movedim(-1, -3).float() / 255
+
+
+def metrics(pred, true, lpips_net):
+    """Per-frame mse, mae, psnr, ssim (and lpips with its network) of (N, 3, H, W) frames."""
+    row = dict(mse=mse(pred, true), mae=mae(pred, true), psnr=psnr(pred, true),
+               ssim=ssim(pred, true))
+    if lpips_net is not None:   # in chunks of 64 frames (the VGG's memory)
+        row["lpips"] = torch.cat([lpips_net(pred[i:i + 64], true[i:i + 64])
+                                  for i in range(0, len(pred), 64)])
+    return row
+
+
+def add_frames(acc, moving, name, x, true, mask, lpips_net):
+    """Score frames x of row `name` against the true frames: their metrics go to acc[name], their
+    absolute error on the moving pixels (mask: (N, 1, H, W)) and the count of those pixel values to
+    moving[name] (for mae_moving = error / count)."""
+    acc[name].append(metrics(x, true, lpips_net))
+    moving[name][0] += float(((x - true).abs() * mask).sum())
+    moving[name][1] += float(mask.sum() * 3)
+
+
+@torch.no_grad()
+def eval_video(model, vq, episodes, tokens, lo, hi, context, horizon, lpips_net=None,
+               batch_size=64, temperature=0.0, top_k=None, seed=0, grid_path=None, desc="eval"):
+    """Evaluate on windows starting every `horizon` frames of each clip. tokens: the split's tokens
+    (data/robot/task.tokenize_split, with at least `horizon` future frames), or None to compute
+    them here. temperature 0 is greedy; else sampled (top_k: only the k likeliest codes), from a
+    generator seeded by `seed`."""
+    model.eval()
+    layout = Layout.of(vq, episodes[0]["action"].shape[1])
+    tokens = tokens or tokenize_split(vq, episodes, horizon, layout, lo, hi)
+    E, T = tokens["actions"].shape[:2]
+    P, FL, L = layout.prompt_len(context), layout.frame_len, layout.L
+    # the windows: (clip, first context frame), every `horizon` frames
+    wins = [(e, t) for e in range(E) for t in range(0, T - context - horizon + 1, horizon)]
+    g = torch.Generator().manual_seed(seed)
+    # three rows scored alike: the model's prediction, copy-last-frame, the tokenizer's ceiling
+    acc = {k: [] for k in ("pred", "copy", "ceiling")}
+    moving = {k: [0.0, 0.0] for k in acc}
+    objects = dict(truth=0.0, pred=0.0, hit=0.0, n=0)
+    reps, changed, grid = [], [], []
+    for s in tqdm(range(0, len(wins), batch_size), desc=desc, leave=False, disable=desc is None):
+        batch = wins[s:s + batch_size]
+        B = len(batch)
+        seq = windows(tokens, layout, [e for e, _ in batch], [t for _, t in batch], context,
+                      horizon)                                                 # (B, n)
+        # roll out: the model writes each frame's codes, the true actions are injected between
+        acts = seq[:, P:P + (horizon - 1) * FL].view(B, horizon - 1, FL)[:, :, L:]
+        out, _, _ = rollout(model, seq[:, :P].tolist(), acts, horizon, L, temperature, g, top_k)
+        pc = frame_codes(out, layout, horizon)            # (B, K, L) predicted codes
+        tc = frame_codes(seq[:, P:], layout, horizon)     # (B, K, L) the true frames' codes
+        # decode against the true last context frame and compare pixels with the true frames
+        true = torch.stack([to_float(episodes[e]["image"][t + context:t + context + horizon])
+                            for e, t in batch])
+        ctx = torch.stack([to_float(episodes[e]["image"][t + context - 1])
+                           for e, t in batch])                                 # (B, 3, H, W)
+        tf, cf = true.flatten(0, 1), ctx[:, None].expand_as(true).flatten(0, 1)  # (B*K, 3, H, W)
+        pred = vq.detokenize(pc.flatten(0, 1).to(pc.device), cf).cpu()
+        ceil = vq.detokenize(tc.flatten(0, 1).to(pc.device), cf).cpu()
+        mask = ((tf - cf).abs().amax(1, keepdim=True) > MOVE_TOL).float()     # (B*K, 1, H, W)
+        changed.append(mask.view(B, -1).amax(1) > 0)                           # (B,) window moves
+        for name, x in (("pred", pred), ("copy", cf), ("ceiling", ceil)):
+            add_frames(acc, moving, name, x, tf, mask, lpips_net)
+        # objects: pixels away from the bare table, in the truth, the prediction and both
+        if episodes[0]["background"] is not None:
+            bg = torch.stack([to_float(episodes[e]["background"]) for e, _ in batch])[:, None]
+            bg = bg.expand_as(true).flatten(0, 1)
+            ot = (tf - bg).abs().amax(1) > OBJECT_TOL
+            op = (pred - bg).abs().amax(1) > OBJECT_TOL
+            objects["truth"] += float(ot.sum())
+            objects["pred"] += float(op.sum())
+            objects["hit"] += float((ot & op).sum())
+            objects["n"] += ot.numel()
+        # the codes of "nothing changed" (per frame: the context's)
+        still_codes = vq.tokenize(ctx, ctx).cpu()
+        reps.append(repetition_rate(pc.cpu(), still_codes, true, ctx))
+        if len(grid) < 6:   # the first 6 windows make the picture
+            grid += [(ctx[i], true[i], pred.view(B, horizon, *pred.shape[1:])[i])
+                     for i in range(min(6 - len(grid), B))]
+
+    def per_window(name, key):
+        """One value per window (the mean over its `horizon` frames), in window order."""
+        return torch.cat([r[key] for r in acc[name]]).view(len(wins), horizon).mean(1).tolist()
+
+    def summary(name):
+        rows = acc[name]
+        res = {k: float(torch.cat([r[k] for r in rows]).mean()) for k in rows[0]}
+        res.setdefault("lpips", None)
+        res["mae_moving"] = moving[name][0] / max(moving[name][1], 1)
+        return res
+
+    res = dict(summary("pred"), n=sum(len(r["mae"]) for r in acc["pred"]), n_windows=len(wins),
+               context=context, horizon=horizon, temperature=temperature, top_k=top_k,
+               repetition_rate=float(torch.cat(reps).mean()),
+               copy_last_frame=summary("copy"), tokenizer_ceiling=summary("ceiling"))
+    res["per_record"] = dict(mae=per_window("pred", "mae"), ssim=per_window("pred", "ssim"),
+                             repetition=torch.cat(reps).tolist(),
+                             changed=torch.cat(changed).tolist(),
+                             windows=[list(w) for w in wins])
+    res["copy_last_frame"]["per_record"] = dict(mae=per_window("copy", "mae"),
+                                                ssim=per_window("copy", "ssim"))
+    if objects["n"]:
+        res["objects"] = dict(pixels_truth=objects["truth"] / objects["n"],
+                              pixels_pred=objects["pred"] / objects["n"],
+                              recall=objects["hit"] / max(objects["truth"], 1))
+    if grid_path:
+        write_grid(grid, grid_path)
+    return res
+
+
+def write_grid(rows, path):
+    """rows: (context (3,H,W), truth (K,3,H,W), prediction (K,3,H,W)) -> one image per predicted
+    step with columns context | truth | prediction | |error| x 3; a .gif animates the K steps, a
+    .png shows the last step."""
+    frames = []
+    for k in range(rows[0][1].shape[0]):
+        lines = [torch.cat([c, t[k], p[k], ((t[k] - p[k]).abs() * 3).clamp(0, 1)], 2)
+                 for c, t, p in rows]
+        img = torch.cat(lines, 1).permute(1, 2, 0).numpy()
+        frames.append((img * 255 + 0.5).astype(np.uint8).repeat(2, 0).repeat(2, 1))
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    if str(path).endswith(".gif"):
+        imageio.mimsave(path, frames, duration=0.5, loop=0)
+    else:
+        imageio.imwrite(path, frames[-1])
+
+
+def print_video_table(rows, file=sys.stdout):
+    """rows: name -> eval_video dict; baselines are printed from the first row."""
+    cols = ("mae", "mse", "psnr", "ssim", "lpips", "mae_moving")
+    print(f"{'model':<22}" + "".join(f"{c:>11}" for c in cols) + f"{'repeat':>8}{'obj.recall':>11}",
+          file=file)
+
+    def line(name, r, rep="", rec=""):
+        vals = "".join(f"{'-':>11}" if r.get(c) is None else f"{r[c]:>11.4f}" for c in cols)
+        print(f"{name:<22}{vals}{rep:>8}{rec:>11}", file=file)
+
+    for name, r in rows.items():
+        rec = f"{r['objects']['recall']:.3f}" if "objects" in r else "-"
+        line(name, r, f"{r['repetition_rate']:.3f}", rec)
+    first = next(iter(rows.values()))
+    line("copy-last-frame", first["copy_last_frame"])
+    line("tokenizer ceiling", first["tokenizer_ceiling"])
+
+
+def paired_video(rows, pairs, metrics=("mae", "ssim")):
+    """Paired differences a - b over the same test windows, with bootstrap 95% intervals
+    (stats.paired_table). rows: name -> eval_video result of the same windows; "copy" names the
+    first row's copy-last-frame baseline. pairs: (a, b) names.
+    -> list of (a, b, metric, subset, mean, low, high); subset "all", and "moving" (the windows
+    whose truth moves) when some window does not move."""
+    first = next(iter(rows.values()))
+    # when every window moves, "moving" would repeat "all"
+    subsets = ("all",) if all(first["per_record"]["changed"]) else ("all", "changed")
+    per = {name: r["per_record"] for name, r in rows.items()}
+    per["copy"] = dict(first["copy_last_frame"]["per_record"],
+                       changed=first["per_record"]["changed"])
+    out = []
+    for a, b in pairs:
+        if len(per[a]["mae"]) != len(per[b]["mae"]):
+            raise ValueError(f"paired_video: {a} and {b} were evaluated on different windows")
+        for m in metrics:   # paired_table compares every row with `b`: here the one row `a`
+            two = {a: {"per_record": per[a]}, b: {"per_record": per[b]}}
+            for _, sub, mean, lo, hi in paired_table(two, m, b, subsets):
+                out.append((a, b, m, "moving" if sub == "changed" else sub, mean, lo, hi))
+    return out
+
+
+def print_video_paired(diffs, file=sys.stdout):
+    """Print paired_video's list; * marks an interval that excludes 0 (MAE: lower is better, SSIM:
+    higher)."""
+    print("paired differences over the same test windows "
+          "(bootstrap 95% CI; * = the CI excludes 0):", file=file)
+    for a, b, m, sub, mean, lo, hi in diffs:
+        if mean is not None:   # no window in this subset
+            sig = "  *" if lo > 0 or hi < 0 else ""
+            print(f"  {a + ' - ' + b:<18} {m:<5} {sub:<7} {mean:+.5f}  [{lo:+.5f}, {hi:+.5f}]{sig}",
+                  file=file)
+
+
+@torch.no_grad()
+def tokenizer_ceiling(vq, episodes, context=1, horizon=1, batch_size=64):
+    """A tokenizer alone on the windows eval_video uses: the true future frames encoded and decoded
+    (with the last context frame) against copy-the-last-frame
+    -> {"tokenizer_ceiling": {...}, "copy_last_frame": {...}, "n": frames} with mae, mse, psnr, ssim
+    and mae_moving each."""
+    T = len(episodes[0]["image"])
+    pairs = [(e, t + context - 1, t + context + k)           # (clip, context frame, target frame)
+             for e in range(len(episodes))
+             for t in range(0, T - context - horizon + 1, horizon) for k in range(horizon)]
+    acc, moving = {"ceiling": [], "copy": []}, {"ceiling": [0.0, 0.0], "copy": [0.0, 0.0]}
+    for s in range(0, len(pairs), batch_size):
+        batch = pairs[s:s + batch_size]
+        ctx = torch.stack([to_float(episodes[e]["image"][c]) for e, c, _ in batch])  # (B, 3, H, W)
+        true = torch.stack([to_float(episodes[e]["image"][f]) for e, _, f in batch])
+        ceil = vq.detokenize(vq.tokenize(true, ctx), ctx).cpu()
+        mask = ((true - ctx).abs().amax(1, keepdim=True) > MOVE_TOL).float()  # the moving pixels
+        for name, x in (("ceiling", ceil), ("copy", ctx)):
+            add_frames(acc, moving, name, x, true, mask, None)
+    out = {"n": len(pairs)}
+    for name, key in (("ceiling", "tokenizer_ceiling"), ("copy", "copy_last_frame")):
+        out[key] = {k: float(torch.cat([r[k] for r in acc[name]]).mean())
+                    for k in ("mae", "mse", "psnr", "ssim")}
+        out[key]["mae_moving"] = moving[name][0] / max(moving[name][1], 1)
+    return out

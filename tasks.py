@@ -1,0 +1,159 @@
+"""
+The language tasks and what RLVR needs of them: the registry that train_lang.py, eval.py and the
+experiments share, loading a language world model, decoding, RLVR's prompt pool and its probe.
+
+A task (TASKS) bundles its data module (load_records, prompt_text, target_text, is_changed), its
+split generator, the per-record metrics of a decoded prediction (the verifiable rewards of
+rewards.py), the headline metric, the rewards RLVR may use, and the answer "nothing changes" (the
+baseline that exposes fake gains). Scoring whole splits is evaluate_lang.py's job; comparing two
+models is stats.py's.
+"""
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from tqdm import tqdm
+
+from checkpoint import atomic_write, load_model
+from data.textgame import prepare as textgame_prepare, task as textgame_task
+from data.webpage import prepare as webpage_prepare, task as webpage_task
+from engine import generate
+from model import GPT
+from rewards import textgame_reward, web_prf
+from tokenizer_text import load_tokenizer
+
+
+def score_textgame(text, record):
+    """Exact next state (0/1) and the task-specific reward of one decoded prediction."""
+    state, next_state = record["state"], record["next_state"]
+    return {"accuracy": textgame_reward(text, state, next_state, "binary"),
+            "task_specific": textgame_reward(text, state, next_state, "task_specific")}
+
+
+def score_webpage(text, record):
+    """Precision, recall and F1 of the predicted page changes against the true ones."""
+    return dict(zip(("precision", "recall", "f1"), web_prf(text, webpage_task.target_text(record))))
+
+
+# one entry per task: its data, per-record metrics (score), headline metric, RLVR's rewards
+# (reward(text, record, kind) for kind in rewards) and the always-"nothing changes" answer
+TASKS = {
+    "textgame": SimpleNamespace(
+        data=textgame_task, prepare=textgame_prepare, score=score_textgame, headline="accuracy",
+        rewards=("binary", "task_specific"), no_change='{"modified":[],"removed":[],"score":{}}',
+        reward=lambda text, r, kind: textgame_reward(text, r["state"], r["next_state"], kind)),
+    "webpage": SimpleNamespace(
+        data=webpage_task, prepare=webpage_prepare, score=score_webpage, headline="f1",
+        rewards=("f1",),
+        no_change="New items:\nNone\n\nDeleted items:\nNone\n\nUpdated items:\nNone",
+        reward=lambda text, r, kind: web_prf(text, webpage_task.target_text(r))[2]),
+}
+
+
+# -----------------------------------------------------------------------------
+# loading a language world model
+
+def load_lang_model(path, device="cpu"):
+    """Our checkpoint (.safetensors, naming its tokenizer file in its args) or an HF directory
+    -> (model, tokenizer, meta)."""
+    path = Path(path)
+    if path.is_dir():
+        meta = {"args": {"tokenizer": str(path)}}
+        return GPT.from_pretrained(path).to(device), load_tokenizer(path), meta
+    model, meta = load_model(path, device)
+    tok = meta["args"].get("tokenizer")
+    if not tok:
+        raise ValueError(f"{path}: checkpoint names no tokenizer")
+    # a relative tokenizer path is relative to the checkpoint's folder
+    tok_path = Path(tok) if Path(tok).is_absolute() else path.parent / tok
+    return model, load_tokenizer(tok_path), meta
+
+
+def keep_tokenizer(init, meta, out_dir, write=True):
+    """The tokenizer entry for the args of a run started from `init`, a checkpoint or HF directory
+    whose metadata load_lang_model returned: an HF tokenizer stays in its directory (an absolute
+    path); ours is copied beside the run's checkpoints (when `write`: rank 0 only), so out_dir is
+    self-contained -> the entry (a path or a file name)."""
+    src = meta["args"]["tokenizer"]   # relative to the checkpoint's folder, or absolute
+    src = Path(src) if Path(src).is_absolute() else Path(init).parent / src
+    if src.is_dir():
+        return str(src.resolve())
+    name = "tokenizer" + src.suffix
+    if write and not (Path(out_dir) / name).is_file():
+        atomic_write(Path(out_dir) / name, lambda tmp: shutil.copyfile(src, tmp))
+    return name
+
+
+# -----------------------------------------------------------------------------
+# decoding
+
+def crop(prompts, block_size, max_new_tokens):
+    """Prompts too long to leave min(max_new_tokens, 64, block_size // 2) tokens of room keep their
+    last tokens, as nanoGPT crops its context (the action and the end of the page survive; the top
+    of a long page is lost). -> (prompts, number cropped)"""
+    keep = block_size - min(max_new_tokens, 64, block_size // 2)
+    return [p[-keep:] for p in prompts], sum(len(p) > keep for p in prompts)
+
+
+def generate_texts(model, tok, prompts, max_new_tokens, temperature=0.0, batch_size=64,
+                   generator=None, desc=None):
+    """Decode completions of token-id prompts, in batches sorted by length (less padding).
+    -> list of strings. A batch gets min(max_new_tokens, the room its longest prompt leaves in
+    block_size) new tokens; see `crop`."""
+    model.eval()
+    prompts = crop(prompts, model.config.block_size, max_new_tokens)[0]
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    out = [None] * len(prompts)
+    for s in tqdm(range(0, len(order), batch_size), desc=desc, leave=False, disable=desc is None):
+        ids = order[s:s + batch_size]
+        room = model.config.block_size - max(len(prompts[i]) for i in ids)
+        tokens, _ = generate(model, [prompts[i] for i in ids], min(max_new_tokens, room),
+                             temperature=temperature, eos_id=tok.eos_id, generator=generator)
+        # generate pads finished rows with -1; the text stops before the end-of-sequence token
+        for i, row in zip(ids, tokens.tolist()):
+            out[i] = tok.decode([t for t in row if t >= 0 and t != tok.eos_id])
+    return out
+
+
+# -----------------------------------------------------------------------------
+# RLVR's prompts and its probe
+
+class PromptPool:
+    """RLVR's prompt pool: every record whose prompt is at most `room` tokens, split into those that
+    change something (where the headroom is) and those that do not (mostly right already; drawn so
+    "no change" stays right)."""
+
+    def __init__(self, task, tok, records, room, unchanged_frac, generator):
+        data = TASKS[task].data
+        pool = [(r, prompt) for r in records
+                if len(prompt := tok.encode(data.prompt_text(r))) <= room]
+        self.changed = [x for x in pool if data.is_changed(x[0])]
+        self.unchanged = [x for x in pool if not data.is_changed(x[0])]
+        self.unchanged_frac, self.generator = unchanged_frac, generator
+
+    def __call__(self, n):
+        """n draws with replacement, a share unchanged_frac of them unchanged
+        -> (token-id prompts, records)."""
+        n_unch = round(n * self.unchanged_frac) if self.unchanged else 0
+        picks = [self.changed[i] for i in
+                 torch.randint(len(self.changed), (n - n_unch,), generator=self.generator)]
+        picks += [self.unchanged[i] for i in   # (max: none to draw from is 0 draws, not an error)
+                  torch.randint(max(len(self.unchanged), 1), (n_unch,), generator=self.generator)]
+        return [x[1] for x in picks], [x[0] for x in picks]
+
+
+def probe_rewards(task, model, tok, prompts, records, kind, max_new_tokens, samples=4):
+    """RLVR's probe: the mean training reward `kind` on fixed prompts, greedy and over `samples`
+    samples each at T=1 drawn from a fixed seed (the same stream at every call)
+    -> dict(probe_greedy, probe_reward). Leaves the model in training mode."""
+    def mean_reward(texts, recs):
+        return sum(TASKS[task].reward(t, r, kind) for t, r in zip(texts, recs)) / len(texts)
+    model.eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        greedy = generate_texts(model, tok, prompts, max_new_tokens)
+        sampled = generate_texts(model, tok, prompts * samples, max_new_tokens, 1.0, generator=g)
+    model.train()
+    return dict(probe_greedy=mean_reward(greedy, records),
+                probe_reward=mean_reward(sampled, records * samples))
