@@ -13,7 +13,7 @@ The file, in reading order, and the reward each task uses:
 - video (train_video.py): `video_reward(name, pred, true, ...)`, name "mae+ssim" = -(MAE + 1 - SSIM)
   (the default without LPIPS weights) or "mae+lpips" = -(MAE + LPIPS), minus optional terms for the
   error on the pixels that move and for erased objects; then the metrics and LPIPS (VGG16).
-- multi-step video: `repetition_rate`, an evaluation metric (data/robot/evaluate.py), not a reward.
+- multi-step video: `repetition_rate`, an evaluation metric (evaluate_video.py), not a reward.
 
 docs/rewards.md holds where each formula comes from, where and why it deviates from the official
 RLVR-World rewards, the text game's contract on truncated answers, and the bounds on the work.
@@ -479,7 +479,7 @@ def ssim(pred, true, data_range=1.0, sigma=1.5):
 
 def moving_mae(pred, true, context, tol=MOVE_TOL):
     """MAE over the pixels that move: where the true frame differs from the context frame by > tol
-    in some channel (data/robot/evaluate.py's mae_moving, per sample); 0 for a frame where nothing
+    in some channel (evaluate_video.py's mae_moving, per sample); 0 for a frame where nothing
     moves. -> (N,)"""
     _check_frames(pred, true)
     _check_frames(context, true)
@@ -490,7 +490,7 @@ def moving_mae(pred, true, context, tol=MOVE_TOL):
 
 def object_miss(pred, true, background, tol=OBJECT_TOL):
     """Share of the true frame's object pixels (differing from the background by > tol in some
-    channel) where the prediction shows none: 1 - data/robot/evaluate.py's object recall, per
+    channel) where the prediction shows none: 1 - evaluate_video.py's object recall, per
     sample; 0 for a frame without objects. -> (N,)"""
     _check_frames(pred, true)
     _check_frames(background, true)

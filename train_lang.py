@@ -12,7 +12,7 @@ records, paired. Tasks: textgame (exact next state, the default) and webpage (--
 
 Writes to --out_dir (default out/<task>): mle / rlvr / mle_more (the control) .safetensors with .json sidecars, the
 tokenizer, log.jsonl (a JSON line per logged step), eval.json (test) and eval_val.json (validation), each {"mle": M,
-"rlvr": M, "mle_more": M}, M = data/tasks.evaluate's result (summary and per-record metrics). Stages checkpoint every
+"rlvr": M, "mle_more": M}, M = evaluate_lang.evaluate's result (summary and per-record metrics). Stages checkpoint every
 --ckpt_every steps and a re-run of the same command resumes (also under torchrun --max-restarts=N). A NaN/inf loss,
 reward or gradient stops the run naming the step (--on_nan=skip skips it); bad input is one "error:" line.
 """
@@ -130,7 +130,7 @@ out_dir = Path(args.out_dir or f"out/{args.task}")
 run = Run(args, out_dir)   # one process, or one rank of torchrun; seeds torch, sets threads and autocast
 master, rank, world, autocast = run.master, run.rank, run.world, run.autocast
 print0, fail, log, barrier = run.print0, run.fail, run.log, run.barrier
-task = TASKS[args.task]   # data module, per-record scores, rewards (data/tasks.py)
+task = TASKS[args.task]   # data module, per-record scores, rewards (tasks.py)
 data = task.data          # load_records, prompt_text, target_text, is_changed
 args.data_dir = args.data_dir or str(ROOT / "data" / args.task)
 args.reward = args.reward or task.rewards[0]

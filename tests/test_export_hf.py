@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
 from checkpoint import save_checkpoint  # noqa: E402
-from data.tasks import load_lang_model  # noqa: E402
+from tasks import load_lang_model  # noqa: E402
 from data.textgame import task  # noqa: E402
 from data.textgame.simulator import generate_split  # noqa: E402
 from engine import generate  # noqa: E402

@@ -48,7 +48,7 @@ from model import GPT, GPTConfig
 from rewards import load_lpips
 from tokenizer_text import Tokenizer, load_tokenizer
 from tokenizer_vq import load_vq
-from data.robot.evaluate import load_video_model
+from evaluate_video import load_video_model
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "checkpoints" / "textgame" / "mle.safetensors"

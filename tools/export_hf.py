@@ -37,7 +37,7 @@ from tokenizer_text import load_tokenizer  # noqa: E402
 
 def load_language_checkpoint(path):
     """Our .safetensors language checkpoint -> (GPT, Tokenizer); else a ValueError naming the file.
-    The tokenizer is found as data/tasks.py's load_lang_model finds it: the file the checkpoint's
+    The tokenizer is found as tasks.py's load_lang_model finds it: the file the checkpoint's
     args name, relative to the checkpoint's folder (or absolute: the HF dir a run began from)."""
     path = Path(path)
     model, meta = load_model(path)
