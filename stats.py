@@ -9,6 +9,12 @@ averaged, and the records (not the two models separately) are resampled for the 
 import numpy as np
 
 
+def pool_seeds(runs):
+    """Several seeds' per-record values (runs: one list per seed, the same records in the same
+    order) -> their mean per record, (n,): the values to compare when the seeds are pooled."""
+    return np.mean(np.asarray(runs, dtype=np.float64), axis=0)
+
+
 def paired_bootstrap(a, b, n_boot=10000, seed=0):
     """Mean of a - b over paired records and its bootstrap 95% interval (records resampled with
     replacement) -> (mean difference, low, high); (None, None, None) for no records."""

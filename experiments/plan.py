@@ -30,6 +30,7 @@ from checkpoint import write_json  # noqa: E402
 from engine import generate  # noqa: E402
 from evaluate_lang import pct  # noqa: E402
 from experiments.envs import ENVS  # noqa: E402
+from stats import paired_bootstrap, pool_seeds  # noqa: E402
 from tasks import crop, load_lang_model  # noqa: E402
 
 BUILTIN = ("random", "sim", "policy")  # the planners that need no world-model checkpoint
@@ -217,16 +218,13 @@ def wilson(k, n, z=1.96):
     return (centre - half) / (n + z * z), (centre + half) / (n + z * z)
 
 
-def paired(a, b, resamples=10000, seed=0):
+def paired(a, b):
     """Success of episodes a minus that of episodes b (the same start states, in order) with its
-    bootstrap 95% interval over the episodes. a may be a list of several seeds' episodes, averaged
-    per start state first. -> (difference, low, high)."""
+    paired bootstrap 95% interval over the episodes (stats.paired_bootstrap). a may be a list of
+    several seeds' episodes, averaged per start state first. -> (difference, low, high)."""
     runs = a if isinstance(a[0], list) else [a]
-    x = [sum(float(r[i]["success"]) for r in runs) / len(runs) - float(q["success"])
-         for i, q in enumerate(b)]
-    rng = random.Random(seed)
-    means = sorted(sum(rng.choice(x) for _ in x) / len(x) for _ in range(resamples))
-    return sum(x) / len(x), means[int(0.025 * resamples) - 1], means[int(0.975 * resamples) - 1]
+    success = pool_seeds([[float(r["success"]) for r in run] for run in runs])
+    return paired_bootstrap(success, [float(q["success"]) for q in b])
 
 
 def summarize(results, max_steps):

@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root
 from checkpoint import atomic_write, write_json  # noqa: E402
-from stats import paired_bootstrap  # noqa: E402
+from stats import paired_bootstrap, pool_seeds  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 p.add_argument("runs", nargs="+", help="label=dir[,dir...]: train_lang.py out_dirs, several = seeds of one regime")
@@ -89,7 +89,7 @@ for spec in args.runs:
             row = {"regime": label, "run": f"{len(runs)} seeds pooled", "against": ref, "metric": runs[0][1],
                    "n": len(per_seed["all"][0])}
             for sub, xs in per_seed.items():
-                x = np.mean(xs, axis=0)   # (n,) difference per record, averaged over the seeds
+                x = pool_seeds(xs)   # (n,) difference per record, averaged over the seeds
                 m, lo, hi = paired_bootstrap(x, np.zeros_like(x))
                 row[sub] = [UNITS[row["metric"]][0] * v for v in (m, lo, hi)]
             table.append(row)

@@ -1,5 +1,5 @@
 """stats.py: the paired bootstrap and the paired table."""
-from stats import paired_bootstrap, paired_table
+from stats import paired_bootstrap, paired_table, pool_seeds
 
 
 def test_paired_bootstrap_matches_hand_computed_cases():
@@ -30,3 +30,9 @@ def test_paired_table_compares_every_row_with_the_reference_on_each_subset():
     assert table[0][2] == 0.0 and table[2][2:] == (0.0, 0.0, 0.0)   # b equals the reference on every record
     assert table[1][2:] == table[3][2:] == (None, None, None)
     assert paired_table(rows, "f1", "ref", subsets=("all",)) == [table[0], table[2]]   # the same resamples
+
+
+def test_pooled_seeds_are_averaged_per_record_before_the_bootstrap():
+    runs = [[1.0, 0.0, 1.0], [0.0, 0.0, 1.0], [1.0, 1.0, 1.0]]
+    assert pool_seeds(runs).tolist() == [2 / 3, 1 / 3, 1.0]
+    assert pool_seeds(runs[:1]).tolist() == runs[0]   # one seed: its own values
