@@ -378,15 +378,18 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_
     device = raw.wte.weight.device
     if not torch.stack([torch.isfinite(p).all() for p in raw.parameters()]).all():
         raise FloatingPointError(f"non-finite weights in the policy at step {step}")
+    # 1-3. rollouts, rewards, and more prompts until enough groups have reward spread
     kept, rounds = sample_groups(raw, prompts, items, reward_fn, cfg, eos_id, generator, sampler,
                                  next_prompts)
     t_rollout = time.time() - t0
+    # 4. advantages, and the rows of the update (none if no group had spread)
     b = update_batch(kept, cfg, device) if kept else None
     plan, chunks = minibatch_plan(len(kept) * cfg.group_size, cfg, generator)
-    if b is not None:   # the first epoch's chunks hold every row once
+    if b is not None:   # the fixed log-probs, on the first epoch's chunks: every row once
         first_epoch = [c for mb in chunks[:cfg.minibatches] for c in mb]
         b["ref_logp"] = reference_logprobs(ref_model, b, first_epoch, cfg)
         maybe_recompute_old_logp(raw, b, first_epoch, cfg, device)
+    # 5-7. PPO-clip + KL - entropy, token-mean, an optimizer step per minibatch
     sums, n_mb = update(policy, optimizer, b, plan, chunks, cfg, step)
     ratio_tokens = int(b["mask"][plan[0]].sum()) if b is not None else 0
     return step_stats(step, rounds, kept, sums, n_mb, ratio_tokens, cfg, eos_id, t0, t_rollout)
