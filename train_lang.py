@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from checkpoint import read_checkpoint, write_json
 from evaluate_lang import evaluate, evaluate_checkpoints, print_comparison
-from grpo import GRPOConfig, grpo_step
+from grpo import GRPOConfig, add_flags, from_flags, grpo_step, make_optimizer, set_lr
 from model import GPT, GPTConfig
 from runtime import Run, WeightPath, check_ranges, finite_weights, fork_alongside, lr_at
 from tasks import TASKS, PromptPool, keep_tokenizer, load_lang_model, probe_rewards
@@ -36,23 +36,30 @@ from tokenizer_text import Tokenizer
 ROOT = Path(__file__).resolve().parent
 
 # -----------------------------------------------------------------------------
-# flags
-p = argparse.ArgumentParser(description="MLE then RLVR for a language world model, against equal-time MLE",
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+# flags; the RL stage's come from grpo.GRPOConfig (`add_flags`), the home of their defaults
+p = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                            description="MLE then RLVR for a language world model, "
+                                        "against equal-time MLE")
 g = p.add_argument_group("task and data")
 g.add_argument("--task", default="textgame", choices=sorted(TASKS), help="which world to model")
-g.add_argument("--data_dir", default=None, help="holds train/val/test.jsonl (made if missing); default data/<task>")
-g.add_argument("--out_dir", default=None, help="checkpoints, logs and eval JSON; default out/<task>")
+g.add_argument("--data_dir", default=None,
+               help="holds train/val/test.jsonl (made if missing); default data/<task>")
+g.add_argument("--out_dir", default=None,
+               help="checkpoints, logs and eval JSON; default out/<task>")
 g = p.add_argument_group("stages and initialisation")
 g.add_argument("--stage", default="all", choices=["all", "mle", "rlvr"],
-               help="all: MLE (unless --init is a checkpoint), RLVR, the control, evaluation; mle: MLE only; "
-                    "rlvr: RLVR, the control and evaluation from --init")
+               help="all: MLE (unless --init is a checkpoint), RLVR, the control, evaluation; "
+                    "mle: MLE only; rlvr: RLVR, the control and evaluation from --init")
 g.add_argument("--init", default="auto",
-               help="auto (shipped MLE checkpoint if present, else scratch) | scratch | our .safetensors | HF dir")
-g.add_argument("--resume", type=int, default=1, help="1: continue each stage from its checkpoint in out_dir")
-g.add_argument("--control", type=int, default=1, help="1: train the control, MLE continued for RLVR's wall-clock")
+               help="auto (shipped MLE checkpoint if present, else scratch) | scratch | "
+                    "our .safetensors | HF dir")
+g.add_argument("--resume", type=int, default=1,
+               help="1: continue each stage from its checkpoint in out_dir")
+g.add_argument("--control", type=int, default=1,
+               help="1: train the control, MLE continued for RLVR's wall-clock")
 g.add_argument("--control_alongside", type=int, default=1,
-               help="1: on a CPU, train the control in a second process while RLVR runs (0: after RLVR, for its time)")
+               help="1: on a CPU, train the control in a second process while RLVR runs "
+                    "(0: after RLVR, for its time)")
 g = p.add_argument_group("model, when training from scratch")
 g.add_argument("--vocab_size", type=int, default=448, help="BPE ranks trained on the train split")
 g.add_argument("--n_layer", type=int, default=4, help="transformer blocks")
@@ -60,69 +67,74 @@ g.add_argument("--n_head", type=int, default=4, help="attention heads per block"
 g.add_argument("--n_embd", type=int, default=128, help="width of the residual stream")
 g.add_argument("--block_size", type=int, default=512, help="longest prompt + answer in tokens")
 g = p.add_argument_group("MLE")
-g.add_argument("--mle_steps", type=int, default=2000, help="optimizer steps (cosine schedule over them)")
-g.add_argument("--mle_minutes", type=float, default=0, help="stop MLE after this wall-clock (0 = no limit)")
+g.add_argument("--mle_steps", type=int, default=2000,
+               help="optimizer steps (cosine schedule over them)")
+g.add_argument("--mle_minutes", type=float, default=0,
+               help="stop MLE after this wall-clock (0 = no limit)")
 g.add_argument("--batch_size", type=int, default=32, help="(prompt, answer) pairs per step")
 g.add_argument("--mle_lr", type=float, default=3e-3, help="peak learning rate (decays to a tenth)")
 g.add_argument("--warmup", type=int, default=100, help="MLE warm-up steps")
 g.add_argument("--weight_decay", type=float, default=0.1, help="MLE AdamW weight decay")
-g.add_argument("--label_frac", type=float, default=1.0,
-               help="MLE sees only this fraction of the train labels (the regime study; RLVR still uses all prompts)")
 g.add_argument("--control_lr", type=float, default=3e-4,
                help="constant learning rate of the control (the MLE schedule's final rate)")
-g = p.add_argument_group("RLVR (GRPO, grpo.py); defaults follow the official RLVR-World recipe where they fit a CPU")
+g = p.add_argument_group("RLVR (GRPO, grpo.py); defaults follow the official RLVR-World recipe "
+                         "where they fit a CPU")
 g.add_argument("--rl_steps", type=int, default=30, help="GRPO steps")
-g.add_argument("--prompts_per_step", type=int, default=16, help="groups WITH reward spread per step (DAPO refill)")
-g.add_argument("--max_rounds", type=int, default=4, help="sampling rounds a step may take to collect them")
-g.add_argument("--group_size", type=int, default=8, help="samples per prompt (G)")
-g.add_argument("--rl_lr", type=float, default=1e-4, help="AdamW learning rate, after --rl_warmup steps of warm-up")
-g.add_argument("--rl_warmup", type=int, default=10, help="linear learning-rate warm-up steps of RLVR")
-g.add_argument("--rl_weight_decay", type=float, default=0.01, help="AdamW weight decay of RLVR (official: 0.01)")
-g.add_argument("--beta", type=float, default=0.001, help="KL coefficient to the MLE start (official: 0.001)")
-g.add_argument("--entropy_coef", type=float, default=0.001, help="entropy bonus (official: 0.001)")
-g.add_argument("--clip_eps", type=float, default=0.2, help="PPO clip range")
-g.add_argument("--loss_agg", default="token-mean", choices=["token-mean", "seq-mean"], help="loss aggregation")
-g.add_argument("--std_norm", type=int, default=1, help="1: divide advantages by the group's std")
-g.add_argument("--ppo_epochs", type=int, default=1, help="passes over each rollout batch")
-g.add_argument("--minibatches", type=int, default=2, help="optimizer steps per pass")
-g.add_argument("--micro_batch", type=int, default=64, help="sequences per forward/backward")
-g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the rollouts")
-g.add_argument("--max_new_tokens", type=int, default=200, help="longest answer sampled")
-g.add_argument("--reward", default=None, help="textgame: binary | task_specific; webpage: f1 (default: the first)")
+add_flags(g, GRPOConfig)   # --prompts_per_step ... --max_new_tokens: GRPOConfig's fields
+g.add_argument("--reward", default=None,
+               help="textgame: binary | task_specific; webpage: f1 (default: the first)")
+g = p.add_argument_group("research: controls, probes and the regime study (not needed to train)")
+g.add_argument("--label_frac", type=float, default=1.0,
+               help="MLE sees only this fraction of the train labels (the regime study; RLVR still "
+                    "uses all prompts)")
 g.add_argument("--rl_pool", type=int, default=0,
-               help="RL prompts: the first N train records (0 = all); a small pool checks that the optimiser climbs")
-g.add_argument("--rl_unchanged_frac", type=float, default=0.3, help="share of unchanged prompts drawn for RL")
-g.add_argument("--placebo", type=int, default=0, help="1: shuffle rewards within each rollout batch (a control)")
-g.add_argument("--probe_n", type=int, default=64, help="fixed training prompts whose reward is tracked")
-g.add_argument("--probe_every", type=int, default=10, help="RLVR steps between probe-set measurements")
+               help="RL prompts: the first N train records (0 = all); a small pool checks that the "
+                    "optimiser climbs")
+g.add_argument("--rl_unchanged_frac", type=float, default=0.3,
+               help="share of unchanged prompts drawn for RL")
+add_flags(g, GRPOConfig, research=True)   # --placebo
+g.add_argument("--probe_n", type=int, default=64,
+               help="fixed training prompts whose reward is tracked")
+g.add_argument("--probe_every", type=int, default=10,
+               help="RLVR steps between probe-set measurements")
 g = p.add_argument_group("evaluation")
 g.add_argument("--eval_every", type=int, default=500, help="MLE steps between validation checks")
-g.add_argument("--val_n", type=int, default=200, help="validation records for the MLE progress checks")
-g.add_argument("--val_limit", type=int, default=0, help="validation records in the final eval (0 = all)")
+g.add_argument("--val_n", type=int, default=200,
+               help="validation records for the MLE progress checks")
+g.add_argument("--val_limit", type=int, default=0,
+               help="validation records in the final eval (0 = all)")
 g.add_argument("--test_limit", type=int, default=0, help="test records in the final eval (0 = all)")
-g.add_argument("--final_eval", default="val,test", help="splits of the final evaluation (choices are made on val)")
-g.add_argument("--eval_workers", type=int, default=2, help="processes sharing the final evaluation on a CPU")
+g.add_argument("--final_eval", default="val,test",
+               help="splits of the final evaluation (choices are made on val)")
+g.add_argument("--eval_workers", type=int, default=2,
+               help="processes sharing the final evaluation on a CPU")
 g = p.add_argument_group("system")
 g.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
-g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="autocast dtype")
+g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+               help="autocast dtype")
 g.add_argument("--compile", type=int, default=0, help="1: torch.compile the trained model")
-g.add_argument("--threads", type=int, default=1, help="torch CPU threads; 1 is fastest for tiny models on 2 cores")
-g.add_argument("--seed", type=int, default=1337, help="seeds data order, sampling and the probe set")
+g.add_argument("--threads", type=int, default=1,
+               help="torch CPU threads; 1 is fastest for tiny models on 2 cores")
+g.add_argument("--seed", type=int, default=1337,
+               help="seeds data order, sampling and the probe set")
 g.add_argument("--ckpt_every", type=int, default=50, help="steps between resumable checkpoints")
 g.add_argument("--on_nan", default="stop", choices=["stop", "skip"],
-               help="on a NaN/inf loss, reward or gradient: stop the run, or skip that step (single process only)")
+               help="on a NaN/inf loss, reward or gradient: stop the run, or skip that step "
+                    "(single process only)")
 args = p.parse_args()
-check_ranges(p, args, at_least_1=("n_layer", "n_head", "n_embd", "block_size", "mle_steps", "batch_size", "rl_steps",
-                                  "prompts_per_step", "max_rounds", "group_size", "ppo_epochs", "minibatches",
-                                  "micro_batch", "max_new_tokens", "eval_every", "val_n", "threads", "ckpt_every",
-                                  "probe_n", "probe_every", "eval_workers"),
-             at_least_0=("mle_minutes", "mle_lr", "warmup", "weight_decay", "control_lr", "rl_lr", "rl_warmup",
-                         "rl_weight_decay", "beta", "entropy_coef", "clip_eps", "test_limit", "val_limit", "rl_pool"))
+check_ranges(p, args,
+             at_least_1=("n_layer", "n_head", "n_embd", "block_size", "mle_steps", "batch_size",
+                         "rl_steps", "prompts_per_step", "max_rounds", "group_size", "ppo_epochs",
+                         "minibatches", "micro_batch", "max_new_tokens", "eval_every", "val_n",
+                         "threads", "ckpt_every", "probe_n", "probe_every", "eval_workers"),
+             at_least_0=("mle_minutes", "mle_lr", "warmup", "weight_decay", "control_lr", "rl_lr",
+                         "rl_warmup", "rl_weight_decay", "beta", "entropy_coef", "clip_eps",
+                         "test_limit", "val_limit", "rl_pool"))
 if not set(args.final_eval.split(",")) <= {"val", "test"}:
     p.error(f"--final_eval takes val, test or val,test, got {args.final_eval!r}")
 if not 0 <= args.rl_unchanged_frac <= 1 or not 0 < args.label_frac <= 1 or not args.temperature > 0:
-    p.error(f"--rl_unchanged_frac must be in [0, 1] (got {args.rl_unchanged_frac}), --label_frac in (0, 1] "
-            f"(got {args.label_frac}) and --temperature > 0 (got {args.temperature})")
+    p.error(f"--rl_unchanged_frac must be in [0, 1] (got {args.rl_unchanged_frac}), --label_frac "
+            f"in (0, 1] (got {args.label_frac}) and --temperature > 0 (got {args.temperature})")
 
 # -----------------------------------------------------------------------------
 # setup: distributed, devices, precision (runtime.py)
@@ -269,41 +281,42 @@ def run_mle(model, name, pairs, steps, minutes, lr_of_step, stop=None):
 # stage 2: RLVR with GRPO; the reward is the task metric of the decoded prediction (rewards.py)
 def run_rlvr(model):
     ckpt = out_dir / "rlvr.safetensors"   # resumable while it runs, the RLVR model once done
-    ref = copy.deepcopy(model).eval().requires_grad_(False) if args.beta > 0 else None   # the frozen MLE start
+    # the frozen MLE start, the KL's reference
+    ref = copy.deepcopy(model).eval().requires_grad_(False) if args.beta > 0 else None
     model, trained = run.wrap(model, compile=args.compile)
-    cfg = GRPOConfig(group_size=args.group_size, prompts_per_step=args.prompts_per_step, max_rounds=args.max_rounds,
-                     max_new_tokens=args.max_new_tokens, temperature=args.temperature, clip_eps=args.clip_eps,
-                     beta=args.beta, entropy_coef=args.entropy_coef, loss_agg=args.loss_agg,
-                     std_norm=bool(args.std_norm), ppo_epochs=args.ppo_epochs, minibatches=args.minibatches,
-                     micro_batch=args.micro_batch, shuffle_rewards=bool(args.placebo))
-    # the official recipe's AdamW: betas (0.9, 0.999), weight decay 0.01, a linear warm-up to a constant rate
-    opt = torch.optim.AdamW(model.parameters(), lr=args.rl_lr, betas=(0.9, 0.999), weight_decay=args.rl_weight_decay)
-    gen = torch.Generator().manual_seed(args.seed + 1000 + rank)   # prompts, samples and minibatch order
-    # the prompt pool: every train prompt that leaves room for the longest answer, split into changed and unchanged
-    # records; draw(n) -> n token-id prompts and their records, a share --rl_unchanged_frac of them unchanged
-    draw = PromptPool(args.task, tok, train_recs[:args.rl_pool or None], model.config.block_size - args.max_new_tokens,
-                      args.rl_unchanged_frac, gen)
+    cfg = from_flags(args, GRPOConfig)   # the GRPO flags, --placebo included
+    opt = make_optimizer(model, cfg)     # AdamW, betas (0.9, 0.999), weight decay --rl_weight_decay
+    gen = torch.Generator().manual_seed(args.seed + 1000 + rank)   # prompts, samples, minibatches
+    # the prompt pool: every train prompt that leaves room for the longest answer, split into
+    # changed and unchanged records; draw(n) -> n token-id prompts and their records, a share
+    # --rl_unchanged_frac of them unchanged
+    room = model.config.block_size - args.max_new_tokens
+    pool = train_recs[:args.rl_pool or None]
+    draw = PromptPool(args.task, tok, pool, room, args.rl_unchanged_frac, gen)
 
     def reward_fn(records, completions):   # token lists -> the task's metric of each decoded answer
-        texts = [tok.decode([t for t in c if t != tok.eos_id]) for c in completions]   # decode: the reward reads text
-        return [task.reward(t, r, args.reward) for t, r in zip(texts, records)]       # never raises on model output
+        # decode: the reward reads text; task.reward never raises on model output
+        texts = [tok.decode([t for t in c if t != tok.eos_id]) for c in completions]
+        return [task.reward(t, r, args.reward) for t, r in zip(texts, records)]
 
-    # the probe set: fixed training prompts whose greedy and T=1 reward (4 samples each, a fixed seed) is logged every
-    # --probe_every steps: the reward GRPO optimises, measured on the same prompts throughout
+    # the probe set: fixed training prompts whose greedy and T=1 reward (4 samples each, a fixed
+    # seed) is logged every --probe_every steps: the reward GRPO optimises, on the same prompts
     probe_prompts, probe_recs = draw(args.probe_n)
 
     def probe():
         with autocast:
-            return probe_rewards(args.task, model, tok, probe_prompts, probe_recs, args.reward, args.max_new_tokens)
+            return probe_rewards(args.task, model, tok, probe_prompts, probe_recs, args.reward,
+                                 args.max_new_tokens)
 
-    print0(f"rlvr: {len(draw.changed)} changed + {len(draw.unchanged)} unchanged train prompts; per step "
-           f"{args.prompts_per_step} groups with reward spread (up to {args.max_rounds} rounds) x {args.group_size} "
-           f"samples x {world} ranks; reward {args.reward}{'; PLACEBO: rewards shuffled' if args.placebo else ''}")
+    print0(f"rlvr: {len(draw.changed)} changed + {len(draw.unchanged)} unchanged train prompts; "
+           f"per step {args.prompts_per_step} groups with reward spread (up to {args.max_rounds} "
+           f"rounds) x {args.group_size} samples x {world} ranks; reward {args.reward}"
+           f"{'; PLACEBO: rewards shuffled' if args.placebo else ''}")
     moved = WeightPath(model)   # the MLE start, for the log's weight movement
     step, done = run.resume_stage(ckpt, model, opt, gen, "rlvr")   # as in run_mle
     if done:
         return ckpt
-    prev = read_checkpoint(ckpt)[1]["metrics"] if step else {}   # the interrupted run's last logged state
+    prev = read_checkpoint(ckpt)[1]["metrics"] if step else {}   # the interrupted run's last log
     rl_seconds = prev.get("rl_seconds", 0.0)   # time in GRPO steps so far: the control gets as much
     moved.resume(model, prev.get("w_path", 0.0))
     if not finite_weights(model):   # a poisoned start stops here, before any sampling from it
@@ -313,13 +326,13 @@ def run_rlvr(model):
     bar = tqdm(total=args.rl_steps, initial=step, desc="rlvr", disable=not master)
     stats = {}
     while step < args.rl_steps:
-        for group in opt.param_groups:   # linear warm-up, then constant
-            group["lr"] = args.rl_lr * min(1.0, (step + 1) / max(args.rl_warmup, 1))
-        prompts, recs = draw(args.prompts_per_step)   # the first round; grpo_step draws more if groups lack spread
+        set_lr(opt, cfg, step)   # linear warm-up, then constant
+        # the first round's prompts; grpo_step draws more if groups lack spread
+        prompts, recs = draw(args.prompts_per_step)
         try:   # rollout -> reward -> advantages -> PPO-clip + KL updates, all in grpo.py
             with autocast:
-                stats = grpo_step(trained, ref, opt, prompts, recs, reward_fn, cfg, tok.eos_id, gen, step,
-                                  next_prompts=draw)
+                stats = grpo_step(trained, ref, opt, prompts, recs, reward_fn, cfg, tok.eos_id, gen,
+                                  step, next_prompts=draw)
         except FloatingPointError as e:   # grpo.py checks rewards, loss, gradient norm and weights
             run.nonfinite("rlvr", step, model, str(e))   # stops, or logs a skipped step
             stats = {}
@@ -328,18 +341,21 @@ def run_rlvr(model):
         if stats:
             stats["step"] = step   # steps done: the log's step 0 is the probe before any update
             rl_seconds += stats["t_step"]
-            stats.update(rl_seconds=rl_seconds, **moved.step(model))   # w_path, w_rms, w_straightness
-            bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", kept=stats["groups_kept"], kl=f"{stats['kl']:.4f}")
-            if master and (step % args.probe_every == 0 or step == args.rl_steps):   # the probe, and a line of text
-                stats.update(probe())
+            stats.update(rl_seconds=rl_seconds, **moved.step(model))   # w_path, w_rms, straightness
+            bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", kept=stats["groups_kept"],
+                            kl=f"{stats['kl']:.4f}")
+            if master and (step % args.probe_every == 0 or step == args.rl_steps):
+                stats.update(probe())   # the probe, and a line of text
                 print0(f"\nrlvr step {step}: reward {stats['reward_mean']:.3f} probe reward "
-                       f"{stats['probe_reward']:.3f} (greedy {stats['probe_greedy']:.3f}) groups kept "
-                       f"{stats['groups_kept']}/{stats['groups']} kl {stats['kl']:.5f} entropy {stats['entropy']:.3f} "
-                       f"straightness {stats['w_straightness']:.2f} (random walk {1 / math.sqrt(step):.2f})")
-            log({"stage": "rlvr", **stats})   # reward, KL, entropy, clip fraction, weight movement, probe
-        run.save_stage(ckpt, model, opt, step, stats, gen, done=step == args.rl_steps)   # every --ckpt_every
+                       f"{stats['probe_reward']:.3f} (greedy {stats['probe_greedy']:.3f}) "
+                       f"groups kept {stats['groups_kept']}/{stats['groups']} kl {stats['kl']:.5f} "
+                       f"entropy {stats['entropy']:.3f} straightness {stats['w_straightness']:.2f} "
+                       f"(random walk {1 / math.sqrt(step):.2f})")
+            log({"stage": "rlvr", **stats})   # reward, KL, entropy, clip fraction, movement, probe
+        # a checkpoint every --ckpt_every steps, and the last
+        run.save_stage(ckpt, model, opt, step, stats, gen, done=step == args.rl_steps)
     bar.close()
-    run.check_ranks_in_sync(model, "rlvr")   # under torchrun: every rank must end with the same weights
+    run.check_ranks_in_sync(model, "rlvr")   # under torchrun: every rank ends with the same weights
     barrier()
     return ckpt
 

@@ -32,7 +32,7 @@ from common import ROOT, machine, median, print_table
 
 from data.textgame.prepare import generate_split  # noqa: E402
 from data.textgame.task import is_changed, prompt_text  # noqa: E402
-from grpo import GRPOConfig, grpo_step  # noqa: E402
+from grpo import GRPOConfig, grpo_step, make_optimizer  # noqa: E402
 from tasks import TASKS, load_lang_model  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -103,10 +103,11 @@ def run_job(name, out_dir):
 def memory_check():
     model, tok, _ = load_lang_model(ROOT / "checkpoints" / "textgame" / "mle.safetensors")
     ref = copy.deepcopy(model).eval().requires_grad_(False)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0)
+    cfg = GRPOConfig(group_size=8, prompts_per_step=args.mem_prompts, max_new_tokens=args.mem_tokens, beta=0.02,
+                     entropy_coef=0.0, minibatches=2, micro_batch=64, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0)
+    opt = make_optimizer(model, cfg)
     records = [r for r in generate_split("train", 400, 0) if is_changed(r)]
     task = TASKS["textgame"]
-    cfg = GRPOConfig(group_size=8, max_new_tokens=args.mem_tokens, beta=0.02, minibatches=2, micro_batch=64)
 
     def reward_fn(items, completions):
         texts = [tok.decode([t for t in c if t != tok.eos_id]) for c in completions]

@@ -120,8 +120,9 @@ def bench(threads, path, tok, texts):
     ours = GPT.from_pretrained(path)
     ref = copy.deepcopy(ours).eval()
     opt = torch.optim.AdamW(ours.parameters(), lr=args.lr)
-    cfg = GRPOConfig(group_size=G, max_new_tokens=args.max_new_tokens, temperature=1.0, beta=args.beta,
-                     entropy_coef=0.0, ppo_epochs=1, minibatches=1, micro_batch=P * G, skip_zero_std=False)
+    cfg = GRPOConfig(group_size=G, prompts_per_step=P, max_new_tokens=args.max_new_tokens, temperature=1.0,
+                     beta=args.beta, entropy_coef=0.0, ppo_epochs=1, minibatches=1, micro_batch=P * G,
+                     skip_zero_std=False)
     gen = torch.Generator().manual_seed(0)
     eos = tok.eos_token_id
 

@@ -1,5 +1,7 @@
 """GRPO math on hand-computed tensors, packing and masks, micro-batching, dynamic sampling, the placebo, the entropy
-bonus, bf16 old log-probs, and a tiny task whose reward must rise (and whose placebo must not)."""
+bonus, bf16 old log-probs, DDP minibatches empty on every rank, the flags built from GRPOConfig, and a tiny task whose
+reward must rise (and whose placebo must not)."""
+import argparse
 import copy
 import math
 
@@ -7,11 +9,16 @@ import pytest
 import torch
 
 import grpo
-from grpo import (GRPOConfig, aggregate, clipped_objective, group_advantages, grpo_loss, grpo_step, k3_kl, pack,
-                  token_logprobs_and_entropy)
+from grpo import (GRPOConfig, add_flags, aggregate, clipped_objective, from_flags, group_advantages, grpo_loss,
+                  grpo_step, k3_kl, logprobs_shared_prompts, make_optimizer, pack, set_lr)
 from model import GPT, GPTConfig
 
 torch.set_num_threads(1)
+
+
+def config(**kw):
+    """The tests' GRPO settings: every given prompt's group, no entropy bonus, one minibatch, unless a test says."""
+    return GRPOConfig(**{**dict(prompts_per_step=0, entropy_coef=0.0, minibatches=1), **kw})
 
 
 def test_group_advantages_by_hand():
@@ -63,7 +70,7 @@ def test_grpo_loss_by_hand():
     zeros = torch.zeros(2, 2)
     entropy = torch.tensor([[0.4, 0.2], [0.6, 9.0]])
     adv, mask = torch.tensor([1.0, -1.0]), torch.tensor([[True, True], [True, False]])
-    cfg = GRPOConfig(clip_eps=0.2, beta=0.1, entropy_coef=0.5)
+    cfg = config(clip_eps=0.2, beta=0.1, entropy_coef=0.5)
     # pg: row 0 (A=+1) ratio 1.5 -> clipped 1.2 -> -1.2; ratio 1 -> -1; row 1 (A=-1) ratio 0.5 -> max(0.5, 0.8) = 0.8
     # kl = exp(-logp) + logp - 1: 1/1.5 + log 1.5 - 1, 0, 2 + log 0.5 - 1
     kl = [1 / 1.5 + math.log(1.5) - 1, 0.0, 2 + math.log(0.5) - 1]
@@ -99,8 +106,8 @@ def count_threes(items, completions):
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean"])
 def test_micro_batching_gives_the_same_update(agg):
-    cfg_a = GRPOConfig(group_size=4, max_new_tokens=6, beta=0.1, loss_agg=agg, micro_batch=64)
-    cfg_b = GRPOConfig(group_size=4, max_new_tokens=6, beta=0.1, loss_agg=agg, micro_batch=3)
+    cfg_a = config(group_size=4, max_new_tokens=6, beta=0.1, loss_agg=agg, micro_batch=64)
+    cfg_b = config(group_size=4, max_new_tokens=6, beta=0.1, loss_agg=agg, micro_batch=3)
     weights = []
     for cfg in (cfg_a, cfg_b):
         model = tiny_model()
@@ -117,7 +124,7 @@ def test_on_policy_ratio_is_one_and_kl_zero_at_start():
     ref = copy.deepcopy(model).eval()
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     stats = grpo_step(model, ref, opt, [[1, 2], [4], [5, 6, 7]], [None] * 3, count_threes,
-                      GRPOConfig(group_size=4, max_new_tokens=6, beta=0.1), eos_id=0,
+                      config(group_size=4, max_new_tokens=6, beta=0.1), eos_id=0,
                       generator=torch.Generator().manual_seed(0))
     assert stats["clip_frac"] == 0.0 and abs(stats["kl"]) < 1e-6
     assert abs(stats["ratio_first"] - 1.0) < 1e-5          # float32: the sampler's log-probs are the update's
@@ -128,7 +135,7 @@ def test_reward_rises_on_a_tiny_task_and_not_under_the_placebo(placebo):
     model = tiny_model(1)
     ref = copy.deepcopy(model).eval()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    cfg = GRPOConfig(group_size=8, max_new_tokens=6, beta=0.01, minibatches=2, prompts_per_step=4,
+    cfg = config(group_size=8, max_new_tokens=6, beta=0.01, minibatches=2, prompts_per_step=4,
                      shuffle_rewards=placebo)
     g = torch.Generator().manual_seed(0)
     stats = [grpo_step(model, ref, opt, [[1], [2], [4], [5]], [None] * 4, count_threes, cfg, eos_id=None,
@@ -145,7 +152,7 @@ def test_groups_without_reward_spread_are_skipped():
     before = [p.detach().clone() for p in model.parameters()]
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     stats = grpo_step(model, None, opt, [[1, 2], [4]], [None, None], lambda items, comps: [1.0] * len(comps),
-                      GRPOConfig(group_size=4, max_new_tokens=4, beta=0.0), eos_id=None,
+                      config(group_size=4, max_new_tokens=4, beta=0.0), eos_id=None,
                       generator=torch.Generator().manual_seed(0))
     assert stats["zero_std_frac"] == 1.0
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
@@ -171,7 +178,7 @@ def test_dynamic_sampling_refills_to_the_target():
         asked.append(n)
         return [[5, 1 + i % 3] for i in range(n)], ["5"] * n
 
-    cfg = GRPOConfig(group_size=4, max_new_tokens=6, beta=0.0, prompts_per_step=3, max_rounds=5)
+    cfg = config(group_size=4, max_new_tokens=6, beta=0.0, prompts_per_step=3, max_rounds=5)
     # the first round: 2 prompts without spread, 1 with: 1 kept, 2 more wanted at a spread rate of 1/3 -> asks for
     # min(3 = the first round's size, ceil(2 * 3 / 1) = 6) = 3
     stats = grpo_step(model, None, torch.optim.SGD(model.parameters(), lr=0.1), [[1, 2], [4], [5, 6]],
@@ -191,7 +198,7 @@ def test_dynamic_sampling_stops_after_max_rounds_without_an_update():
         asked.append(n)
         return [[1, 2]] * n, ["1"] * n    # never any spread
 
-    cfg = GRPOConfig(group_size=4, max_new_tokens=4, beta=0.1, prompts_per_step=2, max_rounds=3)
+    cfg = config(group_size=4, max_new_tokens=4, beta=0.1, prompts_per_step=2, max_rounds=3)
     stats = grpo_step(model, copy.deepcopy(model).eval(), torch.optim.SGD(model.parameters(), lr=1.0),
                       [[1, 2], [4]], ["1", "4"], spread_only_after_token_5, cfg, eos_id=None,
                       generator=torch.Generator().manual_seed(0), next_prompts=next_prompts)
@@ -212,7 +219,7 @@ def test_placebo_shuffles_rewards_across_the_batch():
     runs = {}
     for placebo in (False, True):
         model = tiny_model()
-        cfg = GRPOConfig(group_size=4, max_new_tokens=4, beta=0.0, shuffle_rewards=placebo)
+        cfg = config(group_size=4, max_new_tokens=4, beta=0.0, shuffle_rewards=placebo)
         runs[placebo] = grpo_step(model, None, torch.optim.SGD(model.parameters(), lr=0.1), prompts, items, by_group,
                                   cfg, eos_id=None, generator=torch.Generator().manual_seed(0))
     assert runs[False]["groups_kept"] == 0
@@ -221,11 +228,16 @@ def test_placebo_shuffles_rewards_across_the_batch():
     assert runs[True]["zero_std_frac"] == 1.0                # ... and the true spread
 
 
+def packed(prompts, tokens):
+    """`grpo.update_batch`'s layout of the rows `tokens` continuing `prompts` (G rows each), for the log-probs."""
+    b = dict(zip(("prompt_idx", "prompt_len", "idx", "targets"), pack(prompts, tokens)))
+    b["rows"] = torch.arange(len(prompts)).repeat_interleave(len(tokens) // len(prompts))
+    return b
+
+
 def mean_entropy(model, prompts, tokens):
-    prompt_idx, prompt_len, idx, targets = pack(prompts, tokens)
-    rows = torch.arange(len(prompts)).repeat_interleave(len(tokens) // len(prompts))
     with torch.no_grad():
-        _, ent = token_logprobs_and_entropy(model, prompt_idx, prompt_len, rows, idx, targets, 1.0)
+        _, ent = logprobs_shared_prompts(model, packed(prompts, tokens), list(range(len(tokens))), 1.0)
     return ent.mean().item()
 
 
@@ -235,7 +247,7 @@ def test_entropy_bonus_raises_entropy(coef):
     model = tiny_model()
     probe = torch.randint(1, 8, (8, 6), generator=torch.Generator().manual_seed(1))
     before = mean_entropy(model, [[1, 2], [4]], probe)
-    cfg = GRPOConfig(group_size=4, max_new_tokens=6, beta=0.0, entropy_coef=coef, skip_zero_std=False)
+    cfg = config(group_size=4, max_new_tokens=6, beta=0.0, entropy_coef=coef, skip_zero_std=False)
     stats = grpo_step(model, None, torch.optim.SGD(model.parameters(), lr=0.5), [[1, 2], [4]], [None, None],
                       lambda items, comps: [1.0] * len(comps), cfg, eos_id=None,
                       generator=torch.Generator().manual_seed(0))
@@ -247,7 +259,7 @@ def test_entropy_bonus_raises_entropy(coef):
 @pytest.mark.parametrize("minibatches", [1, 2])
 def test_bf16_recomputes_old_logprobs_so_the_first_ratio_is_one(monkeypatch, minibatches):
     def step(model):
-        cfg = GRPOConfig(group_size=4, max_new_tokens=6, beta=0.1, minibatches=minibatches, micro_batch=3,
+        cfg = config(group_size=4, max_new_tokens=6, beta=0.1, minibatches=minibatches, micro_batch=3,
                          entropy_coef=0.01)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             return grpo_step(model, copy.deepcopy(model).eval(), torch.optim.AdamW(model.parameters(), lr=1e-2),
@@ -262,3 +274,84 @@ def test_bf16_recomputes_old_logprobs_so_the_first_ratio_is_one(monkeypatch, min
     # the sampler's bf16 log-probs are not the update's: trusting them gives a first ratio other than 1
     monkeypatch.setattr(grpo, "low_precision", lambda model, device: False)
     assert step(tiny_model())["ratio_first"] != 1.0
+
+
+def test_shared_prompt_logprobs_equal_the_plain_forward_of_prompt_and_completion():
+    model = tiny_model()
+    prompts, tokens = [[1, 2, 3], [4]], torch.tensor([[5, 6, 0], [7, -1, -1], [3, 3, 3], [2, 0, -1]])
+    b = packed(prompts, tokens)
+    logp, ent = logprobs_shared_prompts(model, b, [0, 1, 2, 3], 0.7)
+    for n, (p, row) in enumerate(zip([prompts[0]] * 2 + [prompts[1]] * 2, tokens.tolist())):
+        done = [t for t in row if t >= 0]
+        logits, _ = model(torch.tensor([p + done[:-1]]))   # the whole sequence, prompt and completion
+        plain = torch.log_softmax(logits[0, len(p) - 1:].float() / 0.7, -1)   # (len(done), vocab)
+        assert torch.allclose(logp[n, :len(done)], plain[torch.arange(len(done)), done], atol=1e-5)
+        assert torch.allclose(ent[n, :len(done)], -(plain.exp() * plain).sum(-1), atol=1e-5)
+
+
+# -----------------------------------------------------------------------------
+# DDP: a minibatch empty on every rank takes no optimizer step (AdamW would move the weights anyway)
+
+def ddp_worker(rank, world, init_file, out_dir):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    model = tiny_model()
+    policy = DistributedDataParallel(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    # 8 minibatches: rank 0's one group of 4 rows fills 4 of them, rank 1 (no reward spread) none, so rank 1 joins
+    # rank 0's 4 all-reduces and the other 4 minibatches are empty everywhere
+    cfg = config(group_size=4, max_new_tokens=6, beta=0.0, minibatches=8)
+    reward = count_threes if rank == 0 else (lambda items, comps: [1.0] * len(comps))
+    gen = torch.Generator().manual_seed(0)
+    first = grpo_step(policy, None, opt, [[1, 2]], [None], reward, cfg, eos_id=None, generator=gen)
+    after_first = weights(model)
+    steps = [int(opt.state[p]["step"]) for p in model.parameters()]
+    # no spread anywhere: every minibatch empty on every rank, nothing moves
+    second = grpo_step(policy, None, opt, [[1, 2]], [None], lambda items, comps: [1.0] * len(comps), cfg,
+                       eos_id=None, generator=gen)
+    torch.save(dict(first=first, second=second, after_first=after_first, end=weights(model), steps=steps),
+               f"{out_dir}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_ddp_minibatches_empty_on_every_rank_take_no_optimizer_step(tmp_path):
+    torch.multiprocessing.spawn(ddp_worker, args=(2, tmp_path / "init", tmp_path), nprocs=2)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert r0["first"]["groups_kept"] == 1 and r1["first"]["groups_kept"] == 0
+    assert r0["steps"] == r1["steps"] == [4] * len(r0["steps"])   # one AdamW step per minibatch with rows
+    assert torch.equal(r0["after_first"], r1["after_first"])        # the ranks stay in step
+    assert torch.equal(r0["end"], r0["after_first"]) and torch.equal(r1["end"], r1["after_first"])
+
+
+# -----------------------------------------------------------------------------
+# GRPOConfig: the flags and the optimizer
+
+def test_flags_are_built_from_the_config_and_read_back():
+    p = argparse.ArgumentParser()
+    add_flags(p.add_argument_group("rl"), GRPOConfig)
+    add_flags(p.add_argument_group("research"), GRPOConfig, research=True)
+    assert from_flags(p.parse_args([]), GRPOConfig) == GRPOConfig()   # the flags' defaults are the config's
+    args = p.parse_args(["--rl_lr=0.5", "--std_norm=0", "--placebo=1", "--loss_agg=seq-mean", "--group_size=3"])
+    cfg = from_flags(args, GRPOConfig)
+    assert (cfg.lr, cfg.std_norm, cfg.shuffle_rewards, cfg.loss_agg, cfg.group_size) == (0.5, False, True,
+                                                                                           "seq-mean", 3)
+    assert not hasattr(args, "betas") and not hasattr(args, "lr")     # no flag, or the flag's own name
+    with pytest.raises(SystemExit):
+        p.parse_args(["--loss_agg=sum"])
+
+
+def test_make_optimizer_and_warmup():
+    model = tiny_model()
+    cfg = GRPOConfig(lr=0.1, warmup=4, betas=(0.9, 0.99), weight_decay=0.0)
+    opt = make_optimizer(model, cfg)
+    assert opt.defaults["betas"] == (0.9, 0.99) and opt.defaults["weight_decay"] == 0.0
+    lrs = []
+    for step in range(6):
+        set_lr(opt, cfg, step)
+        lrs.append(opt.param_groups[0]["lr"])
+    assert lrs == pytest.approx([0.025, 0.05, 0.075, 0.1, 0.1, 0.1])
+    cfg.warmup = 0   # no warm-up: constant from the first step
+    set_lr(opt, cfg, 0)
+    assert opt.param_groups[0]["lr"] == 0.1
