@@ -28,6 +28,7 @@ from tqdm import tqdm
 from checkpoint import read_checkpoint, write_json
 from evaluate_lang import evaluate, evaluate_checkpoints, print_comparison
 from grpo import GRPOConfig, add_flags, from_flags, grpo_step, make_optimizer, set_lr
+import mle
 from model import GPT, GPTConfig
 from runtime import Run, WeightPath, check_ranges, finite_weights, fork_alongside, lr_at
 from tasks import TASKS, PromptPool, keep_tokenizer, load_lang_model, probe_rewards
@@ -199,81 +200,65 @@ else:
 
 
 def encode(r):
-    """A record -> (prompt ids, answer ids + EOS): the model reads the prompt and learns to write the answer."""
+    """A record -> (prompt ids, answer ids + EOS): the model reads the prompt and learns to write
+    the answer."""
     return tok.encode(data.prompt_text(r)), tok.encode(data.target_text(r)) + [tok.eos_id]
 
 
 def batch_from(pairs):
-    """(prompt, answer) id lists -> right-padded idx (B, T) and targets (B, T), -1 outside the answer tokens."""
-    T = max(len(a) + len(b) for a, b in pairs) - 1          # the longest sequence, minus the token nobody reads
-    idx = torch.zeros(len(pairs), T, dtype=torch.long)       # padding with 0 is harmless: it is never a target
+    """(prompt, answer) id lists -> right-padded idx (B, T) and targets (B, T) on the device,
+    -1 outside the answer tokens."""
+    T = max(len(a) + len(b) for a, b in pairs) - 1          # the longest sequence, but its last
+    idx = torch.zeros(len(pairs), T, dtype=torch.long)       # padding 0 is never a target
     tgt = torch.full((len(pairs), T), -1, dtype=torch.long)  # -1 = ignored by the cross-entropy
     for i, (a, b) in enumerate(pairs):
-        s = a + b                                            # prompt then answer (+ EOS), one sequence
-        idx[i, :len(s) - 1] = torch.tensor(s[:-1])      # input: everything but the last token
-        tgt[i, len(a) - 1:len(s) - 1] = torch.tensor(b)  # target: the answer, shifted by one; the prompt is not scored
+        s = a + b                                            # prompt, answer (+ EOS): one sequence
+        idx[i, :len(s) - 1] = torch.tensor(s[:-1])           # input: all but the last token
+        tgt[i, len(a) - 1:len(s) - 1] = torch.tensor(b)      # target: the answer, shifted by one
     return idx.to(args.device), tgt.to(args.device)
 
 
 # -----------------------------------------------------------------------------
-# stage 1: MLE on (prompt -> state difference) pairs, loss on the answer tokens only. The same loop trains the
-# control (MLE continued from the RLVR start for RLVR's wall-clock, at a constant rate).
+# stage 1: MLE on (prompt -> state difference) pairs, loss on the answer tokens only (mle.py).
+# The same loop trains the control (MLE continued from the RLVR start for RLVR's wall-clock).
 def run_mle(model, name, pairs, steps, minutes, lr_of_step, stop=None):
-    ckpt = out_dir / f"{name}.safetensors"   # resumable while it runs, the trained model once done
-    model, trained = run.wrap(model, compile=args.compile)   # trained: the compiled / DDP-wrapped module
-    keep = [pr for pr in pairs if len(pr[0]) + len(pr[1]) <= model.config.block_size + 1]   # whole pairs only
-    print0(f"{name}: {len(keep)}/{len(pairs)} train pairs fit block_size {model.config.block_size}; "
-           f"{model.num_params() / 1e6:.2f}M non-embedding parameters")
+    """mle.train on the pairs that fit the model's block, for `steps` steps, `minutes` of
+    wall-clock (0: no limit) or until `stop` is set -> the checkpoint out_dir/<name>.safetensors."""
+    ckpt = out_dir / f"{name}.safetensors"   # resumable while it runs, the model once done
+
+    def fits(pair):   # a whole (prompt, answer) pair fits the model's context
+        return len(pair[0]) + len(pair[1]) <= model.config.block_size + 1
+
+    keep = [pr for pr in pairs if fits(pr)]
+    print0(f"{name}: {len(keep)}/{len(pairs)} train pairs fit block_size "
+           f"{model.config.block_size}; {model.num_params() / 1e6:.2f}M non-embedding parameters")
     if not keep:
         fail("no training pair fits the model's block_size (raise --block_size)")
-    val_pairs = [pr for pr in map(encode, val_recs[:256]) if len(pr[0]) + len(pr[1]) <= model.config.block_size + 1]
-    opt = torch.optim.AdamW(model.parameters(), lr=lr_of_step(0), betas=(0.9, 0.95), weight_decay=args.weight_decay)
-    gen = torch.Generator().manual_seed(args.seed + rank)   # each rank draws its own batches
-    step, done = run.resume_stage(ckpt, model, opt, gen, name)   # weights, optimizer and RNG of an unfinished run
-    if done:
-        return ckpt                                             # a finished stage is reused as it is
-    t_start, metrics = time.time(), {}   # metrics: the last validation check, saved with each checkpoint
-    budget = (" (until RLVR's last step)" if stop is not None            # the control stops when RLVR ends
-              else f" (at most {steps} steps or {minutes:.1f} min)" if minutes else "")   # ... or on time
-    bar = tqdm(total=steps, initial=step, desc=name + budget, disable=not master)
-    while step < steps:
-        for group in opt.param_groups:
-            group["lr"] = lr_of_step(step)               # MLE: warm-up then cosine; the control: constant
-        ids = torch.randint(len(keep), (args.batch_size,), generator=gen).tolist()   # sampled with replacement
-        idx, tgt = batch_from([keep[i] for i in ids])                                  # (B, T) each
+    val_pairs = [pr for pr in map(encode, val_recs[:256]) if fits(pr)]   # up to 256 val pairs
+
+    def next_batch(gen):   # --batch_size pairs, sampled with replacement
+        ids = torch.randint(len(keep), (args.batch_size,), generator=gen).tolist()
+        return batch_from([keep[i] for i in ids])
+
+    def val_loss(model):   # the mean loss of the chunks of 64 validation pairs
+        vl = [model(*batch_from(val_pairs[i:i + 64]))[1].item()
+              for i in range(0, len(val_pairs), 64)]
+        return sum(vl) / len(vl)
+
+    def val_metrics(model):   # rank 0: greedy decoding of the first --val_n validation records
+        if not master:
+            return {}, ""
         with autocast:
-            _, loss = trained(idx, tgt)                  # mean cross-entropy over the answer tokens
-        # the optimizer step, guarded: a NaN/inf loss or gradient never reaches the weights (runtime.finite)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()                                                  # gradients of the mean token loss
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)   # rescale to norm <= 1
-        if run.finite(name, step, model, loss, norm):                    # else: stop, or skip (--on_nan)
-            opt.step()                                                   # AdamW: the weights change here
-        step += 1
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}")
-        timed_out = run.any_rank(bool(minutes and time.time() - t_start > 60 * minutes)   # the control's budget
-                                 or (stop is not None and stop.is_set()))               # set by the RLVR process
-        if step % args.eval_every == 0 or step == steps or timed_out:   # validation loss and greedy headline metric
-            model.eval()
-            with torch.no_grad(), autocast:   # validation loss over (up to) 256 validation pairs
-                vl = [model(*batch_from(val_pairs[i:i + 64]))[1].item() for i in range(0, len(val_pairs), 64)]
-            metrics = dict(stage=name, step=step, loss=loss.item(), val_loss=sum(vl) / len(vl),
-                           minutes=(time.time() - t_start) / 60)
-            if master:   # greedy decoding of the first --val_n validation records, overall and on the changed ones
-                with autocast:
-                    r = evaluate(args.task, model, tok, val_recs[:args.val_n], args.max_new_tokens, desc=None)
-                metrics["val"], metrics["val_changed"] = r[task.headline], r[task.headline + "_changed"]
-                print0(f"\n{name} step {step}: train loss {loss.item():.4f} val loss {metrics['val_loss']:.4f} "
-                       f"val {task.headline} {metrics['val']:.3f}")
-            model.train()
-            log(metrics)                                                     # one JSON line in out_dir/log.jsonl
-        run.save_stage(ckpt, model, opt, step, metrics, gen, done=step == steps or timed_out)   # every --ckpt_every
-        if timed_out:
-            print0(f"{name}: stopping after {(time.time() - t_start) / 60:.2f} minutes at step {step}")
-            break
-    bar.close()
-    barrier()
+            r = evaluate(args.task, model, tok, val_recs[:args.val_n], args.max_new_tokens,
+                         desc=None)
+        more = {"val": r[task.headline], "val_changed": r[task.headline + "_changed"]}
+        return more, f" val {task.headline} {more['val']:.3f}"
+
+    # the bar's label: the control stops when RLVR ends, or on time
+    budget = (" (until RLVR's last step)" if stop is not None
+              else f" (at most {steps} steps or {minutes:.1f} min)" if minutes else "")
+    mle.train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, minutes, stop,
+              val_metrics, desc=name + budget, compile=args.compile)
     return ckpt
 
 
@@ -375,7 +360,7 @@ if args.stage == "mle" or (args.stage == "all" and not init_is_ckpt):
     start = str(run_mle(model, "mle", pairs, args.mle_steps, args.mle_minutes,
                         lambda s: lr_at(s, args.mle_steps, args.mle_lr, args.warmup)))
 if args.stage in ("all", "rlvr"):
-    control_lr = lambda s: args.control_lr * min(1.0, (s + 1) / 10)   # noqa: E731  (10 warm-up steps, then constant)
+    control_lr = mle.control_lr(args.control_lr)   # 10 warm-up steps, then constant
     rl_file = out_dir / "rlvr.safetensors"
     rl_done = args.resume and rl_file.is_file() and read_checkpoint(rl_file)[1]["metrics"].get("done")
     # The control, MLE continued from the same start at a constant rate, gets RLVR's wall-clock. On a CPU it runs in

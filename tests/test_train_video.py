@@ -1,6 +1,7 @@
-"""End-to-end runs of train_video.py on tiny settings (subprocesses, ~1 min in all): every stage in both modes,
-the evaluation CLI, RT-1-shaped episodes, and a 2-process torchrun (gloo) RLVR run that must end with equal weights;
-and a static check that train_video.py's functions read no global assigned below them."""
+"""End-to-end runs of train_video.py on tiny settings (subprocesses, ~1 min in all): every stage in
+both modes, the evaluation CLI, RT-1-shaped episodes, train_vq.py alone, and a 2-process torchrun
+(gloo) RLVR run that must end with equal weights; and a static check that the functions of
+train_video.py and train_vq.py read no module variable."""
 import ast
 import json
 import os
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from data.robot.prepare import generate_split
 from data.robot.task import write_action_stats
@@ -137,6 +140,52 @@ def test_cond_tokenizer_from_scratch_single_step(trained):
     assert {"tokenizer", "cond_tokenizer", "mle", "rlvr"} <= set(stages)
 
 
+TOKENIZER_FLAGS = [f for f in TINY if f.split("=")[0] in (
+    "--vq_steps", "--vq_batch", "--cvq_steps", "--cvq_batch", "--n_codes", "--horizon", "--threads",
+    "--clip_len")]
+
+
+def test_train_vq_help_lists_the_tokenizer_flags():
+    out = run([sys.executable, "train_vq.py", "--help"])
+    assert all(flag in out for flag in ("--vq_steps", "--cvq_crop", "--move_weight", "--horizon"))
+
+
+@pytest.mark.slow
+def test_train_vq_alone_writes_the_tokenizers_train_video_trains(trained):
+    """train_vq.py run alone with the same flags writes the same tokenizers, bit for bit, as the
+    run from scratch of train_video.py; train_video.py --stage=mle then finds them in out_dir."""
+    tmp, _ = trained
+    o = tmp / "vq_alone"
+    out = run([sys.executable, "train_vq.py", "--data", tmp / "data", "--out_dir", o,
+               *TOKENIZER_FLAGS])
+    assert "cond tokenizer: next val frame reconstructed" in out
+    for name in ("video_vq", "video_cvq"):
+        a, b = (load_file(str(d / f"{name}.safetensors")) for d in (tmp / "out", o))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+        assert not (o / f"{name}_train.safetensors").exists()
+    train("--data", tmp / "data", "--out_dir", o, "--stage=mle", "--init=scratch", "--mode=multi")
+    assert json.loads((o / "video_mle.json").read_text())["args"]["vq"] == "video_cvq.safetensors"
+
+
+def test_functions_take_what_they_need_as_arguments():
+    """No function of train_video.py or train_vq.py reads a module variable (constants, in
+    capitals, aside): what it needs comes in as arguments."""
+    for script in ("train_video.py", "train_vq.py"):
+        tree = ast.parse((ROOT / script).read_text())
+        assigned = {sub.id for node in tree.body if not isinstance(node, ast.FunctionDef)
+                    for sub in ast.walk(node) if isinstance(sub, ast.Name)
+                    and isinstance(sub.ctx, ast.Store)}
+        for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
+            own = {a.arg for a in ast.walk(fn) if isinstance(a, ast.arg)}
+            own |= {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)
+                    and isinstance(n.ctx, ast.Store)}
+            own |= {n.name for n in ast.walk(fn) if isinstance(n, ast.FunctionDef)}
+            read = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)
+                    and isinstance(n.ctx, ast.Load)}
+            globals_read = {name for name in read - own if name in assigned and not name.isupper()}
+            assert not globals_read, f"{script}: {fn.name} reads {sorted(globals_read)}"
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -152,21 +201,3 @@ def test_torchrun_two_ranks_rlvr_identical_weights(trained):
     sums = re.search(r"weight checksums per rank \[(\d+), (\d+)\]", out)
     assert sums and sums.group(1) == sums.group(2), out[-2000:]
     assert (tmp / "ddp" / "eval.json").is_file()
-
-
-def test_functions_read_no_global_assigned_below_them():
-    """A function of train_video.py may use module globals only if they are assigned above its `def` line, so the
-    file reads top to bottom (a name it assigns or takes as a parameter is its own)."""
-    tree = ast.parse((ROOT / "train_video.py").read_text())
-    first_set = {}                                              # global name -> line of its first assignment
-    for node in tree.body:
-        for sub in ast.walk(node):
-            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store) and not isinstance(node, ast.FunctionDef):
-                first_set.setdefault(sub.id, sub.lineno)
-    for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
-        own = {a.arg for a in ast.walk(fn) if isinstance(a, ast.arg)}
-        own |= {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-        own |= {n.name for n in ast.walk(fn) if isinstance(n, ast.FunctionDef)}
-        for n in ast.walk(fn):
-            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in own and n.id in first_set:
-                assert first_set[n.id] < fn.lineno, f"{fn.name} reads {n.id}, assigned at line {first_set[n.id]}"

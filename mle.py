@@ -1,0 +1,96 @@
+"""
+The MLE stage both training scripts share: next-token cross-entropy on the tokens a world
+model must predict (train_lang.py: the answer of each (prompt, answer) pair; train_video.py:
+the predicted frames' codes). The same loop trains the control, the MLE start trained further
+for RLVR's wall-clock.
+
+    model = train(run, model, "mle", ckpt, steps, next_batch, val_loss, lr_of_step)
+
+A task brings three small functions:
+- next_batch(gen) -> (idx, tgt) on the device: one training batch drawn with the generator
+  `gen` (tgt is -1 where no token is scored);
+- val_loss(model) -> float: the mean validation loss (the loop calls it in eval mode, under
+  no_grad and autocast);
+- val_metrics(model) -> (dict, str), optional: more validation numbers for the log, and the
+  words the progress line prints for them.
+
+Each step: set the learning rate, draw a batch, forward under autocast, backward, clip the
+gradient norm to 1, and step AdamW only when the loss and the norm are finite (a NaN/inf stops
+the run or skips the step, --on_nan). Every --eval_every steps and at the end: the validation
+check, one line printed and one in log.jsonl. Every --ckpt_every steps: weights, optimizer and
+generators (runtime.Run), so a re-run resumes exactly. The stage ends after `steps` steps, after
+`minutes` of wall-clock (0: no limit) or once `stop` is set (the control, in a process forked
+beside RLVR: runtime.fork_alongside).
+"""
+import time
+
+import torch
+from tqdm import tqdm
+
+
+def control_lr(lr, warmup=10):
+    """The control's schedule: a linear warm-up over `warmup` steps, then `lr` (constant)."""
+    return lambda step: lr * min(1.0, (step + 1) / warmup)
+
+
+def train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, minutes=0, stop=None,
+          val_metrics=None, desc=None, compile=False):
+    """Train `model` by MLE as the stage `name`, checkpointing to `ckpt` -> the trained model
+    (the same object, on the device). Reads --weight_decay, --seed and --eval_every from
+    run.args. desc: the progress bar's label (default: name). compile: torch.compile it."""
+    args = run.args
+    model, trained = run.wrap(model, compile=compile)   # trained: compiled and/or DDP-wrapped
+    opt = torch.optim.AdamW(model.parameters(), lr=lr_of_step(0), betas=(0.9, 0.95),
+                            weight_decay=args.weight_decay)
+    gen = torch.Generator().manual_seed(args.seed + run.rank)   # each rank its own batches
+    # weights, optimizer and generators of an unfinished run; a finished stage is reused as it is
+    step, done = run.resume_stage(ckpt, model, opt, gen, name)
+    if done:
+        return model
+    t_start = time.time()
+    metrics = {}   # the last validation check, saved in each checkpoint
+    bar = tqdm(total=steps, initial=step, desc=desc or name, disable=not run.master)
+    while step < steps:
+        for group in opt.param_groups:
+            group["lr"] = lr_of_step(step)   # MLE: warm-up then cosine; the control: constant
+        idx, tgt = next_batch(gen)           # (B, T) inputs and targets
+        with run.autocast:
+            _, loss = trained(idx, tgt)      # mean cross-entropy over the scored tokens
+        # the optimizer step, guarded: a NaN/inf loss or gradient never reaches the weights
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)   # rescale to norm <= 1
+        if run.finite(name, step, model, loss, norm):   # else: stop, or skip the step (--on_nan)
+            opt.step()                                  # AdamW: the weights change here
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        # the wall-clock budget or the stop event; the ranks agree, so all leave at the same step
+        timed_out = run.any_rank(bool(minutes and time.time() - t_start > 60 * minutes)
+                                 or (stop is not None and stop.is_set()))
+        if step % args.eval_every == 0 or step == steps or timed_out:
+            metrics = validate(run, model, name, step, loss, t_start, val_loss, val_metrics)
+        # every --ckpt_every steps the resumable state; at the end the weights alone, marked done
+        run.save_stage(ckpt, model, opt, step, metrics, gen, done=step == steps or timed_out)
+        if timed_out:
+            run.print0(f"{name}: stopping after {(time.time() - t_start) / 60:.2f} minutes "
+                       f"at step {step}")
+            break
+    bar.close()
+    run.barrier()
+    return model
+
+
+def validate(run, model, name, step, loss, t_start, val_loss, val_metrics):
+    """The validation check after `step` steps: print one line, log one -> the logged metrics."""
+    model.eval()
+    with torch.no_grad(), run.autocast:
+        vl = val_loss(model)
+    metrics = dict(stage=name, step=step, loss=loss.item(), val_loss=vl,
+                   minutes=(time.time() - t_start) / 60)
+    more, words = val_metrics(model) if val_metrics else ({}, "")   # e.g. a greedy headline
+    metrics.update(more)
+    model.train()
+    run.print0(f"\n{name} step {step}: train loss {loss.item():.4f} val loss {vl:.4f}{words}")
+    run.log(metrics)   # one JSON line in out_dir/log.jsonl
+    return metrics
