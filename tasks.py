@@ -2,26 +2,55 @@
 The language tasks and what RLVR needs of them: the registry that train_lang.py, eval.py and the
 experiments share, loading a language world model, decoding, RLVR's prompt pool and its probe.
 
-A task (TASKS) bundles its data module (load_records, prompt_text, target_text, is_changed), its
-split generator, the per-record metrics of a decoded prediction (the verifiable rewards of
-rewards.py), the headline metric, the rewards RLVR may use, and the answer "nothing changes" (the
-baseline that exposes fake gains). Scoring whole splits is evaluate_lang.py's job; comparing two
-models is stats.py's.
+A task (`Task`, registered in TASKS) bundles its data module (load_records, prompt_text,
+target_text, is_changed), its split generator, the per-record metrics of a decoded prediction (the
+verifiable rewards of rewards.py), the headline metric, the rewards RLVR may use, and the answer
+"nothing changes" (the baseline that exposes fake gains). Scoring whole splits is evaluate_lang.py's
+job; comparing two models is stats.py's. docs/tasks.md adds a task: one module (data/lights/task.py
+is the worked example) and one line in TASKS.
 """
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType
+from typing import Callable
 
 import torch
 from tqdm import tqdm
 
 from checkpoint import atomic_write, load_model
+from data.lights import task as lights_task
 from data.textgame import prepare as textgame_prepare, task as textgame_task
 from data.webpage import prepare as webpage_prepare, task as webpage_task
 from engine import generate
 from model import GPT
 from rewards import textgame_reward, web_prf
 from tokenizer_text import load_tokenizer
+
+
+@dataclass(frozen=True)
+class Task:
+    """What the training, evaluation and experiment scripts need of a language task: text in, text
+    out, and a verifiable score of the text out."""
+    # load_records(path) -> [record]; prompt_text(record), target_text(record) -> str (what the
+    # model reads, what it must write); is_changed(record) -> bool (the action changes something)
+    data: ModuleType
+    # ensure_splits(data_dir, n_train=, n_val=, n_test=, seed=, verbose=): writes the missing
+    # train/val/test.jsonl of data_dir from a seeded generator -> {split: path}
+    prepare: ModuleType
+    score: Callable   # score(text, record) -> {metric: float}: one decoded answer's metrics
+    headline: str     # the metric (a key of score's dict) of the tables, paired CIs and pass@k
+    rewards: tuple    # the names RLVR's --reward takes; the first is the default
+    reward: Callable  # reward(text, record, kind) -> float >= 0, highest for the target text;
+                      # kind in rewards; never raises, whatever the text
+    no_change: str    # the answer "nothing changes": right exactly on the unchanged records
+
+
+def from_module(module):
+    """A task written as one module (docs/tasks.md): the module is its data and its split
+    generator, and defines score, headline, rewards, reward and no_change under those names."""
+    return Task(data=module, prepare=module, score=module.score, headline=module.headline,
+                rewards=module.rewards, reward=module.reward, no_change=module.no_change)
 
 
 def score_textgame(text, record):
@@ -31,23 +60,32 @@ def score_textgame(text, record):
             "task_specific": textgame_reward(text, state, next_state, "task_specific")}
 
 
+def reward_textgame(text, record, kind):
+    """RLVR's reward: exact next state (binary) or the per-object partial credit (task_specific)."""
+    return textgame_reward(text, record["state"], record["next_state"], kind)
+
+
 def score_webpage(text, record):
     """Precision, recall and F1 of the predicted page changes against the true ones."""
     return dict(zip(("precision", "recall", "f1"), web_prf(text, webpage_task.target_text(record))))
 
 
-# one entry per task: its data, per-record metrics (score), headline metric, RLVR's rewards
-# (reward(text, record, kind) for kind in rewards) and the always-"nothing changes" answer
+def reward_webpage(text, record, kind):
+    """RLVR's reward: the F1 of the predicted page changes (the only kind)."""
+    return web_prf(text, webpage_task.target_text(record))[2]
+
+
+# the registry: --task's choices. A new task is one module and one line here (docs/tasks.md); an
+# explicit line, not a scan of data/*/, so the choices are read in one place and an import error
+# points here.
 TASKS = {
-    "textgame": SimpleNamespace(
-        data=textgame_task, prepare=textgame_prepare, score=score_textgame, headline="accuracy",
-        rewards=("binary", "task_specific"), no_change='{"modified":[],"removed":[],"score":{}}',
-        reward=lambda text, r, kind: textgame_reward(text, r["state"], r["next_state"], kind)),
-    "webpage": SimpleNamespace(
-        data=webpage_task, prepare=webpage_prepare, score=score_webpage, headline="f1",
-        rewards=("f1",),
-        no_change="New items:\nNone\n\nDeleted items:\nNone\n\nUpdated items:\nNone",
-        reward=lambda text, r, kind: web_prf(text, webpage_task.target_text(r))[2]),
+    "textgame": Task(data=textgame_task, prepare=textgame_prepare, score=score_textgame,
+                     headline="accuracy", rewards=("binary", "task_specific"),
+                     reward=reward_textgame, no_change='{"modified":[],"removed":[],"score":{}}'),
+    "webpage": Task(data=webpage_task, prepare=webpage_prepare, score=score_webpage,
+                    headline="f1", rewards=("f1",), reward=reward_webpage,
+                    no_change="New items:\nNone\n\nDeleted items:\nNone\n\nUpdated items:\nNone"),
+    "lights": from_module(lights_task),   # the worked example of docs/tasks.md
 }
 
 

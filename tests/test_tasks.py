@@ -4,11 +4,12 @@ from pathlib import Path
 
 import pytest
 
+from data.lights.task import generate_split as lights_split
 from data.textgame.simulator import generate_split as textgame_split
 from data.webpage.simulator import generate_split as webpage_split
 from evaluate_lang import print_paired, print_table, summarize
 from stats import paired_table
-from tasks import TASKS
+from tasks import TASKS, Task, from_module
 
 
 def test_summarize_splits_changed_and_unchanged():
@@ -18,7 +19,8 @@ def test_summarize_splits_changed_and_unchanged():
     assert summarize(per, [True] * 4)["accuracy_unchanged"] is None
 
 
-@pytest.mark.parametrize("task,split", [("textgame", textgame_split), ("webpage", webpage_split)])
+@pytest.mark.parametrize("task,split", [("textgame", textgame_split), ("webpage", webpage_split),
+                                        ("lights", lights_split)])
 def test_no_change_answer_is_right_exactly_on_unchanged_records(task, split):
     T = TASKS[task]
     records = split("val", 60, 0)
@@ -26,6 +28,16 @@ def test_no_change_answer_is_right_exactly_on_unchanged_records(task, split):
         m = T.score(T.no_change, r)[T.headline]
         assert (m == 1.0) == (not T.data.is_changed(r)), r["action"]
         assert T.score(T.data.target_text(r), r)[T.headline] == 1.0  # the truth scores the maximum
+
+
+def test_a_one_module_task_registers_with_one_line():
+    """from_module: the module is the task's data and split generator, its names the other fields."""
+    import data.lights.task as lights
+    T = from_module(lights)
+    assert isinstance(T, Task) and T == TASKS["lights"]
+    assert T.data is T.prepare is lights and T.score is lights.score and T.reward is lights.reward
+    assert (T.headline, T.rewards, T.no_change) == ("exact", ("exact", "f1"), "none")
+    assert sorted(TASKS) == ["lights", "textgame", "webpage"]   # train_lang.py's --task choices
 
 
 def test_print_table_has_baseline_row(capsys):
