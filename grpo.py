@@ -54,11 +54,11 @@ class GRPOConfig:
     minibatches: int = knob(2, "optimizer steps per pass")
     micro_batch: int = knob(64, "sequences per forward/backward")
     grad_clip: float = 1.0
-    # sampling; skip_zero_std: drop groups without reward spread; the placebo shuffles rewards
+    # sampling; skip_zero_std: drop groups without reward spread; the placebo permutes rewards
     temperature: float = knob(1.0, "sampling temperature of the rollouts")
     max_new_tokens: int = knob(200, "longest answer sampled")
     skip_zero_std: bool = True
-    shuffle_rewards: bool = knob(False, "1: shuffle rewards within each rollout batch (a control)",
+    shuffle_rewards: bool = knob(False, "1: the placebo: each kept group's rewards permuted",
                                  "placebo", research=True)
 
     def __post_init__(self):
@@ -170,28 +170,35 @@ def rollout(model, prompts, items, reward_fn, cfg, eos_id, generator, sampler=No
     return dict(tokens=tokens, old_logp=old_lp, mask=mask, rewards=rewards, completions=completions)
 
 
-def keep_spread(prompts, out, cfg, generator):
-    """Step 3 on one round's rollout: the groups whose rewards as used (the placebo shuffles them)
-    differ -> [(prompt, out, the slice of its G rows in out, its G rewards as used)]."""
-    G, r = cfg.group_size, out["rewards"]           # (P * G,) the true rewards, logged
-    if cfg.shuffle_rewards:                         # placebo: any reward may land on any completion
-        r = r[torch.randperm(len(r), generator=generator)]
-    r = r.view(-1, G)                               # (P, G) one row per group
+def keep_spread(prompts, out, cfg, placebo):
+    """Step 3 on one round's rollout: the groups whose true rewards differ -> [(prompt, out, the
+    slice of its G rows in out, its G rewards as used)]. placebo: None, or the generator that
+    permutes each kept group's rewards among its samples (same prompts and groups as RLVR, no
+    information about which sample was right)."""
+    G, r = cfg.group_size, out["rewards"].view(-1, cfg.group_size)  # (P, G) one row per group
     spread = (r.std(1, unbiased=False) > 0 if cfg.skip_zero_std
               else torch.ones(len(r), dtype=torch.bool))
-    return [(prompts[g], out, slice(g * G, (g + 1) * G), r[g])
-            for g in spread.nonzero().flatten().tolist()]
+    kept = []
+    for g in spread.nonzero().flatten().tolist():
+        used = r[g] if placebo is None else r[g][torch.randperm(G, generator=placebo)]
+        kept.append((prompts[g], out, slice(g * G, (g + 1) * G), used))
+    return kept
 
 
-def sample_groups(model, prompts, items, reward_fn, cfg, eos_id, generator, sampler, next_prompts):
+def sample_groups(model, prompts, items, reward_fn, cfg, eos_id, generator, sampler, next_prompts,
+                  step=0):
     """Steps 1-3: rounds of rollouts until cfg.prompts_per_step groups have reward spread (DAPO's
     dynamic sampling), at most cfg.max_rounds -> (at most that many kept groups, every rollout)."""
     G, want = cfg.group_size, cfg.prompts_per_step or len(prompts)
     kept, rounds = [], []
+    # the placebo's permutations draw from a stream of their own: the sampling stream, and so the
+    # prompts, samples and kept groups of the step, are the ones RLVR would have
+    placebo = (torch.Generator().manual_seed(generator.initial_seed() + 7919 * step)
+               if cfg.shuffle_rewards else None)
     while True:
         out = rollout(model, prompts, items, reward_fn, cfg, eos_id, generator, sampler)
         rounds.append(out)
-        kept += keep_spread(prompts, out, cfg, generator)
+        kept += keep_spread(prompts, out, cfg, placebo)
         if len(kept) >= want or len(rounds) >= cfg.max_rounds or next_prompts is None:
             return kept[:want], rounds              # a fixed-size update, as DAPO's
         # enough prompts to fill the gap at the spread rate so far, at most the first round's number
@@ -380,7 +387,7 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_
         raise FloatingPointError(f"non-finite weights in the policy at step {step}")
     # 1-3. rollouts, rewards, and more prompts until enough groups have reward spread
     kept, rounds = sample_groups(raw, prompts, items, reward_fn, cfg, eos_id, generator, sampler,
-                                 next_prompts)
+                                 next_prompts, step)
     t_rollout = time.time() - t0
     # 4. advantages, and the rows of the update (none if no group had spread)
     b = update_batch(kept, cfg, device) if kept else None

@@ -211,21 +211,40 @@ def test_dynamic_sampling_stops_after_max_rounds_without_an_update():
     assert stats["rounds"] == 1 and stats["groups_kept"] == 0
 
 
-def test_placebo_shuffles_rewards_across_the_batch():
-    def by_group(items, completions):   # constant within each group, different between groups: no spread at all
-        return [float(it) for it in items]
+def test_placebo_permutes_rewards_within_each_kept_group():
+    """The matched placebo sees RLVR's prompts, rounds and kept groups, and loses only which sample of
+    a group was right: its advantages are a permutation of RLVR's within every group."""
+    def by_group(items, completions):   # item 0 and 2 without spread, items 1 and 3 scored by tokens
+        return [float(it % 2 and sum(t == 3 for t in c)) for it, c in zip(items, completions)]
+
+    def next_prompts(n):
+        return [[5, 6]] * n, [3] * n
 
     prompts, items = [[1, 2], [4], [5, 6], [7]], [0, 1, 2, 3]
-    runs = {}
+    runs, batches = {}, {}
     for placebo in (False, True):
         model = tiny_model()
-        cfg = config(group_size=4, max_new_tokens=4, beta=0.0, shuffle_rewards=placebo)
-        runs[placebo] = grpo_step(model, None, torch.optim.SGD(model.parameters(), lr=0.1), prompts, items, by_group,
-                                  cfg, eos_id=None, generator=torch.Generator().manual_seed(0))
-    assert runs[False]["groups_kept"] == 0
-    assert runs[True]["groups_kept"] >= 3                    # shuffled rewards land in other groups: spread
-    assert runs[True]["reward_mean"] == runs[False]["reward_mean"] == 1.5   # the log keeps the true rewards
-    assert runs[True]["zero_std_frac"] == 1.0                # ... and the true spread
+        cfg = config(group_size=4, max_new_tokens=6, beta=0.0, shuffle_rewards=placebo,
+                     prompts_per_step=3, max_rounds=3)
+        seen = []
+        real = grpo.update_batch
+        grpo.update_batch = lambda kept, *a: seen.append(kept) or real(kept, *a)
+        try:
+            runs[placebo] = grpo_step(model, None, torch.optim.SGD(model.parameters(), lr=0.1), prompts,
+                                      items, by_group, cfg, eos_id=None,
+                                      generator=torch.Generator().manual_seed(0), next_prompts=next_prompts)
+        finally:
+            grpo.update_batch = real
+        batches[placebo] = seen[0]
+    for key in ("rounds", "groups", "groups_kept", "reward_mean", "zero_std_frac", "response_len"):
+        assert runs[True][key] == runs[False][key], key   # the same sampling, prompts and kept groups
+    assert runs[False]["groups_kept"] >= 2
+    moved = False
+    for (p1, _, sl1, r1), (p2, _, sl2, r2) in zip(batches[False], batches[True]):
+        assert p1 == p2 and sl1 == sl2                      # the same group ...
+        assert sorted(r1.tolist()) == sorted(r2.tolist())   # ... with its own rewards, permuted
+        moved |= not torch.equal(r1, r2)
+    assert moved                                            # some group lost which sample was right
 
 
 def packed(prompts, tokens):
