@@ -7,7 +7,7 @@ float32 matmul roofline of this machine.
     python bench/bench_rollout.py --profile          # the bar shape's time by section and by op (docs/performance.md)
 
 Shapes (one row each):
-- bar: a random GPT-2 of 4 layers x 128, vocab 512; 64 prompts of 8-24 tokens, 64 new tokens (issue 15's target);
+- bar: a random GPT-2 of 4 layers x 128, vocab 512; 64 prompts of 8-24 tokens, 64 new tokens (the shape of the speed target);
 - GRPO: the same model, 8 prompts x 8 samples (ours shares each prompt's keys and values between its samples, HF's
   `num_return_sequences` copies the prompt);
 - text game: the text-game default model's config (checkpoints/textgame/mle.json), 16 prompts x 8 samples (train_lang's
