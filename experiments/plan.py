@@ -34,6 +34,15 @@ from stats import paired_bootstrap, pool_seeds  # noqa: E402
 from tasks import crop, load_lang_model  # noqa: E402
 
 BUILTIN = ("random", "sim", "policy")  # the planners that need no world-model checkpoint
+# each task's planner settings, chosen on validation episodes (docs/downstream.md): the defaults of
+# --noop, --trust_win and --propose when the flag is left unset
+TASK_DEFAULTS = {"textgame": dict(noop=0.5, trust_win=0.5, propose=0),
+                 "webpage": dict(noop=0.0, trust_win=0.0, propose=3)}
+
+
+def task_default(flag):
+    """The --help text of a flag's per-task default, e.g. "textgame 0.5, webpage 0"."""
+    return ", ".join(f"{task} {d[flag]:g}" for task, d in TASK_DEFAULTS.items())
 
 # -----------------------------------------------------------------------------
 # the world model's predictions and how far the planner believes them
@@ -276,7 +285,8 @@ def print_planners(rows):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="\n\n".join(__doc__.split("\n\n")[:2]),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     # what to plan
     p.add_argument("--task", default="textgame", choices=sorted(ENVS))
     p.add_argument("--planners", default="random,sim",
@@ -299,18 +309,20 @@ def main(argv=None):
     p.add_argument("--memory", default="block", choices=("none", "block", "now"),
                    help="a (state, action) whose prediction reality contradicted: never again "
                         "(block), worth V(now) (now), or forgotten (none)")
-    p.add_argument("--trust_win", type=float, default=0.0,
+    p.add_argument("--trust_win", type=float, default=None,
                    help="text game: a predicted win counts +100 only when p >= this (0: always, "
-                        "discounted by --conf alone; > 1: never)")
+                        "discounted by --conf alone; > 1: never; default: "
+                        + task_default("trust_win") + ")")
     p.add_argument("--explore", type=float, default=0.0,
                    help="bonus explore * (1 - p) per candidate: small values break ties toward "
                         "unconfident predictions")
-    p.add_argument("--noop", type=float, default=0.0,
+    p.add_argument("--noop", type=float, default=None,
                    help="penalty on a candidate predicted to change nothing (a wasted step, or an "
-                        "unforeseen effect)")
-    p.add_argument("--propose", type=int, default=0,
+                        "unforeseen effect; default: " + task_default("noop") + ")")
+    p.add_argument("--propose", type=int, default=None,
                    help="web page: every planner chooses among the word-overlap policy's K best "
-                        "actions (0: among every valid action)")
+                        "actions (0: among every valid action; default: "
+                        + task_default("propose") + ")")
     p.add_argument("--web_value", default="graded", choices=("graded", "exact"),
                    help="web page: credit per goal line shown (graded), or per whole condition "
                         "(exact)")
@@ -324,6 +336,9 @@ def main(argv=None):
     # output
     p.add_argument("--json", default=None, help="write the summaries and per-episode results here")
     args = p.parse_args(argv)
+    for flag, value in TASK_DEFAULTS[args.task].items():   # a flag left unset: the task's choice
+        if getattr(args, flag) is None:
+            setattr(args, flag, value)
     torch.set_num_threads(args.threads)
     if args.episodes < 1:
         sys.exit(f"error: --episodes must be >= 1 (got {args.episodes})")

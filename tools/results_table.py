@@ -1,0 +1,560 @@
+"""
+The results tables of README.md and docs/, computed from the per-record evaluations in results/.
+
+    python tools/results_table.py                          # the README's results block
+    python tools/results_table.py --block=textgame_seeds   # one block (--block=list: their names)
+    python tools/results_table.py --write                  # rewrite every block in its page
+    python tools/results_table.py --check                  # exit 1 when a block there differs
+
+Each block sits in its page between `<!-- results:begin NAME -->` and `<!-- results:end NAME -->`,
+so a figure in those tables is typed by no one: it is read from a run's eval.json (test split),
+eval_val.json (validation split), log.jsonl or planning JSON (results/README.md says which command
+made which folder). Differences are paired per record, with their bootstrap 95% interval over the
+records (stats.paired_bootstrap: 10,000 resamples, seed 0). Several seeds of one run are pooled as
+experiments/regimes.py pools them: per record, the difference is averaged over the seeds
+(stats.pool_seeds), then the records are resampled. `*` marks an interval that excludes 0.
+"""
+import argparse
+import functools
+import io
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a file: the repository root
+from stats import paired_bootstrap, pool_seeds  # noqa: E402
+
+RESULTS = ROOT / "results"
+# the runs the tables read (results/<folder>); seeds in the order 1337 (the default), 1, 2
+TEXT_SEEDS = ("textgame_s1337", "textgame_s1", "textgame_s2")
+WEB_SEEDS = ("webpage_s1337", "webpage_s1", "webpage_s2")
+VIDEO_SEEDS = ("video_single", "video_single_s1", "video_single_s2")
+SEED_NAMES = ("1337", "1", "2")
+RL_RUNS = ("textgame_final", *TEXT_SEEDS, "textgame_placebo", "textgame_pool128",
+           "textgame_pool128_placebo", "textgame_lf10", "textgame_task_specific", "textgame_cover",
+           "textgame_cover_rlvr", "webpage_final", *WEB_SEEDS, "webpage_placebo", *VIDEO_SEEDS,
+           "video_multi", "video_multi_o0", "metaworld_push")
+COMMANDS = {   # the command of each default run, shown beside its README row
+    "textgame_final": "python train_lang.py",
+    "webpage_final": "python train_lang.py --task=webpage",
+    "video_single": "python train_video.py",
+    "video_multi": "python train_video.py --mode=multi --out_dir=out/video_multi"}
+MODELS = {"mle": "MLE start", "rlvr": "RLVR", "mle_more": "MLE continued"}   # eval.json's keys
+TG_MLE, WEB_MLE = "checkpoints/textgame/mle.safetensors", "checkpoints/webpage/mle.safetensors"
+
+# -----------------------------------------------------------------------------
+# reading results/
+
+
+@functools.lru_cache(maxsize=None)
+def load(run, split="test"):
+    """results/<run>/eval.json (test) or eval_val.json (val) -> {model: evaluation}."""
+    path = RESULTS / run / ("eval.json" if split == "test" else "eval_val.json")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        sys.exit(f"error: {path}: {e}")
+
+
+def per_record(rows, model, metric, subset="all"):
+    """One model's per-record values of a metric, on all records or on the changed ones (the
+    MLE start's marks: every model scored the same records). Video: model "copy" is the
+    copy-last-frame baseline, "<model>:sampled" the model sampled at T=1, top-k 100."""
+    model, _, sampled = model.partition(":")
+    r = rows["mle"]["copy_last_frame"] if model == "copy" else rows[model]
+    x = np.asarray((r[sampled] if sampled else r)["per_record"][metric], dtype=np.float64)
+    if subset == "changed":
+        x = x[np.asarray(rows["mle"]["per_record"]["changed"], dtype=bool)]
+    return x
+
+
+def diff(runs, a, b, metric, subset="all", split="test"):
+    """a - b over the same records -> (mean, low, high); several runs are seeds, pooled per record.
+    a or b may be (run, model), to pair models of two runs (RLVR against a placebo run)."""
+    xs = []
+    for run in runs:
+        ra, ma = a if isinstance(a, tuple) else (run, a)
+        rb, mb = b if isinstance(b, tuple) else (run, b)
+        xs.append(per_record(load(ra, split), ma, metric, subset)
+                  - per_record(load(rb, split), mb, metric, subset))
+    d = xs[0] if len(xs) == 1 else pool_seeds(xs)   # (n,): per record, averaged over the seeds
+    return paired_bootstrap(d, np.zeros_like(d))
+
+
+def summary(plan_file):
+    """results/plan/<plan_file>.json -> its planners' summary rows (experiments/plan.summarize)."""
+    return json.loads((RESULTS / "plan" / f"{plan_file}.json").read_text())["summary"]
+
+
+def plan_success(spec):
+    """"file:planner" -> that planner's success per episode, 0 or 1, in start-state order."""
+    f, planner = spec.split(":", 1)
+    episodes = json.loads((RESULTS / "plan" / f"{f}.json").read_text())["episodes"][planner]
+    return [float(e["success"]) for e in episodes]
+
+
+def plan_diff(specs, ref):
+    """Success of the planners `specs` (several: seeds, averaged per start state) minus that of
+    `ref` over the same start states -> (mean, low, high), as experiments/plan.paired does."""
+    return paired_bootstrap(pool_seeds([plan_success(s) for s in specs]), plan_success(ref))
+
+
+# -----------------------------------------------------------------------------
+# formatting
+
+
+def pct(x):
+    """A share as a percentage with 2 decimals."""
+    return f"{100 * x:.2f}"
+
+
+def ci(v, scale=100, digits=2, star=True):
+    """(mean, low, high) -> "+1.23 [+0.45, +2.01] *", scaled (100: points); no "-0.00"."""
+    m, lo, hi = (round(scale * x, digits) + 0.0 for x in v)
+    mark = " *" if star and (lo > 0 or hi < 0) else ""
+    return f"{m:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]{mark}"
+
+
+def both(run, a, b, metric, split="test"):
+    """a - b overall and on the changed records: "overall CI / changed CI"."""
+    return " / ".join(ci(diff([run], a, b, metric, sub, split)) for sub in ("all", "changed"))
+
+
+def share(x):
+    """A planner's share as a percentage with 1 decimal; "-" where it has none (no model)."""
+    return "-" if x is None else f"{100 * x:.1f}"
+
+
+def success_ci(r):
+    """A planner's success with its Wilson 95% interval, in %."""
+    lo, hi = r["success_ci"]
+    return f"{100 * r['success']:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
+def table(header, rows, right=()):
+    """A markdown table; the columns whose index is in `right` are right-aligned."""
+    align = ["---:" if i in right else "---" for i in range(len(header))]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
+
+
+# -----------------------------------------------------------------------------
+# README.md
+
+
+def readme():
+    """The README's results: one row per task, then the planners of docs/downstream.md."""
+    head = ["task", "metric (test split, n)", "MLE start", "RLVR", "MLE continued, same wall-clock",
+            "baseline", "RLVR - MLE start, paired 95% CI"]
+    rows = []
+    for name, run, seeds, metric, what in (
+            ("text game", "textgame_final", TEXT_SEEDS, "accuracy", "exact next-state accuracy, %"),
+            ("web page", "webpage_final", WEB_SEEDS, "f1", "F1 of the predicted page changes, %")):
+        r = load(run)
+        rows.append([f"{name} (`{COMMANDS[run]}`)", f"{what} ({r['mle']['n']})",
+                     *(pct(r[m][metric]) for m in MODELS),
+                     pct(r["mle"]["baseline_no_change"][metric]) + ' ("no change")',
+                     ci(diff(seeds, "rlvr", "mle", metric)) + f" ({len(seeds)} seeds)"])
+    for name, run, seeds, what in (
+            ("robot video, 1 step", "video_single", VIDEO_SEEDS, "MAE of the next frame"),
+            ("robot video, 7 steps", "video_multi", ("video_multi",), "MAE of 7 frames")):
+        r = load(run)
+        seeds_said = f"({len(seeds)} seed{'s' * (len(seeds) > 1)})"
+        rows.append([f"{name} (`{COMMANDS[run]}`)",
+                     f"{what}, lower is better ({r['mle']['n_windows']} windows)",
+                     *(f"{r[m]['mae']:.4f}" for m in MODELS),
+                     f"{r['mle']['copy_last_frame']['mae']:.4f} (copy the last frame)",
+                     ci(diff(seeds, "rlvr", "mle", "mae"), 1, 4) + " " + seeds_said])
+    tasks = table(head, rows, right=(2, 3, 4, 5))
+    # planning: success on 100 test episodes with plan.py's default flags; the RLVR text models of
+    # three seeds pooled per room against the MLE model
+    tg, web = summary("textgame_mle_noop_tw"), summary("webpage_policy3")
+    rlvr = plan_diff(["textgame_mle_rlvr_noop_tw:out/textgame/rlvr.safetensors",
+                      "textgame_rlvr_s1_s2_noop_tw:out/textgame_s1/rlvr.safetensors",
+                      "textgame_rlvr_s1_s2_noop_tw:out/textgame_s2/rlvr.safetensors"],
+                     f"textgame_mle_rlvr_noop_tw:{TG_MLE}")
+    head = ["planning (100 test episodes, success %)", "random", "policy alone",
+            "MLE world model", "RLVR world model - MLE, paired 95% CI"]
+    rows = [[f"text game rooms (`python experiments/plan.py --planners=random,{TG_MLE}`)",
+             f"{100 * tg['random']['success']:.0f}", "-", f"{100 * tg[TG_MLE]['success']:.0f}",
+             ci(rlvr, 100, 1) + " (3 seeds)"],
+            ["web pages, among the policy's 3 best actions (`python experiments/plan.py "
+             f"--task=webpage --planners=random,policy,{WEB_MLE}`)",
+             f"{100 * web['random']['success']:.0f}", f"{100 * web['policy']['success']:.0f}",
+             f"{100 * web[WEB_MLE]['success']:.0f}", "not run"]]
+    return tasks + "\n\n" + table(head, rows, right=(1, 2, 3))
+
+
+def readme_sample():
+    """What `python train_lang.py` prints last (the test split), printed by the function that
+    prints it, evaluate_lang.print_comparison, from the shipped default run's eval.json."""
+    from evaluate_lang import print_comparison   # imports torch: only for this block
+    buf = io.StringIO()
+    print_comparison("textgame", "test", load("textgame_final"), file=buf)
+    return "```\n" + buf.getvalue().strip("\n") + "\n```"
+
+
+# -----------------------------------------------------------------------------
+# docs/results.md: the language tasks
+
+
+def lang_default(task, run):
+    """A default run's full table: both splits, every model overall / changed / unchanged, and
+    RLVR minus each model, paired (overall / changed)."""
+    h = "accuracy" if task == "textgame" else "f1"
+    extra = ("precision", "recall") if task == "webpage" else ()
+    head = ["split", "model", "accuracy" if h == "accuracy" else "F1", "changed", "unchanged",
+            *extra, "RLVR - this model, paired 95% CI (overall / changed)"]
+    rows = []
+    for split in ("val", "test"):
+        r = load(run, split)
+        label = f"{split} ({r['mle']['n']})"
+        for m in MODELS:
+            rows.append([label, MODELS[m], pct(r[m][h]), pct(r[m][h + "_changed"]),
+                         pct(r[m][h + "_unchanged"]), *(pct(r[m][e]) for e in extra),
+                         "" if m == "rlvr" else both(run, "rlvr", m, h, split)])
+        b = r["mle"]["baseline_no_change"]   # scored on the same records as every model
+        rows.append([label, 'always "no change"', pct(b[h]), pct(b[h + "_changed"]),
+                     pct(b[h + "_unchanged"]), *("" for _ in extra), ""])
+    return table(head, rows, right=tuple(range(2, 5 + len(extra))))
+
+
+def lang_seeds(seeds, metric):
+    """Per seed: RLVR on val and test, MLE continued on test, RLVR minus both on test; then the
+    seeds pooled per record, on test and on val (overall / changed)."""
+    head = ["seed", "val RLVR", "test RLVR", "test MLE continued", "test RLVR - MLE start",
+            "test RLVR - MLE continued"]
+    rows = []
+    for name, run in zip(SEED_NAMES, seeds):
+        val, test = load(run, "val"), load(run)
+        rows.append([name, pct(val["rlvr"][metric]), pct(test["rlvr"][metric]),
+                     pct(test["mle_more"][metric]), ci(diff([run], "rlvr", "mle", metric)),
+                     ci(diff([run], "rlvr", "mle_more", metric))])
+    for split in ("test", "val"):
+        cells = [" / ".join(ci(diff(seeds, "rlvr", ref, metric, sub, split))
+                            for sub in ("all", "changed")) for ref in ("mle", "mle_more")]
+        rows.append([f"{len(seeds)} seeds pooled ({split}; overall / changed)", "", "", "", *cells])
+    return table(head, rows, right=(1, 2, 3))
+
+
+def regimes():
+    """The text game's regime study: RLVR against its MLE start and against the equal-compute MLE
+    of each regime (overall / changed); the placebos (rewards shuffled) as rows of their own."""
+    head = ["regime", "what changes", "split", "RLVR - MLE start (overall / changed)",
+            "RLVR - equal-compute MLE (overall / changed)"]
+    pooled = "the pooled rows of the three-seed table"
+    rows = [["(a) default, 3 seeds", "converged start, fixed GRPO", "test, val", pooled, pooled]]
+    for label, what, run, prefix, control in (
+            ("(b) MLE on 10% of labels", "start far below its best-of-8; RL prompts it never saw "
+             "targets for", "textgame_lf10", "", "MLE on all labels"),
+            ("(c) `--reward=task_specific`", "partial credit per object",
+             "textgame_task_specific", "", None),
+            ("(d) off-script prompts", "RL pool adds 20,000 valid off-script actions at visited "
+             "states (`data/textgame/cover`)", "textgame_cover", "off-script ",
+             "MLE on those labels")):
+        for i, split in enumerate(("test", "val") if control else ("val",)):   # (c): val only
+            rows.append([label if i == 0 else "", what if i == 0 else "",
+                         f"{prefix}{split} ({load(run, split)['mle']['n']})",
+                         both(run, "rlvr", "mle", "accuracy", split),
+                         both(run, "rlvr", "mle_more", "accuracy", split) + f" ({control})"
+                         if control else "not run"])
+    # a placebo's "rlvr" is the placebo model: against its start, and the real RLVR against it
+    for label, what, placebo, real, splits in (
+            ("placebo", "rewards shuffled within each batch", "textgame_placebo", "textgame_final",
+             ("test", "val")),
+            ("small pool, placebo", "", "textgame_pool128_placebo", "textgame_pool128", ("val",))):
+        if real == "textgame_pool128":
+            rows.append(["small pool (`--rl_pool=128`)", "RL prompts: 128 training records (the "
+                         "probe checks the optimiser on them)", "val (500)",
+                         both(real, "rlvr", "mle", "accuracy", "val"), "not run"])
+        for i, split in enumerate(splits):
+            rows.append([label if i == 0 else "", what if i == 0 else "",
+                         f"{split} ({load(placebo, split)['mle']['n']})",
+                         both(placebo, "rlvr", "mle", "accuracy", split) + " (the placebo's)",
+                         "RLVR - placebo: "
+                         + both(real, "rlvr", (placebo, "rlvr"), "accuracy", split)])
+    rows.append(["(e) k-step imagination", "", "", "not run", ""])
+    return table(head, rows)
+
+
+def webpage_placebo():
+    """The web page's placebo against its start, and the default RLVR against the placebo."""
+    rows = [[f"{split} ({load('webpage_placebo', split)['mle']['n']})",
+             both("webpage_placebo", "rlvr", "mle", "f1", split),
+             both("webpage_final", "rlvr", ("webpage_placebo", "rlvr"), "f1", split)]
+            for split in ("test", "val")]
+    return table(["split", "placebo - MLE start (overall / changed)",
+                  "RLVR - placebo (overall / changed)"], rows)
+
+
+def rl_logs():
+    """What each RL run's log.jsonl says per GRPO step: groups sampled and kept (those with reward
+    spread), the rollout's share of the RL time, the probe reward, and the control's last step."""
+    head = ["run (results/)", "GRPO steps", "groups sampled per step, mean (min-max)",
+            "kept with spread, mean (min-max)", "rollout share of RL time", "RL minutes",
+            "probe reward (greedy): start -> end", "MLE continued: steps in minutes"]
+    rows = []
+    for run in RL_RUNS:
+        log = [json.loads(line) for line in (RESULTS / run / "log.jsonl").read_text().splitlines()]
+        steps = [d for d in log if d.get("stage") == "rlvr" and "t_step" in d]
+        probe = [d for d in log if "probe_reward" in d]   # at step 0, every --probe_every, the end
+        control = [d for d in log if d.get("stage") == "mle_more"]
+
+        def spread(key):
+            x = [d[key] for d in steps]
+            return f"{sum(x) / len(x):.1f} ({min(x)}-{max(x)})"
+        rollout = sum(d["t_rollout"] for d in steps) / sum(d["t_step"] for d in steps)
+        probed = "-" if not probe else (
+            f"{probe[0]['probe_reward']:.3f} ({probe[0]['probe_greedy']:.3f}) -> "
+            f"{probe[-1]['probe_reward']:.3f} ({probe[-1]['probe_greedy']:.3f})")
+        rows.append([run, len(steps), spread("groups"), spread("groups_kept"),
+                     f"{100 * rollout:.0f}%", f"{steps[-1]['rl_seconds'] / 60:.1f}",
+                     probed,
+                     f"{control[-1]['step']} in {control[-1]['minutes']:.1f}" if control else "-"])
+    return table(head, rows, right=(1, 4, 5))
+
+
+# -----------------------------------------------------------------------------
+# docs/downstream.md: planning
+
+
+def plan_table(plan_file, labels):
+    """Planners of one results/plan/ JSON (labels: planner -> row name, in order): the full row
+    (success with its Wilson 95% interval, steps, lost and the per-step shares), then success per
+    game or site."""
+    summ, rows, by = summary(plan_file), [], []
+    for planner, label in labels.items():
+        r = summ[planner]
+        rows.append([label, r["episodes"], success_ci(r), f"{r['steps_success']:.1f}",
+                     f"{r['steps_all']:.1f}",
+                     *(share(r[k]) for k in ("lost", "agree", "wm_acc", "cand_exact", "tie",
+                                             "repeat"))])
+        by.append([label, *(share(x) for x in r["success_by"].values())])
+    games = list(summ[next(iter(labels))]["success_by"])
+    head = ["planner", "episodes", "success % [95% CI]", "steps (won)", "steps (all)", "lost %",
+            "agree %", "wm_acc %", "cand_exact %", "tie %", "repeat %"]
+    return (table(head, rows, right=(1, *range(3, 11))) + "\n\n"
+            + table(["planner", *games], by, right=tuple(range(1, len(games) + 1))))
+
+
+def plan_variants():
+    """The text game's planner variants on 100 validation rooms (shipped MLE): each variant's flags
+    on top of --noop=0 --trust_win=0, its row, and its success minus the first row's, paired."""
+    path = RESULTS / "plan" / "textgame_val_variants.json"
+    variants = list(json.loads(path.read_text())["variants"].values())
+    first = [float(e["success"]) for e in variants[0]["episodes"]]
+    chosen = {"noop": 0.5, "trust_win": 0.5}   # experiments/plan.py's text-game defaults
+    rows = []
+    for i, v in enumerate(variants):
+        flags = " ".join(f"--{k}={x:g}" for k, x in v["kw"].items()) or "--noop=0 --trust_win=0"
+        flags = f"**`{flags}` (chosen)**" if v["kw"] == chosen else f"`{flags}`"
+        r = v["summary"]
+        paired = paired_bootstrap([float(e["success"]) for e in v["episodes"]], first)
+        rows.append([flags, success_ci(r), share(r["lost"]), f"{r['steps_all']:.1f}",
+                     share(r["agree"]), share(r["wm_acc"]), share(r["tie"]),
+                     "" if i == 0 else ci(paired, 100, 1, star=False)])
+    head = ["flags (MLE, `--split=val --episodes=100`)", "success % [95% CI]", "lost %",
+            "steps (all)", "agree %", "wm_acc %", "tie %", "paired vs first row"]
+    return table(head, rows, right=(2, 3, 4, 5, 6))
+
+
+def plan_models():
+    """The text-game planner with each world model on 100 validation and 100 test rooms (the
+    default flags): success with its Wilson 95% interval, candidate exactness, lost rooms, and RLVR
+    minus its own MLE start paired over the same rooms (seeds pooled per room)."""
+    cover, cover_rl = "out/tg_cover_mle/mle.safetensors", "out/tg_cover_rlvr/rlvr.safetensors"
+    rl, s1, s2 = (f"out/textgame{x}/rlvr.safetensors" for x in ("", "_s1", "_s2"))
+    where = {   # planner -> (its validation file, its test file) in results/plan/
+        TG_MLE: ("textgame_val_mle_rlvr", "textgame_mle_rlvr_noop_tw"),
+        rl: ("textgame_val_mle_rlvr", "textgame_mle_rlvr_noop_tw"),
+        s1: ("textgame_val_rlvr_s1_s2", "textgame_rlvr_s1_s2_noop_tw"),
+        s2: ("textgame_val_rlvr_s1_s2", "textgame_rlvr_s1_s2_noop_tw"),
+        cover: ("textgame_val_cover", "textgame_cover_noop_tw"),
+        cover_rl: ("textgame_val_cover", "textgame_cover_noop_tw")}
+
+    def cells(planner):   # val then test: success, cand_exact, lost
+        return [c for f in where[planner] for r in [summary(f)[planner]]
+                for c in (success_ci(r), share(r["cand_exact"]), share(r["lost"]))]
+
+    def paired(planners, ref):   # val then test, in the success column
+        return [c for i in (0, 1) for c in (ci(plan_diff([f"{where[p][i]}:{p}" for p in planners],
+                                                         f"{where[ref][i]}:{ref}"),
+                                               100, 1, star=False), "", "")]
+
+    rows = [[f"shipped MLE (`{TG_MLE}`)", *cells(TG_MLE)],
+            [f"its RLVR (`{rl}`)", *cells(rl)],
+            ["RLVR - MLE, paired", *paired([rl], TG_MLE)],
+            [f"its RLVR, `--seed=1` (`{s1}`)", *cells(s1)],
+            [f"its RLVR, `--seed=2` (`{s2}`)", *cells(s2)],
+            ["**RLVR (3 seeds, pooled per room) - MLE, paired**", *paired([rl, s1, s2], TG_MLE)],
+            ["coverage MLE (`checkpoints/textgame/mle_cover.safetensors`)", *cells(cover)],
+            [f"its RLVR (`{cover_rl}`)", *cells(cover_rl)],
+            ["RLVR - MLE, paired", *paired([cover_rl], cover)]]
+    head = ["world model", "val success % [95% CI]", "val cand_exact %", "val lost %",
+            "test success % [95% CI]", "test cand_exact %", "test lost %"]
+    return table(head, rows, right=(2, 3, 5, 6))
+
+
+# -----------------------------------------------------------------------------
+# docs/video.md
+
+
+def video_ceiling():
+    """Copy-last-frame and the context-conditioned tokenizer's ceiling (the true frames encoded and
+    decoded) on the test windows of the default single- and multi-step runs."""
+    rows = []
+    for run, what in (("video_single", "next frame"),
+                      ("video_multi", "7 frames after one context frame")):
+        r = load(run)["mle"]
+        n = f"{r['n']}" + (f" ({r['n_windows']} windows)" if r["n"] != r["n_windows"] else "")
+        for name, key in (("copy the last frame", "copy_last_frame"),
+                          ("context-conditioned ceiling (`video_cvq`)", "tokenizer_ceiling")):
+            m = r[key]
+            rows.append([f"{n}, {what}", name, f"{m['mae']:.4f}", f"{m['psnr']:.2f}",
+                         f"{m['ssim']:.4f}", f"{m['mae_moving']:.4f}"])
+    return table(["test frames", "prediction", "MAE", "PSNR", "SSIM", "mae_moving"], rows,
+                 right=(2, 3, 4, 5))
+
+
+def video(run, multi=False):
+    """A video run's greedy table of its models, then RLVR's paired differences, greedy and
+    sampled (T=1, top-k 100)."""
+    r = load(run)
+    n = r["mle"]["n_windows"]
+    cols = ["MAE", "PSNR", "SSIM", "mae_moving"] + ["repetition"] * multi + ["object recall"]
+    names = dict(MODELS, rlvr="RLVR (default reward)") if multi else MODELS
+
+    def line(name, m):
+        rep = [f"{m['repetition_rate']:.3f}"] if multi else []
+        return [name, f"{m['mae']:.4f}", f"{m['psnr']:.2f}", f"{m['ssim']:.4f}",
+                f"{m['mae_moving']:.4f}", *rep, f"{m['objects']['recall']:.3f}"]
+
+    rows = [line(names[k], r[k]) for k in MODELS]
+    if multi:   # the same run without the reward's object term
+        rows.append(line("RLVR without the object term (`--object_weight=0`, "
+                         "results/video_multi_o0)", load("video_multi_o0")["rlvr"]))
+    what = f"{n} test windows x 7 frames" if multi else f"{n} test windows, next frame"
+    models = table([f"{what}, greedy", *cols], rows, right=tuple(range(1, len(cols) + 1)))
+    # paired differences: MAE with 5 decimals, SSIM 4, repetition 3
+    digits = {"mae": 5, "ssim": 4, "repetition": 3}
+    pairs = [("mle", "mae"), ("mle", "ssim"), ("mle_more", "mae"), ("mle_more", "ssim"),
+             ("copy", "mae")]
+    pairs += [("mle", "repetition"), ("mle_more", "repetition")] if multi else [("copy", "ssim")]
+    rows = []
+    for ref, m in pairs:
+        label = f"RLVR - {MODELS.get(ref, ref)}, {m if m == 'repetition' else m.upper()}"
+        greedy = ci(diff([run], "rlvr", ref, m), 1, digits[m])
+        # sampled: against the models only (copy is not sampled; repetition is greedy only)
+        sampled = ("" if ref == "copy" or m == "repetition" else
+                   ci(diff([run], "rlvr:sampled", ref + ":sampled", m), 1, digits[m]))
+        rows.append([label, greedy, sampled])
+    paired = table([f"paired difference (95% CI over the {n} windows)", "greedy",
+                    "T=1, top-k 100"], rows)
+    return models + "\n\n" + paired
+
+
+def video_seeds():
+    """Single-step RLVR minus each model, MAE x 1e-3, per seed and pooled over the three seeds."""
+    rows = []
+    for ref in ("mle", "mle_more", "copy"):
+        cells = [ci(diff([run], "rlvr", ref, "mae"), 1000) for run in VIDEO_SEEDS]
+        pooled = "" if ref == "copy" else ci(diff(VIDEO_SEEDS, "rlvr", ref, "mae"), 1000)
+        rows.append([MODELS.get(ref, "copy the last frame"), *cells, pooled])
+    head = ["RLVR minus (MAE x 1e-3)", *(f"seed {s}" for s in SEED_NAMES), "3 seeds pooled"]
+    return table(head, rows)
+
+
+# -----------------------------------------------------------------------------
+# the blocks, the pages they go in, and the command line
+
+BLOCKS = {   # name -> (page, the function that makes it)
+    "readme": ("README.md", readme),
+    "readme_sample": ("README.md", readme_sample),
+    "textgame_default": ("docs/results.md", lambda: lang_default("textgame", "textgame_final")),
+    "textgame_seeds": ("docs/results.md", lambda: lang_seeds(TEXT_SEEDS, "accuracy")),
+    "textgame_regimes": ("docs/results.md", regimes),
+    "webpage_default": ("docs/results.md", lambda: lang_default("webpage", "webpage_final")),
+    "webpage_seeds": ("docs/results.md", lambda: lang_seeds(WEB_SEEDS, "f1")),
+    "webpage_placebo": ("docs/results.md", webpage_placebo),
+    "rl_logs": ("docs/results.md", rl_logs),
+    "plan_textgame_first": ("docs/downstream.md", lambda: plan_table(
+        "textgame_mle_random_sim", {"random": "random", "sim": "sim",
+                                    TG_MLE: f"MLE (`{TG_MLE}`)"})),
+    "plan_variants": ("docs/downstream.md", plan_variants),
+    "plan_textgame_chosen": ("docs/downstream.md", lambda: plan_table(
+        "textgame_mle_noop_tw", {TG_MLE: f"MLE (`{TG_MLE}`), `--noop=0.5 --trust_win=0.5`"})),
+    "plan_models": ("docs/downstream.md", plan_models),
+    "plan_webpage_every": ("docs/downstream.md", lambda: plan_table(
+        "webpage_mle_random_sim", {"random": "random", "sim": "sim",
+                                   WEB_MLE: f"MLE (`{WEB_MLE}`)"})),
+    "plan_webpage_propose": ("docs/downstream.md", lambda: plan_table(
+        "webpage_policy3", {"policy": "policy alone", "random": "random among the policy's 3 best",
+                            "sim": "sim among the policy's 3 best",
+                            WEB_MLE: f"**MLE (`{WEB_MLE}`)**"})),
+    "video_ceiling": ("docs/video.md", video_ceiling),
+    "video_single": ("docs/video.md", lambda: video("video_single")),
+    "video_seeds": ("docs/video.md", video_seeds),
+    "video_multi": ("docs/video.md", lambda: video("video_multi", multi=True)),
+}
+
+
+def markers(name):
+    """The two comment lines around block `name` in its page."""
+    return f"<!-- results:begin {name} -->", f"<!-- results:end {name} -->"
+
+
+def in_page(text, name):
+    """Block `name` as it stands in a page's text (None when its markers are missing)."""
+    begin, end = markers(name)
+    i, j = text.find(begin), text.find(end)
+    if i < 0 or j < i:
+        return None
+    return text[i + len(begin):j].strip("\n")
+
+
+def replace_in_page(text, name, block):
+    """The page's text with block `name` replaced."""
+    begin, end = markers(name)
+    i, j = text.find(begin), text.find(end)
+    return text[:i + len(begin)] + "\n" + block + "\n" + text[j:]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip(), allow_abbrev=False)
+    p.add_argument("--block", default="readme", help="the block to print (list: their names)")
+    p.add_argument("--write", action="store_true", help="rewrite every block in its page")
+    p.add_argument("--check", action="store_true", help="exit 1 when a block in a page differs")
+    args = p.parse_args(argv)
+    if args.block == "list":
+        print("\n".join(f"{name:<22} {page}" for name, (page, _) in BLOCKS.items()))
+        return
+    if args.block not in BLOCKS:
+        sys.exit(f"error: --block: unknown block {args.block!r} (--block=list names them)")
+    if not (args.write or args.check):
+        print(BLOCKS[args.block][1]())
+        return
+    # every page's markers first, so that a missing one stops the run before anything is written
+    pages = {page: (ROOT / page).read_text() for page, _ in BLOCKS.values()}
+    for name, (page, _) in BLOCKS.items():
+        if in_page(pages[page], name) is None:
+            sys.exit(f"error: {page}: no {markers(name)[0]} ... {markers(name)[1]}")
+    stale = []
+    for name, (page, make) in BLOCKS.items():
+        block = make()
+        if in_page(pages[page], name) != block:
+            stale.append(f"{page}: {name}")
+            pages[page] = replace_in_page(pages[page], name, block)
+    if args.write:
+        for page in {s.split(":")[0] for s in stale}:
+            (ROOT / page).write_text(pages[page])
+    for s in stale:
+        print(("rewrote " if args.write else "differs from results/: ") + s)
+    if stale and args.check:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
