@@ -127,7 +127,7 @@ def commands():
                     m = re.search(r"(?:python|torchrun(?: --\S+)*) (\S+\.py)\b(.*)", cmd)
                     if m and (ROOT / m[1]).exists():
                         task = re.search(r"--task=(\w+)", m[2])   # eval.py: --task=video has flags of its own
-                        out.append((page.relative_to(ROOT), m[1] + (f" --task={task[1]}" if task else ""),
+                        out.append((page.relative_to(ROOT), m[1] + (f" --task={task[1]}" if task and m[1] == "eval.py" else ""),
                                     re.findall(r"(?<!\S)(--[a-z_]+)", m[2])))
     return out
 
