@@ -63,10 +63,11 @@ CONFIG = "config.json"   # in out_dir: the flags of the run that trains there
 # flags that cannot change the trained weights: where and how the run executes (device, CPU threads, compilation,
 # the evaluation's worker processes, whether the control trains beside RLVR or after it), how often it checkpoints
 # (a resumed run ends bit-identical) and what it does on a NaN (the message on a NaN suggests --on_nan=skip), what
-# it logs along the way (validation and probe checks draw no random numbers), which stages this invocation runs,
-# where it writes and whether it resumes. (The control trains for RLVR's wall-clock, which any load changes.)
+# it logs along the way (validation and probe checks draw no random numbers), which stages this invocation runs
+# (--stage, and --control: whether the control trains), where it writes and whether it resumes. (The control trains
+# for RLVR's wall-clock, which any load changes; its own flags, e.g. --control_lr, are checked.)
 FREE_FLAGS = {"device", "threads", "compile", "eval_workers", "control_alongside", "ckpt_every", "on_nan",
-              "eval_every", "val_n", "probe_every", "stage", "out_dir", "resume"}
+              "eval_every", "val_n", "probe_every", "stage", "control", "out_dir", "resume"}
 # flags of the final evaluation alone: a re-run with other values evaluates the same trained models again
 EVAL_FLAGS = {"final_eval", "val_limit", "test_limit"}
 
