@@ -26,8 +26,9 @@ sidecars), tokens_<split>.safetensors (the clips' tokens, cached per tokenizer),
 log.jsonl and eval.json = {"mle": M, "rlvr": M, "mle_more": M}, each M the eval.py --task=video
 JSON of the test split: greedy summaries, copy-last-frame and the tokenizer ceiling,
 "per_record" (mae, ssim, repetition per test window, in a fixed order, for paired comparisons)
-and "sampled" (the paper's protocol: T=1, top-k 100). The run ends by printing RLVR - MLE, RLVR - mle_more, RLVR - copy and
-MLE - copy with paired bootstrap 95% intervals over the test windows.
+and "sampled" (the paper's protocol: T=1, top-k 100). The run ends by printing RLVR - MLE,
+RLVR - mle_more, RLVR - copy and MLE - copy with paired bootstrap 95% intervals over the test
+windows.
 Every stage checkpoints every --ckpt_every steps with optimizer and RNG state (a tokenizer's in
 video_vq_train / video_cvq_train.safetensors, removed once the tokenizer is written), and a re-run
 of the same command resumes where it stopped, ending with the weights of an uninterrupted run (a
@@ -86,8 +87,10 @@ SHIPPED_VQ = dict(frame=ROOT / "checkpoints" / "video_vq.safetensors",
 
 # -----------------------------------------------------------------------------
 # flags
+# allow_abbrev=False: a prefix of a flag is an error, not that flag
 p = argparse.ArgumentParser(description="tokenizer, MLE then RLVR for a video world model",
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                            allow_abbrev=False)
 p.add_argument("--data", default=str(DATA_DIR),
                help="episode .npz directory (the embedded data is generated when its folder holds "
                     "no split)")
@@ -237,12 +240,12 @@ if args.init == "auto":
     shipped = SHIPPED_MLE[args.mode]
     if shipped.is_file() and args.stage in ("all", "rlvr"):
         shipped_args = read_meta(shipped)["args"]   # its flags
-        if len(shipped_args["action_lo"]) == len(lo):   # its vocabulary has tokens for these actions
+        if len(shipped_args["action_lo"]) == len(lo):   # its vocabulary has these actions' tokens
             args.init = str(shipped)
         else:
             print0(f"--init=auto: the shipped model's vocabulary is for "
-                   f"{len(shipped_args['action_lo'])}-dim actions, {args.data} has {len(lo)}-dim ones; "
-                   f"training from scratch (tokenizer, MLE, RLVR)")
+                   f"{len(shipped_args['action_lo'])}-dim actions, {args.data} has {len(lo)}-dim "
+                   f"ones; training from scratch (tokenizer, MLE, RLVR)")
     if args.init == "scratch" and args.stage == "rlvr":
         fail("--stage=rlvr needs --init=<video_mle checkpoint> (RLVR post-trains a trained model)")
 # with --resume=1, out_dir must hold no run with other flags (out_dir/config.json, runtime.py)
@@ -532,9 +535,10 @@ if args.init != "scratch":      # a trained world model, loaded before anything 
         start_model, _, init_meta = load_video_model(args.init, args.device)
     except ValueError as e:
         fail(str(e))
-run.save_config(record)         # out_dir/config.json: the inputs are good; from here on the run writes
+run.save_config(record)         # out_dir/config.json: the inputs are good; from here on it writes
 if args.init != "scratch":      # the world model's own tokenizer, named in its metadata
-    vq_path = recorded_path(init_meta["args"]["vq"], Path(args.init).parent)   # checkpoints/video_cvq...
+    # relative to the checkpoint's folder, e.g. checkpoints/video_cvq.safetensors
+    vq_path = recorded_path(init_meta["args"]["vq"], Path(args.init).parent)
 elif args.stage in ("all", "tokenizer"):   # from scratch: the per-frame VQ, then (cond) the other
     vq_path = train_vq.train_tokenizers(run, train_eps, val_eps, test_eps)
 elif args.vq != "auto":                    # --stage=mle from scratch with a given tokenizer
@@ -565,7 +569,7 @@ vq_file = FILES["cvq"] if isinstance(vq, CondVQVAE) else FILES["vq"]
 if master and Path(vq_path).resolve() != vq_file.resolve():
     atomic_write(vq_file, lambda tmp: shutil.copyfile(vq_path, tmp))
 barrier()
-args.vq = str(vq_file)            # saved in the world model's args (relative): its tokenizer, beside it
+args.vq = str(vq_file)            # in the world model's args (relative): its tokenizer, beside it
 splits = {"train": train_eps, "val": val_eps, "test": test_eps}
 # every split tokenized once (cached): per clip the context codes, future codes and action tokens
 tokens = cached_tokens(run, vq_file, vq, layout, splits, horizon, lo, hi)

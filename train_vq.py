@@ -17,7 +17,9 @@ video_vq.safetensors and video_cvq.safetensors (--tokenizer=cond), each with its
 statistics and the run's flags in its header, and a line of those statistics in log.jsonl.
 While a tokenizer trains, video_vq_train / video_cvq_train.safetensors hold its resumable state
 (weights, optimizer and RNG, every --ckpt_every steps), removed once the tokenizer is written:
-a re-run resumes where it stopped, and reuses a finished tokenizer.
+a re-run resumes where it stopped, and reuses a finished tokenizer. This script records no
+config.json: a finished tokenizer is reused whatever the flags, so give a new --out_dir for new
+ones (train_video.py --stage=tokenizer records and checks its flags).
 
 Training: Adam, 50 warm-up steps then cosine decay; loss = reconstruction MSE + the quantiser's
 loss; the cond tokenizer adds L1 and weighs the pixels that changed from the context by

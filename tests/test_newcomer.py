@@ -210,10 +210,11 @@ def test_video_rerun_with_other_flags_is_refused(video_data, tmp_path):
 # -----------------------------------------------------------------------------
 # --help needs the runtime requirements alone
 
+# every script a user runs (tools/trace_step.py passes its flags to train_lang.py)
+PATTERNS = ("experiments/*.py", "tools/*.py", "bench/*.py", "data/*/prepare.py")
 SCRIPTS = ["train_lang.py", "train_video.py", "train_vq.py", "eval.py",
-           *(str(f.relative_to(ROOT)) for pattern in ("experiments/*.py", "tools/*.py", "bench/*.py", "data/*/prepare.py")
-             for f in sorted(ROOT.glob(pattern))
-             if f.name not in ("__init__.py", "envs.py", "common.py", "trace_step.py"))]   # trace_step: train_lang's
+           *(str(f.relative_to(ROOT)) for pattern in PATTERNS for f in sorted(ROOT.glob(pattern))
+             if f.name not in ("__init__.py", "envs.py", "common.py", "trace_step.py"))]
 
 
 # one fresh interpreter runs every script's --help (run_path, as `python SCRIPT --help` would), the packages that

@@ -7,9 +7,9 @@
   last checkpoint, finishes, and both ranks end with bit-identical weights;
 - bad input: the scripts given a corrupt data file, an image of the wrong dtype, a changed flag for an existing
   out_dir, an HF directory with a missing tensor, wrong flag values or a pickle exit with status != 0, the last
-  stderr line names the file or flag and what was expected, and no file in --out_dir changes (with --resume=0 too); the other broken data files (truncated,
-  empty, not UTF-8, images of the wrong shape, missing folders, bad action statistics) are checked on the loaders
-  the scripts call, for the same one-line messages;
+  stderr line names the file or flag and what was expected, and no file in --out_dir changes (with --resume=0
+  too); the other broken data files (truncated, empty, not UTF-8, images of the wrong shape, missing folders, bad
+  action statistics) are checked on the loaders the scripts call, for the same one-line messages;
 - numerical faults: a NaN/inf loss or weight stops MLE, RLVR and the tokenizer with the stage and step named, before
   it reaches a checkpoint; --on_nan=skip skips steps and still stops after MAX_SKIPS in a row;
 - no code execution from files: pickles whose unpickling would create a marker file, saved under every name a loader
@@ -312,9 +312,9 @@ def lang_bad_args(case, data, tmp_path):
         d = tmp_path / "data"
         shutil.copytree(data, d)
         (d / "train.jsonl").write_bytes(b'{"game": 1}\n')
-        return ["--stage=mle", "--init=scratch", f"--data_dir={d}", "--resume=0"]   # starting over: still nothing written
+        return ["--stage=mle", "--init=scratch", f"--data_dir={d}", "--resume=0"]   # starting over: nothing written
     if case == "other config":
-        return ["--stage=mle", "--init=scratch", f"--data_dir={data}", "--n_embd=48"]
+        return ["--stage=mle", "--init=scratch", f"--data_dir={data}", "--mle_steps=40", "--n_embd=48"]
     return ["--stage=mle", "--init=scratch", f"--data_dir={data}", "--ckpt_every=0"]
 
 
@@ -367,7 +367,8 @@ def test_hf_directory_with_a_missing_tensor(lang_data, lang_out, tmp_path):
               "model.layers.0.mlp.gate_proj.weight": (64, 32), "model.layers.0.mlp.up_proj.weight": (64, 32)}
     save_file({k: torch.zeros(s) for k, s in shapes.items()}, str(hf / "model.safetensors"))   # no mlp.down_proj
     assert_refused([*LANG, "--stage=rlvr", f"--init={hf}", f"--data_dir={lang_data}", f"--out_dir={lang_out}",
-                    "--resume=0"], r"^error: .*/hf: missing tensor 'model\.layers\.0\.mlp\.down_proj\.weight'", lang_out)
+                    "--resume=0"], r"^error: .*/hf: missing tensor 'model\.layers\.0\.mlp\.down_proj\.weight'",
+                   lang_out)
 
 
 @pytest.fixture
