@@ -9,6 +9,11 @@ checkpoint intact, and weights and metadata can never disagree. A `<name>.json` 
 (and `jq`); loading reads only the safetensors file. Any module whose `.config` is a dataclass can be saved and resumed
 (the GPT, and the video tokenizer while it trains); `load_model` builds GPTs only.
 
+Paths in the metadata (the run's data folder, its --init, its tokenizer file) are written relative to the checkpoint's
+folder when both lie inside the repository or the path lies inside that folder (`relative_path`), so a moved or cloned
+repository still finds them; loading joins them to that folder (`recorded_path`; an absolute path, as older sidecars
+hold, stays as it is).
+
 No code runs from a file: tensors come through safetensors and everything else through JSON; a file that is not such a
 checkpoint (a pickle named .safetensors, a truncated file, another model's weights) is one ValueError naming the file.
 """
@@ -23,6 +28,7 @@ from safetensors.torch import save_file
 from model import GPT, GPTConfig
 
 FORMAT = "nanorlvr-1"
+ROOT = Path(__file__).resolve().parent   # the repository: paths inside it are recorded relative
 
 
 def atomic_write(path, write):
@@ -54,6 +60,22 @@ def write_jsonl(path, records):
     atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in records))
 
 
+def relative_path(path, folder):
+    """`path` (absolute, or relative to the working directory) as a file in `folder` records it: relative to
+    `folder` when it lies inside `folder`, or when both lie inside the repository (they move together); else
+    absolute."""
+    path, folder = Path(path).resolve(), Path(folder).resolve()
+    if path.is_relative_to(folder) or (path.is_relative_to(ROOT) and folder.is_relative_to(ROOT)):
+        return os.path.relpath(path, folder)
+    return str(path)
+
+
+def recorded_path(value, folder):
+    """A path that a file in `folder` records -> a path to open: a relative one is relative to `folder`, an absolute
+    one is used as it is."""
+    return Path(folder) / value
+
+
 def save_checkpoint(path, model, *, args=None, step=0, metrics=None, optimizer=None, state=None):
     """Write `path` (a .safetensors file) atomically. state: dict name -> tensor (e.g. generator.get_state())."""
     path = Path(path)
@@ -80,13 +102,23 @@ def save_checkpoint(path, model, *, args=None, step=0, metrics=None, optimizer=N
 
 def read_checkpoint(path):
     """-> (tensors: dict name -> tensor, meta: dict). A clear ValueError naming the file on any problem."""
+    return _read(path, with_tensors=True)
+
+
+def read_meta(path):
+    """-> the metadata of a checkpoint, without reading its tensors (a quick check of a file before a run starts).
+    The same ValueErrors as read_checkpoint."""
+    return _read(path, with_tensors=False)[1]
+
+
+def _read(path, with_tensors):
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: checkpoint file not found")
     try:
         with safe_open(str(path), framework="pt") as f:
             header = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
+            tensors = {k: f.get_tensor(k) for k in f.keys()} if with_tensors else {}
     except Exception as e:
         raise ValueError(f"{path}: not a readable safetensors checkpoint ({e})") from None
     if "nanorlvr" not in header:

@@ -35,13 +35,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from checkpoint import write_json
+from checkpoint import read_meta, write_json
 from data.robot.prepare import DATA_DIR, ensure_splits
 from data.robot.task import clips, load_split
 from evaluate_lang import evaluate, pct, print_paired, print_table
 from evaluate_video import (OFFICIAL, eval_video, load_video_model, paired_video, print_video_paired,
                             print_video_table, tokenizer_ceiling)
 from rewards import load_lpips
+from runtime import check_device, check_ranges
 from tasks import TASKS, load_lang_model
 from tokenizer_vq import load_vq
 
@@ -49,12 +50,12 @@ ROOT = Path(__file__).resolve().parent
 
 
 def main():
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--task", default="textgame")
     if pre.parse_known_args()[0].task == "video":  # decoded frames, not text: flags of its own
         return video_main(sys.argv[1:])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--task", default="textgame", choices=sorted(TASKS) + ["video"],
                    help="video: see python eval.py --task=video --help")
     p.add_argument("--ckpt", required=True, help="our .safetensors checkpoint or an HF model directory")
@@ -71,16 +72,24 @@ def main():
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for tiny models)")
     args = p.parse_args()
+    check_ranges(p, args, at_least_1=("max_new_tokens", "batch_size", "threads"),
+                 at_least_0=("limit", "pass_k"))
     torch.set_num_threads(args.threads)
     T = TASKS[args.task]
     data = Path(args.data) if args.data else ROOT / "data" / args.task / f"{args.split}.jsonl"
     if not data.is_file():
         hint = "" if args.data else f" (run python data/{args.task}/prepare.py)"
         sys.exit(f"error: --data {data}: file not found{hint}")
+    ckpts = [args.ckpt] + ([args.compare] if args.compare else [])
     try:
+        check_device(args.device)
+        for ck in ckpts:   # a file of ours must be a language model (an HF directory always is)
+            if Path(ck).is_file() and "vq" in read_meta(ck)["args"]:
+                raise ValueError(f"{ck}: a video world model of train_video.py; evaluate it with "
+                                 f"python eval.py --task=video --ckpt={ck}")
         records = T.data.load_records(data)[:args.limit or None]
         rows = {}
-        for ck in [args.ckpt] + ([args.compare] if args.compare else []):
+        for ck in ckpts:
             model, tok, _ = load_lang_model(ck, args.device)
             rows[ck] = evaluate(args.task, model, tok, records, args.max_new_tokens, args.batch_size, True,
                                 args.pass_k, args.seed, desc=Path(ck).name)
@@ -101,7 +110,7 @@ def main():
 def video_main(argv):
     """--task=video: decoded frames, not text, so flags of their own (`python eval.py --task=video -h`)."""
     p = argparse.ArgumentParser(description="evaluate a video world model on held-out episodes",
-                                prog="eval.py --task=video")
+                                prog="eval.py --task=video", allow_abbrev=False)
     p.add_argument("--task", default="video", choices=["video"])
     p.add_argument("--ckpt", default=None, help="a world-model checkpoint of train_video.py")
     p.add_argument("--compare", default=None, help="a second world model on the same windows; paired differences "
@@ -125,21 +134,29 @@ def video_main(argv):
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
+    check_ranges(p, args, at_least_1=("horizon", "threads"), at_least_0=("limit",))
     torch.set_num_threads(args.threads)
     if (args.ckpt is None) == (args.tokenizer is None):
         p.error("give one of --ckpt (a world model) or --tokenizer (a tokenizer file)")
     if args.temperature < 0 or args.top_k < 0:
         p.error(f"--temperature and --top_k must be >= 0, got {args.temperature} and {args.top_k}")
-    if Path(args.data).resolve() == DATA_DIR.resolve():
-        ensure_splits(DATA_DIR)
+    if args.clip_len < 2:
+        p.error(f"--clip_len must be >= 2, got {args.clip_len}")
     if args.tokenizer:
         return video_ceiling(args)
     rows = {}                    # row name -> eval_video result; the JSON keeps the --ckpt greedy one at the top
     try:
-        for ck in [args.ckpt] + ([args.compare] if args.compare else []):
-            res = eval_one(args, ck, dict(temperature=args.temperature, top_k=args.top_k or None))
+        check_device(args.device)
+        # every model and the LPIPS weights first: a bad file stops before any data is generated
+        models = {ck: load_video_model(ck, args.device)
+                  for ck in [args.ckpt] + ([args.compare] if args.compare else [])}
+        lpips_net = load_lpips(args.lpips, args.device)
+        ensure_data(args.data)
+        for ck, loaded in models.items():
+            res = eval_one(args, ck, loaded, lpips_net,
+                           dict(temperature=args.temperature, top_k=args.top_k or None))
             if args.official:    # the same windows sampled with the paper's protocol
-                res["sampled"] = eval_one(args, ck, OFFICIAL, grid=False)
+                res["sampled"] = eval_one(args, ck, loaded, lpips_net, OFFICIAL, grid=False)
             rows[ck] = res
     except ValueError as e:
         sys.exit(f"error: {e}")
@@ -164,24 +181,33 @@ def video_main(argv):
         write_json(args.json, rows[args.ckpt] if not args.compare else rows)
 
 
-def eval_one(args, ckpt, sampling, grid=True):
-    """One world model on the --split windows of its own mode, clip length and action bins -> eval_video's dict."""
-    model, vq, meta = load_video_model(ckpt, args.device)
+def ensure_data(data):
+    """The embedded robot data is generated when its folder holds no split (a ValueError when it holds some);
+    any other --data is read as it is."""
+    if Path(data).resolve() == DATA_DIR.resolve():
+        ensure_splits(DATA_DIR)
+
+
+def eval_one(args, ckpt, loaded, lpips_net, sampling, grid=True):
+    """One world model (`loaded`: load_video_model's (model, tokenizer, meta) of the file `ckpt`) on the --split
+    windows of its own mode, clip length and action bins -> eval_video's dict."""
+    model, vq, meta = loaded
     a = meta["args"]
     episodes = clips(load_split(args.data, args.split, vq.config.size, args.limit), a.get("clip_len", 16))
     if not episodes:
         raise ValueError(f"no {args.split} episode has {a.get('clip_len', 16)} frames")
     horizon = a["horizon"] if (args.mode or a["mode"]) == "multi" else 1
     return eval_video(model, vq, episodes, None, np.array(a["action_lo"], np.float32),
-                      np.array(a["action_hi"], np.float32), a["context"], horizon,
-                      load_lpips(args.lpips, args.device), seed=args.seed,
+                      np.array(a["action_hi"], np.float32), a["context"], horizon, lpips_net, seed=args.seed,
                       grid_path=args.grid if grid and ckpt == args.ckpt else None, **sampling)
 
 
 def video_ceiling(args):
     """--tokenizer=FILE: the tokenizer's ceiling and copy-last-frame on the split, as a table (and --json)."""
     try:
+        check_device(args.device)
         vq, _ = load_vq(args.tokenizer, args.device)
+        ensure_data(args.data)
         episodes = clips(load_split(args.data, args.split, vq.config.size, args.limit), args.clip_len)
         if not episodes:
             raise ValueError(f"no {args.split} episode has {args.clip_len} frames")

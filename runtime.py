@@ -3,9 +3,11 @@ The run plumbing both training scripts share (train_lang.py, train_video.py): ev
 (one process or torchrun ranks, devices, precision, logging, checkpoints that resume) and nothing about *what* it
 trains. The scripts stay straight-line nanoGPT style; this module only removes the copy of the same ~100 lines.
 
-    run = Run(args, out_dir)          # after argparse: DDP setup, device per rank, threads, seed, autocast
+    run = Run(args, out_dir, path_flags)    # after argparse: DDP setup, device per rank, threads, seed, autocast
+    record = run.check_config(stage_files)  # a re-run with other flags stops here; once the inputs are checked:
+    run.save_config(record)                 # out_dir/config.json
     run.print0(...), run.log({...}), run.barrier(), run.fail("message")
-    model, trained = run.wrap(model)  # to device, optionally torch.compile, DDP when launched by torchrun
+    model, trained = run.wrap(model)        # to device, optionally torch.compile, DDP when launched by torchrun
     step, done = run.resume_stage(ckpt, model, opt, g, "mle")   # then each step:
     run.save_stage(ckpt, model, opt, step, metrics, g, done=step == total)
     stop, child = fork_alongside(train_control, out_dir / "control.log")   # a second process on the second core
@@ -25,7 +27,16 @@ Design choices:
   under its own prefix, because torchrun's shared store still holds the dead attempt's addresses (with gloo on
   torch 2.13, a restarted rank read them and failed to connect in 6 of our 8 trials).
 - Failures are one line on stderr ("error: ...") and exit status 1, never a traceback, for anything the user
-  can fix with a flag.
+  can fix with a flag; a --device this torch cannot use is one of them, caught before anything is set up.
+- Safe re-runs: a run records its flags in out_dir/config.json before its first stage writes anything
+  (`check_config`, then `save_config`), so that resuming, which keys on out_dir, never mixes runs. A re-run into
+  the same out_dir with other flags stops with one line naming each changed flag (old -> new) and the two ways out:
+  another --out_dir, or --resume=0 to start over there. Exempt are the flags that cannot change what is trained
+  (FREE_FLAGS: how and where it runs, how often it checkpoints or logs, which stages this invocation runs); the
+  flags of the final evaluation alone (EVAL_FLAGS) may change too, and then the trained stages are reused and
+  evaluated again. An out_dir holding stage checkpoints but no config.json is refused the same way (its flags are
+  unknown). Paths are recorded relative to out_dir where they can be (checkpoint.relative_path), in config.json and
+  in every checkpoint's args.
 - Numerical faults: a NaN/inf loss, reward, gradient norm or weight goes to `nonfinite`, before it can reach the
   weights: `--on_nan=stop` (default) ends the run naming the stage and step (checkpoints keep the last good state);
   `--on_nan=skip` drops that step and goes on, but still stops when the weights themselves are non-finite or
@@ -45,16 +56,33 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from checkpoint import read_checkpoint, resume, save_checkpoint
+from checkpoint import read_checkpoint, recorded_path, relative_path, resume, save_checkpoint, write_json
 
 MAX_SKIPS = 10   # --on_nan=skip stops the run after this many skipped steps in a row
+CONFIG = "config.json"   # in out_dir: the flags of the run that trains there
+# flags that cannot change the trained weights: where and how the run executes (device, CPU threads, compilation,
+# the evaluation's worker processes, whether the control trains beside RLVR or after it), how often it checkpoints
+# (a resumed run ends bit-identical) and what it does on a NaN (the message on a NaN suggests --on_nan=skip), what
+# it logs along the way (validation and probe checks draw no random numbers), which stages this invocation runs
+# (--stage, and --control: whether the control trains), where it writes and whether it resumes. (The control trains
+# for RLVR's wall-clock, which any load changes; its own flags, e.g. --control_lr, are checked.)
+FREE_FLAGS = {"device", "threads", "compile", "eval_workers", "control_alongside", "ckpt_every", "on_nan",
+              "eval_every", "val_n", "probe_every", "stage", "control", "out_dir", "resume"}
+# flags of the final evaluation alone: a re-run with other values evaluates the same trained models again
+EVAL_FLAGS = {"final_eval", "val_limit", "test_limit"}
 
 
 class Run:
     """Rank, world size, device and precision of this process, plus the helpers that depend on them."""
 
-    def __init__(self, args, out_dir):
-        self.args, self.out_dir = args, Path(out_dir)
+    def __init__(self, args, out_dir, path_flags=()):
+        """path_flags: the names of the flags that hold paths (relative to the working directory or absolute),
+        recorded relative to out_dir in config.json and in checkpoints (`recorded_args`)."""
+        self.args, self.out_dir, self.path_flags = args, Path(out_dir), path_flags
+        try:
+            check_device(args.device)
+        except ValueError as e:
+            self.fail(str(e))
         self.ddp = int(os.environ.get("RANK", -1)) != -1
         if self.ddp:
             # each torchrun attempt keeps its keys under its own prefix: after a restart (--max-restarts) the shared
@@ -87,6 +115,65 @@ class Run:
             bar.close()
         print(f"error: {msg}", file=sys.stderr, flush=True)
         sys.exit(1)
+
+    def recorded_args(self):
+        """vars(args) as config.json and checkpoints record them: each path flag relative to out_dir where it can be
+        (checkpoint.relative_path); "auto" and "scratch" are words, not paths."""
+        record = dict(vars(self.args))
+        for name in self.path_flags:
+            if record.get(name) not in (None, "auto", "scratch"):
+                record[name] = relative_path(record[name], self.out_dir)
+        return json.loads(json.dumps(record))   # as it reads back: lists for tuples
+
+    def check_config(self, stage_files):
+        """Before anything runs: may this run continue in out_dir? With --resume=1, out_dir/config.json must hold the
+        same flags (but FREE_FLAGS; EVAL_FLAGS may change and are re-evaluated), and an out_dir without it must hold
+        none of `stage_files` (checkpoints of unknown flags); otherwise one line and exit
+        -> this run's record, for save_config once its inputs are checked."""
+        record = self.recorded_args()
+        path = self.out_dir / CONFIG
+        ways_out = f"use a new --out_dir, or --resume=0 to start over in {self.out_dir}"
+        if not self.args.resume:
+            return record
+        if not path.is_file():
+            found = [f for f in stage_files if (self.out_dir / f).is_file()]
+            if found:
+                self.fail(f"{self.out_dir} holds {', '.join(found)} but no {CONFIG} recording the flags they "
+                          f"were trained with; {ways_out}")
+            return record
+        try:
+            old = json.loads(path.read_text())
+            if not isinstance(old, dict):
+                raise ValueError("not a JSON object")
+        except (OSError, ValueError) as e:
+            self.fail(f"{path}: unreadable ({e}); {ways_out}")
+        # flags both records know (a flag added or removed since cannot be compared)
+        changed = [k for k in sorted(old.keys() & record.keys())
+                   if k not in FREE_FLAGS and self._value(k, old[k]) != self._value(k, record[k])]
+        words = ", ".join(f"--{k} {self._shown(k, old[k])} -> {self._shown(k, record[k])}" for k in changed)
+        if set(changed) - EVAL_FLAGS:
+            self.fail(f"{self.out_dir} holds a run with other flags: {words}; {ways_out}")
+        if changed:
+            self.print0(f"{CONFIG}: the trained stages are reused and evaluated again with {words}")
+        return record
+
+    def _value(self, name, value):
+        """A recorded flag value, comparable across records: a path flag as an absolute path."""
+        if name in self.path_flags and value not in (None, "auto", "scratch"):
+            return str(recorded_path(value, self.out_dir).resolve())
+        return value
+
+    def _shown(self, name, value):
+        """A recorded flag value as the user would type it: a path relative to the working directory when under it."""
+        value = self._value(name, value)
+        if name in self.path_flags and value not in (None, "auto", "scratch"):
+            return os.path.relpath(value) if Path(value).is_relative_to(Path.cwd()) else value
+        return value
+
+    def save_config(self, record):
+        """Write out_dir/config.json (rank 0, atomically): the record of check_config, before any stage writes."""
+        if self.master:
+            write_json(self.out_dir / CONFIG, record)
 
     def log(self, row):
         """Append one JSON line to out_dir/log.jsonl (rank 0 only)."""
@@ -130,7 +217,7 @@ class Run:
             dist.all_gather_object(states, (g.get_state(), torch.get_rng_state()))
         if self.master:
             state = {f"{name}{r}": t for r, pair in enumerate(states) for name, t in zip(("rng", "torch_rng"), pair)}
-            save_checkpoint(ckpt, model, args=vars(self.args), step=step, metrics={**metrics, "done": done},
+            save_checkpoint(ckpt, model, args=self.recorded_args(), step=step, metrics={**metrics, "done": done},
                             optimizer=None if done else opt, state=None if done else state)
 
     def resume_stage(self, ckpt, model, opt, g, name):
@@ -218,6 +305,20 @@ class WeightPath:
 def flat_weights(model):
     """Every parameter, detached and flattened into one vector."""
     return torch.cat([q.detach().flatten() for q in model.parameters()])
+
+
+def check_device(device):
+    """ValueError, in one line, when `device` is not one this torch can run on (cpu, cuda, cuda:N)."""
+    try:
+        d = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"--device {device}: not a device; use cpu, cuda or cuda:N") from None
+    if d.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {device}: only cpu and cuda are supported")
+    if d.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: this torch ({torch.__version__}) sees no CUDA GPU; use --device=cpu")
+    if d.type == "cuda" and d.index is not None and d.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: there are {torch.cuda.device_count()} CUDA GPUs")
 
 
 def check_ranges(parser, args, at_least_1=(), at_least_0=()):

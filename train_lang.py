@@ -11,10 +11,12 @@ records, paired. Tasks: textgame (exact next state, the default) and webpage (--
     torchrun --nproc_per_node=8 train_lang.py --init=/path/to/hf_dir --device=cuda --dtype=bfloat16
 
 Writes to --out_dir (default out/<task>): mle / rlvr / mle_more (the control) .safetensors with .json sidecars, the
-tokenizer, log.jsonl (a JSON line per logged step), eval.json (test) and eval_val.json (validation), each {"mle": M,
-"rlvr": M, "mle_more": M}, M = evaluate_lang.evaluate's result (summary and per-record metrics). Stages checkpoint every
---ckpt_every steps and a re-run of the same command resumes (also under torchrun --max-restarts=N). A NaN/inf loss,
-reward or gradient stops the run naming the step (--on_nan=skip skips it); bad input is one "error:" line.
+tokenizer, config.json (the run's flags), log.jsonl (a JSON line per logged step), eval.json (test) and eval_val.json
+(validation), each {"mle": M, "rlvr": M, "mle_more": M}, M = evaluate_lang.evaluate's result (summary and per-record
+metrics). Stages checkpoint every --ckpt_every steps and a re-run of the same command resumes (also under torchrun
+--max-restarts=N); a re-run with other flags stops, naming them (runtime.Run.check_config: use another --out_dir, or
+--resume=0 to start over). A NaN/inf loss, reward or gradient stops the run naming the step (--on_nan=skip skips it);
+bad input is one "error:" line, before anything is written.
 """
 import argparse
 import copy
@@ -25,7 +27,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from checkpoint import read_checkpoint, write_json
+from checkpoint import read_checkpoint, read_meta, write_json
 from evaluate_lang import evaluate, evaluate_checkpoints, print_comparison
 from grpo import GRPOConfig, add_flags, from_flags, grpo_step, make_optimizer, set_lr
 import mle
@@ -38,13 +40,15 @@ ROOT = Path(__file__).resolve().parent
 
 # -----------------------------------------------------------------------------
 # flags; the RL stage's come from grpo.GRPOConfig (`add_flags`), the home of their defaults
+# allow_abbrev=False: a prefix of a flag (--data for --data_dir) is an error, not that flag
 p = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-                            description="MLE then RLVR for a language world model, "
-                                        "against equal-time MLE")
+                            allow_abbrev=False, description="MLE then RLVR for a language world "
+                                                            "model, against equal-time MLE")
 g = p.add_argument_group("task and data")
 g.add_argument("--task", default="textgame", choices=sorted(TASKS), help="which world to model")
 g.add_argument("--data_dir", default=None,
-               help="holds train/val/test.jsonl (made if missing); default data/<task>")
+               help="holds train/val/test.jsonl; default data/<task> (generated when it holds "
+                    "none)")
 g.add_argument("--out_dir", default=None,
                help="checkpoints, logs and eval JSON; default out/<task>")
 g = p.add_argument_group("stages and initialisation")
@@ -55,7 +59,8 @@ g.add_argument("--init", default="auto",
                help="auto (shipped MLE checkpoint if present, else scratch) | scratch | "
                     "our .safetensors | HF dir")
 g.add_argument("--resume", type=int, default=1,
-               help="1: continue each stage from its checkpoint in out_dir")
+               help="1: continue each stage from its checkpoint in out_dir (with the same flags); "
+                    "0: start over there")
 g.add_argument("--control", type=int, default=1,
                help="1: train the control, MLE continued for RLVR's wall-clock")
 g.add_argument("--control_alongside", type=int, default=1,
@@ -138,9 +143,11 @@ if not 0 <= args.rl_unchanged_frac <= 1 or not 0 < args.label_frac <= 1 or not a
             f"in (0, 1] (got {args.label_frac}) and --temperature > 0 (got {args.temperature})")
 
 # -----------------------------------------------------------------------------
-# setup: distributed, devices, precision (runtime.py)
+# setup: distributed, devices, precision (runtime.py); every input is checked before anything is
+# written
 out_dir = Path(args.out_dir or f"out/{args.task}")
-run = Run(args, out_dir)   # one process, or one rank of torchrun; seeds torch, sets threads and autocast
+# one process, or one rank of torchrun; checks --device, seeds torch, sets threads and autocast
+run = Run(args, out_dir, path_flags=("data_dir", "init", "out_dir", "tokenizer"))
 master, rank, world, autocast = run.master, run.rank, run.world, run.autocast
 print0, fail, log, barrier = run.print0, run.fail, run.log, run.barrier
 task = TASKS[args.task]   # data module, per-record scores, rewards (tasks.py)
@@ -157,16 +164,45 @@ if args.init != "scratch" and not Path(args.init).exists():
     fail(f"--init {args.init}: no such checkpoint file or HF directory")
 if args.stage == "rlvr" and args.init == "scratch":
     fail("--stage=rlvr needs --init=<checkpoint or HF dir> (RLVR post-trains a trained model)")
-if master:
-    out_dir.mkdir(parents=True, exist_ok=True)
+if init_is_ckpt:   # its header only: a readable checkpoint of a language model
+    try:
+        init_args = read_meta(args.init)["args"]
+    except ValueError as e:
+        fail(str(e))
+    if "vq" in init_args:   # train_video.py's checkpoints name their frame tokenizer (vq)
+        fail(f"--init {args.init}: a video world model of train_video.py (its tokens are frame "
+             f"codes, not text); start from a train_lang.py checkpoint or an HF directory")
+# with --resume=1, out_dir must hold no run with other flags (out_dir/config.json, runtime.py)
+record = run.check_config(["mle.safetensors", "rlvr.safetensors", "mle_more.safetensors"])
+
 
 # -----------------------------------------------------------------------------
 # data: generated on first run, like nanoGPT's prepare.py
+def missing_splits(data_dir):
+    """The split files --data_dir lacks, or a one-line stop. The task's own folders (data/<task>
+    and its coverage folder data/<task>/cover) are generated by rank 0 from the seeded simulator
+    when they hold none of the three; any other missing file stops the run, so a folder of your
+    own records is never topped up with simulator data."""
+    files = [f"{s}.jsonl" for s in ("train", "val", "test")]
+    missing = [f for f in files if not (data_dir / f).is_file()]
+    ours = data_dir.resolve() in (task.prepare.DATA_DIR.resolve(), task.prepare.COVER_DIR.resolve())
+    if missing and not ours:
+        fail(f"--data_dir {data_dir}: missing {', '.join(missing)} (a data folder holds "
+             f"{', '.join(files)}; only data/{args.task} is generated when missing)")
+    if 0 < len(missing) < len(files):
+        fail(f"--data_dir {data_dir}: missing {', '.join(missing)}; its splits are generated all "
+             f"three at once: delete the others to have them generated again, or add the missing ones")
+    return missing
+
+
 try:
-    if master:
-        task.prepare.ensure_splits(Path(args.data_dir))   # writes the missing splits from the seeded simulator
+    data_dir = Path(args.data_dir)
+    generate = missing_splits(data_dir)
+    barrier()   # every rank has looked before rank 0 writes
+    if master and generate:
+        task.prepare.ensure_splits(data_dir)   # the seeded simulator's splits
     barrier()
-    train_recs, val_recs, test_recs = (data.load_records(Path(args.data_dir) / f"{s}.jsonl")
+    train_recs, val_recs, test_recs = (data.load_records(data_dir / f"{s}.jsonl")
                                        for s in ("train", "val", "test"))
 except (OSError, ValueError) as e:   # a missing or malformed file: one line naming it
     fail(str(e))
@@ -175,9 +211,18 @@ print0(f"data: {len(train_recs)} train / {len(val_recs)} val / {len(test_recs)} 
 
 # -----------------------------------------------------------------------------
 # tokenizer and model: from a checkpoint, an HF directory, or trained here from scratch
+if args.init != "scratch":   # loaded before anything is written
+    try:
+        start_model, tok, start_meta = load_lang_model(args.init, args.device)
+    except ValueError as e:
+        fail(str(e))
+    except (OSError, KeyError, TypeError) as e:   # e.g. an HF config.json without a key we need
+        fail(f"--init {args.init}: cannot load ({type(e).__name__}: {e})")
+run.save_config(record)   # out_dir/config.json: the inputs are good; from here on the run writes
 if args.init == "scratch":
     tok_file = out_dir / "tokenizer.tiktoken"
-    if master and not tok_file.is_file():   # BPE on the train split's prompts and answers
+    # BPE on the train split's prompts and answers (again when starting over: the flags may differ)
+    if master and (not args.resume or not tok_file.is_file()):
         t0 = time.time()
         texts = [data.prompt_text(r) + data.target_text(r) for r in train_recs]
         try:
@@ -187,15 +232,10 @@ if args.init == "scratch":
         print0(f"tokenizer: trained {args.vocab_size} BPE ranks in {time.time() - t0:.1f}s -> {tok_file}")
     barrier()   # the other ranks wait for rank 0's file
     start_model, tok = None, Tokenizer.from_tiktoken_file(tok_file)   # the model is built once the vocab is known
-    args.tokenizer = tok_file.name   # saved in every checkpoint's args: eval.py finds the tokenizer through it
-else:
-    try:
-        start_model, tok, start_meta = load_lang_model(args.init, args.device)
-    except ValueError as e:
-        fail(str(e))
-    except (OSError, KeyError, TypeError) as e:   # e.g. an HF config.json without a key we need
-        fail(f"--init {args.init}: cannot load ({type(e).__name__}: {e})")
-    args.tokenizer = keep_tokenizer(args.init, start_meta, out_dir, write=master)   # HF: its dir; ours: a copy
+    # in every checkpoint's args (relative to its folder): eval.py finds the tokenizer through it
+    args.tokenizer = str(tok_file)
+else:   # HF: its directory; ours: a copy beside the run's checkpoints
+    args.tokenizer = str(out_dir / keep_tokenizer(args.init, start_meta, out_dir, write=master))
     print0(f"init: {args.init} ({start_model.num_params() / 1e6:.2f}M non-embedding parameters)")
 
 

@@ -22,17 +22,20 @@ Stages (--stage): tokenizer | mle | rlvr | all. The tokenizer stage is train_vq.
 accepted here and passed on). Outputs in --out_dir: video_vq.safetensors (per-frame tokenizer),
 video_cvq.safetensors (context-conditioned tokenizer, --tokenizer=cond), video_mle.safetensors,
 video_rlvr.safetensors, video_mle_more.safetensors (the control; --control=0 skips it) (+ .json
-sidecars), tokens_<split>.safetensors (the clips' tokens, cached per tokenizer), log.jsonl and
-eval.json = {"mle": M, "rlvr": M, "mle_more": M}, each M the eval.py --task=video JSON of the test
-split: greedy summaries, copy-last-frame and the tokenizer ceiling, "per_record" (mae, ssim,
-repetition per test window, in a fixed order, for paired comparisons) and "sampled" (the paper's
-protocol: T=1, top-k 100). The run ends by printing RLVR - MLE, RLVR - mle_more, RLVR - copy and
-MLE - copy with paired bootstrap 95% intervals over the test windows.
+sidecars), tokens_<split>.safetensors (the clips' tokens, cached per tokenizer), config.json,
+log.jsonl and eval.json = {"mle": M, "rlvr": M, "mle_more": M}, each M the eval.py --task=video
+JSON of the test split: greedy summaries, copy-last-frame and the tokenizer ceiling,
+"per_record" (mae, ssim, repetition per test window, in a fixed order, for paired comparisons)
+and "sampled" (the paper's protocol: T=1, top-k 100). The run ends by printing RLVR - MLE,
+RLVR - mle_more, RLVR - copy and MLE - copy with paired bootstrap 95% intervals over the test
+windows.
 Every stage checkpoints every --ckpt_every steps with optimizer and RNG state (a tokenizer's in
 video_vq_train / video_cvq_train.safetensors, removed once the tokenizer is written), and a re-run
 of the same command resumes where it stopped, ending with the weights of an uninterrupted run (a
-finished stage keeps its weights only, and is reused). A NaN/inf loss, reward or gradient stops the
-run naming the step (--on_nan=skip skips the step).
+finished stage keeps its weights only, and is reused). out_dir/config.json records the flags: a
+re-run with other flags stops, naming them (runtime.Run.check_config: use another --out_dir, or
+--resume=0 to start over). A NaN/inf loss, reward or gradient stops the run naming the step
+(--on_nan=skip skips the step); bad input is one "error:" line, before anything is written.
 
 Design: the tokenizers are trained once and frozen; the clips of every split are tokenized once and
 cached, so MLE trains on token windows only (cheap). The context-conditioned tokenizer
@@ -62,7 +65,7 @@ from tqdm import tqdm
 
 import mle
 import train_vq
-from checkpoint import atomic_write, atomic_write_text, read_checkpoint
+from checkpoint import atomic_write, atomic_write_text, read_checkpoint, read_meta, recorded_path
 from data.robot.prepare import DATA_DIR
 from data.robot.task import (Layout, frame_codes, read_action_stats, rollout, tokenize_split,
                              windows)
@@ -84,10 +87,13 @@ SHIPPED_VQ = dict(frame=ROOT / "checkpoints" / "video_vq.safetensors",
 
 # -----------------------------------------------------------------------------
 # flags
+# allow_abbrev=False: a prefix of a flag is an error, not that flag
 p = argparse.ArgumentParser(description="tokenizer, MLE then RLVR for a video world model",
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                            allow_abbrev=False)
 p.add_argument("--data", default=str(DATA_DIR),
-               help="episode .npz directory (the embedded data is made if missing)")
+               help="episode .npz directory (the embedded data is generated when its folder holds "
+                    "no split)")
 p.add_argument("--out_dir", default="out/video",
                help="checkpoints, token caches, log.jsonl and eval.json go here")
 p.add_argument("--stage", default="all", choices=["all", "tokenizer", "mle", "rlvr"],
@@ -102,7 +108,7 @@ p.add_argument("--vq", default="auto",
                help="tokenizer file for --stage=mle from scratch (auto: out_dir's, else the "
                     "shipped per-frame one); also the per-frame VQ a new cond tokenizer uses")
 p.add_argument("--resume", type=int, default=1,
-               help="1: continue from out_dir's checkpoints; 0: start over")
+               help="1: continue from out_dir's checkpoints (with the same flags); 0: start over")
 # tokenizers: train_vq.py's flags, passed on to it
 train_vq.add_flags(p)
 # world model
@@ -203,9 +209,11 @@ if not args.temperature > 0:
     p.error(f"--temperature must be > 0, got {args.temperature}")
 
 # -----------------------------------------------------------------------------
-# setup: distributed, devices, precision (runtime.py), then the data
+# setup: distributed, devices, precision (runtime.py), then the data; every input is checked before
+# anything is written to out_dir
 out_dir = Path(args.out_dir)
-run = Run(args, out_dir)                  # torchrun ranks, threads, seeds, autocast, log.jsonl
+# torchrun ranks, --device checked, threads, seeds, autocast, log.jsonl
+run = Run(args, out_dir, path_flags=("data", "init", "out_dir", "vq", "lpips"))
 master, world = run.master, run.world
 # print / stop on rank 0; sync ranks
 print0, fail, barrier = run.print0, run.fail, run.barrier
@@ -217,8 +225,6 @@ if args.init != "auto" and args.init != "scratch" and not Path(args.init).is_fil
     fail(f"--init {args.init}: no such checkpoint file")
 if args.stage == "rlvr" and args.init == "scratch":
     fail("--stage=rlvr needs --init=<video_mle checkpoint> (RLVR post-trains a trained model)")
-if master:                                      # rank 0 creates files; the others wait at barriers
-    out_dir.mkdir(parents=True, exist_ok=True)
 train_vq.ensure_data(run)                       # the embedded robot data, generated on first use
 try:
     if master:
@@ -227,30 +233,35 @@ try:
     lo, hi = read_action_stats(args.data)       # per-dimension action range: 256 bins each
 except ValueError as e:                         # a bad action_stats.json: one line naming it
     fail(str(e))
-# each split's clips of --clip_len frames: dicts of image (T, H, W, 3) uint8, action (T, D) float
-# and background (H, W, 3) or None
-limits = {"train": args.train_limit, "val": 0, "test": args.test_limit}   # episodes (0 = all)
-train_eps, val_eps, test_eps = train_vq.load_clips(run, limits)
-D, T = train_eps[0]["action"].shape[1], args.clip_len   # action dimensions, frames per clip
-args.action_lo, args.action_hi = lo.tolist(), hi.tolist()     # saved in every checkpoint's args
-print0(f"data: {len(train_eps)} train / {len(val_eps)} val / {len(test_eps)} test clips of {T} "
-       f"frames, {D}-dim actions, frames resized to {args.size}x{args.size}")
 
 # --init=auto: the shipped MLE model, when this run post-trains and its action dimensions fit
 if args.init == "auto":
     args.init = "scratch"                       # unless the shipped model fits, below
     shipped = SHIPPED_MLE[args.mode]
     if shipped.is_file() and args.stage in ("all", "rlvr"):
-        # its sidecar's flags
-        shipped_args = json.loads(shipped.with_suffix(".json").read_text())["args"]
-        if len(shipped_args["action_lo"]) == D:   # its vocabulary has action tokens for D dims
+        shipped_args = read_meta(shipped)["args"]   # its flags
+        if len(shipped_args["action_lo"]) == len(lo):   # its vocabulary has these actions' tokens
             args.init = str(shipped)
         else:
             print0(f"--init=auto: the shipped model's vocabulary is for "
-                   f"{len(shipped_args['action_lo'])}-dim actions, {args.data} has {D}-dim ones; "
-                   f"training from scratch (tokenizer, MLE, RLVR)")
+                   f"{len(shipped_args['action_lo'])}-dim actions, {args.data} has {len(lo)}-dim "
+                   f"ones; training from scratch (tokenizer, MLE, RLVR)")
     if args.init == "scratch" and args.stage == "rlvr":
         fail("--stage=rlvr needs --init=<video_mle checkpoint> (RLVR post-trains a trained model)")
+# with --resume=1, out_dir must hold no run with other flags (out_dir/config.json, runtime.py)
+record = run.check_config([FILES["mle"].name, FILES["rlvr"].name, FILES["mle_more"].name])
+
+# each split's clips of --clip_len frames: dicts of image (T, H, W, 3) uint8, action (T, D) float
+# and background (H, W, 3) or None
+limits = {"train": args.train_limit, "val": 0, "test": args.test_limit}   # episodes (0 = all)
+train_eps, val_eps, test_eps = train_vq.load_clips(run, limits)
+D, T = train_eps[0]["action"].shape[1], args.clip_len   # action dimensions, frames per clip
+if D != len(lo):
+    fail(f"{Path(args.data) / 'action_stats.json'}: {len(lo)}-dim actions, the episodes have {D}; "
+         f"delete it to recompute")
+args.action_lo, args.action_hi = lo.tolist(), hi.tolist()     # saved in every checkpoint's args
+print0(f"data: {len(train_eps)} train / {len(val_eps)} val / {len(test_eps)} test clips of {T} "
+       f"frames, {D}-dim actions, frames resized to {args.size}x{args.size}")
 
 
 # -----------------------------------------------------------------------------
@@ -519,12 +530,15 @@ def evaluate_models(run, models, vq, test_eps, test_tokens, lo, hi, horizon, lpi
 t_start = time.time()
 horizon = args.horizon if args.mode == "multi" else 1   # predicted frames per window
 start_model = None                                      # the GPT to train or post-train (None: new)
-if args.init != "scratch":      # a trained world model: its own tokenizer, named in its metadata
+if args.init != "scratch":      # a trained world model, loaded before anything is written
     try:
         start_model, _, init_meta = load_video_model(args.init, args.device)
     except ValueError as e:
         fail(str(e))
-    vq_path = Path(args.init).parent / init_meta["args"]["vq"]   # e.g. checkpoints/video_cvq...
+run.save_config(record)         # out_dir/config.json: the inputs are good; from here on it writes
+if args.init != "scratch":      # the world model's own tokenizer, named in its metadata
+    # relative to the checkpoint's folder, e.g. checkpoints/video_cvq.safetensors
+    vq_path = recorded_path(init_meta["args"]["vq"], Path(args.init).parent)
 elif args.stage in ("all", "tokenizer"):   # from scratch: the per-frame VQ, then (cond) the other
     vq_path = train_vq.train_tokenizers(run, train_eps, val_eps, test_eps)
 elif args.vq != "auto":                    # --stage=mle from scratch with a given tokenizer
@@ -555,7 +569,7 @@ vq_file = FILES["cvq"] if isinstance(vq, CondVQVAE) else FILES["vq"]
 if master and Path(vq_path).resolve() != vq_file.resolve():
     atomic_write(vq_file, lambda tmp: shutil.copyfile(vq_path, tmp))
 barrier()
-args.vq = vq_file.name            # saved in the world model's args: its tokenizer, beside it
+args.vq = str(vq_file)            # in the world model's args (relative): its tokenizer, beside it
 splits = {"train": train_eps, "val": val_eps, "test": test_eps}
 # every split tokenized once (cached): per clip the context codes, future codes and action tokens
 tokens = cached_tokens(run, vq_file, vq, layout, splits, horizon, lo, hi)

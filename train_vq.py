@@ -17,7 +17,9 @@ video_vq.safetensors and video_cvq.safetensors (--tokenizer=cond), each with its
 statistics and the run's flags in its header, and a line of those statistics in log.jsonl.
 While a tokenizer trains, video_vq_train / video_cvq_train.safetensors hold its resumable state
 (weights, optimizer and RNG, every --ckpt_every steps), removed once the tokenizer is written:
-a re-run resumes where it stopped, and reuses a finished tokenizer.
+a re-run resumes where it stopped, and reuses a finished tokenizer. This script records no
+config.json: a finished tokenizer is reused whatever the flags, so give a new --out_dir for new
+ones (train_video.py --stage=tokenizer records and checks its flags).
 
 Training: Adam, 50 warm-up steps then cosine decay; loss = reconstruction MSE + the quantiser's
 loss; the cond tokenizer adds L1 and weighs the pixels that changed from the context by
@@ -39,7 +41,7 @@ from tqdm import tqdm
 
 from evaluate_video import to_float
 from data.robot.prepare import DATA_DIR, ensure_splits
-from data.robot.task import clips, load_split
+from data.robot.task import clips, episode_files, load_split
 from rewards import mae, psnr, ssim
 from runtime import Run, check_ranges, lr_at
 from tokenizer_vq import (CondVQConfig, CondVQVAE, VQConfig, VQVAE, codebook_stats, load_vq,
@@ -101,9 +103,22 @@ def check_flags(p, args):
 # data
 
 def ensure_data(run):
-    """The embedded robot data, generated on first use (~15 s) when --data is its folder."""
-    if run.master and Path(run.args.data).resolve() == DATA_DIR.resolve():
-        ensure_splits(DATA_DIR)
+    """--data must hold every split's .npz episodes (a folder per split, or one folder split by
+    position: data/robot/task.episode_files), else the run stops with one line naming the folder
+    and the missing splits. The embedded robot data is the exception: its folder is generated
+    (~15 s, rank 0) when it holds no split."""
+    data = Path(run.args.data)
+    missing = [s for s in ("train", "val", "test") if not episode_files(data, s)]
+    ours = data.resolve() == DATA_DIR.resolve()
+    if missing and not ours:
+        run.fail(f"--data {data}: no .npz episodes for {', '.join(missing)} (a folder per split "
+                 f"of .npz episodes, or one folder of them)")
+    run.barrier()   # every rank has looked before rank 0 writes
+    if run.master and ours:
+        try:   # every split if none is there, and action_stats.json
+            ensure_splits(DATA_DIR)
+        except ValueError as e:   # some splits there, not all
+            run.fail(f"--data {data}: {e}")
     run.barrier()   # the other ranks wait for rank 0's files
 
 
@@ -232,7 +247,7 @@ def finish_tokenizer(run, vq, final, stats):
     """Log the held-out stats, write the final file, drop the resumable one."""
     run.log({"stage": "cond_tokenizer" if isinstance(vq, CondVQVAE) else "tokenizer", **stats})
     if run.master:
-        save_vq(final, vq, {**stats, "done": True, "args": vars(run.args)})
+        save_vq(final, vq, {**stats, "done": True, "args": run.recorded_args()})
         state = train_file(final)
         for f in (state, state.with_suffix(".json")):   # nothing left to resume
             f.unlink(missing_ok=True)
@@ -332,9 +347,11 @@ def train_tokenizers(run, train_eps, val_eps, test_eps):
 
 def main():
     p = argparse.ArgumentParser(description="train the video tokenizers of train_video.py",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--data", default=str(DATA_DIR),
-                   help="episode .npz directory (the embedded data is made if missing)")
+                   help="episode .npz directory (the embedded data is generated when its folder "
+                        "holds no split)")
     p.add_argument("--out_dir", default="out/video",
                    help="the tokenizers go here (train_video.py's default --out_dir)")
     p.add_argument("--vq", default="auto",
@@ -358,11 +375,12 @@ def main():
     check_ranges(p, args, at_least_1=("horizon", "threads", "ckpt_every"),
                  at_least_0=("train_limit",))
     check_flags(p, args)
-    run = Run(args, args.out_dir)   # torchrun ranks, threads, seeds, autocast, log.jsonl
-    if run.master:
-        run.out_dir.mkdir(parents=True, exist_ok=True)
+    # torchrun ranks, --device checked, threads, seeds, autocast, log.jsonl
+    run = Run(args, args.out_dir, path_flags=("data", "out_dir", "vq"))
     ensure_data(run)
     train_eps, val_eps, test_eps = load_clips(run, {"train": args.train_limit, "val": 0, "test": 0})
+    if run.master:   # the data is good: from here on the run writes
+        run.out_dir.mkdir(parents=True, exist_ok=True)
     run.print0(f"data: {len(train_eps)} train / {len(val_eps)} val / {len(test_eps)} test clips "
                f"of {args.clip_len} frames, resized to {args.size}x{args.size}")
     run.print0(f"wrote {train_tokenizers(run, train_eps, val_eps, test_eps)}")

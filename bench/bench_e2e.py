@@ -37,7 +37,8 @@ from tasks import TASKS, load_lang_model  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # flags
-p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                            allow_abbrev=False)
 p.add_argument("--threads", type=int, default=1, help="--threads passed to the jobs and used here")
 p.add_argument("--jobs", default=None, help="comma list of lang|video ('' = memory check only); default both, "
                "--tiny: lang")

@@ -32,11 +32,6 @@ import torch  # noqa: E402
 
 from common import machine, median, print_table, thread_list  # noqa: E402
 
-import datasets  # noqa: E402  (bench-only reference libraries)
-import transformers  # noqa: E402
-import trl  # noqa: E402
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
-
 from data.textgame.prepare import generate_split  # noqa: E402
 from data.textgame.task import prompt_text  # noqa: E402
 from grpo import GRPOConfig, grpo_step  # noqa: E402
@@ -44,7 +39,8 @@ from model import GPT  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # flags
-p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                            allow_abbrev=False)
 p.add_argument("--threads", default="1,2", help="torch thread counts to run, comma list")
 p.add_argument("--repeats", type=int, default=5, help="timed steps per side (median reported), after one warm-up")
 # workload
@@ -60,6 +56,13 @@ p.add_argument("--n_head", type=int, default=4)
 p.add_argument("--vocab", type=int, default=512)
 p.add_argument("--tiny", action="store_true", help="smoke mode: 1 layer x 32, 2 prompts x 4, 8 tokens, 1 step")
 args = p.parse_args()
+
+# bench-only reference libraries (requirements-dev.txt): after the flags, so --help needs only requirements.txt
+import datasets  # noqa: E402
+import transformers  # noqa: E402
+import trl  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+
 if args.tiny:
     args.n_layer, args.n_embd, args.n_head, args.vocab = 1, 32, 2, 300
     args.prompts, args.group, args.max_new_tokens, args.repeats, args.threads = 2, 4, 8, 1, "1"

@@ -19,12 +19,12 @@ import torch
 
 from common import interleaved, machine, median, print_table, thread_list
 
-import transformers  # noqa: E402  (bench-only reference)
 from model import GPT  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # flags
-p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                            allow_abbrev=False)
 p.add_argument("--threads", default="1,2", help="torch thread counts to run, comma list")
 p.add_argument("--repeats", type=int, default=5, help="timed rounds (median reported)")
 p.add_argument("--peak_n", type=int, default=1024, help="side of the square matmul that measures the peak")
@@ -37,6 +37,8 @@ p.add_argument("--n_head", type=int, default=4)
 p.add_argument("--vocab", type=int, default=448)
 p.add_argument("--tiny", action="store_true", help="smoke mode: 1 layer x 32, batch 2 x 16, peak on 128, 1 repeat")
 args = p.parse_args()
+
+import transformers  # noqa: E402  (bench-only reference: after the flags, so --help needs only requirements.txt)
 if args.tiny:
     args.n_layer, args.n_embd, args.n_head, args.vocab, args.batch, args.seq = 1, 32, 2, 64, 2, 16
     args.peak_n, args.repeats, args.threads = 128, 1, "1"

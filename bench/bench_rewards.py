@@ -25,7 +25,8 @@ from rewards import psnr, ssim, textgame_reward  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # flags
-p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                            allow_abbrev=False)
 p.add_argument("--threads", default="1,2", help="torch thread counts to run, comma list")
 p.add_argument("--repeats", type=int, default=7, help="timed rounds (median reported)")
 p.add_argument("--frames", type=int, default=64)

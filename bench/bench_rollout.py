@@ -30,14 +30,13 @@ import torch
 
 from common import ROOT, interleaved, machine, matmul_run, median, print_table, thread_list
 
-import transformers  # noqa: E402  (bench-only reference)
 import engine  # noqa: E402
 from model import GPT  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # flags
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
 p.add_argument("--shapes", default="bar,grpo,textgame,video", help="comma list of bar|grpo|textgame|video")
 p.add_argument("--threads", default="1", help="torch thread counts to run, comma list")
 p.add_argument("--repeats", type=int, default=3, help="timed rounds (median reported)")
@@ -48,6 +47,8 @@ p.add_argument("--profile", action="store_true",
                help="instead of the table: where the bar shape's time goes (torch.profiler, by section and by op)")
 p.add_argument("--tiny", action="store_true", help="smoke mode: 2 prompts of 4-8 tokens, 4 new tokens, 1 repeat")
 args = p.parse_args()
+
+import transformers  # noqa: E402  (bench-only reference: after the flags, so --help needs only requirements.txt)
 
 GPT2 = dict(model_type="gpt2", vocab_size=512, n_embd=128, n_layer=4, n_head=4, n_positions=512)
 # name: (HF config, prompts, (shortest, longest) prompt, new tokens, samples per prompt)

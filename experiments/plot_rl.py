@@ -16,15 +16,10 @@ import math
 import sys
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")   # files only, no screen
-import matplotlib.pyplot as plt  # noqa: E402
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root
 from checkpoint import atomic_write  # noqa: E402
 
-p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
 p.add_argument("logs", nargs="+", help="log.jsonl files of train_lang.py runs")
 p.add_argument("--labels", default=None, help="comma-separated names of the runs (default: their folders)")
 p.add_argument("--out", default="rl_run.png", help="the PNG to write")
@@ -33,6 +28,12 @@ args = p.parse_args()
 labels = args.labels.split(",") if args.labels else [Path(f).parent.name for f in args.logs]
 if len(labels) != len(args.logs):
     sys.exit(f"error: --labels names {len(labels)} runs, {len(args.logs)} logs given")
+try:   # a dev requirement, imported after the flags: --help needs only requirements.txt
+    import matplotlib
+except ImportError:
+    sys.exit("error: experiments/plot_rl.py draws with matplotlib: pip install -r requirements-dev.txt")
+matplotlib.use("Agg")   # files only, no screen
+import matplotlib.pyplot as plt  # noqa: E402
 
 
 def rlvr_rows(path):

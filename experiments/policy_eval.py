@@ -74,6 +74,7 @@ from checkpoint import write_json  # noqa: E402
 from data.robot import sim  # noqa: E402
 from data.robot.task import Layout, action_bins, frame_codes, rollout  # noqa: E402
 from evaluate_video import load_video_model  # noqa: E402
+from runtime import check_device  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GREEN_TOL, COLOR_TOL, GRIPPER_TOL, MIN_PIXELS = 0.09, 0.25, 0.1, 12
@@ -408,7 +409,8 @@ def print_ranking(res, file=None):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="estimate robot policies' success inside video world models")
+    p = argparse.ArgumentParser(description="estimate robot policies' success inside video world models",
+                                allow_abbrev=False)
     # world models
     p.add_argument("--mle", default=str(ROOT / "checkpoints" / "video_cond_mle.safetensors"),
                    help="a world model of train_video.py (its tokenizer is named in its metadata)")
@@ -435,6 +437,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     try:
+        check_device(args.device)
         policies = [parse_policy(x.strip()) for x in args.policies.split(",") if x.strip()]
         loops = [x.strip() for x in args.loops.split(",") if x.strip()]
         if not policies or args.episodes < 1 or args.samples < 1 or args.length < 2 or args.horizon < 1:

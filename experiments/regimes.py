@@ -17,17 +17,13 @@ import json
 import sys
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")   # files only, no screen
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root
 from checkpoint import atomic_write, write_json  # noqa: E402
 from stats import paired_bootstrap, pool_seeds  # noqa: E402
 
-p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
 p.add_argument("runs", nargs="+", help="label=dir[,dir...]: train_lang.py out_dirs, several = seeds of one regime")
 p.add_argument("--split", default="test", choices=["test", "val"], help="eval.json (test) or eval_val.json (val)")
 p.add_argument("--against", default="mle,mle_more", help="models RLVR is compared with (keys of eval.json)")
@@ -115,6 +111,12 @@ for r in table:
 if args.json:
     write_json(args.json, {"split": args.split, "rows": table})
 if args.out:
+    try:   # a dev requirement, imported only to draw: --help and the table need only requirements.txt
+        import matplotlib
+    except ImportError:
+        sys.exit("error: --out draws with matplotlib: pip install -r requirements-dev.txt")
+    matplotlib.use("Agg")   # files only, no screen
+    import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(10, 0.42 * len(table) + 1.4))
     for i, r in enumerate(table):
         y = len(table) - 1 - i

@@ -29,7 +29,7 @@ from rewards import parse_diff  # noqa: E402
 from tasks import TASKS, generate_texts, load_lang_model  # noqa: E402
 from tokenizer_text import Tokenizer  # noqa: E402
 
-p = argparse.ArgumentParser(description=__doc__.split("\n\n")[1].strip())
+p = argparse.ArgumentParser(description=__doc__.split("\n\n")[1].strip(), allow_abbrev=False)
 p.add_argument("--task", default="textgame", choices=sorted(TASKS))
 p.add_argument("--ckpt", default=None, help="our .safetensors checkpoint or an HF model directory")
 p.add_argument("--data", default=None, help="JSONL records (default: the embedded validation split)")

@@ -1,10 +1,14 @@
-"""Checkpoint round trip (bit-exact, optimizer and RNG state included), atomicity and clear errors."""
+"""Checkpoint round trip (bit-exact, optimizer and RNG state included), atomicity, clear errors, and paths recorded
+relative to the recording file."""
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
 
-from checkpoint import load_model, read_checkpoint, resume, save_checkpoint
+from checkpoint import (ROOT, load_model, read_checkpoint, read_meta, recorded_path, relative_path, resume,
+                        save_checkpoint)
 from model import GPT, GPTConfig
 from tokenizer_vq import VQConfig, VQVAE
 
@@ -111,3 +115,29 @@ def test_optimizer_of_another_model_is_one_clear_error(tmp_path):
     sgd = torch.optim.SGD(list(m2.parameters())[:2], lr=0.1)
     with pytest.raises(ValueError, match=r"ckpt\.safetensors: optimizer state does not fit this model"):
         resume(path, m2, sgd)
+
+
+def test_paths_are_recorded_relative_to_the_file_that_records_them(tmp_path):
+    root = ROOT
+    # both inside the repository: relative, so a moved or cloned repository still finds the path
+    assert relative_path(root / "data" / "textgame", root / "out" / "x") == os.path.join("..", "..", "data", "textgame")
+    assert relative_path(tmp_path / "o" / "tok.tiktoken", tmp_path / "o") == "tok.tiktoken"   # inside the folder
+    assert relative_path(tmp_path / "data", root / "out" / "x") == str(tmp_path.resolve() / "data")   # elsewhere
+    assert relative_path(root / "data", tmp_path) == str(root / "data")   # the folder outside the repository
+    folder = root / "checkpoints" / "textgame"
+    assert recorded_path("../../data/textgame", folder).resolve() == root / "data" / "textgame"
+    assert recorded_path("/abs/data", folder) == Path("/abs/data")        # older sidecars: absolute paths
+    # the shipped sidecars record no absolute path of the machine that made them
+    for sidecar in root.joinpath("checkpoints").rglob("*.json"):
+        args = json.loads(sidecar.read_text())["args"]
+        assert not any(isinstance(v, str) and v.startswith("/") for v in args.values()), sidecar
+
+
+def test_read_meta_reads_the_header_only(tmp_path):
+    m, _, _ = trained(GPTConfig.llama(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_embd=16))
+    path = tmp_path / "ckpt.safetensors"
+    save_checkpoint(path, m, args={"vq": "video_vq.safetensors"}, step=3)
+    assert read_meta(path)["args"] == {"vq": "video_vq.safetensors"} and read_meta(path)["step"] == 3
+    path.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match=r"ckpt\.safetensors: not a readable safetensors checkpoint"):
+        read_meta(path)

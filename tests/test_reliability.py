@@ -5,11 +5,11 @@
   bit-identical weights, the same checkpoint metadata, eval.json and logged metrics as an uninterrupted run;
 - torchrun --max-restarts=1: one rank of a 2-process (gloo) RLVR run is SIGKILLed; the restarted group resumes from the
   last checkpoint, finishes, and both ranks end with bit-identical weights;
-- bad input: the scripts given a corrupt data file, an image of the wrong dtype, a checkpoint of another config, an HF
-  directory with a missing tensor, wrong flag values or a pickle exit with status != 0, the last stderr line names
-  the file or flag and what was expected, and no file in --out_dir changes; the other broken data files (truncated,
-  empty, not UTF-8, images of the wrong shape, missing folders, bad action statistics) are checked on the loaders
-  the scripts call, for the same one-line messages;
+- bad input: the scripts given a corrupt data file, an image of the wrong dtype, a changed flag for an existing
+  out_dir, an HF directory with a missing tensor, wrong flag values or a pickle exit with status != 0, the last
+  stderr line names the file or flag and what was expected, and no file in --out_dir changes (with --resume=0
+  too); the other broken data files (truncated, empty, not UTF-8, images of the wrong shape, missing folders, bad
+  action statistics) are checked on the loaders the scripts call, for the same one-line messages;
 - numerical faults: a NaN/inf loss or weight stops MLE, RLVR and the tokenizer with the stage and step named, before
   it reaches a checkpoint; --on_nan=skip skips steps and still stops after MAX_SKIPS in a row;
 - no code execution from files: pickles whose unpickling would create a marker file, saved under every name a loader
@@ -312,16 +312,16 @@ def lang_bad_args(case, data, tmp_path):
         d = tmp_path / "data"
         shutil.copytree(data, d)
         (d / "train.jsonl").write_bytes(b'{"game": 1}\n')
-        return ["--stage=mle", "--init=scratch", f"--data_dir={d}"]
+        return ["--stage=mle", "--init=scratch", f"--data_dir={d}", "--resume=0"]   # starting over: nothing written
     if case == "other config":
-        return ["--stage=mle", "--init=scratch", f"--data_dir={data}", "--n_embd=48"]
+        return ["--stage=mle", "--init=scratch", f"--data_dir={data}", "--mle_steps=40", "--n_embd=48"]
     return ["--stage=mle", "--init=scratch", f"--data_dir={data}", "--ckpt_every=0"]
 
 
 LANG_BAD = {   # case -> what the last line of stderr must say
     "corrupt data": r"^error: .*/train\.jsonl:1: record is missing key\(s\) \['state', 'action', 'next_state'\]$",
-    "other config": r"^error: .*/mle\.safetensors: saved by a run with another model config \(.*n_embd=32 there, 48 "
-                    r"here",
+    "other config": r"^error: .* holds a run with other flags: --n_embd 32 -> 48; use a new --out_dir, or --resume=0 "
+                    r"to start over in .*$",
     "flag value": r"train_lang\.py: error: --ckpt_every must be >= 1, got 0$",
 }
 
@@ -366,8 +366,9 @@ def test_hf_directory_with_a_missing_tensor(lang_data, lang_out, tmp_path):
               "model.layers.0.self_attn.v_proj.weight": (16, 32), "model.layers.0.self_attn.o_proj.weight": (32, 32),
               "model.layers.0.mlp.gate_proj.weight": (64, 32), "model.layers.0.mlp.up_proj.weight": (64, 32)}
     save_file({k: torch.zeros(s) for k, s in shapes.items()}, str(hf / "model.safetensors"))   # no mlp.down_proj
-    assert_refused([*LANG, "--stage=rlvr", f"--init={hf}", f"--data_dir={lang_data}", f"--out_dir={lang_out}"],
-                   r"^error: .*/hf: missing tensor 'model\.layers\.0\.mlp\.down_proj\.weight'", lang_out)
+    assert_refused([*LANG, "--stage=rlvr", f"--init={hf}", f"--data_dir={lang_data}", f"--out_dir={lang_out}",
+                    "--resume=0"], r"^error: .*/hf: missing tensor 'model\.layers\.0\.mlp\.down_proj\.weight'",
+                   lang_out)
 
 
 @pytest.fixture
@@ -389,7 +390,7 @@ def test_train_video_bad_input_is_one_clear_line(case, video_data, video_out, tm
     d = tmp_path / "vdata"
     shutil.copytree(video_data, d)
     np.savez(d / "train" / "00003.npz", image=np.zeros((8, 64, 64, 3), np.float32), action=np.zeros((8, 2)))
-    args = ["--data", d] + (["--vq_crop=72"] if case == "flag value" else [])
+    args = ["--data", d, "--resume=0"] + (["--vq_crop=72"] if case == "flag value" else [])
     assert_refused([*VIDEO, *args, "--init=scratch", "--out_dir", video_out], VIDEO_BAD[case], video_out)
 
 
@@ -466,18 +467,20 @@ def test_on_nan_skip_skips_steps_but_stops_after_max_skips_in_a_row(lang_data, t
 
 @pytest.mark.slow
 def test_nan_stops_train_video_tokenizer_mle_and_rlvr(video_run, video_data, tmp_path):
-    base = [*VIDEO, "--data", video_data, "--out_dir", tmp_path / "out", "--ckpt_every=1"]
-    p = run([*base, "--stage=tokenizer", "--init=scratch", "--vq_steps=20", "--vq_lr=1e30"], ok=False)
+    base = [*VIDEO, "--data", video_data, "--ckpt_every=1"]   # three runs, each in its own out_dir
+    p = run([*base, "--out_dir", tmp_path / "tok", "--stage=tokenizer", "--init=scratch", "--vq_steps=20",
+             "--vq_lr=1e30"], ok=False)
     assert re.fullmatch(r"error: tokenizer: non-finite loss \(nan\) at step \d+(: the weights are non-finite|; "
                         r"stopping before it reaches the weights).*", p.stderr.strip().splitlines()[-1])
-    p = run([*base, "--stage=mle", "--vq", video_run[0] / "video_vq.safetensors", "--mle_lr=1e30"], ok=False)
+    p = run([*base, "--out_dir", tmp_path / "mle", "--stage=mle", "--vq", video_run[0] / "video_vq.safetensors",
+             "--mle_lr=1e30"], ok=False)
     assert re.fullmatch(r"error: mle: non-finite (loss|gradient norm) \(nan\) at step [1-9].*",
                         p.stderr.strip().splitlines()[-1])
-    assert all_finite(tmp_path / "out")
+    assert all_finite(tmp_path / "tok") and all_finite(tmp_path / "mle")
     bad = poisoned_copy(video_run[0] / "video_mle.safetensors", tmp_path / "bad", "video_cvq.safetensors")
-    p = run([*base, "--stage=rlvr", "--init", bad], ok=False)
+    p = run([*base, "--out_dir", tmp_path / "rl", "--stage=rlvr", "--init", bad], ok=False)
     assert p.stderr.strip().splitlines()[-1].startswith("error: rlvr: non-finite weights in the policy at step 0")
-    assert not (tmp_path / "out" / "video_rlvr.safetensors").exists()
+    assert not (tmp_path / "rl" / "video_rlvr.safetensors").exists()
 
 
 def tiny_policy():
@@ -564,12 +567,13 @@ def test_scripts_refuse_pickled_checkpoints_and_episodes(lang_data, lang_out, vi
     raw, pt, npz = payload_files(tmp_path / "payloads", marker)
     shutil.copy(pt, tmp_path / "evil.safetensors")
     assert_refused([*LANG, "--stage=rlvr", f"--init={tmp_path / 'evil.safetensors'}", f"--data_dir={lang_data}",
-                    f"--out_dir={lang_out}"], r"^error: .*evil\.safetensors: not a readable safetensors checkpoint",
+                    f"--out_dir={lang_out}", "--resume=0"], r"^error: .*evil\.safetensors: not a readable safetensors "
+                   r"checkpoint",
                    lang_out)
     data = tmp_path / "vdata"
     shutil.copytree(video_data, data)
     shutil.copy(npz, data / "val" / "00001.npz")
-    assert_refused([*VIDEO, "--data", data, "--init=scratch", "--out_dir", video_out],
+    assert_refused([*VIDEO, "--data", data, "--init=scratch", "--out_dir", video_out, "--resume=0"],
                    r"^error: .*val/00001\.npz: cannot read the \.npz episode \(Object arrays cannot be loaded when "
                    r"allow_pickle=False\)$", video_out)
     assert not marker.exists()

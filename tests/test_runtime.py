@@ -1,5 +1,6 @@
 """The shared run plumbing on one process: the learning-rate schedule by hand, stage checkpoints that resume the exact
-generator streams (and shrink to weights once done), one-line failures, NaN handling (--on_nan), and the JSONL log."""
+generator streams (and shrink to weights once done), one-line failures, NaN handling (--on_nan), the JSONL log, and the
+flags recorded in out_dir/config.json that a re-run must match."""
 import argparse
 import json
 import math
@@ -13,7 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from model import GPT, GPTConfig
-from runtime import MAX_SKIPS, Run, WeightPath, check_ranges, checksum, fork_alongside, fork_map, lr_at
+from runtime import MAX_SKIPS, Run, WeightPath, check_device, check_ranges, checksum, fork_alongside, fork_map, lr_at
 
 torch.set_num_threads(1)
 
@@ -197,3 +198,54 @@ def test_fork_map_and_fork_alongside(tmp_path):
     child.join(10)
     assert child.exitcode == 0
     assert re.fullmatch(rf"stopped after \d+ waits in {child.pid}\n", (tmp_path / "child.log").read_text())
+
+
+def config_run(out, capsys=None, **flags):
+    """A Run over out_dir `out` with a few flags of each kind; -> (run, the record check_config returned)."""
+    args = dict(device="cpu", dtype="float32", threads=1, seed=0, resume=1, ckpt_every=10, lr=0.1,
+                data_dir=str(out.parent / "data"), init="scratch", out_dir=str(out), test_limit=0)
+    run = Run(argparse.Namespace(**{**args, **flags}), out, path_flags=("data_dir", "init", "out_dir"))
+    return run, run.check_config(["mle.safetensors"])
+
+
+def test_config_refuses_a_rerun_with_other_flags(tmp_path, capsys):
+    out = tmp_path / "out"
+    run, record = config_run(out)
+    assert not out.exists()                                   # checking writes nothing
+    run.save_config(record)
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["data_dir"] == str((tmp_path / "data").resolve()) and saved["out_dir"] == "."   # outside the repo
+    (out / "mle.safetensors").write_bytes(b"")
+    config_run(out)                                           # the same flags: resumes
+    config_run(out, device="cpu:0", threads=2, ckpt_every=5)  # flags that cannot change the trained weights
+    config_run(out, data_dir=os.path.relpath(tmp_path / "data"))   # the same folder, spelled otherwise
+    assert capsys.readouterr().out == ""
+    config_run(out, test_limit=10)                            # the final evaluation only: evaluated again
+    assert capsys.readouterr().out == "config.json: the trained stages are reused and evaluated again with " \
+                                      "--test_limit 0 -> 10\n"
+    for flags, named in ((dict(lr=0.2), "--lr 0.1 -> 0.2"),
+                         (dict(seed=1, test_limit=5), "--seed 0 -> 1, --test_limit 0 -> 5"),
+                         (dict(init=str(tmp_path / "ckpt.safetensors")),
+                          f"--init scratch -> {tmp_path.resolve() / 'ckpt.safetensors'}")):
+        with pytest.raises(SystemExit):
+            config_run(out, **flags)
+        assert capsys.readouterr().err == (f"error: {out} holds a run with other flags: {named}; use a new --out_dir, "
+                                           f"or --resume=0 to start over in {out}\n")
+    config_run(out, lr=0.2, resume=0)                         # starting over: no check
+    (out / "config.json").unlink()                            # checkpoints whose flags are unknown
+    with pytest.raises(SystemExit):
+        config_run(out)
+    assert capsys.readouterr().err == (f"error: {out} holds mle.safetensors but no config.json recording the flags "
+                                       f"they were trained with; use a new --out_dir, or --resume=0 to start over "
+                                       f"in {out}\n")
+
+
+def test_device_is_checked_first(tmp_path, capsys):
+    for device, words in (("gpu", "--device gpu: not a device; use cpu, cuda or cuda:N"),
+                          ("meta", "--device meta: only cpu and cuda are supported")):
+        with pytest.raises(SystemExit):
+            Run(argparse.Namespace(device=device, dtype="float32", threads=1, seed=0), tmp_path)
+        assert capsys.readouterr().err == f"error: {words}\n"
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"--device cuda: this torch \(.*\) sees no CUDA GPU; use --device=cpu"):
+            check_device("cuda")

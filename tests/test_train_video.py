@@ -119,7 +119,8 @@ def test_rt1_format_episodes_train(tmp_path):
     args = ["--data", tmp_path, "--out_dir", tmp_path / "out", "--stage=rlvr", "--init",
             tmp_path / "out" / "video_mle.safetensors", "--control=0", "--test_limit=1"]
     assert "has no background images, so no object term" in train(*args, "--mode=multi", "--out_dir", tmp_path / "m")
-    r = subprocess.run([sys.executable, "train_video.py", *map(str, args), "--object_weight=0.5", *TINY], cwd=ROOT,
+    r = subprocess.run([sys.executable, "train_video.py", *map(str, args), "--object_weight=0.5", *TINY,
+                        "--out_dir", tmp_path / "w"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120, env=ENV)
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
         f"error: --object_weight needs episodes with a background image; {tmp_path} has none")

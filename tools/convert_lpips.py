@@ -49,7 +49,7 @@ def convert(out, random_vgg=False):
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--out", default="checkpoints/lpips_vgg.safetensors")
     p.add_argument("--random_vgg", type=int, default=0, help="1: random VGG16 weights, for parity checks offline")
     args = p.parse_args()

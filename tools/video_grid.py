@@ -137,7 +137,7 @@ def grid_images(ctx, truth, preds, scale):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--models", nargs="+", required=True, help="name=checkpoint pairs, drawn in this order")
     p.add_argument("--out", required=True, help=".png (the last predicted step) or .gif (every step)")
     p.add_argument("--data", default=str(DATA_DIR), help="episode directory (default: the embedded robot data)")
@@ -150,9 +150,7 @@ def main():
     pairs = [m.split("=", 1) for m in args.models]
     if any(len(m) != 2 for m in pairs) or args.n < 1 or args.scale < 1:
         p.error("--models takes name=checkpoint pairs; --n and --scale must be >= 1")
-    if Path(args.data).resolve() == DATA_DIR.resolve():
-        ensure_splits(DATA_DIR)
-    try:
+    try:   # the models first: a bad file stops before any data is generated
         loaded = [(name, *load_video_model(path)) for name, path in pairs]         # (name, GPT, tokenizer, meta)
     except (ValueError, OSError) as e:
         sys.exit(f"error: --models: {e}")
@@ -160,6 +158,8 @@ def main():
     horizon = a["horizon"] if (args.mode or a["mode"]) == "multi" else 1
     lo, hi = np.array(a["action_lo"], np.float32), np.array(a["action_hi"], np.float32)
     try:
+        if Path(args.data).resolve() == DATA_DIR.resolve():   # the embedded data, generated on first use
+            ensure_splits(DATA_DIR)
         episodes = clips(load_split(args.data, args.split, a["size"]), a["clip_len"])
     except (ValueError, OSError) as e:
         sys.exit(f"error: --data: {e}")

@@ -138,7 +138,8 @@ def generate_split(out_dir, env_name, split, n, seed=0, length=50, repeat=3, siz
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="write Meta-World robot-arm video episodes (.npz) for train_video.py")
+    p = argparse.ArgumentParser(description="write Meta-World robot-arm video episodes (.npz) for train_video.py",
+                                allow_abbrev=False)
     p.add_argument("--env", default="push-v3", help="a Meta-World v3 task with a scripted policy")
     p.add_argument("--out", default=None, help="output directory (default: data/metaworld/<env>)")
     # episodes

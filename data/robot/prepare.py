@@ -47,29 +47,42 @@ def generate_split(out_dir, split, n, seed=0, length=LENGTH):
 
 
 def ensure_splits(data_dir=DATA_DIR, sizes=None, seed=0, verbose=True):
-    """Generate the splits whose folder is missing (each in a temporary folder renamed when complete, so a killed
-    run never leaves a partial split that a re-run would trust), then action_stats.json if missing."""
+    """Generate every split when data_dir holds none (all in a temporary folder, moved into place once complete, so a
+    killed run leaves no partial split that a re-run would trust), then action_stats.json if missing. A folder with
+    some split folders but not all is a ValueError naming the missing ones: it is never topped up."""
     data_dir = Path(data_dir)
-    for split, n in {**DEFAULT_SIZES, **(sizes or {})}.items():
-        if not (data_dir / split).is_dir():
+    sizes = {**DEFAULT_SIZES, **(sizes or {})}
+    present = [split for split in sizes if (data_dir / split).is_dir()]
+    if present and len(present) < len(sizes):
+        missing = [f"{split}/" for split in sizes if split not in present]
+        raise ValueError(f"{data_dir}: has {', '.join(f'{s}/' for s in present)} but not {', '.join(missing)}; "
+                         f"delete the others to have all generated again")
+    if not present:
+        partial = data_dir / ".partial"   # written there, then moved: a killed run leaves no half split
+        shutil.rmtree(partial, ignore_errors=True)
+        for split, n in sizes.items():
             t0 = time.time()
-            partial = data_dir / f".{split}.partial"   # written there, then renamed: a killed run leaves no half split
-            shutil.rmtree(partial, ignore_errors=True)
             rate = generate_split(partial, split, n, seed)
-            os.replace(partial / split, data_dir / split)
-            partial.rmdir()
             if verbose:
                 print(f"wrote {n} {split} episodes to {data_dir / split} ({rate:.0%} reach the goal, "
                       f"{time.time() - t0:.0f}s)")
+        for split in sizes:
+            os.replace(partial / split, data_dir / split)
+        partial.rmdir()
     if not (data_dir / "action_stats.json").is_file():
         write_action_stats(data_dir)
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--out", default=str(DATA_DIR))
     for split, n in DEFAULT_SIZES.items():
         p.add_argument(f"--{split}", type=int, default=n, help=f"{split} episodes")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
-    ensure_splits(a.out, {"train": a.train, "val": a.val, "test": a.test}, a.seed)
+    if min(a.train, a.val, a.test) < 1:
+        p.error("--train, --val and --test must be >= 1")
+    try:
+        ensure_splits(a.out, {"train": a.train, "val": a.val, "test": a.test}, a.seed)
+    except ValueError as e:   # a folder with some splits: one line
+        sys.exit(f"error: {e}")

@@ -6,8 +6,9 @@
     python data/textgame/prepare.py --cover                  # coverage splits -> data/textgame/cover/
 
 Coverage splits (`--cover`, or `--data_dir=data/textgame/cover` in train_lang.py, which makes them when
-missing). At each state of the scripted trajectories, random *valid* actions (simulator.valid_actions, the
-planner's candidates) other than the one the episode takes there, with their true outcomes, marked
+the folder holds none). At each state of the scripted trajectories, random *valid* actions
+(simulator.valid_actions, the planner's candidates) other than the one the episode takes there, with their
+true outcomes, marked
 "source": "offscript" (the loaders keep extra keys). cover/train.jsonl is the scripted train.jsonl, record
 for record, followed by --per_state off-script records at each of its states; cover/val.jsonl and
 cover/test.jsonl hold only off-script records, one at each state of the scripted val and test records.
@@ -55,14 +56,14 @@ def ensure_splits(data_dir=DATA_DIR, n_train: int = DEFAULT_SIZES["train"], n_va
         if all(path.exists() for path in paths.values()):
             return paths
         return make_cover(data_dir, n_train, n_val, n_test, seed, verbose=verbose)
-    paths = {}
-    for split, n in (("train", n_train), ("val", n_val), ("test", n_test)):
-        paths[split] = data_dir / f"{split}.jsonl"
-        if not paths[split].exists():
-            records = generate_split(split, n, seed)
-            write_jsonl(paths[split], records)
-            if verbose:
-                print(f"wrote {paths[split]}  " + summary(split, records))
+    paths = {split: data_dir / f"{split}.jsonl" for split in DEFAULT_SIZES}
+    sizes = {"train": n_train, "val": n_val, "test": n_test}
+    # every missing split is generated before any is written: a run killed while generating leaves none
+    made = {split: generate_split(split, sizes[split], seed) for split in paths if not paths[split].exists()}
+    for split, records in made.items():
+        write_jsonl(paths[split], records)
+        if verbose:
+            print(f"wrote {paths[split]}  " + summary(split, records))
     return paths
 
 
@@ -108,19 +109,24 @@ def convert_record(raw: dict, where: str = "record") -> dict:
 def convert_bytesized32(in_path, out_path) -> list[dict]:
     """Convert a ByteSized32-State-Prediction .jsonl file; ValueError naming the file and line."""
     in_path = Path(in_path)
+    if not in_path.is_file():
+        raise ValueError(f"{in_path}: no such file")
+    try:
+        lines = in_path.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{in_path}: not UTF-8 text ({e.reason}); expected JSON lines") from None
     records = []
-    with open(in_path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{in_path}:{lineno}"
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: invalid JSON ({e.msg})") from None
-            if not isinstance(raw, dict):
-                raise ValueError(f"{where}: a record must be a JSON object")
-            records.append(convert_record(raw, where))
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{in_path}:{lineno}"
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: invalid JSON ({e.msg})") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"{where}: a record must be a JSON object")
+        records.append(convert_record(raw, where))
     if not records:
         raise ValueError(f"{in_path}: no records (empty file)")
     write_jsonl(out_path, records)
@@ -128,7 +134,7 @@ def convert_bytesized32(in_path, out_path) -> list[dict]:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("--n_train", type=int, default=DEFAULT_SIZES["train"])
     parser.add_argument("--n_val", type=int, default=DEFAULT_SIZES["val"])
     parser.add_argument("--n_test", type=int, default=DEFAULT_SIZES["test"])
@@ -141,10 +147,13 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.per_state < 1:
         parser.error("--per_state must be at least 1")
-    if args.bytesized32:
-        if not args.out:
-            parser.error("--bytesized32 needs --out")
-        records = convert_bytesized32(args.bytesized32, args.out)
+    if args.bytesized32 is not None:   # given, even empty: convert, never generate
+        if not args.bytesized32 or not args.out:
+            parser.error("--bytesized32 needs a ByteSized32 .jsonl file and --out")
+        try:   # a missing, unreadable or malformed file: one line naming it (and the line)
+            records = convert_bytesized32(args.bytesized32, args.out)
+        except (OSError, ValueError) as e:
+            sys.exit(f"error: {e}")
         print(f"wrote {args.out}  " + summary("bytesized32", records))
         return
     if args.cover:

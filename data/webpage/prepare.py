@@ -15,10 +15,11 @@ pairing each step's accessibility tree with the next step's. `--import` reads su
 same checks as training (a clear error naming the file and line), normalises it (missing site -> "web",
 Windows line ends, blank lines and trailing spaces removed from the trees, runs of spaces in the action
 made single) and writes it to --out. Put your train.jsonl, val.jsonl and test.jsonl in one folder and
-pass it as --data_dir to train_lang.py / eval.py; `ensure_splits` uses a folder's files as they are.
+pass it as --data_dir to train_lang.py (one file of it as --data to eval.py); its files are used as they
+are, and a folder lacking one of them is an error (only data/webpage and data/webpage/cover are generated).
 
 Coverage splits (`--cover`, or `--data_dir=data/webpage/cover` in train_lang.py, which makes them when
-missing). On each page of the scripted episodes, random *valid* actions (simulator.valid_actions, the
+the folder holds none). On each page of the scripted episodes, random *valid* actions (simulator.valid_actions, the
 planner's candidates, with a text of the kind the page's fields take) other than the one the episode takes
 there, with their true outcomes, marked "source": "offscript" (load_records keeps extra keys).
 cover/train.jsonl is the scripted train.jsonl, record for record, followed by --per_state off-script
@@ -55,10 +56,11 @@ def summary(records: list[dict]) -> str:
 
 def make_splits(out_dir, n_train: int = DEFAULT_SIZES["train"], n_val: int = DEFAULT_SIZES["val"],
                 n_test: int = DEFAULT_SIZES["test"], seed: int = 0, verbose: bool = True) -> dict[str, Path]:
-    """Generate and write all three splits into out_dir; -> {split: path}."""
+    """Generate all three splits, then write them into out_dir (a run killed while generating leaves
+    none); -> {split: path}."""
     paths = {}
-    for split, n in zip(SPLITS, (n_train, n_val, n_test)):
-        records = generate_split(split, n, seed)
+    made = {split: generate_split(split, n, seed) for split, n in zip(SPLITS, (n_train, n_val, n_test))}
+    for split, records in made.items():
         paths[split] = Path(out_dir) / f"{split}.jsonl"
         write_jsonl(paths[split], records)
         if verbose:
@@ -119,7 +121,7 @@ def import_file(src, dst) -> list[dict]:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     p.add_argument("--out_dir", default=str(DATA_DIR), help="where the splits go")
     for split in SPLITS:
         p.add_argument(f"--n_{split}", type=int, default=DEFAULT_SIZES[split], help=f"records in {split}")
