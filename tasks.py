@@ -9,6 +9,7 @@ verifiable rewards of rewards.py), the headline metric, the rewards RLVR may use
 job; comparing two models is stats.py's. docs/tasks.md adds a task: one module (data/lights/task.py
 is the worked example) and one line in TASKS.
 """
+import filecmp
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,8 +119,10 @@ def keep_tokenizer(init, meta, out_dir, write=True):
     if src.is_dir():
         return str(src.resolve())
     name = "tokenizer" + src.suffix
-    if write and not (Path(out_dir) / name).is_file():
-        atomic_write(Path(out_dir) / name, lambda tmp: shutil.copyfile(src, tmp))
+    dst = Path(out_dir) / name
+    # copied when missing or another (a --resume=0 run from another --init)
+    if write and not (dst.is_file() and filecmp.cmp(src, dst, shallow=False)):
+        atomic_write(dst, lambda tmp: shutil.copyfile(src, tmp))
     return name
 
 

@@ -1,22 +1,26 @@
 """
-Train a language world model: MLE (supervised next-state prediction), then RLVR (GRPO with the task's own metric as
-the reward), then compare the MLE start, RLVR and the control (MLE continued for RLVR's wall-clock) on held-out
-records, paired. Tasks: textgame (exact next state, the default) and webpage (--task=webpage: F1 of the page changes).
+Train a language world model: MLE (supervised next-state prediction), then RLVR (GRPO with the
+task's own metric as the reward), then compare the MLE start, RLVR and the control (MLE continued
+for RLVR's wall-clock) on held-out records, paired. Tasks: textgame (exact next state, the default),
+webpage (F1 of the page changes), and any task registered in tasks.py (docs/tasks.md).
 
-    python train_lang.py                    # CPU, ~10 min: RLVR from the shipped MLE checkpoint, control, evaluation
-    python train_lang.py --placebo=1 --out_dir=out/textgame_placebo   # rewards shuffled: the machinery, no signal
-    python train_lang.py --init=scratch     # everything from scratch: data, tokenizer, MLE, RLVR
-1 GPU from pretrained HF weights (e.g. DeepSeek-R1-Distill-Qwen-1.5B, the paper's base: SFT first, then RLVR), 8 GPUs:
-    python train_lang.py --init=/path/to/hf_dir --device=cuda --dtype=bfloat16 --batch_size=16 --micro_batch=8
+    python train_lang.py                 # CPU: RLVR from the shipped MLE checkpoint, control, eval
+    python train_lang.py --placebo=1 --out_dir=out/textgame_placebo   # rewards permuted: no signal
+    python train_lang.py --init=scratch  # everything from scratch: data, tokenizer, MLE, RLVR
+1 GPU from pretrained HF weights (e.g. DeepSeek-R1-Distill-Qwen-1.5B, the paper's base: SFT first,
+then RLVR), and 8 GPUs:
+    python train_lang.py --init=/path/to/hf_dir --device=cuda --dtype=bfloat16 --micro_batch=8
     torchrun --nproc_per_node=8 train_lang.py --init=/path/to/hf_dir --device=cuda --dtype=bfloat16
 
-Writes to --out_dir (default out/<task>): mle / rlvr / mle_more (the control) .safetensors with .json sidecars, the
-tokenizer, config.json (the run's flags), log.jsonl (a JSON line per logged step), eval.json (test) and eval_val.json
-(validation), each {"mle": M, "rlvr": M, "mle_more": M}, M = evaluate_lang.evaluate's result (summary and per-record
-metrics). Stages checkpoint every --ckpt_every steps and a re-run of the same command resumes (also under torchrun
---max-restarts=N); a re-run with other flags stops, naming them (runtime.Run.check_config: use another --out_dir, or
---resume=0 to start over). A NaN/inf loss, reward or gradient stops the run naming the step (--on_nan=skip skips it);
-bad input is one "error:" line, before anything is written.
+Writes to --out_dir (default out/<task>): mle / rlvr / mle_more (the control) .safetensors with
+.json sidecars, the tokenizer, config.json (the run's flags), log.jsonl (a JSON line per logged
+step), eval.json (test) and eval_val.json (validation), each {"mle": M, "rlvr": M, "mle_more": M},
+M = evaluate_lang.evaluate's result (summary and per-record metrics). Stages checkpoint every
+--ckpt_every steps and a re-run of the same command resumes (also under torchrun
+--max-restarts=N); a re-run with other flags stops, naming them (runtime.Run.check_config: use
+another --out_dir, or --resume=0 to start over). A NaN/inf loss, reward or gradient stops the run
+naming the step (--on_nan=skip skips it); bad input is one "error:" line, before anything is
+written.
 """
 import argparse
 import copy
@@ -156,10 +160,12 @@ args.data_dir = args.data_dir or str(ROOT / "data" / args.task)
 args.reward = args.reward or task.rewards[0]
 if args.reward not in task.rewards:
     fail(f"--reward {args.reward}: the {args.task} task has rewards {task.rewards}")
-if args.init == "auto":   # RLVR post-trains the shipped MLE checkpoint; MLE alone starts from scratch
+# --init=auto: RLVR post-trains the shipped MLE checkpoint; MLE alone starts from scratch
+if args.init == "auto":
     shipped = ROOT / "checkpoints" / args.task / "mle.safetensors"
     args.init = str(shipped) if shipped.is_file() and args.stage != "mle" else "scratch"
-init_is_ckpt = args.init != "scratch" and Path(args.init).is_file()   # else: scratch or an HF directory
+# else: scratch or an HF directory
+init_is_ckpt = args.init != "scratch" and Path(args.init).is_file()
 if args.init != "scratch" and not Path(args.init).exists():
     fail(f"--init {args.init}: no such checkpoint file or HF directory")
 if args.stage == "rlvr" and args.init == "scratch":
@@ -191,7 +197,8 @@ def missing_splits(data_dir):
              f"{', '.join(files)}; only data/{args.task} is generated when missing)")
     if 0 < len(missing) < len(files):
         fail(f"--data_dir {data_dir}: missing {', '.join(missing)}; its splits are generated all "
-             f"three at once: delete the others to have them generated again, or add the missing ones")
+             f"three at once: delete the others to have them generated again, or add the missing "
+             f"ones")
     return missing
 
 
@@ -229,9 +236,11 @@ if args.init == "scratch":
             Tokenizer.train(texts, args.vocab_size).save(tok_file)   # written atomically
         except ValueError as e:
             fail(f"--vocab_size {args.vocab_size}: {e}")
-        print0(f"tokenizer: trained {args.vocab_size} BPE ranks in {time.time() - t0:.1f}s -> {tok_file}")
+        print0(f"tokenizer: trained {args.vocab_size} BPE ranks in {time.time() - t0:.1f}s "
+               f"-> {tok_file}")
     barrier()   # the other ranks wait for rank 0's file
-    start_model, tok = None, Tokenizer.from_tiktoken_file(tok_file)   # the model is built once the vocab is known
+    # the model is built once the vocab is known
+    start_model, tok = None, Tokenizer.from_tiktoken_file(tok_file)
     # in every checkpoint's args (relative to its folder): eval.py finds the tokenizer through it
     args.tokenizer = str(tok_file)
 else:   # HF: its directory; ours: a copy beside the run's checkpoints
@@ -336,7 +345,7 @@ def run_rlvr(model):
     print0(f"rlvr: {len(draw.changed)} changed + {len(draw.unchanged)} unchanged train prompts; "
            f"per step {args.prompts_per_step} groups with reward spread (up to {args.max_rounds} "
            f"rounds) x {args.group_size} samples x {world} ranks; reward {args.reward}"
-           f"{'; PLACEBO: rewards shuffled' if args.placebo else ''}")
+           f"{'; PLACEBO: rewards permuted within each kept group' if args.placebo else ''}")
     moved = WeightPath(model)   # the MLE start, for the log's weight movement
     step, done = run.resume_stage(ckpt, model, opt, gen, "rlvr")   # as in run_mle
     if done:
@@ -386,56 +395,68 @@ def run_rlvr(model):
 
 
 # -----------------------------------------------------------------------------
-# run the stages: MLE (from scratch) -> RLVR -> the equal-time MLE control -> paired evaluation on val and test
+# run the stages: MLE (from scratch) -> RLVR -> the equal-time MLE control -> paired evaluation
 t0 = time.time()
 all_pairs = [encode(r) for r in train_recs]   # every train record as (prompt ids, answer ids + EOS)
 pairs = all_pairs   # what MLE learns from
-if args.label_frac < 1:   # the regime study: MLE on a fraction of the labels; RLVR and the control see every record
+# the regime study: MLE on a fraction of the labels; RLVR and the control see every record
+if args.label_frac < 1:
     order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(args.seed)).tolist()
     pairs = [pairs[i] for i in order[:max(1, round(args.label_frac * len(pairs)))]]
 start = args.init   # the checkpoint RLVR and the control start from
 if args.stage == "mle" or (args.stage == "all" and not init_is_ckpt):
-    model = start_model or GPT(GPTConfig.llama(vocab_size=tok.n_vocab, block_size=args.block_size,
-                                               n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd))
+    model = start_model or GPT(GPTConfig.llama(
+        vocab_size=tok.n_vocab, block_size=args.block_size, n_layer=args.n_layer,
+        n_head=args.n_head, n_embd=args.n_embd))
     start = str(run_mle(model, "mle", pairs, args.mle_steps, args.mle_minutes,
                         lambda s: lr_at(s, args.mle_steps, args.mle_lr, args.warmup)))
 if args.stage in ("all", "rlvr"):
     control_lr = mle.control_lr(args.control_lr)   # 10 warm-up steps, then constant
     rl_file = out_dir / "rlvr.safetensors"
-    rl_done = args.resume and rl_file.is_file() and read_checkpoint(rl_file)[1]["metrics"].get("done")
-    # The control, MLE continued from the same start at a constant rate, gets RLVR's wall-clock. On a CPU it runs in
-    # a forked process on the second core *while* RLVR runs and stops when RLVR's last step ends: the same time by
-    # construction, and the demo takes half as long. Otherwise (GPU, torchrun, a resumed run) it runs after RLVR.
-    alongside = args.control and args.control_alongside and world == 1 and args.device == "cpu" and not rl_done
+    rl_done = (args.resume and rl_file.is_file()
+               and read_checkpoint(rl_file)[1]["metrics"].get("done"))
+    # The control, MLE continued from the same start at a constant rate, gets RLVR's wall-clock. On
+    # a CPU it runs in a forked process on the second core *while* RLVR runs and stops when RLVR's
+    # last step ends: the same time by construction, and the demo takes half as long. Otherwise
+    # (GPU, torchrun, a resumed run) it runs after RLVR.
+    alongside = (args.control and args.control_alongside and world == 1 and args.device == "cpu"
+                 and not rl_done)
     if alongside:
-        # runtime.fork_alongside: the child shares the loaded data and tokenizer, prints to control.log, and stops
-        # when this process sets `stop` (RLVR done)
-        stop, child = fork_alongside(lambda stop: run_mle(load_lang_model(start, args.device)[0], "mle_more",
-                                                          all_pairs, args.mle_steps, 0, control_lr, stop),
-                                     out_dir / "control.log")
+        # runtime.fork_alongside: the child shares the loaded data and tokenizer, prints to
+        # control.log, and stops when this process sets `stop` (RLVR done)
+        def control(stop):
+            return run_mle(load_lang_model(start, args.device)[0], "mle_more", all_pairs,
+                           args.mle_steps, 0, control_lr, stop)
+        stop, child = fork_alongside(control, out_dir / "control.log")
         print0(f"control: MLE continues from the start in process {child.pid} while RLVR runs "
                f"(progress: {out_dir / 'control.log'})")
-    rl_ckpt = run_rlvr(load_lang_model(start, args.device)[0])   # a fresh copy of the start, whatever trained it
+    # a fresh copy of the start, whatever trained it
+    rl_ckpt = run_rlvr(load_lang_model(start, args.device)[0])
     ckpts = {"mle": start, "rlvr": str(rl_ckpt)}
     if alongside:
         stop.set()
         child.join()   # it finishes its step, saves mle_more.safetensors and exits
         if child.exitcode:
-            fail(f"the control process failed (exit code {child.exitcode}); see {out_dir / 'control.log'}")
+            fail(f"the control process failed (exit code {child.exitcode}); "
+                 f"see {out_dir / 'control.log'}")
         ckpts["mle_more"] = str(out_dir / "mle_more.safetensors")
     elif args.control:   # after RLVR, for RLVR's wall-clock of GRPO steps
         minutes = read_checkpoint(rl_ckpt)[1]["metrics"].get("rl_seconds", 0.0) / 60
-        ckpts["mle_more"] = str(run_mle(load_lang_model(start, args.device)[0], "mle_more", all_pairs,
-                                        args.mle_steps, minutes, control_lr))
-    if master:   # every model, loaded from its checkpoint, greedy on the same records: differences are paired
+        ckpts["mle_more"] = str(run_mle(load_lang_model(start, args.device)[0], "mle_more",
+                                        all_pairs, args.mle_steps, minutes, control_lr))
+    # every model, loaded from its checkpoint, greedy on the same records: differences are paired
+    if master:
         splits = {split: recs[:limit or None] for split, recs, limit in
                   (("val", val_recs, args.val_limit), ("test", test_recs, args.test_limit))
                   if split in args.final_eval.split(",")}
-        workers = args.eval_workers if args.device == "cpu" else 1   # CPU: split the jobs over the cores
-        results = evaluate_checkpoints(args.task, ckpts, tok, splits, args.max_new_tokens, args.device, autocast,
-                                       workers)
+        # CPU: split the jobs over the cores
+        workers = args.eval_workers if args.device == "cpu" else 1
+        results = evaluate_checkpoints(args.task, ckpts, tok, splits, args.max_new_tokens,
+                                       args.device, autocast, workers)
         for split, r in results.items():
-            write_json(out_dir / ("eval.json" if split == "test" else "eval_val.json"), r)   # atomically
-            print_comparison(args.task, split, r)   # the table, RLVR - MLE start, RLVR - control: paired 95% CIs
-        print0(f"wrote eval.json (test) / eval_val.json (val) in {out_dir}; total {(time.time() - t0) / 60:.1f} min")
+            write_json(out_dir / ("eval.json" if split == "test" else "eval_val.json"), r)
+            # the table, RLVR - MLE start, RLVR - control: paired 95% CIs
+            print_comparison(args.task, split, r)
+        print0(f"wrote eval.json (test) / eval_val.json (val) in {out_dir}; "
+               f"total {(time.time() - t0) / 60:.1f} min")
 run.finish()

@@ -158,7 +158,6 @@ def test_a_video_checkpoint_is_not_a_language_init(text_data, tmp_path):
             f"error: {video}: a video world model of train_video.py; evaluate it with python eval.py --task=video")
 
 
-@pytest.mark.xfail(strict=True, reason="needs data/robot/task.py's read_npz to refuse a non-zip file itself")
 def test_a_corrupt_episode_file(video_data, tmp_path):
     data = tmp_path / "data"
     subprocess.run(["cp", "-r", str(video_data), str(data)], check=True)

@@ -242,7 +242,7 @@ def lang_seeds(seeds, metric):
 
 def regimes():
     """The text game's regime study: RLVR against its MLE start and against the equal-compute MLE
-    of each regime (overall / changed); the placebos (rewards shuffled) as rows of their own."""
+    of each regime (overall / changed); the placebos (rewards permuted within each kept group) as rows of their own."""
     head = ["regime", "what changes", "split", "RLVR - MLE start (overall / changed)",
             "RLVR - equal-compute MLE (overall / changed)"]
     pooled = "the pooled rows of the three-seed table"
@@ -263,7 +263,7 @@ def regimes():
                          if control else "not run"])
     # a placebo's "rlvr" is the placebo model: against its start, and the real RLVR against it
     for label, what, placebo, real, splits in (
-            ("placebo", "rewards shuffled within each batch", "textgame_placebo", "textgame_final",
+            ("placebo", "rewards permuted within each kept group", "textgame_placebo", "textgame_final",
              ("test", "val")),
             ("small pool, placebo", "", "textgame_pool128_placebo", "textgame_pool128", ("val",))):
         if real == "textgame_pool128":

@@ -18,6 +18,7 @@ The loss and the samples cover only the codes of frames after the `context` firs
 inputs, never predicted. Single-step prediction uses n = context + 1; multi-step uses n = context + K.
 """
 import json
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +56,8 @@ def resize_frames(frames, size):
 def read_npz(path, keys=None):
     """The arrays of an .npz file (only `keys` if given) -> dict. Never unpickles: an object array or a pickle
     file is refused (allow_pickle=False), as is anything unreadable, with a ValueError naming the file."""
+    if not zipfile.is_zipfile(path):   # else numpy takes it for a pickle and suggests unpickling it
+        raise ValueError(f"{path}: cannot read the .npz episode (not a zip archive of .npy arrays)")
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files if keys is None or k in keys}
