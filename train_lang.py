@@ -191,7 +191,8 @@ def missing_splits(data_dir):
     own records is never topped up with simulator data."""
     files = [f"{s}.jsonl" for s in ("train", "val", "test")]
     missing = [f for f in files if not (data_dir / f).is_file()]
-    ours = data_dir.resolve() in (task.prepare.DATA_DIR.resolve(), task.prepare.COVER_DIR.resolve())
+    own = ROOT / "data" / args.task
+    ours = data_dir.resolve() in (own.resolve(), (own / "cover").resolve())
     if missing and not ours:
         fail(f"--data_dir {data_dir}: missing {', '.join(missing)} (a data folder holds "
              f"{', '.join(files)}; only data/{args.task} is generated when missing)")
