@@ -24,7 +24,7 @@ def reading_order():
 def test_line_counts_are_the_files():
     rows, (n_files, n_lines) = reading_order()
     for f, n in rows.items():
-        assert len((ROOT / f).read_text().splitlines()) == n, f"README.md: {f} has another line count"
+        assert len((ROOT / f).read_text().splitlines()) == n, f"README.md: {f} has another line count (python tools/trace_step.py --counts)"
     assert (n_files, n_lines) == (len(rows), sum(rows.values())), "README.md: the total row is off"
 
 

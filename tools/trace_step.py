@@ -4,9 +4,11 @@ project file whose Python code executes inside `grpo.grpo_step` (rollout, reward
 that calls it. The README's reading order is checked against this list by tests/test_reading_order.py.
 
     python tools/trace_step.py --stage=rlvr --rl_steps=1 --control=0 --final_eval=val --val_limit=1
+    python tools/trace_step.py --counts     # only rewrite the README table's line counts
 """
 import json
 import os
+import re
 import runpy
 import sys
 from pathlib import Path
@@ -14,6 +16,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import grpo  # noqa: E402  (after the path: the project's module, patched below before train_lang imports it)
+
+
+def write_counts(readme=ROOT / "README.md"):
+    """Rewrite the line counts of the README's reading-order rows and its total row."""
+    text, total = readme.read_text(), [0, 0]
+
+    def row(m):   # | n | [file](file) | lines |
+        n = len((ROOT / m[2]).read_text().splitlines())
+        total[0], total[1] = total[0] + 1, total[1] + n
+        return f"| {m[1]} | [{m[2]}]({m[3]}) | {n} |"
+    text = re.sub(r"^\| (\d+) \| \[([^\]]+)\]\(([^)]+)\) \| \d+ \|", row, text, flags=re.M)
+    text = re.sub(r"^\| \| all \| \d+ files, \d+ lines \|", f"| | all | {total[0]} files, {total[1]} lines |",
+                  text, flags=re.M)
+    readme.write_text(text)
+    print(f"{readme}: {total[0]} files, {total[1]} lines")
+
+
+if sys.argv[1:] == ["--counts"]:
+    write_counts()
+    sys.exit()
 
 touched = set()   # paths relative to ROOT
 
