@@ -23,7 +23,6 @@ is the state after the action AND the world's tick (`tick_state.objects` + `next
 keep only name, uuid, type, properties and contains; the text fields (observation, look, ...) are dropped.
 """
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -31,6 +30,7 @@ if __package__ in (None, ""):  # run as a file: make the repository root importa
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from checkpoint import write_jsonl  # noqa: E402
+from data.jsonl import load_jsonl  # noqa: E402
 from data.textgame.simulator import generate_cover, generate_split  # noqa: E402
 from data.textgame.task import is_changed  # noqa: E402
 
@@ -111,24 +111,7 @@ def convert_bytesized32(in_path, out_path) -> list[dict]:
     in_path = Path(in_path)
     if not in_path.is_file():
         raise ValueError(f"{in_path}: no such file")
-    try:
-        lines = in_path.read_text(encoding="utf-8").split("\n")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{in_path}: not UTF-8 text ({e.reason}); expected JSON lines") from None
-    records = []
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{in_path}:{lineno}"
-        try:
-            raw = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: invalid JSON ({e.msg})") from None
-        if not isinstance(raw, dict):
-            raise ValueError(f"{where}: a record must be a JSON object")
-        records.append(convert_record(raw, where))
-    if not records:
-        raise ValueError(f"{in_path}: no records (empty file)")
+    records = load_jsonl(in_path, (), convert_record)   # malformed lines: named by file:line
     write_jsonl(out_path, records)
     return records
 
