@@ -69,8 +69,8 @@ from checkpoint import atomic_write, atomic_write_text, read_checkpoint, read_me
 from data.robot.prepare import DATA_DIR
 from data.robot.task import (Layout, frame_codes, read_action_stats, rollout, tokenize_split,
                              windows)
-from evaluate_video import (OFFICIAL, eval_video, load_video_model, paired_video, print_video_paired,
-                            print_video_table, to_float)
+from evaluate_video import (OFFICIAL, eval_video, load_video_model, paired_video,
+                            print_video_paired, print_video_table, to_float)
 from grpo import GRPOConfig, grpo_step, make_optimizer
 from model import GPT, GPTConfig
 from rewards import load_lpips, pick_reward, video_reward
@@ -173,18 +173,8 @@ p.add_argument("--test_limit", type=int, default=0,
                help="test episodes in the final eval (0 = all)")
 p.add_argument("--eval_workers", type=int, default=2,
                help="CPU: forked processes sharing the final evaluations (model x greedy/sampled)")
-p.add_argument("--train_limit", type=int, default=0, help="train episodes to use (0 = all)")
-# system
-p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
-p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-               help="autocast precision")
-p.add_argument("--threads", type=int, default=1,
-               help="torch CPU threads; 1 is fastest for tiny models on 2 cores")
-p.add_argument("--seed", type=int, default=1337, help="seed of every random stream")
-p.add_argument("--ckpt_every", type=int, default=200, help="steps between resumable checkpoints")
-p.add_argument("--on_nan", default="stop", choices=["stop", "skip"],
-               help="on a NaN/inf loss, reward or gradient: stop the run, or skip that step "
-                    "(single process only)")
+# train_limit and the system flags: one home, train_vq.add_run_flags
+train_vq.add_run_flags(p)
 args = p.parse_args()
 # defaults per mode, chosen on the validation split (docs/video.md): a multi-step completion is 7
 # frames, so fewer prompts and steps fit the time box; multi-step RLVR erased objects unless the

@@ -86,6 +86,22 @@ def add_flags(p):
                         "(static pixels weigh 1)")
 
 
+def add_run_flags(p):
+    """Add --train_limit and the system flags to parser `p` (this script's and train_video.py's)."""
+    p.add_argument("--train_limit", type=int, default=0, help="train episodes to use (0 = all)")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="autocast precision")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads; 1 is fastest for tiny models on 2 cores")
+    p.add_argument("--seed", type=int, default=1337, help="seed of every random stream")
+    p.add_argument("--ckpt_every", type=int, default=200,
+                   help="steps between resumable checkpoints")
+    p.add_argument("--on_nan", default="stop", choices=["stop", "skip"],
+                   help="on a NaN/inf loss, reward or gradient: stop the run, or skip that step "
+                        "(single process only)")
+
+
 def check_flags(p, args):
     """Stop with one line naming the first tokenizer flag out of range."""
     check_ranges(p, args, at_least_1=("size", "n_codes", "vq_steps", "vq_batch", "vq_crop",
@@ -361,16 +377,7 @@ def main():
     p.add_argument("--horizon", type=int, default=7,
                    help="train_video.py's multi-step horizon: the cond tokenizer codes frames "
                         "up to this many ahead of their context")
-    p.add_argument("--train_limit", type=int, default=0, help="train episodes to use (0 = all)")
-    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                   help="autocast precision")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    p.add_argument("--seed", type=int, default=1337, help="seed of every random stream")
-    p.add_argument("--ckpt_every", type=int, default=200,
-                   help="steps between resumable checkpoints")
-    p.add_argument("--on_nan", default="stop", choices=["stop", "skip"],
-                   help="on a NaN/inf loss: stop the run, or skip that step")
+    add_run_flags(p)
     args = p.parse_args()
     check_ranges(p, args, at_least_1=("horizon", "threads", "ckpt_every"),
                  at_least_0=("train_limit",))
