@@ -30,7 +30,7 @@ from checkpoint import write_json  # noqa: E402
 from engine import generate  # noqa: E402
 from evaluate_lang import pct  # noqa: E402
 from experiments.envs import ENVS  # noqa: E402
-from stats import paired_bootstrap, pool_seeds  # noqa: E402
+from stats import paired_bootstrap  # noqa: E402
 from tasks import crop, load_lang_model  # noqa: E402
 
 BUILTIN = ("random", "sim", "policy")  # the planners that need no world-model checkpoint
@@ -230,10 +230,10 @@ def wilson(k, n, z=1.96):
 def paired(a, b):
     """Success of episodes a minus that of episodes b (the same start states, in order) with its
     paired bootstrap 95% interval over the episodes (stats.paired_bootstrap). a may be a list of
-    several seeds' episodes, averaged per start state first. -> (difference, low, high)."""
+    several seeds' episodes: seeds and start states are resampled. -> (difference, low, high)."""
     runs = a if isinstance(a[0], list) else [a]
-    success = pool_seeds([[float(r["success"]) for r in run] for run in runs])
-    return paired_bootstrap(success, [float(q["success"]) for q in b])
+    success = [[float(r["success"]) for r in run] for run in runs]   # (seeds, episodes)
+    return paired_bootstrap(success, [[float(q["success"]) for q in b]])
 
 
 def summarize(results, max_steps):

@@ -8,8 +8,8 @@ for several train_lang.py or train_video.py runs (regimes, seeds, tasks), read f
 
 Each positional argument is `label=dir[,dir...]`; several folders under one label are seeds of one regime. A seed
 row gives RLVR - model on the headline metric (exact accuracy or F1, in points) with a paired bootstrap 95% interval
-over the split's records; a label with several seeds also gets a pooled row: per record, the difference is averaged
-over the seeds, then the records are resampled (every seed scored the same records, so they stay paired).
+over the split's records; a label with several seeds also gets a row over all its seeds, whose interval resamples the
+seeds and the records (stats.paired_bootstrap: every seed scored the same records, so they stay paired).
 Prints a markdown table, writes the figure (a forest plot, one line per comparison) and, with --json, the numbers.
 """
 import argparse
@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root
 from checkpoint import atomic_write, write_json  # noqa: E402
-from stats import paired_bootstrap, pool_seeds  # noqa: E402
+from stats import paired_bootstrap  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
 p.add_argument("runs", nargs="+", help="label=dir[,dir...]: train_lang.py out_dirs, several = seeds of one regime")
@@ -30,7 +30,7 @@ p.add_argument("--against", default="mle,mle_more", help="models RLVR is compare
 p.add_argument("--out", default=None, help="PNG forest plot to write")
 p.add_argument("--json", default=None, help="JSON file for the rows")
 p.add_argument("--target", type=float, default=None, help="draw a dashed line at this gain (points)")
-p.add_argument("--pooled_only", type=int, default=0, help="1: a label with several seeds shows its pooled rows only")
+p.add_argument("--pooled_only", type=int, default=0, help="1: a label with several seeds shows its all-seeds rows only")
 args = p.parse_args()
 against = args.against.split(",")
 NAMES = {"mle": "MLE start", "mle_more": "equal-compute MLE", "placebo": "placebo"}
@@ -59,7 +59,7 @@ def diffs(rows, metric, ref, subset):
 
 
 # -----------------------------------------------------------------------------
-# one row per (label, seed or pooled, reference model): the paired differences overall and on changed records
+# one row per (label, seed or all seeds, reference model): the paired differences overall and on changed records
 
 table = []
 for spec in args.runs:
@@ -82,10 +82,10 @@ for spec in args.runs:
                 if len(runs) == 1 or not args.pooled_only:
                     table.append(row)
         if len(runs) > 1 and len(per_seed["all"]) == len(runs):
-            row = {"regime": label, "run": f"{len(runs)} seeds pooled", "against": ref, "metric": runs[0][1],
+            row = {"regime": label, "run": f"{len(runs)} seeds", "against": ref, "metric": runs[0][1],
                    "n": len(per_seed["all"][0])}
             for sub, xs in per_seed.items():
-                x = pool_seeds(xs)   # (n,) difference per record, averaged over the seeds
+                x = np.stack(xs)   # (seeds, n): seeds and records resampled
                 m, lo, hi = paired_bootstrap(x, np.zeros_like(x))
                 row[sub] = [UNITS[row["metric"]][0] * v for v in (m, lo, hi)]
             table.append(row)

@@ -1,5 +1,7 @@
 """stats.py: the paired bootstrap and the paired table."""
-from stats import paired_bootstrap, paired_table, pool_seeds
+import numpy as np
+
+from stats import paired_bootstrap, paired_table
 
 
 def test_paired_bootstrap_matches_hand_computed_cases():
@@ -32,7 +34,34 @@ def test_paired_table_compares_every_row_with_the_reference_on_each_subset():
     assert paired_table(rows, "f1", "ref", subsets=("all",)) == [table[0], table[2]]   # the same resamples
 
 
-def test_pooled_seeds_are_averaged_per_record_before_the_bootstrap():
-    runs = [[1.0, 0.0, 1.0], [0.0, 0.0, 1.0], [1.0, 1.0, 1.0]]
-    assert pool_seeds(runs).tolist() == [2 / 3, 1 / 3, 1.0]
-    assert pool_seeds(runs[:1]).tolist() == runs[0]   # one seed: its own values
+def test_several_seeds_resample_seeds_and_records():
+    # three seeds over the same 200 records: seed 0 gains 0.1, seed 1 gains 0.5, seed 2 loses 0.1
+    noise = np.random.default_rng(0).normal(0, 0.05, (3, 200))
+    d = np.array([[0.1], [0.5], [-0.1]]) + noise
+    m, lo, hi = paired_bootstrap(d, np.zeros_like(d))
+    assert abs(m - d.mean()) < 1e-12
+    # the seeds disagree far beyond the records' noise: the interval spans the seeds' spread
+    # (a record-only bootstrap of the per-record mean over seeds is ~0.01 wide)
+    assert lo < 0.05 and hi > 0.35
+    rec = paired_bootstrap(d.mean(0), np.zeros(200))
+    assert rec[2] - rec[1] < 0.02
+    # seeds that agree exactly: the record-level interval is all that is left
+    same = np.repeat(d[:1], 3, axis=0)
+    m1, lo1, hi1 = paired_bootstrap(same, np.zeros_like(same))
+    one = paired_bootstrap(d[0], np.zeros(200))
+    assert abs(m1 - one[0]) < 1e-12 and abs((hi1 - lo1) - (one[2] - one[1])) < 0.005
+
+
+def test_one_seed_with_singleton_clusters_is_the_record_bootstrap():
+    x = np.random.default_rng(1).random(50)
+    assert paired_bootstrap(x, 0 * x, clusters=np.arange(50)) == paired_bootstrap(x, 0 * x)
+    assert paired_bootstrap([x], [0 * x]) == paired_bootstrap(x, 0 * x)
+
+
+def test_clustered_records_are_resampled_together():
+    # 10 episodes of 20 records each, every record equal to its episode's value: the interval of
+    # the clusters is that of 10 values, far wider than that of 200 independent records
+    x = np.repeat(np.random.default_rng(2).normal(0, 1, 10), 20)
+    _, lo, hi = paired_bootstrap(x, 0 * x, clusters=np.repeat(np.arange(10), 20))
+    _, lo_r, hi_r = paired_bootstrap(x, 0 * x)
+    assert (hi - lo) > 2.5 * (hi_r - lo_r)

@@ -10,9 +10,9 @@ Each block sits in its page between `<!-- results:begin NAME -->` and `<!-- resu
 so a figure in those tables is typed by no one: it is read from a run's eval.json (test split),
 eval_val.json (validation split), log.jsonl or planning JSON (results/README.md says which command
 made which folder). Differences are paired per record, with their bootstrap 95% interval over the
-records (stats.paired_bootstrap: 10,000 resamples, seed 0). Several seeds of one run are pooled as
-experiments/regimes.py pools them: per record, the difference is averaged over the seeds
-(stats.pool_seeds), then the records are resampled. `*` marks an interval that excludes 0.
+records (stats.paired_bootstrap: 10,000 resamples, seed 0). Several seeds of one run are resampled
+at two levels, the seeds and the records (stats.paired_bootstrap on one row per seed), as
+experiments/regimes.py does. `*` marks an interval that excludes 0.
 """
 import argparse
 import functools
@@ -25,7 +25,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a file: the repository root
-from stats import paired_bootstrap, pool_seeds  # noqa: E402
+from stats import paired_bootstrap  # noqa: E402
 
 RESULTS = ROOT / "results"
 # the runs the tables read (results/<folder>); seeds in the order 1337 (the default), 1, 2
@@ -72,7 +72,7 @@ def per_record(rows, model, metric, subset="all"):
 
 
 def diff(runs, a, b, metric, subset="all", split="test"):
-    """a - b over the same records -> (mean, low, high); several runs are seeds, pooled per record.
+    """a - b over the same records -> (mean, low, high); several runs are seeds, resampled too.
     a or b may be (run, model), to pair models of two runs (RLVR against a placebo run)."""
     xs = []
     for run in runs:
@@ -80,7 +80,7 @@ def diff(runs, a, b, metric, subset="all", split="test"):
         rb, mb = b if isinstance(b, tuple) else (run, b)
         xs.append(per_record(load(ra, split), ma, metric, subset)
                   - per_record(load(rb, split), mb, metric, subset))
-    d = xs[0] if len(xs) == 1 else pool_seeds(xs)   # (n,): per record, averaged over the seeds
+    d = np.stack(xs)   # (seeds, n): per seed and record
     return paired_bootstrap(d, np.zeros_like(d))
 
 
@@ -97,9 +97,9 @@ def plan_success(spec):
 
 
 def plan_diff(specs, ref):
-    """Success of the planners `specs` (several: seeds, averaged per start state) minus that of
-    `ref` over the same start states -> (mean, low, high), as experiments/plan.paired does."""
-    return paired_bootstrap(pool_seeds([plan_success(s) for s in specs]), plan_success(ref))
+    """Success of the planners `specs` (several: seeds, resampled too) minus that of `ref` over
+    the same start states -> (mean, low, high), as experiments/plan.paired does."""
+    return paired_bootstrap([plan_success(s) for s in specs], [plan_success(ref)])
 
 
 # -----------------------------------------------------------------------------
@@ -170,7 +170,7 @@ def readme():
                      ci(diff(seeds, "rlvr", "mle", "mae"), 1, 4) + " " + seeds_said])
     tasks = table(head, rows, right=(2, 3, 4, 5))
     # planning: success on 100 test episodes with plan.py's default flags; the RLVR text models of
-    # three seeds pooled per room against the MLE model
+    # three seeds (resampled with the rooms) against the MLE model
     tg, web = summary("textgame_mle_noop_tw"), summary("webpage_policy3")
     rlvr = plan_diff(["textgame_mle_rlvr_noop_tw:out/textgame/rlvr.safetensors",
                       "textgame_rlvr_s1_s2_noop_tw:out/textgame_s1/rlvr.safetensors",
@@ -224,7 +224,7 @@ def lang_default(task, run):
 
 def lang_seeds(seeds, metric):
     """Per seed: RLVR on val and test, MLE continued on test, RLVR minus both on test; then the
-    seeds pooled per record, on test and on val (overall / changed)."""
+    seeds resampled with the records, on test and on val (overall / changed)."""
     head = ["seed", "val RLVR", "test RLVR", "test MLE continued", "test RLVR - MLE start",
             "test RLVR - MLE continued"]
     rows = []
@@ -236,7 +236,7 @@ def lang_seeds(seeds, metric):
     for split in ("test", "val"):
         cells = [" / ".join(ci(diff(seeds, "rlvr", ref, metric, sub, split))
                             for sub in ("all", "changed")) for ref in ("mle", "mle_more")]
-        rows.append([f"{len(seeds)} seeds pooled ({split}; overall / changed)", "", "", "", *cells])
+        rows.append([f"{len(seeds)} seeds, seed-level CI ({split}; overall / changed)", "", "", "", *cells])
     return table(head, rows, right=(1, 2, 3))
 
 
@@ -245,7 +245,7 @@ def regimes():
     of each regime (overall / changed); the placebos (rewards permuted within each kept group) as rows of their own."""
     head = ["regime", "what changes", "split", "RLVR - MLE start (overall / changed)",
             "RLVR - equal-compute MLE (overall / changed)"]
-    pooled = "the pooled rows of the three-seed table"
+    pooled = "the all-seeds rows of the three-seed table"
     rows = [["(a) default, 3 seeds", "converged start, fixed GRPO", "test, val", pooled, pooled]]
     for label, what, run, prefix, control in (
             ("(b) MLE on 10% of labels", "start far below its best-of-8; RL prompts it never saw "
@@ -364,7 +364,7 @@ def plan_variants():
 def plan_models():
     """The text-game planner with each world model on 100 validation and 100 test rooms (the
     default flags): success with its Wilson 95% interval, candidate exactness, lost rooms, and RLVR
-    minus its own MLE start paired over the same rooms (seeds pooled per room)."""
+    minus its own MLE start paired over the same rooms (seeds resampled with the rooms)."""
     cover, cover_rl = "out/tg_cover_mle/mle.safetensors", "out/tg_cover_rlvr/rlvr.safetensors"
     rl, s1, s2 = (f"out/textgame{x}/rlvr.safetensors" for x in ("", "_s1", "_s2"))
     where = {   # planner -> (its validation file, its test file) in results/plan/
@@ -389,7 +389,7 @@ def plan_models():
             ["RLVR - MLE, paired", *paired([rl], TG_MLE)],
             [f"its RLVR, `--seed=1` (`{s1}`)", *cells(s1)],
             [f"its RLVR, `--seed=2` (`{s2}`)", *cells(s2)],
-            ["**RLVR (3 seeds, pooled per room) - MLE, paired**", *paired([rl, s1, s2], TG_MLE)],
+            ["**RLVR (3 seeds) - MLE, paired, seeds and rooms resampled**", *paired([rl, s1, s2], TG_MLE)],
             ["coverage MLE (`checkpoints/textgame/mle_cover.safetensors`)", *cells(cover)],
             [f"its RLVR (`{cover_rl}`)", *cells(cover_rl)],
             ["RLVR - MLE, paired", *paired([cover_rl], cover)]]
@@ -457,13 +457,13 @@ def video(run, multi=False):
 
 
 def video_seeds():
-    """Single-step RLVR minus each model, MAE x 1e-3, per seed and pooled over the three seeds."""
+    """Single-step RLVR minus each model, MAE x 1e-3, per seed and over the three seeds (seeds and windows resampled)."""
     rows = []
     for ref in ("mle", "mle_more", "copy"):
         cells = [ci(diff([run], "rlvr", ref, "mae"), 1000) for run in VIDEO_SEEDS]
-        pooled = "" if ref == "copy" else ci(diff(VIDEO_SEEDS, "rlvr", ref, "mae"), 1000)
-        rows.append([MODELS.get(ref, "copy the last frame"), *cells, pooled])
-    head = ["RLVR minus (MAE x 1e-3)", *(f"seed {s}" for s in SEED_NAMES), "3 seeds pooled"]
+        seeds = "" if ref == "copy" else ci(diff(VIDEO_SEEDS, "rlvr", ref, "mae"), 1000)
+        rows.append([MODELS.get(ref, "copy the last frame"), *cells, seeds])
+    head = ["RLVR minus (MAE x 1e-3)", *(f"seed {s}" for s in SEED_NAMES), "3 seeds, seed-level CI"]
     return table(head, rows)
 
 
