@@ -10,7 +10,8 @@ Each block sits in its page between `<!-- results:begin NAME -->` and `<!-- resu
 so a figure in those tables is typed by no one: it is read from a run's eval.json (test split),
 eval_val.json (validation split), log.jsonl or planning JSON (results/README.md says which command
 made which folder). Differences are paired per record, with their bootstrap 95% interval over the
-records (stats.paired_bootstrap: 10,000 resamples, seed 0). Several seeds of one run are resampled
+records (stats.paired_bootstrap: 10,000 resamples, seed 0); video windows of one episode are
+resampled together. Several seeds of one run are resampled
 at two levels, the seeds and the records (stats.paired_bootstrap on one row per seed), as
 experiments/regimes.py does. `*` marks an interval that excludes 0.
 """
@@ -71,6 +72,16 @@ def per_record(rows, model, metric, subset="all"):
     return x
 
 
+def episodes(rows, subset="all"):
+    """The episode of each record (video: a window's [episode, start]), resampled together by the
+    bootstrap; None where the records carry no episode (the language tasks)."""
+    pr = rows["mle"]["per_record"]
+    if "windows" not in pr:
+        return None
+    ep = np.asarray([w[0] for w in pr["windows"]])
+    return ep[np.asarray(pr["changed"], dtype=bool)] if subset == "changed" else ep
+
+
 def diff(runs, a, b, metric, subset="all", split="test"):
     """a - b over the same records -> (mean, low, high); several runs are seeds, resampled too.
     a or b may be (run, model), to pair models of two runs (RLVR against a placebo run)."""
@@ -81,7 +92,7 @@ def diff(runs, a, b, metric, subset="all", split="test"):
         xs.append(per_record(load(ra, split), ma, metric, subset)
                   - per_record(load(rb, split), mb, metric, subset))
     d = np.stack(xs)   # (seeds, n): per seed and record
-    return paired_bootstrap(d, np.zeros_like(d))
+    return paired_bootstrap(d, np.zeros_like(d), clusters=episodes(load(runs[0], split), subset))
 
 
 def summary(plan_file):
