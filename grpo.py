@@ -167,7 +167,8 @@ def rollout(model, prompts, items, reward_fn, cfg, eos_id, generator, sampler=No
     rewards = torch.tensor(rewards, dtype=torch.float32)
     if not torch.isfinite(rewards).all():
         raise FloatingPointError("reward_fn returned a non-finite reward")
-    return dict(tokens=tokens, old_logp=old_lp, mask=mask, rewards=rewards, completions=completions)
+    return dict(tokens=tokens, old_logp=old_lp, mask=mask, rewards=rewards, completions=completions,
+                prompt_tokens=sum(len(p) for p in prompts))
 
 
 def keep_spread(prompts, out, cfg, placebo):
@@ -357,6 +358,17 @@ def update(policy, optimizer, b, plan, chunks, cfg, step):
 # -----------------------------------------------------------------------------
 # one GRPO step
 
+def compute_used(rounds, kept, cfg, recomputed):
+    """The step's compute in forward-token units (a token through the model forward counts 1,
+    forward and backward 3; model FLOPs ~ 2 x parameters x this), counted, not timed: the rollout
+    (each group's prompt once, every completion token), then per kept token the reference's and
+    (bf16) the recomputed old log-probs' forward and each epoch's forward + backward."""
+    sampled = sum(s["prompt_tokens"] + int((s["tokens"] >= 0).sum()) for s in rounds)
+    updated = sum(len(p) + int((out["tokens"][sl] >= 0).sum()) for p, out, sl, _ in kept)
+    passes = 3 * cfg.ppo_epochs + (cfg.beta > 0) + recomputed
+    return dict(tokens_sampled=sampled, tokens_updated=updated, compute=sampled + passes * updated)
+
+
 def step_stats(step, rounds, kept, sums, n_mb, ratio_tokens, cfg, eos_id, t0, t_rollout):
     """The log: reward, length, EOS over every sampled group; the update's means (NaN: none)."""
     rewards = torch.cat([s["rewards"] for s in rounds]).view(-1, cfg.group_size)  # (groups, G)
@@ -399,4 +411,5 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_
     # 5-7. PPO-clip + KL - entropy, token-mean, an optimizer step per minibatch
     sums, n_mb = update(policy, optimizer, b, plan, chunks, cfg, step)
     ratio_tokens = int(b["mask"][plan[0]].sum()) if b is not None else 0
-    return step_stats(step, rounds, kept, sums, n_mb, ratio_tokens, cfg, eos_id, t0, t_rollout)
+    stats = step_stats(step, rounds, kept, sums, n_mb, ratio_tokens, cfg, eos_id, t0, t_rollout)
+    return {**stats, **compute_used(rounds, kept, cfg, low_precision(raw, device))}

@@ -2,7 +2,7 @@
 The MLE stage both training scripts share: next-token cross-entropy on the tokens a world
 model must predict (train_lang.py: the answer of each (prompt, answer) pair; train_video.py:
 the predicted frames' codes). The same loop trains the control, the MLE start trained further
-for RLVR's wall-clock.
+for RLVR's compute.
 
     model = train(run, model, "mle", ckpt, steps, next_batch, val_loss, lr_of_step)
 
@@ -19,13 +19,16 @@ gradient norm to 1, and step AdamW only when the loss and the norm are finite (a
 the run or skips the step, --on_nan). Every --eval_every steps and at the end: the validation
 check, one line printed and one in log.jsonl. Every --ckpt_every steps: weights, optimizer and
 generators (runtime.Run), so a re-run resumes exactly. The stage ends after `steps` steps, after
-`minutes` of wall-clock (0: no limit) or once `stop` is set (the control, in a process forked
-beside RLVR: runtime.fork_alongside).
+`minutes` of wall-clock (0: no limit) or once its compute reaches `budget` (the control: RLVR's
+compute, runtime.ComputeBudget). Compute is counted in forward-token units as grpo.compute_used
+counts RLVR's: each input token up to a row's last scored one, forward and backward, counts 3.
 """
 import time
 
 import torch
 from tqdm import tqdm
+
+from checkpoint import read_checkpoint
 
 
 def control_lr(lr, warmup=10):
@@ -33,7 +36,16 @@ def control_lr(lr, warmup=10):
     return lambda step: lr * min(1.0, (step + 1) / warmup)
 
 
-def train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, minutes=0, stop=None,
+def batch_compute(tgt):
+    """Forward-token units of one training step on the batch with targets tgt (B, T): every input
+    position up to the row's last scored token (the padding after it is not counted), times 3."""
+    scored = tgt >= 0
+    T = tgt.shape[1]
+    length = torch.where(scored.any(1), T - scored.flip(1).int().argmax(1), 0)   # (B,)
+    return 3 * int(length.sum())
+
+
+def train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, minutes=0, budget=None,
           val_metrics=None, desc=None, compile=False):
     """Train `model` by MLE as the stage `name`, checkpointing to `ckpt` -> the trained model
     (the same object, on the device). Reads --weight_decay, --seed and --eval_every from
@@ -49,7 +61,11 @@ def train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, minut
         return model
     t_start = time.time()
     metrics = {}   # the last validation check, saved in each checkpoint
-    bar = tqdm(total=steps, initial=step, desc=desc or name, disable=not run.master)
+    # the compute of the steps so far (forward-token units), continued by a resumed run
+    compute = read_checkpoint(ckpt)[1]["metrics"].get("compute", 0) if step else 0
+    # a compute budget: the number of steps is known at the end only
+    bar = tqdm(total=None if budget else steps, initial=step, desc=desc or name,
+               disable=not run.master)
     while step < steps:
         for group in opt.param_groups:
             group["lr"] = lr_of_step(step)   # MLE: warm-up then cosine; the control: constant
@@ -63,31 +79,34 @@ def train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, minut
         if run.finite(name, step, model, loss, norm):   # else: stop, or skip the step (--on_nan)
             opt.step()                                  # AdamW: the weights change here
         step += 1
+        compute += batch_compute(tgt)
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")
-        # the wall-clock budget or the stop event; the ranks agree, so all leave at the same step
+        # the wall-clock or compute budget; the ranks agree, so all leave at the same step
         timed_out = run.any_rank(bool(minutes and time.time() - t_start > 60 * minutes)
-                                 or (stop is not None and stop.is_set()))
+                                 or (budget is not None and budget.reached(compute)))
         if step % args.eval_every == 0 or step == steps or timed_out:
-            metrics = validate(run, model, name, step, loss, t_start, val_loss, val_metrics)
+            metrics = validate(run, model, name, step, loss, t_start, val_loss, val_metrics,
+                               compute)
         # every --ckpt_every steps the resumable state; at the end the weights alone, marked done
-        run.save_stage(ckpt, model, opt, step, metrics, gen, done=step == steps or timed_out)
+        run.save_stage(ckpt, model, opt, step, {**metrics, "compute": compute}, gen,
+                       done=step == steps or timed_out)
         if timed_out:
             run.print0(f"{name}: stopping after {(time.time() - t_start) / 60:.2f} minutes "
-                       f"at step {step}")
+                       f"at step {step}, compute {compute:.3g}")
             break
     bar.close()
     run.barrier()
     return model
 
 
-def validate(run, model, name, step, loss, t_start, val_loss, val_metrics):
+def validate(run, model, name, step, loss, t_start, val_loss, val_metrics, compute):
     """The validation check after `step` steps: print one line, log one -> the logged metrics."""
     model.eval()
     with torch.no_grad(), run.autocast:
         vl = val_loss(model)
     metrics = dict(stage=name, step=step, loss=loss.item(), val_loss=vl,
-                   minutes=(time.time() - t_start) / 60)
+                   minutes=(time.time() - t_start) / 60, compute=compute)
     more, words = val_metrics(model) if val_metrics else ({}, "")   # e.g. a greedy headline
     metrics.update(more)
     model.train()

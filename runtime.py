@@ -10,7 +10,7 @@ trains. The scripts stay straight-line nanoGPT style; this module only removes t
     model, trained = run.wrap(model)        # to device, optionally torch.compile, DDP when launched by torchrun
     step, done = run.resume_stage(ckpt, model, opt, g, "mle")   # then each step:
     run.save_stage(ckpt, model, opt, step, metrics, g, done=step == total)
-    stop, child = fork_alongside(train_control, out_dir / "control.log")   # a second process on the second core
+    child = fork_alongside(train_control, out_dir / "control.log")   # a second process on the second core
     results = fork_map(evaluate_one, jobs, workers=2)                        # jobs shared by 2 forked processes
 
 Design choices:
@@ -49,6 +49,7 @@ import multiprocessing as mp
 import os
 import re
 import sys
+import time
 import zlib
 from pathlib import Path
 
@@ -65,7 +66,8 @@ CONFIG = "config.json"   # in out_dir: the flags of the run that trains there
 # (a resumed run ends bit-identical) and what it does on a NaN (the message on a NaN suggests --on_nan=skip), what
 # it logs along the way (validation and probe checks draw no random numbers), which stages this invocation runs
 # (--stage, and --control: whether the control trains), where it writes and whether it resumes. (The control trains
-# for RLVR's wall-clock, which any load changes; its own flags, e.g. --control_lr, are checked.)
+# for RLVR's counted compute, ComputeBudget, beside RLVR or after it alike; its own flags, e.g. --control_lr, are
+# checked.)
 FREE_FLAGS = {"device", "threads", "compile", "eval_workers", "control_alongside", "ckpt_every", "on_nan",
               "eval_every", "val_n", "probe_every", "stage", "control", "out_dir", "resume"}
 # flags of the final evaluation alone: a re-run with other values evaluates the same trained models again
@@ -352,19 +354,43 @@ def lr_at(step, total, base, warmup):
 # but jobs and results; CPU only, where forking after torch has run is safe)
 
 def fork_alongside(target, log_path):
-    """Start target(stop) in a forked process whose prints and progress bars go to log_path, not over the parent's
-    -> (stop, process): set `stop` (an Event) to ask it to finish, then join the process. It dies with the parent."""
-    fork = mp.get_context("fork")
-    stop = fork.Event()
-
+    """Start target() in a forked process whose prints and progress bars go to log_path, not over the parent's
+    -> the process, to join. It dies with the parent."""
     def main():
         with open(log_path, "w") as f:
             sys.stdout = sys.stderr = f
-            target(stop)
+            target()
 
-    child = fork.Process(target=main, daemon=True)
+    child = mp.get_context("fork").Process(target=main, daemon=True)
     child.start()
-    return stop, child
+    return child
+
+
+class ComputeBudget:
+    """The control's allowance: RLVR's compute in forward-token units (grpo.compute_used), counted, so the control
+    gets the same compute on any machine, loaded or not. ComputeBudget(total): a finished RLVR's. ComputeBudget():
+    shared with a control forked beside a running RLVR (fork_alongside): RLVR `add`s each step's compute and
+    `close`s at its end; the control's `reached(used)` waits while the control is ahead of an unfinished RLVR."""
+
+    def __init__(self, total=None):
+        fork = mp.get_context("fork")
+        self.rl = fork.Value("d", total or 0.0)   # RLVR's compute so far, shared across the fork
+        self.closed = fork.Event()                # set: RLVR has ended, self.rl is final
+        if total is not None:
+            self.closed.set()
+
+    def add(self, compute):
+        with self.rl.get_lock():
+            self.rl.value += compute
+
+    def close(self):
+        self.closed.set()
+
+    def reached(self, used):
+        """True once `used` is at least RLVR's whole compute (waiting for RLVR while it is behind)."""
+        while used >= self.rl.value and not self.closed.is_set():
+            time.sleep(0.05)
+        return used >= self.rl.value
 
 
 def fork_map(fn, jobs, workers):

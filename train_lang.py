@@ -1,7 +1,7 @@
 """
 Train a language world model: MLE (supervised next-state prediction), then RLVR (GRPO with the
 task's own metric as the reward), then compare the MLE start, RLVR and the control (MLE continued
-for RLVR's wall-clock) on held-out records, paired. Tasks: textgame (exact next state, the default),
+for RLVR's compute) on held-out records, paired. Tasks: textgame (exact next state, the default),
 webpage (F1 of the page changes), and any task registered in tasks.py (docs/tasks.md).
 
     python train_lang.py                 # CPU: RLVR from the shipped MLE checkpoint, control, eval
@@ -36,7 +36,8 @@ from evaluate_lang import evaluate, evaluate_checkpoints, print_comparison
 from grpo import GRPOConfig, add_flags, from_flags, grpo_step, make_optimizer, set_lr
 import mle
 from model import GPT, GPTConfig
-from runtime import Run, WeightPath, check_ranges, finite_weights, fork_alongside, lr_at
+from runtime import (ComputeBudget, Run, WeightPath, check_ranges, finite_weights, fork_alongside,
+                     lr_at)
 from tasks import TASKS, PromptPool, keep_tokenizer, load_lang_model, probe_rewards
 from tokenizer_text import Tokenizer
 
@@ -47,7 +48,7 @@ ROOT = Path(__file__).resolve().parent
 # allow_abbrev=False: a prefix of a flag (--data for --data_dir) is an error, not that flag
 p = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                             allow_abbrev=False, description="MLE then RLVR for a language world "
-                                                            "model, against equal-time MLE")
+                                                            "model, against equal-compute MLE")
 g = p.add_argument_group("task and data")
 g.add_argument("--task", default="textgame", choices=sorted(TASKS), help="which world to model")
 g.add_argument("--data_dir", default=None,
@@ -56,9 +57,10 @@ g.add_argument("--data_dir", default=None,
 g.add_argument("--out_dir", default=None,
                help="checkpoints, logs and eval JSON; default out/<task>")
 g = p.add_argument_group("stages and initialisation")
-g.add_argument("--stage", default="all", choices=["all", "mle", "rlvr"],
+g.add_argument("--stage", default="all", choices=["all", "mle", "rlvr", "control"],
                help="all: MLE (unless --init is a checkpoint), RLVR, the control, evaluation; "
-                    "mle: MLE only; rlvr: RLVR, the control and evaluation from --init")
+                    "mle: MLE only; rlvr: RLVR, the control and evaluation from --init; "
+                    "control: the control alone from --init for --control_compute, evaluated")
 g.add_argument("--init", default="auto",
                help="auto (shipped MLE checkpoint if present, else scratch) | scratch | "
                     "our .safetensors | HF dir")
@@ -66,10 +68,10 @@ g.add_argument("--resume", type=int, default=1,
                help="1: continue each stage from its checkpoint in out_dir (with the same flags); "
                     "0: start over there")
 g.add_argument("--control", type=int, default=1,
-               help="1: train the control, MLE continued for RLVR's wall-clock")
+               help="1: train the control, MLE continued for RLVR's compute (counted in tokens)")
 g.add_argument("--control_alongside", type=int, default=1,
                help="1: on a CPU, train the control in a second process while RLVR runs "
-                    "(0: after RLVR, for its time)")
+                    "(0: after RLVR; the same steps either way)")
 g = p.add_argument_group("model, when training from scratch")
 g.add_argument("--vocab_size", type=int, default=448, help="BPE ranks trained on the train split")
 g.add_argument("--n_layer", type=int, default=4, help="transformer blocks")
@@ -85,8 +87,9 @@ g.add_argument("--batch_size", type=int, default=32, help="(prompt, answer) pair
 g.add_argument("--mle_lr", type=float, default=3e-3, help="peak learning rate (decays to a tenth)")
 g.add_argument("--warmup", type=int, default=100, help="MLE warm-up steps")
 g.add_argument("--weight_decay", type=float, default=0.1, help="MLE AdamW weight decay")
-g.add_argument("--control_lr", type=float, default=3e-4,
-               help="constant learning rate of the control (the MLE schedule's final rate)")
+g.add_argument("--control_lr", type=float, default=0,
+               help="constant learning rate of the control; 0: the start's own final MLE rate "
+                    "(an HF start: --rl_lr)")
 g = p.add_argument_group("RLVR (GRPO, grpo.py); defaults follow the official RLVR-World recipe "
                          "where they fit a CPU")
 g.add_argument("--rl_steps", type=int, default=30, help="GRPO steps")
@@ -103,6 +106,9 @@ g.add_argument("--rl_pool", type=int, default=0,
 g.add_argument("--rl_unchanged_frac", type=float, default=0.3,
                help="share of unchanged prompts drawn for RL")
 add_flags(g, GRPOConfig, research=True)   # --placebo
+g.add_argument("--control_compute", type=float, default=0,
+               help="--stage=control: the control's compute in forward-token units (an RLVR "
+                    "run's rl_compute, in its log.jsonl)")
 g.add_argument("--probe_n", type=int, default=64,
                help="fixed training prompts whose reward is tracked")
 g.add_argument("--probe_every", type=int, default=10,
@@ -137,9 +143,9 @@ check_ranges(p, args,
                          "rl_steps", "prompts_per_step", "max_rounds", "group_size", "ppo_epochs",
                          "minibatches", "micro_batch", "max_new_tokens", "eval_every", "val_n",
                          "threads", "ckpt_every", "probe_n", "probe_every", "eval_workers"),
-             at_least_0=("mle_minutes", "mle_lr", "warmup", "weight_decay", "control_lr", "rl_lr",
-                         "rl_warmup", "rl_weight_decay", "beta", "entropy_coef", "clip_eps",
-                         "test_limit", "val_limit", "rl_pool"))
+             at_least_0=("mle_minutes", "mle_lr", "warmup", "weight_decay", "control_lr",
+                         "control_compute", "rl_lr", "rl_warmup", "rl_weight_decay", "beta",
+                         "entropy_coef", "clip_eps", "test_limit", "val_limit", "rl_pool"))
 if not set(args.final_eval.split(",")) <= {"val", "test"}:
     p.error(f"--final_eval takes val, test or val,test, got {args.final_eval!r}")
 if not 0 <= args.rl_unchanged_frac <= 1 or not 0 < args.label_frac <= 1 or not args.temperature > 0:
@@ -168,8 +174,11 @@ if args.init == "auto":
 init_is_ckpt = args.init != "scratch" and Path(args.init).is_file()
 if args.init != "scratch" and not Path(args.init).exists():
     fail(f"--init {args.init}: no such checkpoint file or HF directory")
-if args.stage == "rlvr" and args.init == "scratch":
-    fail("--stage=rlvr needs --init=<checkpoint or HF dir> (RLVR post-trains a trained model)")
+if args.stage in ("rlvr", "control") and args.init == "scratch":
+    fail(f"--stage={args.stage} needs --init=<checkpoint or HF dir> (it post-trains a trained "
+         f"model)")
+if args.stage == "control" and not args.control_compute:
+    fail("--stage=control needs --control_compute (an RLVR run's rl_compute, in its log.jsonl)")
 if init_is_ckpt:   # its header only: a readable checkpoint of a language model
     try:
         init_args = read_meta(args.init)["args"]
@@ -270,10 +279,11 @@ def batch_from(pairs):
 
 # -----------------------------------------------------------------------------
 # stage 1: MLE on (prompt -> state difference) pairs, loss on the answer tokens only (mle.py).
-# The same loop trains the control (MLE continued from the RLVR start for RLVR's wall-clock).
-def run_mle(model, name, pairs, steps, minutes, lr_of_step, stop=None):
+# The same loop trains the control (MLE continued from the RLVR start for RLVR's compute).
+def run_mle(model, name, pairs, steps, minutes, lr_of_step, budget=None):
     """mle.train on the pairs that fit the model's block, for `steps` steps, `minutes` of
-    wall-clock (0: no limit) or until `stop` is set -> the checkpoint out_dir/<name>.safetensors."""
+    wall-clock (0: no limit) or RLVR's compute (`budget`, runtime.ComputeBudget) -> the
+    checkpoint out_dir/<name>.safetensors."""
     ckpt = out_dir / f"{name}.safetensors"   # resumable while it runs, the model once done
 
     def fits(pair):   # a whole (prompt, answer) pair fits the model's context
@@ -304,17 +314,18 @@ def run_mle(model, name, pairs, steps, minutes, lr_of_step, stop=None):
         more = {"val": r[task.headline], "val_changed": r[task.headline + "_changed"]}
         return more, f" val {task.headline} {more['val']:.3f}"
 
-    # the bar's label: the control stops when RLVR ends, or on time
-    budget = (" (until RLVR's last step)" if stop is not None
-              else f" (at most {steps} steps or {minutes:.1f} min)" if minutes else "")
-    mle.train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, minutes, stop,
-              val_metrics, desc=name + budget, compile=args.compile)
+    # the bar's label: the control stops at RLVR's compute
+    until = " (until RLVR's compute)" if budget is not None else ""
+    mle.train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, minutes, budget,
+              val_metrics, desc=name + until, compile=args.compile)
     return ckpt
 
 
 # -----------------------------------------------------------------------------
 # stage 2: RLVR with GRPO; the reward is the task metric of the decoded prediction (rewards.py)
-def run_rlvr(model):
+def run_rlvr(model, budget):
+    """GRPO from `model` for --rl_steps steps; each step's compute is added to `budget` (the
+    control's, runtime.ComputeBudget), which is closed at the end -> the checkpoint."""
     ckpt = out_dir / "rlvr.safetensors"   # resumable while it runs, the RLVR model once done
     # the frozen MLE start, the KL's reference
     ref = copy.deepcopy(model).eval().requires_grad_(False) if args.beta > 0 else None
@@ -352,7 +363,9 @@ def run_rlvr(model):
     if done:
         return ckpt
     prev = read_checkpoint(ckpt)[1]["metrics"] if step else {}   # the interrupted run's last log
-    rl_seconds = prev.get("rl_seconds", 0.0)   # time in GRPO steps so far: the control gets as much
+    rl_seconds = prev.get("rl_seconds", 0.0)   # time in GRPO steps so far (logged beside compute)
+    rl_compute = prev.get("rl_compute", 0)     # forward-token units so far: the control's budget
+    budget.add(rl_compute)
     moved.resume(model, prev.get("w_path", 0.0))
     if not finite_weights(model):   # a poisoned start stops here, before any sampling from it
         run.nonfinite("rlvr", step, model, "non-finite weights in the policy")
@@ -376,7 +389,10 @@ def run_rlvr(model):
         if stats:
             stats["step"] = step   # steps done: the log's step 0 is the probe before any update
             rl_seconds += stats["t_step"]
-            stats.update(rl_seconds=rl_seconds, **moved.step(model))   # w_path, w_rms, straightness
+            rl_compute += stats["compute"]   # counted by grpo.compute_used
+            budget.add(stats["compute"])
+            stats.update(rl_seconds=rl_seconds, rl_compute=rl_compute,
+                         **moved.step(model))   # w_path, w_rms, straightness
             bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", kept=stats["groups_kept"],
                             kl=f"{stats['kl']:.4f}")
             if master and (step % args.probe_every == 0 or step == args.rl_steps):
@@ -390,13 +406,14 @@ def run_rlvr(model):
         # a checkpoint every --ckpt_every steps, and the last
         run.save_stage(ckpt, model, opt, step, stats, gen, done=step == args.rl_steps)
     bar.close()
+    budget.close()   # RLVR's compute is final: the control may stop once it has used as much
     run.check_ranks_in_sync(model, "rlvr")   # under torchrun: every rank ends with the same weights
     barrier()
     return ckpt
 
 
 # -----------------------------------------------------------------------------
-# run the stages: MLE (from scratch) -> RLVR -> the equal-time MLE control -> paired evaluation
+# run the stages: MLE (from scratch) -> RLVR -> the equal-compute MLE control -> paired evaluation
 t0 = time.time()
 all_pairs = [encode(r) for r in train_recs]   # every train record as (prompt ids, answer ids + EOS)
 pairs = all_pairs   # what MLE learns from
@@ -411,40 +428,53 @@ if args.stage == "mle" or (args.stage == "all" and not init_is_ckpt):
         n_head=args.n_head, n_embd=args.n_embd))
     start = str(run_mle(model, "mle", pairs, args.mle_steps, args.mle_minutes,
                         lambda s: lr_at(s, args.mle_steps, args.mle_lr, args.warmup)))
+
+
+def control(budget):
+    """The control: MLE continued from the start until it has used `budget`, at --control_lr or
+    the start's own final MLE rate (its schedule at its last step, from its checkpoint; an HF
+    start records none: RLVR's rate, --rl_lr)."""
+    meta = read_meta(start) if Path(start).is_file() else {"args": {}}
+    schedule = [meta["args"].get(k) for k in ("mle_steps", "mle_lr", "warmup")]
+    final = lr_at(meta["step"] - 1, *schedule) if None not in schedule else args.rl_lr
+    lr = args.control_lr or final
+    print0(f"control: MLE continued from the start at lr {lr:.3g} for RLVR's compute")
+    return run_mle(load_lang_model(start, args.device)[0], "mle_more", all_pairs, 10 ** 9, 0,
+                   mle.control_lr(lr), budget)   # 10 warm-up steps, then constant
+
+
+if args.stage == "control":   # the control alone, for a given compute (the lr sweep)
+    ckpts = {"mle": start, "mle_more": str(control(ComputeBudget(args.control_compute)))}
 if args.stage in ("all", "rlvr"):
-    control_lr = mle.control_lr(args.control_lr)   # 10 warm-up steps, then constant
     rl_file = out_dir / "rlvr.safetensors"
     rl_done = (args.resume and rl_file.is_file()
                and read_checkpoint(rl_file)[1]["metrics"].get("done"))
-    # The control, MLE continued from the same start at a constant rate, gets RLVR's wall-clock. On
-    # a CPU it runs in a forked process on the second core *while* RLVR runs and stops when RLVR's
-    # last step ends: the same time by construction, and the demo takes half as long. Otherwise
-    # (GPU, torchrun, a resumed run) it runs after RLVR.
+    # The control, MLE continued from the same start, gets RLVR's compute (ComputeBudget: counted
+    # in tokens, the same on any machine). On a CPU it runs in a forked process on the second core
+    # *while* RLVR runs, waiting whenever it is ahead: the demo takes half as long. Otherwise (GPU,
+    # torchrun, a resumed run) it runs after RLVR. Its steps are the same either way.
     alongside = (args.control and args.control_alongside and world == 1 and args.device == "cpu"
                  and not rl_done)
+    budget = ComputeBudget()   # RLVR adds its compute step by step
     if alongside:
-        # runtime.fork_alongside: the child shares the loaded data and tokenizer, prints to
-        # control.log, and stops when this process sets `stop` (RLVR done)
-        def control(stop):
-            return run_mle(load_lang_model(start, args.device)[0], "mle_more", all_pairs,
-                           args.mle_steps, 0, control_lr, stop)
-        stop, child = fork_alongside(control, out_dir / "control.log")
+        # runtime.fork_alongside: the child shares the loaded data and tokenizer and prints to
+        # control.log
+        child = fork_alongside(lambda: control(budget), out_dir / "control.log")
         print0(f"control: MLE continues from the start in process {child.pid} while RLVR runs "
                f"(progress: {out_dir / 'control.log'})")
     # a fresh copy of the start, whatever trained it
-    rl_ckpt = run_rlvr(load_lang_model(start, args.device)[0])
+    rl_ckpt = run_rlvr(load_lang_model(start, args.device)[0], budget)
     ckpts = {"mle": start, "rlvr": str(rl_ckpt)}
     if alongside:
-        stop.set()
-        child.join()   # it finishes its step, saves mle_more.safetensors and exits
+        child.join()   # it stops at RLVR's compute, saves mle_more.safetensors and exits
         if child.exitcode:
             fail(f"the control process failed (exit code {child.exitcode}); "
                  f"see {out_dir / 'control.log'}")
         ckpts["mle_more"] = str(out_dir / "mle_more.safetensors")
-    elif args.control:   # after RLVR, for RLVR's wall-clock of GRPO steps
-        minutes = read_checkpoint(rl_ckpt)[1]["metrics"].get("rl_seconds", 0.0) / 60
-        ckpts["mle_more"] = str(run_mle(load_lang_model(start, args.device)[0], "mle_more",
-                                        all_pairs, args.mle_steps, minutes, control_lr))
+    elif args.control:   # after RLVR, for the compute its checkpoint records
+        rl_compute = read_checkpoint(rl_ckpt)[1]["metrics"].get("rl_compute", 0)
+        ckpts["mle_more"] = str(control(ComputeBudget(rl_compute)))
+if args.stage != "mle":
     # every model, loaded from its checkpoint, greedy on the same records: differences are paired
     if master:
         splits = {split: recs[:limit or None] for split, recs, limit in

@@ -2,7 +2,7 @@
 Train a video world model: a VQ tokenizer (train_vq.py), an action-conditioned GPT by MLE (mle.py),
 then RLVR (GRPO whose reward is a metric of the decoded frames against the true ones), and compare
 on held-out episodes the MLE start, RLVR, and the control: the MLE start trained further by MLE for
-RLVR's wall-clock ("mle_more"), so a gain is not just more compute.
+RLVR's compute ("mle_more"), so a gain is not just more compute.
 
 CPU, the default jobs (embedded robot-pushing data; RLVR from the shipped context-conditioned world
 model checkpoints/video_cond_mle.safetensors and its tokenizer checkpoints/video_cvq.safetensors;
@@ -74,7 +74,7 @@ from evaluate_video import (OFFICIAL, eval_video, load_video_model, paired_video
 from grpo import GRPOConfig, grpo_step, make_optimizer
 from model import GPT, GPTConfig
 from rewards import load_lpips, pick_reward, video_reward
-from runtime import Run, check_ranges, fork_alongside, fork_map, lr_at
+from runtime import ComputeBudget, Run, check_ranges, fork_alongside, fork_map, lr_at
 from tokenizer_vq import CondVQVAE, load_vq
 
 ROOT = Path(__file__).resolve().parent
@@ -127,17 +127,12 @@ p.add_argument("--warmup", type=int, default=100, help="MLE warmup steps")
 p.add_argument("--weight_decay", type=float, default=0.1, help="AdamW weight decay for MLE")
 p.add_argument("--control", type=int, default=1,
                help="1: also train the control, the MLE start trained further by MLE for RLVR's "
-                    "wall-clock")
+                    "compute (counted in tokens)")
 p.add_argument("--control_alongside", type=int, default=1,
                help="1: on a CPU, train the control in a second process while RLVR runs (0: after "
-                    "RLVR, for its time)")
-p.add_argument("--control_steps", type=int, default=0,
-               help="0: the control runs for RLVR's wall-clock; N: exactly N steps instead "
-                    "(reproducible, for a machine whose load changed between the RLVR run and "
-                    "the control)")
-p.add_argument("--control_lr", type=float, default=2e-4,
-               help="constant learning rate of the control (the default MLE schedule's final "
-                    "rate, 0.1 x 2e-3)")
+                    "RLVR; the same steps either way)")
+p.add_argument("--control_lr", type=float, default=0,
+               help="constant learning rate of the control; 0: the start's own final MLE rate")
 # RLVR
 p.add_argument("--rl_steps", type=int, default=None,
                help="GRPO steps (default: 100 single-step, 40 multi-step)")
@@ -192,8 +187,7 @@ check_ranges(p, args, at_least_1=("context", "horizon", "n_layer", "n_head", "n_
                                   "batch_size", "rl_steps", "prompts_per_step", "group_size",
                                   "minibatches", "micro_batch", "eval_every", "eval_workers",
                                   "threads", "ckpt_every"),
-             at_least_0=("mle_minutes", "mle_lr", "warmup", "weight_decay", "control_steps",
-                         "control_lr", "rl_lr", "moving_weight", "object_weight", "beta",
+             at_least_0=("mle_minutes", "mle_lr", "warmup", "weight_decay", "control_lr", "rl_lr", "moving_weight", "object_weight", "beta",
                          "clip_eps", "test_limit", "train_limit"))
 if not args.temperature > 0:
     p.error(f"--temperature must be > 0, got {args.temperature}")
@@ -288,20 +282,20 @@ def cached_tokens(run, vq_path, vq, layout, splits, horizon, lo, hi):
 # stage 2: MLE on token windows (loss on the predicted frames' codes only)
 
 def run_mle(run, model, name, ckpt, layout, tokens, horizon, steps, minutes, lr_of_step,
-            stop=None):
+            budget=None):
     """mle.train on windows of --context + horizon frames, for `steps` steps, `minutes` of
-    wall-clock (0: no limit) or until `stop` (an Event) is set, at lr_of_step(step),
-    checkpointing to `ckpt` -> the trained model. "mle" is the MLE stage; "mle_more" the
-    equal-time control."""
+    wall-clock (0: no limit) or RLVR's compute (`budget`, runtime.ComputeBudget), at
+    lr_of_step(step), checkpointing to `ckpt` -> the trained model. "mle" is the MLE stage;
+    "mle_more" the equal-compute control."""
     args = run.args
     C, T = args.context, args.clip_len   # context frames, frames per clip
     n = C + horizon                      # frames per window
     train_tok, val_tok = tokens["train"], tokens["val"]
-    budget = (f", at most {minutes:.2f} min" if minutes    # the control stops on RLVR's time
-              else " (until RLVR's last step)" if stop is not None else "")   # or its end
+    until = (f", at most {minutes:.2f} min" if minutes   # MLE's wall-clock, or RLVR's compute
+             else " (until RLVR's compute)" if budget is not None else "")
     run.print0(f"{name}: {model.num_params() / 1e6:.2f}M non-embedding parameters, windows of "
                f"{n} frames ({layout.window_len(C, horizon)} tokens), batch {args.batch_size} x "
-               f"{run.world} ranks{budget}")
+               f"{run.world} ranks{until}")
     # the fixed validation set: consecutive windows of every val clip
     val_windows = [(e, t) for e in range(len(val_tok["actions"])) for t in range(0, T - n + 1, n)]
 
@@ -325,16 +319,17 @@ def run_mle(run, model, name, ckpt, layout, tokens, horizon, steps, minutes, lr_
         return float(np.mean(losses))
 
     return mle.train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, minutes,
-                     stop)
+                     budget)
 
 
 # -----------------------------------------------------------------------------
 # stage 3: RLVR with GRPO; the reward is a metric of the decoded frames against the true frames
 
 def run_rlvr(run, model, ckpt, vq, layout, tokens, splits, lo, hi, horizon, lpips_net,
-             reward_name):
+             reward_name, budget):
     """GRPO from `model` on train windows where the scene moves, watched on the val split,
-    checkpointing to `ckpt` -> the post-trained model. splits: name -> clips."""
+    checkpointing to `ckpt` -> the post-trained model. splits: name -> clips. Each step's compute
+    is added to `budget` (the control's, runtime.ComputeBudget), closed at the end."""
     args, autocast = run.args, run.autocast
     train_eps, val_eps = splits["train"], splits["val"]
     n = args.context + horizon          # frames per window
@@ -370,9 +365,11 @@ def run_rlvr(run, model, ckpt, vq, layout, tokens, splits, lo, hi, horizon, lpip
     step, done = run.resume_stage(ckpt, model, opt, g, "rlvr")
     if done:
         return model
-    # wall-clock of the GRPO steps so far (rollouts + updates, not the validation evals): the
-    # control's budget
-    rl_seconds = read_checkpoint(ckpt)[1]["metrics"].get("rl_seconds", 0.0) if step else 0.0
+    # wall-clock of the GRPO steps so far (rollouts + updates, not the validation evals), and
+    # their compute in forward-token units (grpo.compute_used): the control's budget
+    prev = read_checkpoint(ckpt)[1]["metrics"] if step else {}
+    rl_seconds, rl_compute = prev.get("rl_seconds", 0.0), prev.get("rl_compute", 0)
+    budget.add(rl_compute)
 
     def reward_fn(items, completions):
         """Decode each completion's frames against its context frame; mean reward over the
@@ -434,7 +431,9 @@ def run_rlvr(run, model, ckpt, vq, layout, tokens, splits, lo, hi, horizon, lpip
         bar.update(1)
         if stats:                                 # a finished (not skipped) step: its time counts
             rl_seconds += stats["t_step"]
-            stats["rl_seconds"] = rl_seconds
+            rl_compute += stats["compute"]
+            budget.add(stats["compute"])
+            stats.update(rl_seconds=rl_seconds, rl_compute=rl_compute)
             bar.set_postfix(reward=f"{stats['reward_mean']:.4f}", kl=f"{stats['kl']:.4f}")
         # greedy on the val split, to watch
         if stats and (step % 20 == 0 or step == args.rl_steps) and run.master:
@@ -446,11 +445,13 @@ def run_rlvr(run, model, ckpt, vq, layout, tokens, splits, lo, hi, horizon, lpip
                        f"mae_moving {r['mae_moving']:.4f}")
         if stats:
             run.log({"stage": "rlvr", **stats})
-        # rl_seconds is saved with every checkpoint, so a resumed run and the control read the
-        # whole wall-clock
-        run.save_stage(ckpt, model, opt, step, {**stats, "rl_seconds": rl_seconds}, g,
+        # rl_seconds and rl_compute are saved with every checkpoint, so a resumed run and the
+        # control read the whole run's
+        run.save_stage(ckpt, model, opt, step,
+                       {**stats, "rl_seconds": rl_seconds, "rl_compute": rl_compute}, g,
                        done=step == args.rl_steps)
     bar.close()
+    budget.close()   # RLVR's compute is final: the control may stop once it has used as much
     run.check_ranks_in_sync(model, "rlvr")   # under torchrun every rank ends with equal weights
     run.barrier()
     return model
@@ -500,7 +501,7 @@ def evaluate_models(run, models, vq, test_eps, test_tokens, lo, hi, horizon, lpi
     print0(f"\nheld-out test episodes ({rows['mle']['n']} predicted frames, {args.mode}-step), "
            f"greedy:")
     print_video_table(rows)
-    # RLVR against its start, the equal-time control and copying; the MLE start against copying
+    # RLVR against its start, the equal-compute control and copying; the MLE start against copying
     pairs = [(a, b) for a, b in (("rlvr", "mle"), ("rlvr", "mle_more"), ("rlvr", "copy"),
                                  ("mle", "copy"))
              if a in rows and (b in rows or b == "copy")]
@@ -579,7 +580,7 @@ if args.stage == "mle" or (args.stage == "all" and start_model is None):
     mle_path = FILES["mle"]
 else:                                            # RLVR starts from --init as it is
     mle_path = Path(args.init)
-# RLVR, then the equal-time control, then the held-out comparison of the three
+# RLVR, then the equal-compute control, then the held-out comparison of the three
 if args.stage in ("all", "rlvr"):
     try:
         lpips_net = load_lpips(args.lpips, args.device)
@@ -598,46 +599,44 @@ if args.stage in ("all", "rlvr"):
            + ("" if lpips_net else " (no LPIPS weights: --lpips=FILE enables mae+lpips)"))
     mle_model = copy.deepcopy(start_model)   # kept for the comparison; RLVR updates start_model
     models = {"mle": (mle_model, mle_path)}  # name -> (model, its checkpoint file), evaluated below
-    control_lr = mle.control_lr(args.control_lr)   # 10 warm-up steps, then constant
     rl_done = (args.resume and FILES["rlvr"].is_file()
                and read_checkpoint(FILES["rlvr"])[1]["metrics"].get("done"))
-    # The control, the same start trained further by MLE, gets RLVR's wall-clock. On a CPU it runs
-    # in a forked process on the second core *while* RLVR runs and stops when RLVR's last step ends
-    # (runtime.fork_alongside): the same time by construction, and the demo takes half as long.
-    # Otherwise (GPU, torchrun, a resumed run, --control_steps) it runs after RLVR, for RLVR's
-    # recorded wall-clock or exactly --control_steps steps.
+    # The control, the same start trained further by MLE, gets RLVR's compute (ComputeBudget:
+    # counted in tokens, the same on any machine). On a CPU it runs in a forked process on the
+    # second core *while* RLVR runs, waiting whenever it is ahead (runtime.fork_alongside): the
+    # demo takes half as long. Otherwise (GPU, torchrun, a resumed run) it runs after RLVR, for the
+    # compute RLVR's checkpoint records. Its steps are the same either way.
     alongside = (args.control and args.control_alongside and world == 1 and args.device == "cpu"
-                 and not rl_done and not args.control_steps)
+                 and not rl_done)
 
-    def control(steps, minutes, stop=None):
-        """The control: MLE on a copy of the start, at the control's constant rate."""
+    def control(budget):
+        """The control: MLE on a copy of the start at a constant rate, --control_lr or the start's
+        own final MLE rate (its schedule at its last step)."""
+        meta = read_meta(mle_path)
+        lr = args.control_lr or lr_at(meta["step"] - 1, meta["args"]["mle_steps"],
+                                      meta["args"]["mle_lr"], meta["args"]["warmup"])
+        print0(f"control: MLE continued from the start at lr {lr:.3g} for RLVR's compute")
         return run_mle(run, copy.deepcopy(mle_model), "mle_more", FILES["mle_more"], layout,
-                       tokens, horizon, steps, minutes, control_lr, stop)
+                       tokens, horizon, 10 ** 9, 0, mle.control_lr(lr), budget)
 
-    if alongside:   # to the end of RLVR (10 ** 6 steps: never reached)
-        stop, child = fork_alongside(lambda stop: control(10 ** 6, 0, stop),
-                                     out_dir / "control.log")
+    budget = ComputeBudget()   # RLVR adds its compute step by step
+    if alongside:
+        child = fork_alongside(lambda: control(budget), out_dir / "control.log")
         print0(f"control: MLE continues from the start in process {child.pid} while RLVR runs "
                f"(progress: {out_dir / 'control.log'})")
     rlvr_model = run_rlvr(run, start_model, FILES["rlvr"], vq, layout, tokens, splits, lo, hi,
-                          horizon, lpips_net, reward_name)
+                          horizon, lpips_net, reward_name, budget)
     models["rlvr"] = (rlvr_model, FILES["rlvr"])
     if alongside:
-        stop.set()
-        child.join()   # it finishes its step, saves video_mle_more.safetensors and exits
+        child.join()   # it stops at RLVR's compute, saves video_mle_more.safetensors and exits
         if child.exitcode:
             fail(f"the control process failed (exit code {child.exitcode}); "
                  f"see {out_dir / 'control.log'}")
         models["mle_more"] = (load_video_model(FILES["mle_more"], args.device)[0],
                               FILES["mle_more"])
-    elif args.control:
-        minutes = 0 if args.control_steps else (   # RLVR's recorded wall-clock
-            read_checkpoint(FILES["rlvr"])[1]["metrics"].get("rl_seconds", 0) / 60)
-        if minutes > 0 or args.control_steps:
-            models["mle_more"] = (control(args.control_steps or args.mle_steps, minutes),
-                                  FILES["mle_more"])
-        else:                                    # an RLVR file written without rl_seconds
-            print0(f"control skipped: {FILES['rlvr']} records no RLVR wall-clock (rl_seconds)")
+    elif args.control:   # after RLVR, for the compute its checkpoint records
+        rl_compute = read_checkpoint(FILES["rlvr"])[1]["metrics"].get("rl_compute", 0)
+        models["mle_more"] = (control(ComputeBudget(rl_compute)), FILES["mle_more"])
     if master:                                   # rank 0 evaluates; the other ranks are done
         evaluate_models(run, models, vq, test_eps, tokens["test"], lo, hi, horizon, lpips_net)
         print0(f"total {(time.time() - t_start) / 60:.1f} min")

@@ -1,16 +1,17 @@
 """mle.py, the MLE loop both training scripts share, on a tiny GPT in one process: the log lines
-of the validation checks, an interrupted stage resumed to the same weights, the stop event and
-the control's schedule."""
+of the validation checks, an interrupted stage resumed to the same weights, the control's compute
+budget and schedule."""
 import argparse
 import json
 import threading
+import time
 
 import pytest
 import torch
 
 import mle
 from model import GPT, GPTConfig
-from runtime import Run, lr_at
+from runtime import ComputeBudget, Run, lr_at
 
 torch.set_num_threads(1)
 
@@ -54,7 +55,7 @@ def test_train_logs_every_eval_every_and_at_the_end(tmp_path, capsys):
     model = mle.train(run, tiny(), "mle", ckpt, 10, next_batch, val_loss, lr, val_metrics=metrics)
     rows = logged(tmp_path / "log.jsonl")
     assert [r["step"] for r in rows] == [3, 6, 9, 10]                   # --eval_every=3, the end
-    assert list(rows[0]) == ["stage", "step", "loss", "val_loss", "minutes", "extra"]
+    assert list(rows[0]) == ["stage", "step", "loss", "val_loss", "minutes", "compute", "extra"]
     assert rows[-1]["val_loss"] == pytest.approx(val_loss(model))       # the final weights' loss
     assert rows[-1]["val_loss"] < rows[0]["val_loss"]                   # it learned
     out = capsys.readouterr().out
@@ -90,17 +91,46 @@ def test_an_interrupted_stage_resumes_to_the_same_weights(tmp_path):
     assert rows[1] == {**rows[2], "minutes": rows[1]["minutes"]}
 
 
-def test_the_stop_event_ends_the_stage_after_its_step(tmp_path, capsys):
-    stop = threading.Event()
-    stop.set()                                   # set before the first step: one step, then done
+def test_batch_compute_counts_each_row_up_to_its_last_scored_token_three_times():
+    tgt = torch.tensor([[-1, 5, 6, -1, -1],     # last scored position 2: 3 input tokens
+                        [-1, -1, -1, -1, 7],    # 5
+                        [-1, -1, -1, -1, -1]])  # nothing scored: 0
+    assert mle.batch_compute(tgt) == 3 * (3 + 5 + 0)
+
+
+def test_a_compute_budget_ends_the_stage_at_the_first_step_that_reaches_it(tmp_path, capsys):
+    # every batch of next_batch is 4 rows x 8 scored tokens: 96 units a step; 250 -> 3 steps
     run = make_run(tmp_path)
     ckpt = tmp_path / "mle_more.safetensors"
     mle.train(run, tiny(), "mle_more", ckpt, 10 ** 6, next_batch, val_loss, mle.control_lr(1e-3),
-              stop=stop)
+              budget=ComputeBudget(250))
     rows = logged(tmp_path / "log.jsonl")
-    assert [(r["stage"], r["step"]) for r in rows] == [("mle_more", 1)]
-    assert json.loads(ckpt.with_suffix(".json").read_text())["metrics"]["done"]
+    assert [(r["stage"], r["step"], r["compute"]) for r in rows] == [("mle_more", 3, 288)]
+    meta = json.loads(ckpt.with_suffix(".json").read_text())["metrics"]
+    assert meta["done"] and meta["compute"] == 288
     assert "mle_more: stopping after" in capsys.readouterr().out
+
+
+def test_the_control_waits_for_a_running_rlvr_and_stops_at_its_final_compute(tmp_path):
+    # RLVR (a thread here) adds 100 units five times, slowly, then closes: the control is ahead
+    # of it most of the time and must wait, not stop at the compute RLVR had so far
+    budget = ComputeBudget()
+
+    def rlvr():
+        for _ in range(5):
+            time.sleep(0.2)
+            budget.add(100)
+        budget.close()
+
+    thread = threading.Thread(target=rlvr)
+    thread.start()
+    run = make_run(tmp_path)
+    mle.train(run, tiny(), "mle_more", tmp_path / "c.safetensors", 10 ** 6, next_batch, val_loss,
+              mle.control_lr(1e-3), budget=budget)
+    thread.join()
+    # 500 units at 96 a step: the 6th step is the first to reach it, whatever the timing
+    rows = logged(tmp_path / "log.jsonl")
+    assert (rows[-1]["step"], rows[-1]["compute"]) == (6, 576) and rows[-1]["minutes"] > 0.8 / 60
 
 
 def test_control_lr_warms_up_then_stays_constant():

@@ -54,10 +54,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "checkpoints" / "textgame" / "mle.safetensors"
 LANG = ["train_lang.py", "--n_layer=1", "--n_head=2", "--n_embd=32", "--vocab_size=300", "--batch_size=8",
         "--val_n=2", "--test_limit=2", "--val_limit=2", "--max_new_tokens=64", "--group_size=4", "--prompts_per_step=4",
-        "--probe_n=2", "--control=0", "--threads=1"]   # the control runs for a wall-clock: not reproducible by design
+        "--probe_n=2", "--control=0", "--threads=1"]   # the control: its compute budget is tested in test_mle
 VIDEO = ["train_video.py", "--vq_batch=4", "--n_codes=32", "--batch_size=2", "--n_layer=1", "--n_head=2",
          "--n_embd=32", "--prompts_per_step=2", "--group_size=2", "--horizon=3", "--micro_batch=4", "--threads=1",
-         "--clip_len=8", "--mode=multi", "--control=0"]   # the control: a wall-clock, as in LANG
+         "--clip_len=8", "--mode=multi", "--control=0"]   # as in LANG
 TIMING = {"minutes", "t_rollout", "t_step", "rl_seconds"}   # wall-clock fields: the only ones a resumed run may change
 TAG = f"nanorlvr-test-{uuid.uuid4()}"   # marks the processes this module starts (to find a torchrun worker)
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "NANORLVR_TEST_TAG": TAG}

@@ -14,7 +14,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from model import GPT, GPTConfig
-from runtime import MAX_SKIPS, Run, WeightPath, check_device, check_ranges, checksum, fork_alongside, fork_map, lr_at
+from runtime import (MAX_SKIPS, ComputeBudget, Run, WeightPath, check_device, check_ranges, checksum, fork_alongside,
+                     fork_map, lr_at)
 
 torch.set_num_threads(1)
 
@@ -178,26 +179,30 @@ def test_check_ranges_names_the_first_bad_flag(capsys):
 
 def test_fork_map_and_fork_alongside(tmp_path):
     """fork_map: the jobs' results in order, from 2 forked processes as from one; fork_alongside: the child's prints
-    go to its log file, and it runs until the parent sets `stop`."""
+    go to its log file; a ComputeBudget shared with it makes it wait for the parent's compute, then stop at its total."""
     offset = 10   # a closure over the parent's state: a forked worker inherits it, nothing is pickled but the jobs
     jobs = [3, 1, 2, 5]
     assert fork_map(lambda j: (j * j + offset, os.getpid()), jobs, 1)[0][0] == 19
     two = fork_map(lambda j: (j * j + offset, os.getpid()), jobs, 2)
     assert [r for r, _ in two] == [19, 11, 14, 35] and os.getpid() not in {pid for _, pid in two}
 
-    def target(stop):
-        n = 0
-        while not stop.wait(0.01):
-            n += 1
-        print(f"stopped after {n} waits in {os.getpid()}")
+    budget = ComputeBudget()
 
-    stop, child = fork_alongside(target, tmp_path / "child.log")
+    def target():   # the control: one unit of compute a step, until the budget is reached
+        used = 1
+        while not budget.reached(used):
+            used += 1
+        print(f"stopped at {used} in {os.getpid()}")
+
+    child = fork_alongside(target, tmp_path / "child.log")
+    budget.add(3)                      # RLVR's first steps: the child catches up, then waits
     time.sleep(0.3)
-    assert child.is_alive()            # it runs until asked to stop
-    stop.set()
+    assert child.is_alive()            # it waits while RLVR runs
+    budget.add(2)
+    budget.close()                     # RLVR ended at 5 units: the child stops at its 5th step
     child.join(10)
     assert child.exitcode == 0
-    assert re.fullmatch(rf"stopped after \d+ waits in {child.pid}\n", (tmp_path / "child.log").read_text())
+    assert (tmp_path / "child.log").read_text() == f"stopped at 5 in {child.pid}\n"
 
 
 def config_run(out, capsys=None, **flags):

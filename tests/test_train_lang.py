@@ -53,6 +53,10 @@ def test_default_pipeline_writes_eval_json(tiny_run):
     meta = json.loads((tmp / "out" / "rlvr.json").read_text())
     assert meta["step"] == 3 and meta["args"]["rl_steps"] == 3 and meta["metrics"]["done"]
     assert meta["metrics"]["rl_seconds"] > 0 and (tmp / "out" / "mle_more.safetensors").is_file()
+    # the control, forked beside RLVR, stopped at the first step that reached RLVR's whole compute
+    control = [row for row in log if row["stage"] == "mle_more"][-1]
+    step_compute = control["compute"] / control["step"]
+    assert 0 < rl[-1]["rl_compute"] <= control["compute"] < rl[-1]["rl_compute"] + 2 * step_compute
 
 
 def test_rerun_reuses_finished_stages(tiny_run):

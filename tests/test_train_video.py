@@ -68,9 +68,11 @@ def test_all_stages_from_scratch_multi_step(trained):
         assert len(r["copy_last_frame"]["per_record"]["mae"]) == 4
         assert r["sampled"]["temperature"] == 1.0 and r["sampled"]["top_k"] == 100
         assert len(r["sampled"]["per_record"]["mae"]) == 4
-    # the control trained for RLVR's recorded wall-clock, from the same start
+    # the control trained for RLVR's compute, from the same start
     rl_meta = json.loads((o / "video_rlvr.json").read_text())
     assert rl_meta["metrics"]["rl_seconds"] > 0
+    control = json.loads((o / "video_mle_more.json").read_text())["metrics"]
+    assert 0 < rl_meta["metrics"]["rl_compute"] <= control["compute"]
     assert rows["mle_more"]["checkpoint"].endswith("video_mle_more.safetensors")
     stages = [json.loads(line)["stage"] for line in (o / "log.jsonl").read_text().splitlines()]
     assert {"tokenizer", "mle", "rlvr", "mle_more"} <= set(stages)
