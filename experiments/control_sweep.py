@@ -65,8 +65,9 @@ for f in factors:
            f"--control_lr={f * final_lr}", f"--seed={config['seed']}", "--final_eval=val",
            f"--val_limit={args.val_limit}", f"--threads={args.threads}", f"--out_dir={out}"]
     print(" ".join(cmd[1:]), flush=True)
-    if subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL).returncode:
-        sys.exit(f"error: the control at x{f:g} failed; see {out}/log.jsonl")
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)   # progress bars too
+    if done.returncode:
+        sys.exit(f"error: the control at x{f:g} failed: {done.stderr.strip().splitlines()[-1]}")
     ev = json.loads((out / "eval_val.json").read_text())
     h = task.headline
     m, lo, hi = paired_bootstrap(ev["mle_more"]["per_record"][h], ev["mle"]["per_record"][h])

@@ -51,13 +51,26 @@ TG_MLE, WEB_MLE = "checkpoints/textgame/mle.safetensors", "checkpoints/webpage/m
 
 
 @functools.lru_cache(maxsize=None)
+@functools.cache
+def compute_matched(run):
+    """Whether the run's control ("mle_more") had RLVR's counted compute (its log records
+    rl_compute), as the code trains it. A control of an older rule does not reproduce: the
+    tables leave it out ("-")."""
+    log = (RESULTS / run / "log.jsonl").read_text()
+    return '"rl_compute"' in log
+
+
 def load(run, split="test"):
-    """results/<run>/eval.json (test) or eval_val.json (val) -> {model: evaluation}."""
+    """results/<run>/eval.json (test) or eval_val.json (val) -> {model: evaluation}; without
+    "mle_more" where the run's control is not compute-matched."""
     path = RESULTS / run / ("eval.json" if split == "test" else "eval_val.json")
     try:
-        return json.loads(path.read_text())
+        rows = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         sys.exit(f"error: {path}: {e}")
+    if not compute_matched(run):
+        rows.pop("mle_more", None)
+    return rows
 
 
 def per_record(rows, model, metric, subset="all"):
@@ -89,8 +102,10 @@ def diff(runs, a, b, metric, subset="all", split="test"):
     for run in runs:
         ra, ma = a if isinstance(a, tuple) else (run, a)
         rb, mb = b if isinstance(b, tuple) else (run, b)
-        xs.append(per_record(load(ra, split), ma, metric, subset)
-                  - per_record(load(rb, split), mb, metric, subset))
+        A, B = load(ra, split), load(rb, split)
+        if ma.partition(":")[0] not in {*A, "copy"} or mb.partition(":")[0] not in {*B, "copy"}:
+            return None, None, None   # a model left out (a control of an older rule)
+        xs.append(per_record(A, ma, metric, subset) - per_record(B, mb, metric, subset))
     d = np.stack(xs)   # (seeds, n): per seed and record
     return paired_bootstrap(d, np.zeros_like(d), clusters=episodes(load(runs[0], split), subset))
 
@@ -118,12 +133,15 @@ def plan_diff(specs, ref):
 
 
 def pct(x):
-    """A share as a percentage with 2 decimals."""
-    return f"{100 * x:.2f}"
+    """A share as a percentage with 2 decimals; "-" for none."""
+    return "-" if x is None else f"{100 * x:.2f}"
 
 
 def ci(v, scale=100, digits=2, star=True):
-    """(mean, low, high) -> "+1.23 [+0.45, +2.01] *", scaled (100: points); no "-0.00"."""
+    """(mean, low, high) -> "+1.23 [+0.45, +2.01] *", scaled (100: points); no "-0.00"; "-" for
+    a comparison left out."""
+    if v[0] is None:
+        return "-"
     m, lo, hi = (round(scale * x, digits) + 0.0 for x in v)
     mark = " *" if star and (lo > 0 or hi < 0) else ""
     return f"{m:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]{mark}"
@@ -158,7 +176,7 @@ def table(header, rows, right=()):
 
 def readme():
     """The README's results: one row per task, then the planners of docs/downstream.md."""
-    head = ["task", "metric (test split, n)", "MLE start", "RLVR", "MLE continued, same wall-clock",
+    head = ["task", "metric (test split, n)", "MLE start", "RLVR", "MLE continued, same compute",
             "baseline", "RLVR - MLE start, paired 95% CI"]
     rows = []
     for name, run, seeds, metric, what in (
@@ -166,7 +184,7 @@ def readme():
             ("web page", "webpage_final", WEB_SEEDS, "f1", "F1 of the predicted page changes, %")):
         r = load(run)
         rows.append([f"{name} (`{COMMANDS[run]}`)", f"{what} ({r['mle']['n']})",
-                     *(pct(r[m][metric]) for m in MODELS),
+                     *(pct(r[m][metric] if m in r else None) for m in MODELS),
                      pct(r["mle"]["baseline_no_change"][metric]) + ' ("no change")',
                      ci(diff(seeds, "rlvr", "mle", metric)) + f" ({len(seeds)} seeds)"])
     for name, run, seeds, what in (
@@ -176,7 +194,7 @@ def readme():
         seeds_said = f"({len(seeds)} seed{'s' * (len(seeds) > 1)})"
         rows.append([f"{name} (`{COMMANDS[run]}`)",
                      f"{what}, lower is better ({r['mle']['n_windows']} windows)",
-                     *(f"{r[m]['mae']:.4f}" for m in MODELS),
+                     *(f"{r[m]['mae']:.4f}" if m in r else "-" for m in MODELS),
                      f"{r['mle']['copy_last_frame']['mae']:.4f} (copy the last frame)",
                      ci(diff(seeds, "rlvr", "mle", "mae"), 1, 4) + " " + seeds_said])
     tasks = table(head, rows, right=(2, 3, 4, 5))
@@ -223,7 +241,7 @@ def lang_default(task, run):
     for split in ("val", "test"):
         r = load(run, split)
         label = f"{split} ({r['mle']['n']})"
-        for m in MODELS:
+        for m in filter(r.__contains__, MODELS):   # the models the run has
             rows.append([label, MODELS[m], pct(r[m][h]), pct(r[m][h + "_changed"]),
                          pct(r[m][h + "_unchanged"]), *(pct(r[m][e]) for e in extra),
                          "" if m == "rlvr" else both(run, "rlvr", m, h, split)])
@@ -242,7 +260,8 @@ def lang_seeds(seeds, metric):
     for name, run in zip(SEED_NAMES, seeds):
         val, test = load(run, "val"), load(run)
         rows.append([name, pct(val["rlvr"][metric]), pct(test["rlvr"][metric]),
-                     pct(test["mle_more"][metric]), ci(diff([run], "rlvr", "mle", metric)),
+                     pct(test["mle_more"][metric] if "mle_more" in test else None),
+                     ci(diff([run], "rlvr", "mle", metric)),
                      ci(diff([run], "rlvr", "mle_more", metric))])
     for split in ("test", "val"):
         cells = [" / ".join(ci(diff(seeds, "rlvr", ref, metric, sub, split))
@@ -324,7 +343,8 @@ def rl_logs():
         rows.append([run, len(steps), spread("groups"), spread("groups_kept"),
                      f"{100 * rollout:.0f}%", f"{steps[-1]['rl_seconds'] / 60:.1f}",
                      probed,
-                     f"{control[-1]['step']} in {control[-1]['minutes']:.1f}" if control else "-"])
+                     f"{control[-1]['step']} in {control[-1]['minutes']:.1f}"
+                     if control and compute_matched(run) else "-"])
     return table(head, rows, right=(1, 4, 5))
 
 
@@ -443,7 +463,7 @@ def video(run, multi=False):
         return [name, f"{m['mae']:.4f}", f"{m['psnr']:.2f}", f"{m['ssim']:.4f}",
                 f"{m['mae_moving']:.4f}", *rep, f"{m['objects']['recall']:.3f}"]
 
-    rows = [line(names[k], r[k]) for k in MODELS]
+    rows = [line(names[k], r[k]) for k in MODELS if k in r]
     if multi:   # the same run without the reward's object term
         rows.append(line("RLVR without the object term (`--object_weight=0`, "
                          "results/video_multi_o0)", load("video_multi_o0")["rlvr"]))
