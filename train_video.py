@@ -73,7 +73,7 @@ from evaluate_video import (OFFICIAL, eval_video, load_video_model, paired_video
                             print_video_paired, print_video_table, to_float)
 from grpo import GRPOConfig, grpo_step, make_optimizer
 from model import GPT, GPTConfig
-from rewards import load_lpips, pick_reward, video_reward
+from rewards_video import load_lpips, pick_reward, video_reward
 from runtime import Run, check_ranges, fork_alongside, fork_map, lr_at
 from tokenizer_vq import CondVQVAE, load_vq
 
@@ -157,13 +157,13 @@ p.add_argument("--lpips", default=None,
                help="LPIPS-VGG weights (tools/convert_lpips.py) for the reward and eval")
 p.add_argument("--moving_weight", type=float, default=1.0,
                help="the reward also loses this x the MAE on the pixels that move "
-                    "(rewards.moving_mae): copying the last frame, or drawing a still scene, is "
-                    "not paid")
+                    "(rewards_video.moving_mae): copying the last frame, or drawing a still scene, "
+                    "is not paid")
 p.add_argument("--object_weight", type=float, default=None,
                help="the reward also loses this x the share of the true objects' pixels left "
-                    "empty (rewards.object_miss; needs episodes with a background image): erasing "
-                    "an object is not paid (default: 0 single-step, 0.5 multi-step; 0 on data "
-                    "without backgrounds)")
+                    "empty (rewards_video.object_miss; needs episodes with a background image): "
+                    "erasing an object is not paid (default: 0 single-step, 0.5 multi-step; 0 on "
+                    "data without backgrounds)")
 p.add_argument("--moving_only", type=int, default=1,
                help="RL prompts only from windows where the scene moves")
 # evaluation
@@ -393,7 +393,7 @@ def run_rlvr(run, model, ckpt, vq, layout, tokens, splits, lo, hi, horizon, lpip
         with torch.no_grad():
             pred = vq.detokenize(codes.flatten(0, 1).to(args.device), ctx.to(args.device)).cpu()
         truth = torch.cat([it["truth"] for it in items])                   # (N*K, 3, H, W)
-        # rewards.video_reward: one value per frame, e.g. -(MAE + 1 - SSIM) - moving_weight *
+        # rewards_video.video_reward: one value per frame, e.g. -(MAE + 1 - SSIM) - moving_weight *
         # MAE on moving pixels; a completion gets its frames' mean
         bg = per_frame("background") if args.object_weight else None       # the bare scenes
         r = video_reward(reward_name, pred, truth, lpips_net, ctx, args.moving_weight, bg,

@@ -42,7 +42,7 @@ from tqdm import tqdm
 from evaluate_video import to_float
 from data.robot.prepare import DATA_DIR, ensure_splits
 from data.robot.task import clips, episode_files, load_split
-from rewards import mae, psnr, ssim
+from rewards_video import mae, psnr, ssim
 from runtime import Run, check_ranges, lr_at
 from tokenizer_vq import (CondVQConfig, CondVQVAE, VQConfig, VQVAE, codebook_stats, load_vq,
                           save_vq)

@@ -45,7 +45,7 @@ from data.textgame.task import load_records
 from eval import load_lang_model
 from grpo import GRPOConfig, grpo_step
 from model import GPT, GPTConfig
-from rewards import load_lpips
+from rewards_video import load_lpips
 from tokenizer_text import Tokenizer, load_tokenizer
 from tokenizer_vq import load_vq
 from evaluate_video import load_video_model
