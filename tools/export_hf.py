@@ -8,7 +8,7 @@ m, t = M.from_pretrained('out/textgame_hf'), T.from_pretrained('out/textgame_hf'
 OUT_DIR gets config.json, model.safetensors, tokenizer.json, tokenizer_config.json and
 generation_config.json. Our RMSNorm / RoPE / SwiGLU family becomes a `llama` model (`qwen2` when q,
 k and v have biases: Llama's attention_bias would put one on the output projection too), the GPT-2
-family a `gpt2` one. The tensor names are model.py's `hf_to_ours` run backwards: the fused q|k|v
+family a `gpt2` one. The tensor names are load_hf.py's `hf_to_ours` run backwards: the fused q|k|v
 projection (`c_attn`) and SwiGLU's gate|up (`c_fc`) are split into HF's separate Linears, and
 GPT-2's weights are transposed into its Conv1D's (in, out) layout. RoPE needs no reordering:
 model.py rotates HF's way ("rotate half"). tokenizer_text's `save_hf` writes the tiktoken ranks as
@@ -31,7 +31,7 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from checkpoint import load_model, write_json  # noqa: E402
-from model import load_pretrained  # noqa: E402
+from load_hf import load_pretrained  # noqa: E402
 from tokenizer_text import load_tokenizer  # noqa: E402
 
 
