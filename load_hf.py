@@ -1,20 +1,34 @@
 """
-HF checkpoints -> our GPT: an HF model directory (GPT2LMHeadModel, Qwen2ForCausalLM,
-LlamaForCausalLM; config.json + safetensors, sharded or not) loaded into model.py's GPT, apart
-from the training path.
+HF checkpoints -> ours: an HF model directory (GPT2LMHeadModel, Qwen2ForCausalLM,
+LlamaForCausalLM; config.json + safetensors, sharded or not) loaded into model.py's GPT, and its
+byte-level BPE tokenizer.json into tokenizer_text.py's Tokenizer, apart from the training path.
 
-`load_pretrained` reads the config (`config_from_hf`: HF's names -> GPTConfig) and the tensors,
-and `hf_to_ours` renames them to ours, explicitly: GPT-2's Conv1D weights are transposed, and
-Qwen2 / Llama's separate q, k, v (and SwiGLU's gate and up) are concatenated into our fused
+The model. `load_pretrained` reads the config (`config_from_hf`: HF's names -> GPTConfig) and the
+tensors, and `hf_to_ours` renames them to ours, explicitly: GPT-2's Conv1D weights are transposed,
+and Qwen2 / Llama's separate q, k, v (and SwiGLU's gate and up) are concatenated into our fused
 Linears. `GPT.from_pretrained(path)` calls it; tools/export_hf.py writes the other way.
+
+The tokenizer and the bytes<->unicode mapping. HF `tokenizers` (GPT-2, Qwen2, ...) store the
+vocabulary as JSON strings, and raw bytes such as 0x0A or 0xE4 are not printable. GPT-2 therefore
+maps each byte to one printable unicode character: printable Latin-1 bytes map to themselves, the
+other 68 bytes to chr(256), chr(257), ... in byte order. A space (0x20) becomes "Ġ", a newline "Ċ".
+`load_hf_tokenizer` inverts this mapping to recover each token's bytes and builds tiktoken's
+`mergeable_ranks` {token bytes: id}. That only reproduces HF when ids grow in merge order (true for
+GPT-2, Qwen2 and anything BpeTrainer writes), so it is checked, not assumed; the tests compare ids
+with HF on varied text. `load_tokenizer` reads a checkpoint's tokenizer in either format: an HF
+tokenizer.json or our .tiktoken file.
 """
 import json
 from pathlib import Path
 
+import tiktoken
 import torch
 
 from model import GPT, GPTConfig
+from tokenizer_text import EOT, GPT2_PAT, Tokenizer, check_bytes
 
+# =============================================================================
+# the model
 
 def load_pretrained(path, dtype=torch.float32):
     """An HF model directory (config.json + safetensors, sharded or not) -> GPT in `dtype`;
@@ -140,3 +154,116 @@ def hf_to_ours(sd, config, kind):
     for k in sd:
         out["unused:" + k] = sd[k]
     return out
+
+
+# =============================================================================
+# the tokenizer
+
+def bytes_to_unicode():
+    """GPT-2's byte -> printable character table (see module docstring)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def load_hf_tokenizer(path):
+    """Load a byte-level BPE tokenizer.json (a HF directory holding it, or the file itself) as a
+    Tokenizer. All added tokens become tiktoken specials; HF's post-processor is ignored (encode()
+    never adds BOS/EOS)."""
+    path = Path(path)
+    file = path / "tokenizer.json" if path.is_dir() else path
+    try:
+        spec = json.loads(file.read_text(encoding="utf-8"))
+        model = spec["model"]
+        if not isinstance(model, dict) or not isinstance(model["vocab"], dict):
+            raise TypeError("'model' and 'model.vocab' must be JSON objects")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"cannot read HF tokenizer {file}: {e!r}") from e
+
+    def unsupported(why):
+        return ValueError(f"{file}: unsupported tokenizer ({why}); "
+                          f"only byte-level BPE (GPT-2, Qwen2) is")
+
+    if model.get("type") != "BPE":
+        raise unsupported(f"model type {model.get('type')!r}")
+    if model.get("dropout") or model.get("byte_fallback") \
+            or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
+        raise unsupported("BPE dropout, byte fallback or subword prefix/suffix")
+    normalizer = spec.get("normalizer")
+    if normalizer not in (None, {"type": "NFC"}):
+        raise unsupported(f"normalizer {normalizer.get('type')!r}")
+    pat_str = _hf_pattern(spec.get("pre_tokenizer"), unsupported)
+
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
+
+    def to_bytes(token):
+        try:
+            return bytes(byte_of[c] for c in token)
+        except KeyError:
+            raise unsupported(f"token {token!r} is not in the byte-level alphabet") from None
+
+    specials = {t["content"]: t["id"] for t in spec.get("added_tokens", [])}
+    special_ids = set(specials.values())
+    # Added tokens can also sit in the vocab (GPT-2's <|endoftext|>); they stay specials only.
+    ranks = {to_bytes(tok): i for tok, i in model["vocab"].items() if i not in special_ids}
+    check_bytes(ranks, file)
+    # tiktoken merges by rank == id, HF by position in `merges`: they agree when ids grow in merge
+    # order. Each token above the bytes is made by one merge or, as tools/export_hf.py writes, by
+    # several listed side by side.
+    merges = [m.split(" ") if isinstance(m, str) else m for m in model.get("merges", [])]
+    merged_ids = [ranks.get(to_bytes(a) + to_bytes(b), -1) for a, b in merges]
+    if -1 in merged_ids or len(set(merged_ids)) != len(ranks) - 256 \
+            or any(x > y for x, y in zip(merged_ids, merged_ids[1:])):
+        raise unsupported("vocab ids do not follow the merge order, which tiktoken needs")
+
+    eos = EOT
+    config = file.parent / "tokenizer_config.json"
+    if config.is_file():
+        try:
+            eos = json.loads(config.read_text(encoding="utf-8")).get("eos_token") or EOT
+        except (OSError, ValueError, AttributeError) as e:
+            raise ValueError(f"cannot read {config}: {e!r}") from e
+        if isinstance(eos, dict):  # older configs store an AddedToken dict
+            eos = eos.get("content")
+    if eos not in specials:
+        raise ValueError(f"{file}: eos token {eos!r} is not among the added tokens "
+                         f"{sorted(specials)}")
+    enc = tiktoken.Encoding(f"hf:{file.parent.name}", pat_str=pat_str, mergeable_ranks=ranks,
+                            special_tokens=specials)
+    return Tokenizer(enc, specials[eos], nfc=normalizer is not None)
+
+
+def _hf_pattern(pre, unsupported):
+    """The split regex of a byte-level pre-tokenizer: ByteLevel(use_regex=True) as GPT-2 has, or
+    Sequence[Split(Regex, Isolated), ByteLevel(use_regex=False)] as Qwen2 has."""
+    steps = pre.get("pretokenizers", []) if pre and pre.get("type") == "Sequence" else [pre]
+    types = [s and s.get("type") for s in steps]
+    if any(s and s.get("type") == "ByteLevel" and s.get("add_prefix_space") for s in steps):
+        raise unsupported("ByteLevel add_prefix_space=True")
+    if types == ["ByteLevel"] and steps[0].get("use_regex", True):
+        return GPT2_PAT
+    if types == ["Split", "ByteLevel"] and not steps[1].get("use_regex", True):
+        split = steps[0]
+        if "Regex" in split.get("pattern", {}) and split.get("behavior") == "Isolated" \
+                and not split.get("invert"):
+            return split["pattern"]["Regex"]
+    raise unsupported(f"pre-tokenizer {types}")
+
+
+def load_tokenizer(path):
+    """A HF directory with tokenizer.json or a tokenizer.json -> load_hf_tokenizer; a .tiktoken
+    file -> Tokenizer.from_tiktoken_file."""
+    p = Path(path)
+    if (p.is_dir() and (p / "tokenizer.json").is_file()) or p.name == "tokenizer.json":
+        return load_hf_tokenizer(p)
+    if p.suffix == ".tiktoken":
+        return Tokenizer.from_tiktoken_file(p)
+    raise ValueError(f"{path}: not a tokenizer (want a HF dir with tokenizer.json, "
+                     f"a tokenizer.json or a .tiktoken)")

@@ -8,7 +8,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NARROW = ["model.py", "load_hf.py", "engine.py", "grpo.py", "rewards.py", "rewards_video.py",
-          "train_lang.py", "tasks.py", "mle.py", "data/textgame/task.py"]
+          "tokenizer_text.py", "bpe.py", "train_lang.py", "tasks.py", "mle.py",
+          "data/textgame/task.py"]
 
 
 @pytest.mark.parametrize("name", NARROW)
