@@ -33,10 +33,11 @@ from tqdm import tqdm
 
 from checkpoint import read_checkpoint, read_meta, write_json
 from evaluate_lang import evaluate, evaluate_checkpoints, print_comparison
-from grpo import GRPOConfig, add_flags, from_flags, grpo_step, make_optimizer, set_lr
+from grpo import GRPOConfig, grpo_step, make_optimizer, set_lr
 import mle
 from model import GPT, GPTConfig
-from runtime import Run, WeightPath, check_ranges, finite_weights, fork_alongside, lr_at
+from runtime import (Run, WeightPath, add_flags, check_ranges, finite_weights, fork_alongside,
+                     from_flags, lr_at)
 from tasks import TASKS, PromptPool, keep_tokenizer, load_lang_model, probe_rewards
 from tokenizer_text import Tokenizer
 
