@@ -41,7 +41,7 @@ from data.robot.task import clips, load_split
 from evaluate_lang import evaluate, pct, print_paired, print_table
 from evaluate_video import (OFFICIAL, eval_video, load_video_model, paired_video, print_video_paired,
                             print_video_table, tokenizer_ceiling)
-from rewards import load_lpips
+from rewards_video import load_lpips
 from runtime import check_device, check_ranges
 from tasks import TASKS, load_lang_model
 from tokenizer_vq import load_vq

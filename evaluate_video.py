@@ -5,9 +5,9 @@ its command line).
 
 What is reported (`eval_video`), all on decoded pixels against the *true* frames, averaged over
 predicted frames:
-- mse, mae, psnr, ssim, lpips (null without LPIPS weights), and repetition_rate (rewards.py): a
-  predicted frame whose codes equal the previous frame's (for the first one: the codes of "nothing
-  changed", vq.tokenize(ctx, ctx)).
+- mse, mae, psnr, ssim, lpips (null without LPIPS weights), and repetition_rate (rewards_video.py):
+  a predicted frame whose codes equal the previous frame's (for the first one: the codes of
+  "nothing changed", vq.tokenize(ctx, ctx)).
 - copy_last_frame: the same metrics for the baseline that repeats the last context frame. On a
   mostly static scene it is strong on whole-frame metrics, so we also report every model on the
   pixels that truly move: mae_moving = MAE over pixels where the true frame differs from the last
@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from checkpoint import load_model
 from data.robot.task import Layout, frame_codes, rollout, tokenize_split, windows
-from rewards import MOVE_TOL, OBJECT_TOL, mae, mse, psnr, repetition_rate, ssim
+from rewards_video import MOVE_TOL, OBJECT_TOL, mae, mse, psnr, repetition_rate, ssim
 from stats import paired_table
 from tokenizer_vq import load_vq
 

@@ -10,12 +10,13 @@ GRPO (Group Relative Policy Optimization) by hand, one `grpo_step` for every tas
 Log-probs use logits / temperature, the sampler's distribution. Special cases sit in one-line
 helpers: bf16 (`maybe_recompute_old_logp`) and DDP (`no_sync_unless_last`, `rows_on_all_ranks`,
 `join_with_zero_gradient`: each rank samples its own prompts, all take the same optimizer steps).
-GRPOConfig holds every default of the RL stage; `add_flags` turns its fields into a script's flags.
+GRPOConfig holds every default of the RL stage; runtime.add_flags turns its knobs into a script's
+flags.
 """
 import math
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -63,22 +64,6 @@ class GRPOConfig:
 
     def __post_init__(self):
         assert self.loss_agg in ("token-mean", "seq-mean"), f"loss_agg: {self.loss_agg!r}"
-
-
-def add_flags(group, cls, research=False):
-    """The knobs of dataclass `cls` (its research ones, or the others) as flags of an argparse
-    group; a bool is a 0/1 int. `from_flags` reads them back."""
-    for f in fields(cls):
-        if f.metadata and f.metadata["research"] == research:
-            kind, m = int if f.type is bool else f.type, f.metadata
-            group.add_argument(f"--{m['flag'] or f.name}", type=kind, default=kind(f.default),
-                               choices=m["choices"], help=m["help"])
-
-
-def from_flags(args, cls):
-    """The dataclass `cls` from the flags `add_flags` made (its other fields: their defaults)."""
-    return cls(**{f.name: f.type(getattr(args, f.metadata["flag"] or f.name))
-                  for f in fields(cls) if f.metadata})
 
 
 def make_optimizer(model, cfg):

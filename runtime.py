@@ -51,6 +51,7 @@ import re
 import sys
 import time
 import zlib
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -331,6 +332,22 @@ def check_ranges(parser, args, at_least_1=(), at_least_0=()):
     for name in at_least_0:
         if not getattr(args, name) >= 0:
             parser.error(f"--{name} must be >= 0, got {getattr(args, name)}")
+
+
+def add_flags(group, cls, research=False):
+    """The knobs (grpo.knob fields) of dataclass `cls`, its research ones or the others, as flags of
+    an argparse group; a bool is a 0/1 int. `from_flags` reads them back."""
+    for f in fields(cls):
+        if f.metadata and f.metadata["research"] == research:
+            kind, m = int if f.type is bool else f.type, f.metadata
+            group.add_argument(f"--{m['flag'] or f.name}", type=kind, default=kind(f.default),
+                               choices=m["choices"], help=m["help"])
+
+
+def from_flags(args, cls):
+    """The dataclass `cls` from the flags `add_flags` made (its other fields: their defaults)."""
+    return cls(**{f.name: f.type(getattr(args, f.metadata["flag"] or f.name))
+                  for f in fields(cls) if f.metadata})
 
 
 def finite_weights(model):

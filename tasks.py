@@ -26,7 +26,7 @@ from data.webpage import prepare as webpage_prepare, task as webpage_task
 from engine import generate
 from model import GPT
 from rewards import textgame_reward, web_prf
-from tokenizer_text import load_tokenizer
+from load_hf import load_tokenizer
 
 
 @dataclass(frozen=True)

@@ -33,18 +33,18 @@ from tqdm import tqdm
 
 from checkpoint import read_checkpoint, read_meta, write_json
 from evaluate_lang import evaluate, evaluate_checkpoints, print_comparison
-from grpo import GRPOConfig, add_flags, from_flags, grpo_step, make_optimizer, set_lr
+from grpo import GRPOConfig, grpo_step, make_optimizer, set_lr
 import mle
 from model import GPT, GPTConfig
-from runtime import (ComputeBudget, Run, WeightPath, check_ranges, finite_weights, fork_alongside,
-                     lr_at)
+from runtime import (ComputeBudget, Run, WeightPath, add_flags, check_ranges, finite_weights,
+                     fork_alongside, from_flags, lr_at)
 from tasks import TASKS, PromptPool, keep_tokenizer, load_lang_model, probe_rewards
 from tokenizer_text import Tokenizer
 
 ROOT = Path(__file__).resolve().parent
 
 # -----------------------------------------------------------------------------
-# flags; the RL stage's come from grpo.GRPOConfig (`add_flags`), the home of their defaults
+# flags; the RL stage's come from grpo.GRPOConfig (`runtime.add_flags`), the home of their defaults
 # allow_abbrev=False: a prefix of a flag (--data for --data_dir) is an error, not that flag
 p = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                             allow_abbrev=False, description="MLE then RLVR for a language world "

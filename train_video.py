@@ -73,7 +73,7 @@ from evaluate_video import (OFFICIAL, eval_video, load_video_model, paired_video
                             print_video_paired, print_video_table, to_float)
 from grpo import GRPOConfig, grpo_step, make_optimizer
 from model import GPT, GPTConfig
-from rewards import load_lpips, pick_reward, video_reward
+from rewards_video import load_lpips, pick_reward, video_reward
 from runtime import ComputeBudget, Run, check_ranges, fork_alongside, fork_map, lr_at
 from tokenizer_vq import CondVQVAE, load_vq
 
@@ -94,7 +94,7 @@ p = argparse.ArgumentParser(description="tokenizer, MLE then RLVR for a video wo
 p.add_argument("--data", default=str(DATA_DIR),
                help="episode .npz directory (the embedded data is generated when its folder holds "
                     "no split)")
-p.add_argument("--out_dir", default="out/video",
+p.add_argument("--out_dir", default=train_vq.OUT_DIR,
                help="checkpoints, token caches, log.jsonl and eval.json go here")
 p.add_argument("--stage", default="all", choices=["all", "tokenizer", "mle", "rlvr"],
                help="which stages to run")
@@ -107,13 +107,14 @@ p.add_argument("--init", default="auto",
 p.add_argument("--vq", default="auto",
                help="tokenizer file for --stage=mle from scratch (auto: out_dir's, else the "
                     "shipped per-frame one); also the per-frame VQ a new cond tokenizer uses")
-p.add_argument("--resume", type=int, default=1,
+p.add_argument("--resume", type=int, default=train_vq.RESUME,
                help="1: continue from out_dir's checkpoints (with the same flags); 0: start over")
 # tokenizers: train_vq.py's flags, passed on to it
 train_vq.add_flags(p)
 # world model
 p.add_argument("--context", type=int, default=1, help="true frames before the first predicted one")
-p.add_argument("--horizon", type=int, default=7, help="predicted frames in multi mode (paper: 7)")
+p.add_argument("--horizon", type=int, default=train_vq.HORIZON,
+               help="predicted frames in multi mode (paper: 7)")
 p.add_argument("--n_layer", type=int, default=4, help="GPT layers")
 p.add_argument("--n_head", type=int, default=4, help="GPT attention heads")
 p.add_argument("--n_embd", type=int, default=128, help="GPT width")
@@ -152,13 +153,13 @@ p.add_argument("--lpips", default=None,
                help="LPIPS-VGG weights (tools/convert_lpips.py) for the reward and eval")
 p.add_argument("--moving_weight", type=float, default=1.0,
                help="the reward also loses this x the MAE on the pixels that move "
-                    "(rewards.moving_mae): copying the last frame, or drawing a still scene, is "
-                    "not paid")
+                    "(rewards_video.moving_mae): copying the last frame, or drawing a still scene, "
+                    "is not paid")
 p.add_argument("--object_weight", type=float, default=None,
                help="the reward also loses this x the share of the true objects' pixels left "
-                    "empty (rewards.object_miss; needs episodes with a background image): erasing "
-                    "an object is not paid (default: 0 single-step, 0.5 multi-step; 0 on data "
-                    "without backgrounds)")
+                    "empty (rewards_video.object_miss; needs episodes with a background image): "
+                    "erasing an object is not paid (default: 0 single-step, 0.5 multi-step; 0 on "
+                    "data without backgrounds)")
 p.add_argument("--moving_only", type=int, default=1,
                help="RL prompts only from windows where the scene moves")
 # evaluation
@@ -187,8 +188,9 @@ check_ranges(p, args, at_least_1=("context", "horizon", "n_layer", "n_head", "n_
                                   "batch_size", "rl_steps", "prompts_per_step", "group_size",
                                   "minibatches", "micro_batch", "eval_every", "eval_workers",
                                   "threads", "ckpt_every"),
-             at_least_0=("mle_minutes", "mle_lr", "warmup", "weight_decay", "control_lr", "rl_lr", "moving_weight", "object_weight", "beta",
-                         "clip_eps", "test_limit", "train_limit"))
+             at_least_0=("mle_minutes", "mle_lr", "warmup", "weight_decay", "control_lr", "rl_lr",
+                         "moving_weight", "object_weight", "beta", "clip_eps", "test_limit",
+                         "train_limit"))
 if not args.temperature > 0:
     p.error(f"--temperature must be > 0, got {args.temperature}")
 
@@ -390,7 +392,7 @@ def run_rlvr(run, model, ckpt, vq, layout, tokens, splits, lo, hi, horizon, lpip
         with torch.no_grad():
             pred = vq.detokenize(codes.flatten(0, 1).to(args.device), ctx.to(args.device)).cpu()
         truth = torch.cat([it["truth"] for it in items])                   # (N*K, 3, H, W)
-        # rewards.video_reward: one value per frame, e.g. -(MAE + 1 - SSIM) - moving_weight *
+        # rewards_video.video_reward: one value per frame, e.g. -(MAE + 1 - SSIM) - moving_weight *
         # MAE on moving pixels; a completion gets its frames' mean
         bg = per_frame("background") if args.object_weight else None       # the bare scenes
         r = video_reward(reward_name, pred, truth, lpips_net, ctx, args.moving_weight, bg,

@@ -42,7 +42,7 @@ from tqdm import tqdm
 from evaluate_video import to_float
 from data.robot.prepare import DATA_DIR, ensure_splits
 from data.robot.task import clips, episode_files, load_split
-from rewards import mae, psnr, ssim
+from rewards_video import mae, psnr, ssim
 from runtime import Run, check_ranges, lr_at
 from tokenizer_vq import (CondVQConfig, CondVQVAE, VQConfig, VQVAE, codebook_stats, load_vq,
                           save_vq)
@@ -53,6 +53,12 @@ VQ_FILE, CVQ_FILE = "video_vq.safetensors", "video_cvq.safetensors"
 
 # -----------------------------------------------------------------------------
 # flags: the tokenizer flags' one home, shared with train_video.py
+
+# the defaults of three flags both scripts have (train_video.py's take them from here): the
+# tokenizers go where `train_video.py --stage=mle` looks for them; the cond tokenizer codes frames
+# up to the multi-step horizon ahead of their context (paper: 7); a re-run continues from
+# out_dir's checkpoints
+OUT_DIR, HORIZON, RESUME = "out/video", 7, 1
 
 def add_flags(p):
     """Add the tokenizer flags to parser `p` (this script's and train_video.py's)."""
@@ -368,13 +374,14 @@ def main():
     p.add_argument("--data", default=str(DATA_DIR),
                    help="episode .npz directory (the embedded data is generated when its folder "
                         "holds no split)")
-    p.add_argument("--out_dir", default="out/video",
+    p.add_argument("--out_dir", default=OUT_DIR,
                    help="the tokenizers go here (train_video.py's default --out_dir)")
     p.add_argument("--vq", default="auto",
                    help="auto: train a per-frame VQ; else the per-frame VQ a cond tokenizer uses")
-    p.add_argument("--resume", type=int, default=1, help="1: continue from out_dir's checkpoints")
+    p.add_argument("--resume", type=int, default=RESUME,
+                   help="1: continue from out_dir's checkpoints")
     add_flags(p)
-    p.add_argument("--horizon", type=int, default=7,
+    p.add_argument("--horizon", type=int, default=HORIZON,
                    help="train_video.py's multi-step horizon: the cond tokenizer codes frames "
                         "up to this many ahead of their context")
     add_run_flags(p)

@@ -18,8 +18,9 @@ from data.textgame import task  # noqa: E402
 from data.textgame.simulator import generate_split  # noqa: E402
 from engine import generate  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from tokenizer_text import EOT, Tokenizer, load_tokenizer  # noqa: E402
-from tools.export_hf import export  # noqa: E402
+from load_hf import load_hf_tokenizer, load_tokenizer  # noqa: E402
+from tokenizer_text import EOT, Tokenizer  # noqa: E402
+from tools.export_hf import export, save_hf_tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTGAME = ROOT / "checkpoints" / "textgame" / "mle.safetensors"
@@ -123,9 +124,9 @@ def test_trained_and_hf_tokenizers_round_trip(tmp_path):
     original = train_hf(pre, tokenizers.normalizers.NFC(), [], [EOT, "<|im_start|>", "<|im_end|>"],
                         tmp_path / "qwen2")
     (tmp_path / "qwen2" / "tokenizer_config.json").write_text('{"eos_token": "<|im_end|>"}')
-    qwen = Tokenizer.from_hf(tmp_path / "qwen2")
+    qwen = load_hf_tokenizer(tmp_path / "qwen2")
     for name, tok in (("trained", trained), ("qwen", qwen)):
-        tok.save_hf(tmp_path / name)
+        save_hf_tokenizer(tok, tmp_path / name)
         raw = tokenizers.Tokenizer.from_file(str(tmp_path / name / "tokenizer.json"))
         back = load_tokenizer(tmp_path / name)
         assert back.eos_id == tok.eos_id and back.nfc == tok.nfc

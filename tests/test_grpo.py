@@ -12,9 +12,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import grpo
-from grpo import (GRPOConfig, add_flags, aggregate, clipped_objective, from_flags, group_advantages, grpo_loss,
-                  grpo_step, k3_kl, logprobs_shared_prompts, make_optimizer, pack, set_lr)
+from grpo import (GRPOConfig, aggregate, clipped_objective, group_advantages, grpo_loss, grpo_step, k3_kl,
+                  logprobs_shared_prompts, make_optimizer, pack, set_lr)
 from model import GPT, GPTConfig
+from runtime import add_flags, from_flags
 
 torch.set_num_threads(1)
 

@@ -44,9 +44,10 @@ from data.textgame.prepare import ensure_splits
 from data.textgame.task import load_records
 from eval import load_lang_model
 from grpo import GRPOConfig, grpo_step
+from load_hf import load_tokenizer
 from model import GPT, GPTConfig
-from rewards import load_lpips
-from tokenizer_text import Tokenizer, load_tokenizer
+from rewards_video import load_lpips
+from tokenizer_text import Tokenizer
 from tokenizer_vq import load_vq
 from evaluate_video import load_video_model
 

@@ -1,10 +1,10 @@
-"""Property tests of every reward in rewards.py (hypothesis, derandomized so CI is deterministic): on >= 10,000
-random and mutated inputs per reward (truncated JSON, wrong types, huge numbers, NaN, deep nesting, unicode, empty
-text, every prefix of true and mutated answers; NaN/inf/huge pixels in four dtypes), every result is a finite number in the documented range and nothing
-raises. Hypothesis costs ~1 ms per drawn example on a busy core, ten times a reward call, so most examples are a
-seed from which plain Python builds a batch of inputs (each one checked on its own). One exception in count:
-"mae+lpips" costs a VGG16 pass per input (~3.5 ms at 16x16 on one core), so it gets >= 150 inputs; its input
-handling is the same `video_reward` code that "mae+ssim" runs >= 10,000 times.
+"""Property tests of every reward in rewards.py and rewards_video.py (hypothesis, derandomized so CI is deterministic):
+on >= 10,000 random and mutated inputs per reward (truncated JSON, wrong types, huge numbers, NaN, deep nesting,
+unicode, empty text, every prefix of true and mutated answers; NaN/inf/huge pixels in four dtypes), every result is a
+finite number in the documented range and nothing raises. Hypothesis costs ~1 ms per drawn example on a busy core, ten
+times a reward call, so most examples are a seed from which plain Python builds a batch of inputs (each one checked on
+its own). One exception in count: "mae+lpips" costs a VGG16 pass per input (~3.5 ms at 16x16 on one core), so it gets >=
+150 inputs; its input handling is the same `video_reward` code that "mae+ssim" runs >= 10,000 times.
 Bounded work: answers over MAX_ANSWER_CHARS score 0 unread (checked one character either side of the cap), and the
 worst constructions we know of, megabyte-long or at the cap, finish fast (asserted under 5 s; measured <= 0.15 s on
 a busy 2-core machine). Video metrics given wrong shapes or dtypes raise one clear ValueError."""
@@ -22,8 +22,8 @@ from data.textgame.simulator import generate_split as textgame_split
 from data.textgame.task import make_diff, target_text as textgame_target
 from data.webpage.simulator import generate_split as webpage_split
 from data.webpage.task import target_text as webpage_target
-from rewards import (LPIPS, MAX_ANSWER_CHARS, _last_fenced, mae, mse, psnr, repetition_rate, ssim, textgame_metrics,
-                     textgame_reward, video_reward, web_f1, web_prf, WORST_VIDEO_REWARD)
+from rewards import MAX_ANSWER_CHARS, _last_fenced, textgame_metrics, textgame_reward, web_f1, web_prf
+from rewards_video import LPIPS, WORST_VIDEO_REWARD, mae, mse, psnr, repetition_rate, ssim, video_reward
 
 FUZZ = dict(deadline=None, derandomize=True, database=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

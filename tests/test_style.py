@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-NARROW = ["model.py", "engine.py", "grpo.py", "rewards.py", "train_lang.py", "tasks.py", "mle.py",
+NARROW = ["model.py", "load_hf.py", "engine.py", "grpo.py", "rewards.py", "rewards_video.py",
+          "tokenizer_text.py", "bpe.py", "train_lang.py", "tasks.py", "mle.py",
           "data/textgame/task.py"]
 
 

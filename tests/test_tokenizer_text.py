@@ -1,5 +1,6 @@
-"""Tests for tokenizer_text: id parity with HF `tokenizers` (the oracle) on GPT-2- and Qwen2-style byte-level BPE
-files built offline, .tiktoken round trips, the trainer (against a naive reference trainer), and clear errors."""
+"""Tests for tokenizer_text, bpe.py and load_hf.py's tokenizer loading: id parity with HF `tokenizers` (the oracle)
+on GPT-2- and Qwen2-style byte-level BPE files built offline, .tiktoken round trips, the trainer (against a naive
+reference trainer), and clear errors."""
 
 import json
 import random
@@ -11,7 +12,8 @@ from hypothesis import given, settings, strategies as st
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
-from tokenizer_text import GPT2_PAT, Tokenizer, load_tokenizer
+from load_hf import load_hf_tokenizer, load_tokenizer
+from tokenizer_text import GPT2_PAT, Tokenizer
 
 QWEN2_PAT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
              r"|\s+(?!\S)|\s+")
@@ -81,7 +83,7 @@ def qwen2_style(tmp_path_factory):
 @pytest.mark.parametrize("style", ["gpt2_style", "qwen2_style"])
 def test_hf_parity(style, request):
     hf, d = request.getfixturevalue(style)
-    tok = Tokenizer.from_hf(d)
+    tok = load_hf_tokenizer(d)
     assert tok.n_vocab == hf.get_vocab_size()
     for text in SAMPLES:
         ids = tok.encode(text)
@@ -98,14 +100,14 @@ def test_hf_parity(style, request):
 
 def test_hf_eos_and_paths(gpt2_style, qwen2_style):
     hf, d = gpt2_style
-    assert Tokenizer.from_hf(d / "tokenizer.json").eos_id == hf.token_to_id("<|endoftext|>") == 0
+    assert load_hf_tokenizer(d / "tokenizer.json").eos_id == hf.token_to_id("<|endoftext|>") == 0
     hf, d = qwen2_style
     assert load_tokenizer(d).eos_id == hf.token_to_id("<|im_end|>")
 
 
 @pytest.fixture(scope="module")
 def both_styles(gpt2_style, qwen2_style):
-    return [(hf, Tokenizer.from_hf(d)) for hf, d in (gpt2_style, qwen2_style)]
+    return [(hf, load_hf_tokenizer(d)) for hf, d in (gpt2_style, qwen2_style)]
 
 
 @settings(max_examples=150, deadline=None)
@@ -188,7 +190,7 @@ def test_decode_is_lenient(trained):
 
 def test_errors_name_the_path(tmp_path, gpt2_style, trained):
     missing = tmp_path / "nope"
-    for load in (Tokenizer.from_hf, Tokenizer.from_tiktoken_file, load_tokenizer):
+    for load in (load_hf_tokenizer, Tokenizer.from_tiktoken_file, load_tokenizer):
         with pytest.raises(ValueError, match="nope"):
             load(missing)
     corrupt = tmp_path / "bad" / "tokenizer.json"
@@ -233,9 +235,9 @@ def test_unsupported_tokenizers(tmp_path, gpt2_style):
     for message, edit in cases.items():
         path = edited(d, tmp_path, edit)
         with pytest.raises(ValueError, match=message) as err:
-            Tokenizer.from_hf(path)
+            load_hf_tokenizer(path)
         assert str(path) in str(err.value)
     # Sanity: an unedited copy loads, so the failures above come from the edits.
-    assert Tokenizer.from_hf(edited(d, tmp_path, lambda s: None)).n_vocab == hf.get_vocab_size()
+    assert load_hf_tokenizer(edited(d, tmp_path, lambda s: None)).n_vocab == hf.get_vocab_size()
     with pytest.raises(ValueError, match="not a tokenizer"):
         load_tokenizer(tmp_path / "weights.bin")

@@ -8,7 +8,7 @@ from data.robot import sim
 from data.robot.task import Layout, frame_codes, rollout
 from evaluate_video import eval_video, paired_video, tokenizer_ceiling, write_grid
 from model import GPT, GPTConfig
-from rewards import mae
+from rewards_video import mae
 from tokenizer_vq import CondVQConfig, CondVQVAE, VQConfig, VQVAE
 
 

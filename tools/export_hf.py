@@ -8,11 +8,20 @@ m, t = M.from_pretrained('out/textgame_hf'), T.from_pretrained('out/textgame_hf'
 OUT_DIR gets config.json, model.safetensors, tokenizer.json, tokenizer_config.json and
 generation_config.json. Our RMSNorm / RoPE / SwiGLU family becomes a `llama` model (`qwen2` when q,
 k and v have biases: Llama's attention_bias would put one on the output projection too), the GPT-2
-family a `gpt2` one. The tensor names are model.py's `hf_to_ours` run backwards: the fused q|k|v
+family a `gpt2` one. The tensor names are load_hf.py's `hf_to_ours` run backwards: the fused q|k|v
 projection (`c_attn`) and SwiGLU's gate|up (`c_fc`) are split into HF's separate Linears, and
 GPT-2's weights are transposed into its Conv1D's (in, out) layout. RoPE needs no reordering:
-model.py rotates HF's way ("rotate half"). tokenizer_text's `save_hf` writes the tiktoken ranks as
-HF byte-level BPE; <|endoftext|> is both EOS and BOS, as in GPT-2 (our sequences start without one).
+model.py rotates HF's way ("rotate half"). `save_hf_tokenizer` writes the tiktoken ranks as HF
+byte-level BPE; <|endoftext|> is both EOS and BOS, as in GPT-2 (our sequences start without one).
+
+The tokenizer's merges. tiktoken keeps no merge list: inside a pre-token it fuses whichever adjacent
+pair concatenates to the lowest-ranked token, while HF fuses only the pairs its `merges` list holds,
+the earliest listed first. Listing every split of every token into two tokens, in the rank order of
+the tokens they make, makes the two agree; HF's `ignore_merges` copies tiktoken's shortcut of
+emitting a pre-token that is itself a token whole. One tie remains: two different pairs that make
+the same token side by side (ab|a|ba) fuse left first in tiktoken and list first in HF; no text of
+the tests meets it. HF also finds special tokens such as "<|endoftext|>" in the text it encodes,
+where `encode` never does.
 
 `GPT.from_pretrained(OUT_DIR)` and `load_tokenizer(OUT_DIR)` read the directory back, as
 `train_lang.py --init=OUT_DIR` and `eval.py` do; the export reads it back that way and checks every
@@ -30,9 +39,8 @@ import torch
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from checkpoint import load_model, write_json  # noqa: E402
-from model import load_pretrained  # noqa: E402
-from tokenizer_text import load_tokenizer  # noqa: E402
+from checkpoint import atomic_write_text, load_model, write_json  # noqa: E402
+from load_hf import bytes_to_unicode, load_pretrained, load_tokenizer  # noqa: E402
 
 
 def load_language_checkpoint(path):
@@ -147,7 +155,57 @@ def write_hf_dir(model, tok, directory):
               metadata={"format": "pt"})   # transformers wants to know the framework
     write_json(directory / "generation_config.json",
                dict(bos_token_id=tok.eos_id, eos_token_id=tok.eos_id, pad_token_id=tok.eos_id))
-    tok.save_hf(directory)
+    save_hf_tokenizer(tok, directory)
+
+
+def save_hf_tokenizer(tok, directory):
+    """Write the Tokenizer `tok` as HF byte-level BPE into `directory`: tokenizer.json (vocab,
+    merges derived from the ranks as the module docstring explains, the split regex, the specials)
+    and tokenizer_config.json (the eos token), for HF `tokenizers`, `transformers.AutoTokenizer`
+    and load_hf.py's `load_tokenizer`."""
+    directory = Path(directory)
+    to_char = bytes_to_unicode()
+
+    def text(token):   # token bytes -> the printable string HF stores
+        return "".join(to_char[b] for b in token)
+
+    ranks = {t: tok.enc.encode_single_token(t) for t in tok.enc.token_byte_values()}
+    merges = []
+    # a merge's place in the list is its rank
+    for token, _ in sorted(ranks.items(), key=lambda kv: kv[1]):
+        splits = [(token[:i], token[i:]) for i in range(1, len(token))]
+        splits = sorted((ranks[a], ranks[b], a, b) for a, b in splits if a in ranks and b in ranks)
+        merges += [[text(a), text(b)] for _, _, a, b in splits]
+    specials = sorted((tok.enc.encode_single_token(s), s) for s in tok.enc.special_tokens_set)
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                  "use_regex": False}
+    spec = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": i, "content": s, "single_word": False, "lstrip": False,
+                          "rstrip": False, "normalized": False, "special": True}
+                         for i, s in specials],
+        "normalizer": {"type": "NFC"} if tok.nfc else None,
+        # tiktoken's regex splits the text into pre-tokens, then ByteLevel maps their bytes to
+        # characters
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": tok.enc._pat_str}, "behavior": "Isolated",
+             "invert": False},
+            byte_level]},
+        "post_processor": None,   # encoding adds no BOS / EOS, as `encode` adds none
+        "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": False, "byte_fallback": False,
+                  "ignore_merges": True,   # a pre-token that is a token stays whole, as in tiktoken
+                  "vocab": {text(t): i for t, i in sorted(ranks.items(), key=lambda kv: kv[1])},
+                  "merges": merges},
+    }
+    eos = next(s for i, s in specials if i == tok.eos_id)
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos,
+              "clean_up_tokenization_spaces": False}
+    atomic_write_text(directory / "tokenizer.json",
+                      json.dumps(spec, ensure_ascii=False, indent=2) + "\n")
+    atomic_write_text(directory / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")
 
 
 def check_round_trip(model, directory):
