@@ -310,6 +310,16 @@ def regimes():
     return table(head, rows)
 
 
+def control_sweep(task):
+    """experiments/control_sweep.py's rows: the control at multiples of its start's final MLE rate,
+    for the default run's RLVR compute, minus its start on validation (paired)."""
+    sweep = json.loads((RESULTS / f"control_sweep_{task}.json").read_text())
+    rows = [[f"x{r['factor']:g}", f"{r['lr']:.2g}", r["steps"], pct(r["start"]), pct(r["control"]),
+             ci(r["diff"])] for r in sweep["rows"]]
+    head = ["rate (x the start's final)", "lr", "steps", "start", "control", "control - start"]
+    return table(head, rows, right=(2, 3, 4))
+
+
 def webpage_placebo():
     """The web page's placebo against its start, and the default RLVR against the placebo."""
     rows = [[f"{split} ({load('webpage_placebo', split)['mle']['n']})",
@@ -511,6 +521,7 @@ BLOCKS = {   # name -> (page, the function that makes it)
     "webpage_seeds": ("docs/results.md", lambda: lang_seeds(WEB_SEEDS, "f1")),
     "webpage_placebo": ("docs/results.md", webpage_placebo),
     "rl_logs": ("docs/results.md", rl_logs),
+    "textgame_control_sweep": ("docs/results.md", lambda: control_sweep("textgame")),
     "plan_textgame_first": ("docs/downstream.md", lambda: plan_table(
         "textgame_mle_random_sim", {"random": "random", "sim": "sim",
                                     TG_MLE: f"MLE (`{TG_MLE}`)"})),
