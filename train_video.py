@@ -67,9 +67,9 @@ import mle
 import train_vq
 from checkpoint import atomic_write, atomic_write_text, read_checkpoint, read_meta, recorded_path
 from data.robot.prepare import DATA_DIR
-from data.robot.task import (Layout, frame_codes, read_action_stats, rollout, tokenize_split,
-                             windows)
-from evaluate_video import (OFFICIAL, eval_video, load_video_model, paired_video,
+from data.robot.task import (Layout, find_still_code, frame_codes, read_action_stats, rollout,
+                             tokenize_split, windows)
+from evaluate_video import (OFFICIAL, eval_video, load_video_model, paired_effects, paired_video,
                             print_video_paired, print_video_table, to_float)
 from grpo import GRPOConfig, grpo_step, make_optimizer
 from model import GPT, GPTConfig
@@ -125,6 +125,10 @@ p.add_argument("--batch_size", type=int, default=16, help="MLE windows per step 
 p.add_argument("--mle_lr", type=float, default=2e-3, help="MLE peak learning rate (cosine decay)")
 p.add_argument("--warmup", type=int, default=100, help="MLE warmup steps")
 p.add_argument("--weight_decay", type=float, default=0.1, help="AdamW weight decay for MLE")
+p.add_argument("--still_code", type=int, default=0,
+               help="1 (context-conditioned tokenizer): the token windows give every cell that does "
+                    "not change one code, the tokenizer's 'unchanged' (data/robot/task."
+                    "find_still_code), not the many its encoder leaves there (docs/video.md)")
 p.add_argument("--control", type=int, default=1,
                help="1: also train the control, the MLE start trained further by MLE for RLVR's "
                     "wall-clock")
@@ -257,15 +261,17 @@ print0(f"data: {len(train_eps)} train / {len(val_eps)} val / {len(test_eps)} tes
 # -----------------------------------------------------------------------------
 # stage 1: the tokenizers (train_vq.py), then every split's clips as tokens, cached
 
-def cached_tokens(run, vq_path, vq, layout, splits, horizon, lo, hi):
+def cached_tokens(run, vq_path, vq, layout, splits, horizon, lo, hi, still_code=None):
     """{split: tokenize_split(...)} of every split (name -> clips), each cached in out_dir per
-    tokenizer file, data, horizon and split."""
+    tokenizer file, data, horizon, split and still code (--still_code)."""
     args, tokens = run.args, {}
     for split, episodes in splits.items():
         # the cache is valid only for the same tokenizer bytes, data folder, frame size, clip
         # count and horizon
         key = (f"{zlib.crc32(Path(vq_path).read_bytes())}-{Path(args.data).resolve()}-"
                f"{args.size}-{len(episodes)}-{horizon}")
+        if still_code is not None:
+            key += f"-still{still_code}"
         cache = run.out_dir / f"tokens_{split}.safetensors"
         try:
             with safe_open(str(cache), framework="pt") as f:
@@ -276,7 +282,7 @@ def cached_tokens(run, vq_path, vq, layout, splits, horizon, lo, hi):
             pass
         t0 = time.time()
         # context, future and action tokens per clip
-        tokens[split] = tokenize_split(vq, episodes, horizon, layout, lo, hi)
+        tokens[split] = tokenize_split(vq, episodes, horizon, layout, lo, hi, still_code)
         if run.master:
             atomic_write(cache, lambda tmp: save_file(tokens[split], str(tmp),
                                                       metadata={"key": key}))
@@ -495,6 +501,8 @@ def evaluate_models(run, models, vq, test_eps, test_tokens, lo, hi, horizon, lpi
         rows[name]["sampled"] = {k: sampled[k] for k in (
             "mae", "mse", "psnr", "ssim", "lpips", "mae_moving", "repetition_rate", "temperature",
             "top_k", "per_record")}
+        if "action_effect" in sampled:            # the embedded robot data: objects and gripper
+            rows[name]["sampled"]["action_effect"] = sampled["action_effect"]
         rows[name]["checkpoint"] = str(path)
     atomic_write_text(run.out_dir / "eval.json", json.dumps(rows, indent=2) + "\n")
     print0(f"\nheld-out test episodes ({rows['mle']['n']} predicted frames, {args.mode}-step), "
@@ -505,6 +513,11 @@ def evaluate_models(run, models, vq, test_eps, test_tokens, lo, hi, horizon, lpi
                                  ("mle", "copy"))
              if a in rows and (b in rows or b == "copy")]
     print_video_paired(paired_video(rows, pairs))
+    # did the model keep the objects and follow the action? (copy-last-frame has no such values)
+    model_pairs = [(a, b) for a, b in pairs if b != "copy"]
+    effects = paired_effects(rows, model_pairs)
+    if effects:
+        print_video_paired(effects)
     print0(f"\nsampled at T={OFFICIAL['temperature']:g}, top-k {OFFICIAL['top_k']}: " + "; ".join(
         f"{k} mae {r['sampled']['mae']:.4f} ssim {r['sampled']['ssim']:.4f} "
         f"mae_moving {r['sampled']['mae_moving']:.4f}" for k, r in rows.items()))
@@ -512,6 +525,8 @@ def evaluate_models(run, models, vq, test_eps, test_tokens, lo, hi, horizon, lpi
     # above)
     sampled = {k: dict(r["sampled"], copy_last_frame=r["copy_last_frame"]) for k, r in rows.items()}
     print_video_paired(paired_video(sampled, [(a, b) for a, b in pairs if b != "copy"]))
+    if effects:
+        print_video_paired(paired_effects(sampled, model_pairs))
     print0(f"wrote {run.out_dir / 'eval.json'}")
 
 
@@ -562,7 +577,13 @@ barrier()
 args.vq = str(vq_file)            # in the world model's args (relative): its tokenizer, beside it
 splits = {"train": train_eps, "val": val_eps, "test": test_eps}
 # every split tokenized once (cached): per clip the context codes, future codes and action tokens
-tokens = cached_tokens(run, vq_file, vq, layout, splits, horizon, lo, hi)
+still_code = None                 # --still_code: one code for every unchanged cell
+if args.still_code:
+    if not isinstance(vq, CondVQVAE):
+        fail("--still_code=1 needs the context-conditioned tokenizer (video_cvq)")
+    still_code = find_still_code(vq, val_eps[0]["image"][:2])
+    print0(f"still code {still_code}: every unchanged cell of a predicted frame's codes")
+tokens = cached_tokens(run, vq_file, vq, layout, splits, horizon, lo, hi, still_code)
 
 # MLE: on its own (--stage=mle, from scratch or continuing --init), or as the first stage of a run
 # from scratch

@@ -57,3 +57,23 @@ def judge(frame, rgb, goal):
     """Does the frame show the block of colour rgb inside the goal centred at `goal` (None: no goal found)?"""
     block = locate_block(frame, rgb)
     return block is not None and goal is not None and bool((np.abs(block - goal) < sim.GOAL_HALF - 1).all())
+
+
+def gripper_response(context, true, pred):
+    """How far a predicted window moves the gripper the way the true one moved: context (H, W, 3) the last context
+    frame, true and pred (K, H, W, 3) the window's true and predicted frames, uint8. Per step k where the detector
+    sees the true gripper move from the context frame by more than MOVED_PX: the predicted displacement projected on
+    the true one, over the true one (1: right; 0: no motion or a perpendicular one; a predicted frame without a gripper
+    is no motion), then the mean over those steps -> float, or None (no such step, or no gripper in the context)."""
+    p0 = locate_gripper(context)
+    if p0 is None:
+        return None
+    out = []
+    for t, p in zip(true, pred):
+        p1 = locate_gripper(t)
+        if p1 is None or float(np.hypot(*(p1 - p0))) <= MOVED_PX:
+            continue
+        q = locate_gripper(p)
+        d, D = (p0 if q is None else q) - p0, p1 - p0
+        out.append(float(d @ D) / float(D @ D))
+    return float(np.mean(out)) if out else None
