@@ -1,17 +1,19 @@
 """The action-effect checks: the simulator replay, the gripper response of a predicted window, the per-window
 object recall and response of eval_video with their paired differences, and the layer diagnosis's pieces."""
+from dataclasses import asdict
+
 import numpy as np
 import pytest
 import torch
 
 from data.robot import sim
 from data.robot.detect import gripper_response
-from data.robot.task import Layout
+from data.robot.task import Layout, find_still_code, still_cells, tokenize_split
 from evaluate_video import EFFECTS, add_effects, eval_video, paired_effects, summarize_effects
 from experiments import action_diagnosis as ad
 from experiments import policy_eval as pe
 from model import GPT, GPTConfig
-from tokenizer_vq import VQConfig, VQVAE
+from tokenizer_vq import CondVQConfig, CondVQVAE, VQConfig, VQVAE
 
 
 def test_replay_renders_the_policy_episode():
@@ -93,3 +95,24 @@ def test_diagnosis_follow_and_loss():
     assert loss["increase"] == pytest.approx(loss["shuffled"] - loss["true"], abs=1e-5)
     pred = ad.predict_commands(wm, ctx[:2], batch_size=8)
     assert pred.shape == (2, ad.N_DIRECTIONS, *ctx.shape[1:])
+
+
+def test_still_code_marks_every_unchanged_cell():
+    eps = episodes(2, 4, 2)
+    img = eps[0]["image"]
+    cells = still_cells(img[1:], img[:-1], 8)
+    diff = np.abs(img[1:].astype(int) - img[:-1].astype(int)).max(-1) > 25.5          # (T - 1, 64, 64)
+    assert cells.shape == (3, 64) and not cells.all() and cells.any()
+    assert (cells.view(3, 8, 8).numpy() == ~diff.reshape(3, 8, 8, 8, 8).any(axis=(2, 4))).all()
+    torch.manual_seed(0)
+    vq = CondVQVAE(CondVQConfig(channels=(4, 4, 8, 8), n_codes=16,
+                                frame=asdict(VQConfig(channels=(4, 4, 8), n_codes=8)))).eval()
+    code = find_still_code(vq, img[:1])
+    assert 0 <= code < 16
+    lay = Layout.of(vq, 2)
+    lo, hi = np.full(2, -1, np.float32), np.ones(2, np.float32)
+    plain, still = (tokenize_split(vq, eps, 2, lay, lo, hi, c) for c in (None, code))
+    assert torch.equal(plain["context"], still["context"]) and torch.equal(plain["actions"], still["actions"])
+    f = still["future"][0, :3, 0]                                                        # frame t + 1 against t
+    cells = still_cells(img[1:], img[:-1], vq.config.grid)                               # a 4 x 4 grid here
+    assert (f[cells] == code).all() and torch.equal(f[~cells], plain["future"][0, :3, 0][~cells])
