@@ -67,8 +67,8 @@ import mle
 import train_vq
 from checkpoint import atomic_write, atomic_write_text, read_checkpoint, read_meta, recorded_path
 from data.robot.prepare import DATA_DIR
-from data.robot.task import (Layout, find_still_code, frame_codes, read_action_stats, rollout,
-                             tokenize_split, windows)
+from data.robot.task import (Layout, frame_codes, read_action_stats, rollout, tokenize_split,
+                             windows)
 from evaluate_video import (OFFICIAL, eval_video, load_video_model, paired_effects, paired_video,
                             print_video_paired, print_video_table, to_float)
 from grpo import GRPOConfig, grpo_step, make_optimizer
@@ -125,10 +125,11 @@ p.add_argument("--batch_size", type=int, default=16, help="MLE windows per step 
 p.add_argument("--mle_lr", type=float, default=2e-3, help="MLE peak learning rate (cosine decay)")
 p.add_argument("--warmup", type=int, default=100, help="MLE warmup steps")
 p.add_argument("--weight_decay", type=float, default=0.1, help="AdamW weight decay for MLE")
-p.add_argument("--still_code", type=int, default=0,
-               help="1 (context-conditioned tokenizer): the token windows give every cell that does "
-                    "not change one code, the tokenizer's 'unchanged' (data/robot/task."
-                    "find_still_code), not the many its encoder leaves there (docs/video.md)")
+p.add_argument("--still_code", type=int, default=-1,
+               help="-1: off; N (context-conditioned tokenizer): the token windows give every cell "
+                    "that does not change the one code N, not the many its encoder leaves there; N "
+                    "is the tokenizer's 'unchanged', data/robot/task.find_still_code (9 for "
+                    "checkpoints/video_cvq; docs/video.md)")
 p.add_argument("--control", type=int, default=1,
                help="1: also train the control, the MLE start trained further by MLE for RLVR's "
                     "wall-clock")
@@ -578,11 +579,11 @@ args.vq = str(vq_file)            # in the world model's args (relative): its to
 splits = {"train": train_eps, "val": val_eps, "test": test_eps}
 # every split tokenized once (cached): per clip the context codes, future codes and action tokens
 still_code = None                 # --still_code: one code for every unchanged cell
-if args.still_code:
-    if not isinstance(vq, CondVQVAE):
-        fail("--still_code=1 needs the context-conditioned tokenizer (video_cvq)")
-    still_code = find_still_code(vq, val_eps[0]["image"][:2])
-    print0(f"still code {still_code}: every unchanged cell of a predicted frame's codes")
+if args.still_code != -1:
+    if not isinstance(vq, CondVQVAE) or not 0 <= args.still_code < vq.config.n_codes:
+        fail(f"--still_code {args.still_code}: needs the context-conditioned tokenizer and one of "
+             f"its codes (its 'unchanged': data/robot/task.find_still_code)")
+    still_code = args.still_code
 tokens = cached_tokens(run, vq_file, vq, layout, splits, horizon, lo, hi, still_code)
 
 # MLE: on its own (--stage=mle, from scratch or continuing --init), or as the first stage of a run

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root
 from checkpoint import write_json  # noqa: E402
 from data.robot import sim  # noqa: E402
-from data.robot.task import Layout, tokenize_split, windows  # noqa: E402
+from data.robot.task import Layout, still_cells, tokenize_split, windows  # noqa: E402
 from evaluate_video import load_video_model  # noqa: E402
 from experiments.policy_eval import (MOVED_PX, SCENE_STREAM, decode, locate_gripper, move_checks,  # noqa: E402
                                      parse_policy, predict_frames, real_episodes)
@@ -116,13 +116,27 @@ def follow(ctx, nxt):
 
 
 @torch.no_grad()
-def action_loss(wm, eps, seed, batch_size):
+def code_stats(vq, ctx, nxt):
+    """How a tokenizer codes the cells of the next frames nxt that do not change from their context frames ctx
+    (data/robot/task.still_cells) -> dict(unchanged: their share of the cells, still_match: the share of them whose
+    code is the one the tokenizer gives the cell when nothing changes, vq.tokenize(ctx, ctx); 1 means "unchanged"
+    has one code the GPT can copy or learn, less means the GPT must predict codes the decoder ignores)."""
+    codes = torch.cat([vq.tokenize(nxt[i:i + 256], ctx[i:i + 256]).cpu() for i in range(0, len(nxt), 256)])
+    still = torch.cat([vq.tokenize(ctx[i:i + 256], ctx[i:i + 256]).cpu() for i in range(0, len(ctx), 256)])
+    cells = still_cells(nxt, ctx, vq.config.grid)
+    return dict(unchanged=float(cells.float().mean()), still_match=float((codes == still)[cells].float().mean()))
+
+
+@torch.no_grad()
+def action_loss(wm, eps, seed, batch_size, still_code=None):
     """The GPT's loss on every transition's next-frame codes (nats per code) with the true action and with the action
     of another transition (a random derangement seeded by `seed`) -> dict(true, shuffled, increase, low, high): the
-    means and the paired bootstrap 95% interval of shuffled - true over the transitions."""
+    means and the paired bootstrap 95% interval of shuffled - true over the transitions; and changed / unchanged:
+    the true and shuffled losses on the codes of the cells that change and that do not (data/robot/task.still_cells).
+    still_code: the code of unchanged cells a model trained with --still_code=1 was taught (None: the encoder's)."""
     model, vq, lo, hi = wm
     layout = Layout.of(vq, 2)
-    tokens = tokenize_split(vq, eps, 1, layout, lo, hi)
+    tokens = tokenize_split(vq, eps, 1, layout, lo, hi, still_code)
     T = len(eps[0]["image"])
     wins = [(e, t) for e in range(len(eps)) for t in range(T - 1)]
     seq = windows(tokens, layout, [e for e, _ in wins], [t for _, t in wins], 1, 1)     # (N, Lc + D + L)
@@ -130,7 +144,7 @@ def action_loss(wm, eps, seed, batch_size):
     shuffled = seq.clone()
     a = slice(layout.Lc, layout.Lc + layout.D)                                          # the action tokens
     shuffled[perm, a] = seq[perm.roll(-1), a]                                       # each takes another's
-    losses = []
+    code_ce = []                                                                        # (N, L) per code
     for s in (seq, shuffled):
         idx, tgt = layout.training_pair(s, 1)
         out = []
@@ -138,18 +152,25 @@ def action_loss(wm, eps, seed, batch_size):
             logits, _ = model(idx[i:i + batch_size], tgt[i:i + batch_size])
             ce = F.cross_entropy(logits.flatten(0, 1).float(), tgt[i:i + batch_size].flatten(), ignore_index=-1,
                                  reduction="none").view(len(logits), -1)
-            out.append(ce.sum(1) / (tgt[i:i + batch_size] >= 0).sum(1))
-        losses.append(torch.cat(out).numpy())
+            out.append(ce[:, -layout.L:])                                               # the next frame's codes
+        code_ce.append(torch.cat(out))
+    losses = [c.mean(1).numpy() for c in code_ce]
     inc, low, high = paired_bootstrap(losses[1], losses[0])
-    return dict(true=float(losses[0].mean()), shuffled=float(losses[1].mean()), increase=inc, low=low, high=high)
+    ctx = np.concatenate([ep["image"][:-1] for ep in eps])
+    cells = still_cells(np.concatenate([ep["image"][1:] for ep in eps]), ctx, vq.config.grid)
+    split = {name: dict(true=float(code_ce[0][m].mean()), shuffled=float(code_ce[1][m].mean()))
+             for name, m in (("changed", ~cells), ("unchanged", cells))}
+    return dict(true=float(losses[0].mean()), shuffled=float(losses[1].mean()), increase=inc, low=low, high=high,
+                **split)
 
 
 # -----------------------------------------------------------------------------
 # the table
 
 def diagnose(tokenizers, models, eps, backgrounds, states, batch_size, seed, log=print):
-    """tokenizers: name -> tokenizer; models: name -> (GPT, tokenizer, action lo, action hi). -> rows: name ->
-    dict(layer, checks (policy_eval.move_checks), counterfactual (follow), loss (action_loss; GPT rows only))."""
+    """tokenizers: name -> tokenizer; models: name -> ((GPT, tokenizer, action lo, action hi), the still code it was
+    trained with or None). -> rows: name -> dict(layer, checks (policy_eval.move_checks), counterfactual (follow),
+    codes (code_stats; tokenizer rows), loss (action_loss; GPT rows))."""
     ctx = np.concatenate([ep["image"][:-1] for ep in eps])
     nxt = np.concatenate([ep["image"][1:] for ep in eps])
     t0 = time.time()
@@ -160,36 +181,40 @@ def diagnose(tokenizers, models, eps, backgrounds, states, batch_size, seed, log
         t0 = time.time()
         cf = reconstruct(vq, commanded.reshape(-1, *ctx.shape[1:]), np.repeat(ctx, N_DIRECTIONS, 0))
         rows[name] = dict(layer="b", checks=move_checks(eps, reconstruct(vq, nxt, ctx)),
-                          counterfactual=follow(ctx, cf.reshape(commanded.shape)))
+                          counterfactual=follow(ctx, cf.reshape(commanded.shape)), codes=code_stats(vq, ctx, nxt))
         log(f"(b) {name} ({time.time() - t0:.0f}s)")
-    for name, wm in models.items():
+    for name, (wm, still_code) in models.items():
         t0 = time.time()
         pred = predict_frames(wm, ctx, np.concatenate([ep["action"][:-1] for ep in eps])[:, None],
                               batch_size=batch_size)[:, 0]
         rows[name] = dict(layer="c", checks=move_checks(eps, pred),
                           counterfactual=follow(ctx, predict_commands(wm, ctx, batch_size)),
-                          loss=action_loss(wm, eps, seed, batch_size))
+                          loss=action_loss(wm, eps, seed, batch_size, still_code))
         log(f"(c) {name} ({time.time() - t0:.0f}s)")
     return rows
 
 
 def print_table(rows, file=None):
-    print(f"{'layer':<30}{'gripper resp/err px':>21}{'push resp/err px':>18}{'(d) cos':>9}{'along px':>9}"
-          f"{'distinct':>9}{'(e) loss true':>14}{'shuffled - true [95% CI]':>30}", file=file)
+    print(f"{'layer':<34}{'gripper resp/err px':>21}{'push resp/err px':>18}{'(d) cos':>9}{'along px':>9}"
+          f"{'distinct':>9}{'still':>7}{'(e) loss':>9}{'shuffled - true [95% CI]':>30}{'changed cells':>18}",
+          file=file)
     for name, r in rows.items():
         g, p, cf = r["checks"]["gripper"], r["checks"]["push"], r["counterfactual"]
+        still = f"{r['codes']['still_match']:>7.2f}" if "codes" in r else f"{'':>7}"
         loss = r.get("loss")
-        e = ("" if loss is None else f"{loss['true']:>14.3f}"
-             f"{loss['increase']:>+12.4f} [{loss['low']:+.4f}, {loss['high']:+.4f}]")
+        e = ("" if loss is None else f"{loss['true']:>9.3f}"
+             f"{loss['increase']:>+12.4f} [{loss['low']:+.4f}, {loss['high']:+.4f}]"
+             f"{loss['changed']['true']:>10.3f} -> {loss['changed']['shuffled']:.3f}")
         mark = {True: " ", False: "x"}
-        print(f"({r['layer']}) {name:<26}{g['response']:>11.2f} / {g['error_px']:4.2f}{mark[g['passed']]}"
+        print(f"({r['layer']}) {name:<30}{g['response']:>11.2f} / {g['error_px']:4.2f}{mark[g['passed']]}"
               f"{p['response']:>9.2f} / {p['error_px']:4.2f}{mark[p['passed']]}{cf['cos']:>9.2f}{cf['along']:>9.2f}"
-              f"{cf['distinct']:>9.2f}{e}", file=file)
+              f"{cf['distinct']:>9.2f}{still}{e}", file=file)
     first = next(iter(rows.values()))["checks"]
     print(f"x: check failed (end error > 0.5 x the true move); {first['gripper']['n']} gripper moves of "
           f"{first['gripper']['true_px']:.2f} px and {first['push']['n']} pushes of {first['push']['true_px']:.2f} px "
-          f"on average; (d): {next(iter(rows.values()))['counterfactual']['n']} contexts x {N_DIRECTIONS} commands",
-          file=file)
+          f"on average; (d): {next(iter(rows.values()))['counterfactual']['n']} contexts x {N_DIRECTIONS} commands; "
+          f"still: the share of unchanged cells coded as 'nothing changed'; changed cells: (e)'s loss on the codes of "
+          f"the cells that change, true -> shuffled actions", file=file)
 
 
 def main(argv=None):
@@ -224,8 +249,12 @@ def main(argv=None):
             a = meta["args"]
             if len(a["action_lo"]) != 2 or vq.config.size != sim.H:
                 raise ValueError(f"{path}: not a model of the embedded robot data (2-dim actions, 64x64)")
-            models[f"GPT {Path(path).stem}"] = (model.eval(), vq.eval(), np.array(a["action_lo"], np.float32),
-                                                np.array(a["action_hi"], np.float32))
+            wm = (model.eval(), vq.eval(), np.array(a["action_lo"], np.float32), np.array(a["action_hi"], np.float32))
+            # a model of train_video.py --still_code=N learnt code N for every unchanged cell
+            still = a.get("still_code", -1)
+            folder = Path(path).resolve().parent
+            name = Path(path).stem if folder == ck.resolve() else f"{folder.name}/{Path(path).stem}"
+            models[f"GPT {name}"] = (wm, None if still == -1 else still)
     except ValueError as e:
         sys.exit(f"error: {e}")
     t0 = time.time()

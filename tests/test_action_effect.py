@@ -93,6 +93,9 @@ def test_diagnosis_follow_and_loss():
     loss = ad.action_loss(wm, eps, seed=0, batch_size=4)
     assert loss["low"] <= loss["increase"] <= loss["high"]
     assert loss["increase"] == pytest.approx(loss["shuffled"] - loss["true"], abs=1e-5)
+    assert set(loss["changed"]) == set(loss["unchanged"]) == {"true", "shuffled"}
+    codes = ad.code_stats(vq, ctx, np.concatenate([ep["image"][1:] for ep in eps]))
+    assert 0 < codes["unchanged"] < 1 and 0 <= codes["still_match"] <= 1
     pred = ad.predict_commands(wm, ctx[:2], batch_size=8)
     assert pred.shape == (2, ad.N_DIRECTIONS, *ctx.shape[1:])
 
