@@ -19,10 +19,10 @@ predicted frames:
   in the truth and in the prediction, and object_recall = share of the truth's object pixels where
   the prediction also shows something. A reward-hacking model that erases objects to lower MAE shows
   object pixels and recall falling.
-- action_effect (the embedded robot data: episodes with a `background`): does the prediction keep the
-  objects and move the gripper as commanded? object_recall, the mean over windows of each window's
-  own recall, and action_response, the mean over the windows where the true gripper moves of
-  data/robot/detect.gripper_response (the predicted displacement projected on the true one, over
+- action_effect (the embedded robot data: episodes with a `background`): does the prediction keep
+  the objects and move the gripper as commanded? object_recall, the mean over windows of each
+  window's own recall, and action_response, the mean over the windows where the true gripper moves
+  of data/robot/detect.gripper_response (the predicted displacement projected on the true one, over
   the true: 1 is right, 0 no motion; the pixel detectors of experiments/policy_eval.py), with
   response_windows, the count of those windows.
 - per_record: one entry per test window, in a fixed order (clip by clip, start by start; `windows`
@@ -277,7 +277,7 @@ def paired_effects(rows, pairs, metrics=EFFECTS):
     """Paired differences a - b of the per-window action-effect metrics (object_recall,
     action_response) over the windows where both have a value, with bootstrap 95% intervals
     (stats.paired_bootstrap). rows: name -> eval_video result; pairs: (a, b) model names.
-    -> list of (a, b, metric, "all", mean, low, high) as paired_video's; none without the metrics."""
+    -> list of (a, b, metric, "all", mean, low, high) as paired_video's; [] without the metrics."""
     out = []
     for a, b in pairs:
         for m in metrics:

@@ -67,8 +67,8 @@ import mle
 import train_vq
 from checkpoint import atomic_write, atomic_write_text, read_checkpoint, read_meta, recorded_path
 from data.robot.prepare import DATA_DIR
-from data.robot.task import (Layout, frame_codes, read_action_stats, rollout, tokenize_split,
-                             windows)
+from data.robot.task import (N_BINS, Layout, frame_codes, read_action_stats, rollout,
+                             tokenize_split, windows)
 from evaluate_video import (OFFICIAL, eval_video, load_video_model, paired_effects, paired_video,
                             print_video_paired, print_video_table, to_float)
 from grpo import GRPOConfig, grpo_step, make_optimizer
@@ -130,6 +130,10 @@ p.add_argument("--still_code", type=int, default=-1,
                     "that does not change the one code N, not the many its encoder leaves there; N "
                     "is the tokenizer's 'unchanged', data/robot/task.find_still_code (9 for "
                     "checkpoints/video_cvq; docs/video.md)")
+p.add_argument("--action_embed", type=int, default=0,
+               help="1: before MLE, the action tokens' embeddings are set to Fourier features of "
+                    "their bin's value (init_action_embeddings), so neighbouring bins start alike "
+                    "and the GPT reads a value, not 256 unrelated tokens per dimension")
 p.add_argument("--control", type=int, default=1,
                help="1: also train the control, the MLE start trained further by MLE for RLVR's "
                     "wall-clock")
@@ -293,6 +297,21 @@ def cached_tokens(run, vq_path, vq, layout, splits, horizon, lo, hi, still_code=
 
 # -----------------------------------------------------------------------------
 # stage 2: MLE on token windows (loss on the predicted frames' codes only)
+
+@torch.no_grad()
+def init_action_embeddings(model, layout, n_freq=8):
+    """--action_embed=1: the embedding of action token (dimension d, bin b) becomes Fourier features
+    of the bin's value v in [-1, 1], cos and sin of k * pi * v / 2 for k = 1 .. n_freq, in channels
+    of its own per dimension, scaled to the mean norm of the code embeddings. Learnt per bin, 256
+    unrelated tokens per dimension: the shipped GPTs left them nearly alike (docs/video.md)."""
+    w = model.wte.weight
+    v = torch.linspace(-1, 1, N_BINS)[:, None] * torch.arange(1, n_freq + 1) * torch.pi / 2
+    feats = torch.cat([v.cos(), v.sin()], 1)                                   # (256, 2 * n_freq)
+    feats = feats * w[:layout.A].norm(dim=1).mean() / feats.norm(dim=1, keepdim=True)
+    for d in range(layout.D):
+        rows = w[layout.A + N_BINS * d:layout.A + N_BINS * (d + 1)]
+        rows.zero_()
+        rows[:, 2 * n_freq * d:2 * n_freq * (d + 1)] = feats.to(w.dtype)
 
 def run_mle(run, model, name, ckpt, layout, tokens, horizon, steps, minutes, lr_of_step,
             stop=None):
@@ -595,6 +614,10 @@ if args.stage == "mle" or (args.stage == "all" and start_model is None):
     start_model = start_model or GPT(GPTConfig.llama(
         vocab_size=layout.vocab_size, block_size=layout.window_len(args.context, args.horizon),
         n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd))
+    if args.action_embed:
+        if layout.D * 2 * 8 > start_model.config.n_embd:
+            fail(f"--action_embed: {layout.D} action dimensions need {layout.D * 16} channels")
+        init_action_embeddings(start_model, layout)
     start_model = run_mle(run, start_model, "mle", FILES["mle"], layout, tokens, horizon,
                           args.mle_steps, args.mle_minutes,
                           lambda s: lr_at(s, args.mle_steps, args.mle_lr, args.warmup))   # cosine

@@ -42,7 +42,8 @@ random actions; data/robot/sim.py), each of --episodes scenes and each of --samp
      Sampled at --temperature (1 by default; 0: greedy), one seeded generator per model and loop.
   3. judge: the same pixel success detector on the last real frame and on the last imagined frame.
 
-Success detector (`judge`, data/robot/detect.py), on pixels only, given the task ("push the block of this colour into the goal"):
+Success detector (`judge`, data/robot/detect.py), on pixels only, given the task ("push the block of this colour into
+the goal"):
   - goal: in the first real frame, pixels greener than the table (green minus red above the frame's median by 0.09,
     and green above blue); the goal is the 15x15 window holding most of them; its centre is the centre of the box of
     those pixels (stray pixels elsewhere, e.g. on the dark gripper, do not move it);
