@@ -19,11 +19,19 @@ predicted frames:
   in the truth and in the prediction, and object_recall = share of the truth's object pixels where
   the prediction also shows something. A reward-hacking model that erases objects to lower MAE shows
   object pixels and recall falling.
+- action_effect (the embedded robot data: episodes with a `background`): does the prediction keep
+  the objects and move the gripper as commanded? object_recall, the mean over windows of each
+  window's own recall, and action_response, the mean over the windows where the true gripper moves
+  of data/robot/detect.gripper_response (the predicted displacement projected on the true one, over
+  the true: 1 is right, 0 no motion; the pixel detectors of experiments/policy_eval.py), with
+  response_windows, the count of those windows.
 - per_record: one entry per test window, in a fixed order (clip by clip, start by start; `windows`
   names them): mae, ssim (averaged over the window's predicted frames), repetition, and `changed`
   (some pixel of the window's truth moves by > MOVE_TOL); copy_last_frame has its own per_record mae
-  and ssim. `paired_video` turns them into paired differences between models with bootstrap 95%
-  intervals (stats.paired_table), as the language tasks.
+  and ssim; with action_effect, object_recall and action_response per window too (null where the
+  window has no true object pixel, or no true gripper move). `paired_video` turns them into paired
+  differences between models with bootstrap 95% intervals (stats.paired_table), as the language
+  tasks, and `paired_effects` those of object_recall and action_response.
 
 Sampling: greedy by default; `temperature` and `top_k` give the paper's protocol (T=1, top-k 100,
 OFFICIAL below).
@@ -37,13 +45,16 @@ import torch
 from tqdm import tqdm
 
 from checkpoint import load_model
+from data.robot.detect import gripper_response
 from data.robot.task import Layout, frame_codes, rollout, tokenize_split, windows
 from rewards_video import MOVE_TOL, OBJECT_TOL, mae, mse, psnr, repetition_rate, ssim
-from stats import paired_table
+from stats import paired_bootstrap, paired_table
 from tokenizer_vq import load_vq
 
 # RLVR-World's video evaluation protocol: sampled at T=1, top-k 100
 OFFICIAL = dict(temperature=1.0, top_k=100)
+# the per-window action-effect metrics (eval_video's per_record, with the embedded robot data)
+EFFECTS = ("object_recall", "action_response")
 
 
 def load_video_model(path, device="cpu"):
@@ -57,6 +68,11 @@ def load_video_model(path, device="cpu"):
                          "(no tokenizer or action bins in its metadata)")
     vq, _ = load_vq(path.parent / a["vq"], device)
     return model, vq, meta
+
+
+def to_uint8(x):
+    """float tensor (..., 3, H, W) in [0, 1] -> uint8 array (..., H, W, 3), as frames are stored."""
+    return (x.clamp(0, 1).movedim(-3, -1).numpy() * 255 + 0.5).astype(np.uint8)
 
 
 def to_float(frames):
@@ -103,6 +119,7 @@ def eval_video(model, vq, episodes, tokens, lo, hi, context, horizon, lpips_net=
     moving = {k: [0.0, 0.0] for k in acc}
     objects = dict(truth=0.0, pred=0.0, hit=0.0, n=0)
     reps, changed, grid = [], [], []
+    effects = {k: [] for k in EFFECTS}                    # per window, with the objects
     for s in tqdm(range(0, len(wins), batch_size), desc=desc, leave=False, disable=desc is None):
         batch = wins[s:s + batch_size]
         B = len(batch)
@@ -135,6 +152,8 @@ def eval_video(model, vq, episodes, tokens, lo, hi, context, horizon, lpips_net=
             objects["pred"] += float(op.sum())
             objects["hit"] += float((ot & op).sum())
             objects["n"] += ot.numel()
+            add_effects(effects, episodes, batch, context, horizon, ot.view(B, -1),
+                        op.view(B, -1), pred.view(B, horizon, *pred.shape[1:]))
         # the codes of "nothing changed" (per frame: the context's)
         still_codes = vq.tokenize(ctx, ctx).cpu()
         reps.append(repetition_rate(pc.cpu(), still_codes, true, ctx))
@@ -167,9 +186,31 @@ def eval_video(model, vq, episodes, tokens, lo, hi, context, horizon, lpips_net=
         res["objects"] = dict(pixels_truth=objects["truth"] / objects["n"],
                               pixels_pred=objects["pred"] / objects["n"],
                               recall=objects["hit"] / max(objects["truth"], 1))
+        res["per_record"].update(effects)
+        res["action_effect"] = summarize_effects(effects)
     if grid_path:
         write_grid(grid, grid_path)
     return res
+
+
+def add_effects(effects, episodes, batch, context, horizon, truth, pred_objects, pred):
+    """Append a batch's per-window object_recall and action_response to `effects`. truth and
+    pred_objects (B, horizon * H * W) bool: the object pixels of the true and predicted frames;
+    pred (B, horizon, 3, H, W): the predicted frames."""
+    hit, n = (truth & pred_objects).sum(1).tolist(), truth.sum(1).tolist()
+    effects["object_recall"] += [h / t if t else None for h, t in zip(hit, n)]
+    for (e, t), p in zip(batch, to_uint8(pred)):
+        img = episodes[e]["image"]
+        effects["action_response"].append(
+            gripper_response(img[t + context - 1], img[t + context:t + context + horizon], p))
+
+
+def summarize_effects(effects):
+    """Per-window action-effect values -> their means over the windows that have one, and the
+    count of windows with a true gripper move."""
+    kept = {k: [x for x in v if x is not None] for k, v in effects.items()}
+    return dict({k: float(np.mean(v)) if v else None for k, v in kept.items()},
+                response_windows=len(kept["action_response"]))
 
 
 def write_grid(rows, path):
@@ -192,16 +233,18 @@ def write_grid(rows, path):
 def print_video_table(rows, file=sys.stdout):
     """rows: name -> eval_video dict; baselines are printed from the first row."""
     cols = ("mae", "mse", "psnr", "ssim", "lpips", "mae_moving")
-    print(f"{'model':<22}" + "".join(f"{c:>11}" for c in cols) + f"{'repeat':>8}{'obj.recall':>11}",
-          file=file)
+    print(f"{'model':<22}" + "".join(f"{c:>11}" for c in cols) + f"{'repeat':>8}{'obj.recall':>11}"
+          f"{'response':>9}", file=file)
 
-    def line(name, r, rep="", rec=""):
+    def line(name, r, rep="", rec="", resp=""):
         vals = "".join(f"{'-':>11}" if r.get(c) is None else f"{r[c]:>11.4f}" for c in cols)
-        print(f"{name:<22}{vals}{rep:>8}{rec:>11}", file=file)
+        print(f"{name:<22}{vals}{rep:>8}{rec:>11}{resp:>9}", file=file)
 
     for name, r in rows.items():
         rec = f"{r['objects']['recall']:.3f}" if "objects" in r else "-"
-        line(name, r, f"{r['repetition_rate']:.3f}", rec)
+        # the gripper's response to the action (mean over the windows where it truly moves)
+        resp = r.get("action_effect", {}).get("action_response")
+        line(name, r, f"{r['repetition_rate']:.3f}", rec, "-" if resp is None else f"{resp:.3f}")
     first = next(iter(rows.values()))
     line("copy-last-frame", first["copy_last_frame"])
     line("tokenizer ceiling", first["tokenizer_ceiling"])
@@ -230,9 +273,28 @@ def paired_video(rows, pairs, metrics=("mae", "ssim")):
     return out
 
 
+def paired_effects(rows, pairs, metrics=EFFECTS):
+    """Paired differences a - b of the per-window action-effect metrics (object_recall,
+    action_response) over the windows where both have a value, with bootstrap 95% intervals
+    (stats.paired_bootstrap). rows: name -> eval_video result; pairs: (a, b) model names.
+    -> list of (a, b, metric, "all", mean, low, high) as paired_video's; [] without the metrics."""
+    out = []
+    for a, b in pairs:
+        for m in metrics:
+            x, y = rows[a]["per_record"].get(m), rows[b]["per_record"].get(m)
+            if x is None or y is None:
+                continue
+            if len(x) != len(y):
+                raise ValueError(f"paired_effects: {a} and {b} were evaluated on different windows")
+            both = [(u, v) for u, v in zip(x, y) if u is not None and v is not None]
+            out.append((a, b, m, "all", *paired_bootstrap([u for u, _ in both],
+                                                         [v for _, v in both])))
+    return out
+
+
 def print_video_paired(diffs, file=sys.stdout):
-    """Print paired_video's list; * marks an interval that excludes 0 (MAE: lower is better, SSIM:
-    higher)."""
+    """Print paired_video's (or paired_effects') list; * marks an interval that excludes 0 (MAE:
+    lower is better, SSIM, object_recall and action_response: higher)."""
     print("paired differences over the same test windows "
           "(bootstrap 95% CI; * = the CI excludes 0):", file=file)
     for a, b, m, sub, mean, lo, hi in diffs:

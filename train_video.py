@@ -67,9 +67,9 @@ import mle
 import train_vq
 from checkpoint import atomic_write, atomic_write_text, read_checkpoint, read_meta, recorded_path
 from data.robot.prepare import DATA_DIR
-from data.robot.task import (Layout, frame_codes, read_action_stats, rollout, tokenize_split,
-                             windows)
-from evaluate_video import (OFFICIAL, eval_video, load_video_model, paired_video,
+from data.robot.task import (N_BINS, Layout, frame_codes, read_action_stats, rollout,
+                             tokenize_split, windows)
+from evaluate_video import (OFFICIAL, eval_video, load_video_model, paired_effects, paired_video,
                             print_video_paired, print_video_table, to_float)
 from grpo import GRPOConfig, grpo_step, make_optimizer
 from model import GPT, GPTConfig
@@ -126,6 +126,15 @@ p.add_argument("--batch_size", type=int, default=16, help="MLE windows per step 
 p.add_argument("--mle_lr", type=float, default=2e-3, help="MLE peak learning rate (cosine decay)")
 p.add_argument("--warmup", type=int, default=100, help="MLE warmup steps")
 p.add_argument("--weight_decay", type=float, default=0.1, help="AdamW weight decay for MLE")
+p.add_argument("--still_code", type=int, default=-1,
+               help="-1: off; N (context-conditioned tokenizer): the token windows give every cell "
+                    "that does not change the one code N, not the many its encoder leaves there; N "
+                    "is the tokenizer's 'unchanged', data/robot/task.find_still_code (9 for "
+                    "checkpoints/video_cvq; docs/video.md)")
+p.add_argument("--action_embed", type=int, default=0,
+               help="1: before MLE, the action tokens' embeddings are set to Fourier features of "
+                    "their bin's value (init_action_embeddings), so neighbouring bins start alike "
+                    "and the GPT reads a value, not 256 unrelated tokens per dimension")
 p.add_argument("--control", type=int, default=1,
                help="1: also train the control, the MLE start trained further by MLE for RLVR's "
                     "compute (counted in tokens)")
@@ -253,15 +262,17 @@ print0(f"data: {len(train_eps)} train / {len(val_eps)} val / {len(test_eps)} tes
 # -----------------------------------------------------------------------------
 # stage 1: the tokenizers (train_vq.py), then every split's clips as tokens, cached
 
-def cached_tokens(run, vq_path, vq, layout, splits, horizon, lo, hi):
+def cached_tokens(run, vq_path, vq, layout, splits, horizon, lo, hi, still_code=None):
     """{split: tokenize_split(...)} of every split (name -> clips), each cached in out_dir per
-    tokenizer file, data, horizon and split."""
+    tokenizer file, data, horizon, split and still code (--still_code)."""
     args, tokens = run.args, {}
     for split, episodes in splits.items():
         # the cache is valid only for the same tokenizer bytes, data folder, frame size, clip
         # count and horizon
         key = (f"{zlib.crc32(Path(vq_path).read_bytes())}-{Path(args.data).resolve()}-"
                f"{args.size}-{len(episodes)}-{horizon}")
+        if still_code is not None:
+            key += f"-still{still_code}"
         cache = run.out_dir / f"tokens_{split}.safetensors"
         try:
             with safe_open(str(cache), framework="pt") as f:
@@ -272,7 +283,7 @@ def cached_tokens(run, vq_path, vq, layout, splits, horizon, lo, hi):
             pass
         t0 = time.time()
         # context, future and action tokens per clip
-        tokens[split] = tokenize_split(vq, episodes, horizon, layout, lo, hi)
+        tokens[split] = tokenize_split(vq, episodes, horizon, layout, lo, hi, still_code)
         if run.master:
             atomic_write(cache, lambda tmp: save_file(tokens[split], str(tmp),
                                                       metadata={"key": key}))
@@ -282,6 +293,21 @@ def cached_tokens(run, vq_path, vq, layout, splits, horizon, lo, hi):
 
 # -----------------------------------------------------------------------------
 # stage 2: MLE on token windows (loss on the predicted frames' codes only)
+
+@torch.no_grad()
+def init_action_embeddings(model, layout, n_freq=8):
+    """--action_embed=1: the embedding of action token (dimension d, bin b) becomes Fourier features
+    of the bin's value v in [-1, 1], cos and sin of k * pi * v / 2 for k = 1 .. n_freq, in channels
+    of its own per dimension, scaled to the mean norm of the code embeddings. Learnt per bin, 256
+    unrelated tokens per dimension: the shipped GPTs left them nearly alike (docs/video.md)."""
+    w = model.wte.weight
+    v = torch.linspace(-1, 1, N_BINS)[:, None] * torch.arange(1, n_freq + 1) * torch.pi / 2
+    feats = torch.cat([v.cos(), v.sin()], 1)                                   # (256, 2 * n_freq)
+    feats = feats * w[:layout.A].norm(dim=1).mean() / feats.norm(dim=1, keepdim=True)
+    for d in range(layout.D):
+        rows = w[layout.A + N_BINS * d:layout.A + N_BINS * (d + 1)]
+        rows.zero_()
+        rows[:, 2 * n_freq * d:2 * n_freq * (d + 1)] = feats.to(w.dtype)
 
 def run_mle(run, model, name, ckpt, layout, tokens, horizon, steps, minutes, lr_of_step,
             budget=None):
@@ -498,6 +524,8 @@ def evaluate_models(run, models, vq, test_eps, test_tokens, lo, hi, horizon, lpi
         rows[name]["sampled"] = {k: sampled[k] for k in (
             "mae", "mse", "psnr", "ssim", "lpips", "mae_moving", "repetition_rate", "temperature",
             "top_k", "per_record")}
+        if "action_effect" in sampled:            # the embedded robot data: objects and gripper
+            rows[name]["sampled"]["action_effect"] = sampled["action_effect"]
         rows[name]["checkpoint"] = str(path)
     atomic_write_text(run.out_dir / "eval.json", json.dumps(rows, indent=2) + "\n")
     print0(f"\nheld-out test episodes ({rows['mle']['n']} predicted frames, {args.mode}-step), "
@@ -508,6 +536,11 @@ def evaluate_models(run, models, vq, test_eps, test_tokens, lo, hi, horizon, lpi
                                  ("mle", "copy"))
              if a in rows and (b in rows or b == "copy")]
     print_video_paired(paired_video(rows, pairs))
+    # did the model keep the objects and follow the action? (copy-last-frame has no such values)
+    model_pairs = [(a, b) for a, b in pairs if b != "copy"]
+    effects = paired_effects(rows, model_pairs)
+    if effects:
+        print_video_paired(effects)
     print0(f"\nsampled at T={OFFICIAL['temperature']:g}, top-k {OFFICIAL['top_k']}: " + "; ".join(
         f"{k} mae {r['sampled']['mae']:.4f} ssim {r['sampled']['ssim']:.4f} "
         f"mae_moving {r['sampled']['mae_moving']:.4f}" for k, r in rows.items()))
@@ -515,6 +548,8 @@ def evaluate_models(run, models, vq, test_eps, test_tokens, lo, hi, horizon, lpi
     # above)
     sampled = {k: dict(r["sampled"], copy_last_frame=r["copy_last_frame"]) for k, r in rows.items()}
     print_video_paired(paired_video(sampled, [(a, b) for a, b in pairs if b != "copy"]))
+    if effects:
+        print_video_paired(paired_effects(sampled, model_pairs))
     print0(f"wrote {run.out_dir / 'eval.json'}")
 
 
@@ -565,7 +600,13 @@ barrier()
 args.vq = str(vq_file)            # in the world model's args (relative): its tokenizer, beside it
 splits = {"train": train_eps, "val": val_eps, "test": test_eps}
 # every split tokenized once (cached): per clip the context codes, future codes and action tokens
-tokens = cached_tokens(run, vq_file, vq, layout, splits, horizon, lo, hi)
+still_code = None                 # --still_code: one code for every unchanged cell
+if args.still_code != -1:
+    if not isinstance(vq, CondVQVAE) or not 0 <= args.still_code < vq.config.n_codes:
+        fail(f"--still_code {args.still_code}: needs the context-conditioned tokenizer and one of "
+             f"its codes (its 'unchanged': data/robot/task.find_still_code)")
+    still_code = args.still_code
+tokens = cached_tokens(run, vq_file, vq, layout, splits, horizon, lo, hi, still_code)
 
 # MLE: on its own (--stage=mle, from scratch or continuing --init), or as the first stage of a run
 # from scratch
@@ -576,6 +617,10 @@ if args.stage == "mle" or (args.stage == "all" and start_model is None):
     start_model = start_model or GPT(GPTConfig.llama(
         vocab_size=layout.vocab_size, block_size=layout.window_len(args.context, args.horizon),
         n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd))
+    if args.action_embed:
+        if layout.D * 2 * 8 > start_model.config.n_embd:
+            fail(f"--action_embed: {layout.D} action dimensions need {layout.D * 16} channels")
+        init_action_embeddings(start_model, layout)
     start_model = run_mle(run, start_model, "mle", FILES["mle"], layout, tokens, horizon,
                           args.mle_steps, args.mle_minutes,
                           lambda s: lr_at(s, args.mle_steps, args.mle_lr, args.warmup))   # cosine

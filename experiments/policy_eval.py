@@ -42,7 +42,8 @@ random actions; data/robot/sim.py), each of --episodes scenes and each of --samp
      Sampled at --temperature (1 by default; 0: greedy), one seeded generator per model and loop.
   3. judge: the same pixel success detector on the last real frame and on the last imagined frame.
 
-Success detector (`judge`), on pixels only, given the task ("push the block of this colour into the goal"):
+Success detector (`judge`, data/robot/detect.py), on pixels only, given the task ("push the block of this colour into
+the goal"):
   - goal: in the first real frame, pixels greener than the table (green minus red above the frame's median by 0.09,
     and green above blue); the goal is the 15x15 window holding most of them; its centre is the centre of the box of
     those pixels (stray pixels elsewhere, e.g. on the dark gripper, do not move it);
@@ -72,64 +73,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root
 from checkpoint import write_json  # noqa: E402
 from data.robot import sim  # noqa: E402
+from data.robot.detect import MOVED_PX, judge, locate_block, locate_goal, locate_gripper  # noqa: E402
 from data.robot.task import Layout, action_bins, frame_codes, rollout  # noqa: E402
 from evaluate_video import load_video_model  # noqa: E402
 from runtime import check_device  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-GREEN_TOL, COLOR_TOL, GRIPPER_TOL, MIN_PIXELS = 0.09, 0.25, 0.1, 12
 SCENE_STREAM, POLICY_STREAM = 3, 4   # random streams of the evaluation (prepare.py's splits use 0, 1, 2)
-MOVED_PX, GATE = 0.5, 0.5           # one-step checks: a step moves an object by > MOVED_PX; pass: error <= GATE x move
-
-
-# -----------------------------------------------------------------------------
-# success detector on pixels
-
-def locate_goal(frame):
-    """Centre (x, y) of the goal square in an (H, W, 3) uint8 frame, or None."""
-    f = frame.astype(np.float32) / 255
-    green = f[..., 1] - f[..., 0]
-    mask = (green > np.median(green) + GREEN_TOL) & (f[..., 1] > f[..., 2])
-    if mask.sum() < MIN_PIXELS:
-        return None
-    k = int(2 * sim.GOAL_HALF - 1)                                 # the goal's inner side, 15 pixels with its edges
-    c = np.pad(mask.cumsum(0).cumsum(1), ((1, 0), (1, 0)))
-    counts = c[k:, k:] - c[:-k, k:] - c[k:, :-k] + c[:-k, :-k]      # mask pixels in each k x k window
-    y0, x0 = np.unravel_index(np.argmax(counts), counts.shape)
-    near = np.zeros_like(mask)
-    near[max(y0 - 2, 0):y0 + k + 2, max(x0 - 2, 0):x0 + k + 2] = True
-    ys, xs = np.nonzero(mask & near)
-    return np.array([(xs.min() + xs.max()) / 2, (ys.min() + ys.max()) / 2], np.float32)
-
-
-def locate_block(frame, rgb):
-    """Centre (x, y) of the pixels of colour rgb (floats in [0, 1]) in an (H, W, 3) uint8 frame, or None."""
-    mask = np.linalg.norm(frame.astype(np.float32) / 255 - np.asarray(rgb, np.float32), axis=-1) < COLOR_TOL
-    if mask.sum() < MIN_PIXELS:
-        return None
-    ys, xs = np.nonzero(mask)
-    return np.array([xs.mean(), ys.mean()], np.float32)
-
-
-def locate_gripper(frame):
-    """Centre (x, y) of the dark gripper disc in an (H, W, 3) uint8 frame, or None: the box of the pixels within RGB
-    distance GRIPPER_TOL of its colour near their median (its highlight and stray dark pixels, e.g. shadowed goal
-    edges, move it little); 0.2 px from the true centre on average on real frames (tests)."""
-    mask = np.linalg.norm(frame.astype(np.float32) / 255 - sim.GRIPPER_RGB, axis=-1) < GRIPPER_TOL
-    if mask.sum() < MIN_PIXELS:
-        return None
-    ys, xs = np.nonzero(mask)
-    near = (np.abs(xs - np.median(xs)) <= sim.GRIP_R + 2) & (np.abs(ys - np.median(ys)) <= sim.GRIP_R + 2)
-    if near.sum() < MIN_PIXELS:                         # scattered dark pixels (an imagined frame): no gripper
-        return None
-    xs, ys = xs[near], ys[near]
-    return np.array([(xs.min() + xs.max()) / 2, (ys.min() + ys.max()) / 2], np.float32)
-
-
-def judge(frame, rgb, goal):
-    """Does the frame show the block of colour rgb inside the goal centred at `goal` (None: no goal found)?"""
-    block = locate_block(frame, rgb)
-    return block is not None and goal is not None and bool((np.abs(block - goal) < sim.GOAL_HALF - 1).all())
+GATE = 0.5                          # one-step checks: pass when the end error <= GATE x the true move
 
 
 # -----------------------------------------------------------------------------
@@ -270,6 +221,14 @@ def one_step_checks(wm, eps, batch_size=64):
     ctx = np.concatenate([ep["image"][:-1] for ep in eps])
     pred = predict_frames(wm, ctx, np.concatenate([ep["action"][:-1] for ep in eps])[:, None],
                           batch_size=batch_size)[:, 0]
+    return move_checks(eps, pred)
+
+
+def move_checks(eps, pred):
+    """The checks of `one_step_checks` on any next frames pred (N, H, W, 3) uint8, one per transition of the real
+    episodes eps in order (frame t and its action -> frame t + 1): a world model's predictions, the true frames
+    themselves (the detectors' own ceiling) or a tokenizer's reconstructions of them."""
+    ctx = np.concatenate([ep["image"][:-1] for ep in eps])
     nxt = np.concatenate([ep["image"][1:] for ep in eps])
     colors = [ep["color"] for ep in eps for _ in ep["image"][1:]]
     out = {}

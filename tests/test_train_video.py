@@ -204,3 +204,17 @@ def test_torchrun_two_ranks_rlvr_identical_weights(trained):
     sums = re.search(r"weight checksums per rank \[(\d+), (\d+)\]", out)
     assert sums and sums.group(1) == sums.group(2), out[-2000:]
     assert (tmp / "ddp" / "eval.json").is_file()
+
+
+@pytest.mark.slow
+def test_still_code_and_action_embeddings_mle(trained):
+    tmp, _ = trained
+    o = tmp / "still"
+    train("--data", tmp / "data", "--out_dir", o, "--init=scratch", "--stage=mle", "--mode=single",
+          "--vq", ROOT / "checkpoints" / "video_cvq.safetensors", "--still_code=9", "--action_embed=1")
+    meta = json.loads((o / "video_mle.json").read_text())
+    assert meta["args"]["still_code"] == 9 and meta["args"]["action_embed"] == 1
+    r = subprocess.run([sys.executable, "train_video.py", "--data", tmp / "data", "--out_dir", tmp / "still_vq",
+                        "--init=scratch", "--stage=mle", "--vq", tmp / "out" / "video_vq.safetensors",
+                        "--still_code=9", *TINY], cwd=ROOT, capture_output=True, text=True, env=ENV)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith("error: --still_code 9: needs the")

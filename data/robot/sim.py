@@ -229,3 +229,15 @@ def policy_episode(scene_rng, policy_rng, length, policy):
         state = step(state, a)
     return dict(image=np.stack(frames), action=np.stack(actions).astype(np.float32), success=np.array(wins),
                 block=np.stack(blocks), gripper=np.stack(grippers), goal=state["goal"], color=state["colors"][0])
+
+
+def replay(scene_rng, actions):
+    """The scene of `policy_episode` drawn from the same scene_rng, stepped by its actions: -> (background (H, W, 3)
+    float32, the states of frames 0 .. T-1). The states hold everything `step` and `render` need, so any action can be
+    tried from any of them: render(background, step(states[t], a)) is the true next frame of action a at frame t."""
+    state = reset(scene_rng)
+    background = draw_goal(render_background(scene_rng), state["goal"])
+    states = [state]
+    for a in actions[:-1]:
+        states.append(step(states[-1], a))
+    return background, states

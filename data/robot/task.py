@@ -29,6 +29,7 @@ from checkpoint import atomic_write_text
 from engine import generate
 
 N_BINS = 256
+STILL_TOL = 0.1     # a pixel is unchanged when no channel moves by more than this (rewards.MOVE_TOL)
 
 
 def episode_files(data_dir, split):
@@ -204,12 +205,15 @@ class Layout:
 # the tokens of a split, and windows cut from them
 
 @torch.no_grad()
-def tokenize_split(vq, episodes, horizon, layout, lo, hi):
+def tokenize_split(vq, episodes, horizon, layout, lo, hi, still_code=None):
     """Every clip's tokens, computed once per tokenizer and split:
     context (E, T, Lc): each frame's codes as a context frame (vq.tokenize_context);
     future (E, T, horizon, L): codes of frame t + 1 + k coded against context frame t (0 past the clip's end);
     actions (E, T, D): action token ids, binned between lo and hi (the last frame's action is never used).
-    For the per-frame tokenizer the future codes are the context codes of the later frames."""
+    For the per-frame tokenizer the future codes are the context codes of the later frames.
+    still_code (the context-conditioned tokenizer only; None: off): the code of every cell whose pixels do not change
+    from the context frame (`still_cells`), so that one code, not the many the encoder gives a cell it leaves to the
+    context, means "unchanged" (find_still_code)."""
     images = np.stack([ep["image"] for ep in episodes])                                  # (E, T, H, W, 3) uint8
     E, T = images.shape[:2]
     context = vq.tokenize_context(images.reshape(E * T, *images.shape[2:])).view(E, T, -1).cpu()
@@ -221,8 +225,33 @@ def tokenize_split(vq, episodes, horizon, layout, lo, hi):
             target = images[:, 1 + k:].reshape(-1, *images.shape[2:])
             ctx = images[:, :T - 1 - k].reshape(-1, *images.shape[2:])
             future[:, :T - 1 - k, k] = vq.tokenize(target, ctx).view(E, T - 1 - k, -1).cpu()
+            if still_code is not None:
+                still = still_cells(target, ctx, vq.config.grid).view(E, T - 1 - k, -1)
+                future[:, :T - 1 - k, k][still] = still_code
     bins = np.stack([layout.action_tokens(action_bins(ep["action"], lo, hi)) for ep in episodes])   # (E, T, D)
     return dict(context=context, future=future, actions=torch.from_numpy(bins))
+
+
+def still_cells(frames, context, grid, tol=STILL_TOL):
+    """(N, H, W, 3) uint8 frames and their context frames -> (N, grid * grid) bool: the cells of the code grid where
+    no pixel of the frame differs from the context by more than tol in any channel."""
+    diff = np.abs(frames.astype(np.int16) - context.astype(np.int16)).max(-1) > tol * 255      # (N, H, W)
+    N, H, W = diff.shape
+    cells = diff.reshape(N, grid, H // grid, grid, W // grid).any(axis=(2, 4))
+    return torch.from_numpy(~cells.reshape(N, -1))
+
+
+@torch.no_grad()
+def find_still_code(vq, frames):
+    """The context-conditioned tokenizer's code for "unchanged": the future code that, put in every cell, decodes to
+    the context frames (N, H, W, 3) uint8 with the least mean absolute error (its gate shuts: the context's pixels)."""
+    codes = torch.arange(vq.config.n_codes)
+    err = torch.zeros(len(codes))
+    grids = codes[:, None].expand(-1, vq.config.codes_per_frame)                  # code c in every cell
+    for f in frames:                                          # every code's all-cells frame against one context
+        out = vq.detokenize(grids, np.repeat(f[None], len(codes), 0)).cpu()
+        err += (out - torch.from_numpy(f).permute(2, 0, 1).float() / 255).abs().mean((1, 2, 3))
+    return int(err.argmin())
 
 
 def windows(tokens, layout, ids, starts, context, horizon):

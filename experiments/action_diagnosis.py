@@ -1,0 +1,275 @@
+"""
+Where does the video world model lose the commanded action? The one-step action checks of experiments/policy_eval.py,
+layer by layer, on the same held-out transitions:
+
+    python experiments/action_diagnosis.py                 # 5 policies x 10 scenes x 15 transitions, ~6 min on 1 core
+    python experiments/action_diagnosis.py --limit=2       # a quick look
+Writes results/action_diagnosis/diagnosis.json (--json) and prints one table.
+
+The transitions: the real episodes of policy_eval's one-step checks (the scripted expert with action noise 0, 0.3,
+0.6, 1.0 and random actions, --limit held-out scenes each, 16 frames), every frame t with its action -> frame t + 1.
+The simulator state of every frame is replayed (data/robot/sim.replay), so the true outcome of any action is known.
+
+Rows, each one layer further from the truth:
+  (a) simulator: the true next frames: the detectors' own ceiling;
+  (b) tokenizer: each tokenizer's reconstruction of the true next frame (encoded against the context frame, decoded
+      with it): can 64 codes show a 3 px gripper move at all?
+  (c) GPT: the greedy prediction with the true action (policy_eval.predict_frames), for each shipped world model.
+Columns:
+  gripper / push: policy_eval's one-step checks (policy_eval.move_checks): response = the predicted displacement
+      projected on the true one, over the true (1: right; 0: no motion or a wrong direction), end-position error in
+      px, and whether the check passes (error <= 0.5 x the true displacement);
+  (d) counterfactual commands: from every context frame, the same context with each of 8 unit actions (x, y) =
+      (cos, sin) of k x 45 degrees (a 3 px move). `cos`: the mean cosine between the gripper displacement the detector
+      sees and the commanded direction (a displacement under 0.5 px counts 0: not followed); `along`: the mean
+      displacement along the command in px; `distinct`: how many of the 8 next frames differ (1: the action is
+      ignored). Row (a) renders what the simulator does (its ceiling: walls and blocks stop some moves), row (b)
+      reconstructs those renders, rows (c) are the GPT's greedy predictions;
+  (e) the GPT's MLE loss (nats per code) on the next frame's codes given the true action, and the increase when the
+      actions are shuffled across the transitions (a derangement), with a paired bootstrap 95% interval over the
+      transitions (stats.paired_bootstrap). A model that reads its actions loses more when they are wrong.
+"""
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root
+from checkpoint import write_json  # noqa: E402
+from data.robot import sim  # noqa: E402
+from data.robot.task import Layout, still_cells, tokenize_split, windows  # noqa: E402
+from evaluate_video import load_video_model  # noqa: E402
+from experiments.policy_eval import (MOVED_PX, SCENE_STREAM, decode, locate_gripper, move_checks,  # noqa: E402
+                                     parse_policy, predict_frames, real_episodes)
+from stats import paired_bootstrap  # noqa: E402
+from tokenizer_vq import load_vq  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+N_DIRECTIONS = 8
+# the commanded unit actions of the counterfactual check, (8, 2): k x 45 degrees, k = 0 .. 7 (y points down)
+DIRECTIONS = np.stack([np.cos(np.arange(N_DIRECTIONS) * 2 * np.pi / N_DIRECTIONS),
+                       np.sin(np.arange(N_DIRECTIONS) * 2 * np.pi / N_DIRECTIONS)], 1).astype(np.float32)
+
+
+# -----------------------------------------------------------------------------
+# the transitions and their counterfactual outcomes in the simulator
+
+def transitions(policies, scenes, length, seed):
+    """policy_eval's check episodes (scene i of every policy from the stream (seed, 3, i), one sample) and the replayed
+    simulator state of every frame but the last -> (episodes, background per transition, state per transition)."""
+    eps, backgrounds, states = [], [], []
+    for policy in policies:
+        for i, ep in enumerate(real_episodes(policy, scenes, 1, length, seed)):
+            bg, st = sim.replay(np.random.default_rng([seed, SCENE_STREAM, i]), ep["action"])
+            eps.append(ep)
+            backgrounds += [bg] * (length - 1)
+            states += st[:-1]
+    return eps, backgrounds, states
+
+
+def simulate_commands(backgrounds, states):
+    """The true next frame of every transition under each commanded direction -> (N, 8, H, W, 3) uint8."""
+    return np.stack([np.stack([sim.render(bg, sim.step(s, a)) for a in DIRECTIONS])
+                     for bg, s in zip(backgrounds, states)])
+
+
+# -----------------------------------------------------------------------------
+# what a layer makes of the true frames and of the commands
+
+@torch.no_grad()
+def reconstruct(vq, frames, ctx):
+    """A tokenizer's reconstruction of frames (N, H, W, 3) uint8 coded against their context frames ctx."""
+    codes = torch.cat([vq.tokenize(frames[i:i + 256], ctx[i:i + 256]).cpu() for i in range(0, len(frames), 256)])
+    return decode(vq, codes, ctx)
+
+
+def predict_commands(wm, ctx, batch_size):
+    """The GPT's greedy next frame of every context under each commanded direction -> (N, 8, H, W, 3) uint8."""
+    acts = np.broadcast_to(DIRECTIONS, (len(ctx), N_DIRECTIONS, 2)).reshape(-1, 1, 2)
+    pred = predict_frames(wm, np.repeat(ctx, N_DIRECTIONS, 0), np.ascontiguousarray(acts), batch_size=batch_size)
+    return pred[:, 0].reshape(len(ctx), N_DIRECTIONS, *ctx.shape[1:])
+
+
+def follow(ctx, nxt):
+    """Does the gripper follow the commanded directions? ctx (N, H, W, 3) context frames, nxt (N, 8, H, W, 3) the next
+    frames under DIRECTIONS. Context frames where the detector finds no gripper are skipped; a next frame without one
+    is no motion. -> dict(n contexts, cos, along (px), moved (px), distinct: next frames that differ, of 8)."""
+    cos, along, moved, distinct = [], [], [], []
+    for c, frames in zip(ctx, nxt):
+        p0 = locate_gripper(c)
+        if p0 is None:
+            continue
+        distinct.append(len({f.tobytes() for f in frames}))
+        for f, u in zip(frames, DIRECTIONS):
+            q = locate_gripper(f)
+            d = np.zeros(2, np.float32) if q is None else q - p0
+            r = float(np.hypot(*d))
+            cos.append(float(d @ u) / r if r > MOVED_PX else 0.0)
+            along.append(float(d @ u))
+            moved.append(r)
+    return dict(n=len(distinct), cos=float(np.mean(cos)), along=float(np.mean(along)), moved=float(np.mean(moved)),
+                distinct=float(np.mean(distinct)))
+
+
+@torch.no_grad()
+def code_stats(vq, ctx, nxt):
+    """How a tokenizer codes the cells of the next frames nxt that do not change from their context frames ctx
+    (data/robot/task.still_cells) -> dict(unchanged: their share of the cells, still_match: the share of them whose
+    code is the one the tokenizer gives the cell when nothing changes, vq.tokenize(ctx, ctx); 1 means "unchanged"
+    has one code the GPT can copy or learn, less means the GPT must predict codes the decoder ignores)."""
+    codes = torch.cat([vq.tokenize(nxt[i:i + 256], ctx[i:i + 256]).cpu() for i in range(0, len(nxt), 256)])
+    still = torch.cat([vq.tokenize(ctx[i:i + 256], ctx[i:i + 256]).cpu() for i in range(0, len(ctx), 256)])
+    cells = still_cells(nxt, ctx, vq.config.grid)
+    return dict(unchanged=float(cells.float().mean()), still_match=float((codes == still)[cells].float().mean()))
+
+
+@torch.no_grad()
+def action_loss(wm, eps, seed, batch_size, still_code=None):
+    """The GPT's loss on every transition's next-frame codes (nats per code) with the true action and with the action
+    of another transition (a random derangement seeded by `seed`) -> dict(true, shuffled, increase, low, high): the
+    means and the paired bootstrap 95% interval of shuffled - true over the transitions; and changed / unchanged:
+    the true and shuffled losses on the codes of the cells that change and that do not (data/robot/task.still_cells).
+    still_code: the code of unchanged cells a model trained with --still_code=1 was taught (None: the encoder's)."""
+    model, vq, lo, hi = wm
+    layout = Layout.of(vq, 2)
+    tokens = tokenize_split(vq, eps, 1, layout, lo, hi, still_code)
+    T = len(eps[0]["image"])
+    wins = [(e, t) for e in range(len(eps)) for t in range(T - 1)]
+    seq = windows(tokens, layout, [e for e, _ in wins], [t for _, t in wins], 1, 1)     # (N, Lc + D + L)
+    perm = torch.from_numpy(np.random.default_rng(seed).permutation(len(seq)))
+    shuffled = seq.clone()
+    a = slice(layout.Lc, layout.Lc + layout.D)                                          # the action tokens
+    shuffled[perm, a] = seq[perm.roll(-1), a]                                       # each takes another's
+    code_ce = []                                                                        # (N, L) per code
+    for s in (seq, shuffled):
+        idx, tgt = layout.training_pair(s, 1)
+        out = []
+        for i in range(0, len(idx), batch_size):
+            logits, _ = model(idx[i:i + batch_size], tgt[i:i + batch_size])
+            ce = F.cross_entropy(logits.flatten(0, 1).float(), tgt[i:i + batch_size].flatten(), ignore_index=-1,
+                                 reduction="none").view(len(logits), -1)
+            out.append(ce[:, -layout.L:])                                               # the next frame's codes
+        code_ce.append(torch.cat(out))
+    losses = [c.mean(1).numpy() for c in code_ce]
+    inc, low, high = paired_bootstrap(losses[1], losses[0])
+    ctx = np.concatenate([ep["image"][:-1] for ep in eps])
+    cells = still_cells(np.concatenate([ep["image"][1:] for ep in eps]), ctx, vq.config.grid)
+    split = {name: dict(true=float(code_ce[0][m].mean()), shuffled=float(code_ce[1][m].mean()))
+             for name, m in (("changed", ~cells), ("unchanged", cells))}
+    return dict(true=float(losses[0].mean()), shuffled=float(losses[1].mean()), increase=inc, low=low, high=high,
+                **split)
+
+
+# -----------------------------------------------------------------------------
+# the table
+
+def diagnose(tokenizers, models, eps, backgrounds, states, batch_size, seed, log=print):
+    """tokenizers: name -> tokenizer; models: name -> ((GPT, tokenizer, action lo, action hi), the still code it was
+    trained with or None). -> rows: name -> dict(layer, checks (policy_eval.move_checks), counterfactual (follow),
+    codes (code_stats; tokenizer rows), loss (action_loss; GPT rows))."""
+    ctx = np.concatenate([ep["image"][:-1] for ep in eps])
+    nxt = np.concatenate([ep["image"][1:] for ep in eps])
+    t0 = time.time()
+    commanded = simulate_commands(backgrounds, states)                           # (N, 8, H, W, 3)
+    rows = {"simulator": dict(layer="a", checks=move_checks(eps, nxt), counterfactual=follow(ctx, commanded))}
+    log(f"(a) simulator ({time.time() - t0:.0f}s)")
+    for name, vq in tokenizers.items():
+        t0 = time.time()
+        cf = reconstruct(vq, commanded.reshape(-1, *ctx.shape[1:]), np.repeat(ctx, N_DIRECTIONS, 0))
+        rows[name] = dict(layer="b", checks=move_checks(eps, reconstruct(vq, nxt, ctx)),
+                          counterfactual=follow(ctx, cf.reshape(commanded.shape)), codes=code_stats(vq, ctx, nxt))
+        log(f"(b) {name} ({time.time() - t0:.0f}s)")
+    for name, (wm, still_code) in models.items():
+        t0 = time.time()
+        pred = predict_frames(wm, ctx, np.concatenate([ep["action"][:-1] for ep in eps])[:, None],
+                              batch_size=batch_size)[:, 0]
+        rows[name] = dict(layer="c", checks=move_checks(eps, pred),
+                          counterfactual=follow(ctx, predict_commands(wm, ctx, batch_size)),
+                          loss=action_loss(wm, eps, seed, batch_size, still_code))
+        log(f"(c) {name} ({time.time() - t0:.0f}s)")
+    return rows
+
+
+def print_table(rows, file=None):
+    print(f"{'layer':<34}{'gripper resp/err px':>21}{'push resp/err px':>18}{'(d) cos':>9}{'along px':>9}"
+          f"{'distinct':>9}{'still':>7}{'(e) loss':>9}{'shuffled - true [95% CI]':>30}{'changed cells':>18}",
+          file=file)
+    for name, r in rows.items():
+        g, p, cf = r["checks"]["gripper"], r["checks"]["push"], r["counterfactual"]
+        still = f"{r['codes']['still_match']:>7.2f}" if "codes" in r else f"{'':>7}"
+        loss = r.get("loss")
+        e = ("" if loss is None else f"{loss['true']:>9.3f}"
+             f"{loss['increase']:>+12.4f} [{loss['low']:+.4f}, {loss['high']:+.4f}]"
+             f"{loss['changed']['true']:>10.3f} -> {loss['changed']['shuffled']:.3f}")
+        mark = {True: " ", False: "x"}
+        print(f"({r['layer']}) {name:<30}{g['response']:>11.2f} / {g['error_px']:4.2f}{mark[g['passed']]}"
+              f"{p['response']:>9.2f} / {p['error_px']:4.2f}{mark[p['passed']]}{cf['cos']:>9.2f}{cf['along']:>9.2f}"
+              f"{cf['distinct']:>9.2f}{still}{e}", file=file)
+    first = next(iter(rows.values()))["checks"]
+    print(f"x: check failed (end error > 0.5 x the true move); {first['gripper']['n']} gripper moves of "
+          f"{first['gripper']['true_px']:.2f} px and {first['push']['n']} pushes of {first['push']['true_px']:.2f} px "
+          f"on average; (d): {next(iter(rows.values()))['counterfactual']['n']} contexts x {N_DIRECTIONS} commands; "
+          f"still: the share of unchanged cells coded as 'nothing changed'; changed cells: (e)'s loss on the codes of "
+          f"the cells that change, true -> shuffled actions", file=file)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="the one-step action checks layer by layer: simulator, tokenizer, GPT",
+                                allow_abbrev=False)
+    ck = ROOT / "checkpoints"
+    p.add_argument("--tokenizers", nargs="*", default=[str(ck / "video_cvq.safetensors"),
+                                                        str(ck / "video_vq.safetensors")])
+    p.add_argument("--models", nargs="*", default=[str(ck / f"{n}.safetensors") for n in
+                                                    ("video_cond_mle", "video_mle", "video_cond_multi_mle")],
+                   help="world models of train_video.py (each with the tokenizer its metadata names)")
+    p.add_argument("--policies", default="0,0.3,0.6,1.0,random", help="expert action-noise stds and/or 'random'")
+    p.add_argument("--limit", type=int, default=10, help="held-out scenes per policy (policy_eval's check_episodes)")
+    p.add_argument("--length", type=int, default=16, help="frames per episode")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--json", default=str(ROOT / "results" / "action_diagnosis" / "diagnosis.json"))
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    try:
+        policies = [parse_policy(x.strip()) for x in args.policies.split(",") if x.strip()]
+        if not policies or args.limit < 1 or args.length < 2:
+            raise ValueError("need --policies, --limit >= 1 and --length >= 2")
+        for path in args.tokenizers + args.models:
+            if not Path(path).is_file():
+                raise ValueError(f"{path}: no such checkpoint")
+        tokenizers = {f"tokenizer {Path(t).stem}": load_vq(t)[0].eval() for t in args.tokenizers}
+        models = {}
+        for path in args.models:
+            model, vq, meta = load_video_model(path)
+            a = meta["args"]
+            if len(a["action_lo"]) != 2 or vq.config.size != sim.H:
+                raise ValueError(f"{path}: not a model of the embedded robot data (2-dim actions, 64x64)")
+            wm = (model.eval(), vq.eval(), np.array(a["action_lo"], np.float32), np.array(a["action_hi"], np.float32))
+            # a model of train_video.py --still_code=N learnt code N for every unchanged cell
+            still = a.get("still_code", -1)
+            folder = Path(path).resolve().parent
+            name = Path(path).stem if folder == ck.resolve() else f"{folder.name}/{Path(path).stem}"
+            models[f"GPT {name}"] = (wm, None if still == -1 else still)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    t0 = time.time()
+    eps, backgrounds, states = transitions(policies, args.limit, args.length, args.seed)
+    rows = diagnose(tokenizers, models, eps, backgrounds, states, args.batch_size, args.seed)
+    print(f"\n{len(eps)} held-out episodes ({args.limit} scenes x {len(policies)} policies), "
+          f"{len(backgrounds)} transitions ({(time.time() - t0) / 60:.1f} min)")
+    print_table(rows)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        write_json(args.json, dict(rows=rows, directions=DIRECTIONS.tolist(), policies=args.policies,
+                                   scenes=args.limit, length=args.length, seed=args.seed,
+                                   checkpoints=dict(tokenizers=args.tokenizers, models=args.models)))
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
