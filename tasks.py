@@ -1,14 +1,15 @@
 """
 The language tasks and what RLVR needs of them: the registry that train_lang.py, eval.py and the
-experiments share, loading a language world model, decoding, RLVR's prompt pool and its probe.
+experiments share, loading a language world model, decoding, RLVR's prompt pool and its probe, and
+k-step imagination's chains.
 
 A task (`Task`, registered in TASKS) bundles its data module (load_records, prompt_text,
 target_text, is_changed), its split generator, the per-record metrics of a decoded prediction (the
-verifiable rewards of rewards.py), the headline metric, the rewards RLVR may use, the answer
-"nothing changes" (the baseline that exposes fake gains) and, for k-step imagination (`Chaining`),
-how a state follows from an answer. Scoring whole splits is evaluate_lang.py's job; comparing two
-models is stats.py's. docs/tasks.md adds a task: one module (data/lights/task.py
-is the worked example) and one line in TASKS.
+verifiable rewards of rewards.py), the headline metric, the rewards RLVR may use and the answer
+"nothing changes" (the baseline that exposes fake gains). CHAINING adds, for the tasks with k-step
+imagination (train_lang.py --horizon), how a state follows from an answer. Scoring whole splits is
+evaluate_lang.py's job; comparing two models is stats.py's. docs/tasks.md adds a task: one module
+(data/lights/task.py is the worked example) and one line in TASKS.
 """
 import filecmp
 import shutil
@@ -61,7 +62,6 @@ class Task:
     reward: Callable  # reward(text, record, kind) -> float >= 0, highest for the target text;
                       # kind in rewards; never raises, whatever the text
     no_change: str    # the answer "nothing changes": right exactly on the unchanged records
-    chaining: Chaining | None = None   # k-step imagination (train_lang.py --horizon); None: none
 
 
 def from_module(module):
@@ -110,13 +110,16 @@ def imagine_webpage(text, record):
 TASKS = {
     "textgame": Task(data=textgame_task, prepare=textgame_prepare, score=score_textgame,
                      headline="accuracy", rewards=("binary", "task_specific"),
-                     reward=reward_textgame, no_change='{"modified":[],"removed":[],"score":{}}',
-                     chaining=Chaining("state", "next_state", imagine_textgame, True)),
+                     reward=reward_textgame, no_change='{"modified":[],"removed":[],"score":{}}'),
     "webpage": Task(data=webpage_task, prepare=webpage_prepare, score=score_webpage,
                     headline="f1", rewards=("f1",), reward=reward_webpage,
-                    no_change="New items:\nNone\n\nDeleted items:\nNone\n\nUpdated items:\nNone",
-                    chaining=Chaining("observation", "next_observation", imagine_webpage, False)),
+                    no_change="New items:\nNone\n\nDeleted items:\nNone\n\nUpdated items:\nNone"),
     "lights": from_module(lights_task),   # the worked example of docs/tasks.md
+}
+# the tasks with k-step imagination (train_lang.py --horizon): how a state follows from an answer
+CHAINING = {
+    "textgame": Chaining("state", "next_state", imagine_textgame, judge_imagined=True),
+    "webpage": Chaining("observation", "next_observation", imagine_webpage, judge_imagined=False),
 }
 
 
@@ -246,9 +249,9 @@ def episode_chains(task, records, horizon):
     its state is j's next state and its other context (game, site) is j's; the simulators' splits
     hold their episodes one after another, so these are exactly the episodes' runs
     (tests/test_imagination.py)."""
-    c = TASKS[task].chaining
-    if c is None:
-        raise ValueError(f"the {task} task has no k-step imagination (tasks.Chaining)")
+    if task not in CHAINING:
+        raise ValueError(f"the {task} task has no k-step imagination (tasks.CHAINING)")
+    c = CHAINING[task]
 
     def context(r):   # what must not change along an episode: all but the states and the action
         return {k: v for k, v in r.items() if k not in (c.state, c.next_state, "action")}
@@ -265,7 +268,7 @@ def imagine_chains(task, chains, predict):
     predict(step records) -> [(text, payload)], the answers (payload: whatever the caller wants
     back, e.g. sampled tokens; text None: no answer) -> per chain its steps [(record prompted,
     text, payload)]: K of them, fewer when an answer was unreadable or missing (the chain ends)."""
-    c = TASKS[task].chaining
+    c = CHAINING[task]
     steps = [[] for _ in chains]
     live = [(i, ch[0]) for i, ch in enumerate(chains)]   # (chain, the record its next step reads)
     for k in range(max(map(len, chains), default=0)):
@@ -287,7 +290,7 @@ def judged(task, chain, steps):
     if len(steps) < len(chain):
         return None
     record, text, _ = steps[-1]
-    return text, record if TASKS[task].chaining.judge_imagined else chain[-1]
+    return text, record if CHAINING[task].judge_imagined else chain[-1]
 
 
 def chain_reward(task, chain, steps, kind):

@@ -47,8 +47,8 @@ from grpo import GRPOConfig, add_flags, from_flags, grpo_step, make_optimizer, s
 import mle
 from model import GPT, GPTConfig
 from runtime import Run, WeightPath, check_ranges, finite_weights, fork_alongside, lr_at
-from tasks import (TASKS, PromptPool, chain_reward, episode_chains, keep_tokenizer, load_lang_model,
-                   probe_chain_rewards, probe_rewards, sample_chains)
+from tasks import (CHAINING, TASKS, PromptPool, chain_reward, episode_chains, keep_tokenizer,
+                   load_lang_model, probe_chain_rewards, probe_rewards, sample_chains)
 from tokenizer_text import Tokenizer
 
 ROOT = Path(__file__).resolve().parent
@@ -175,9 +175,9 @@ args.data_dir = args.data_dir or str(ROOT / "data" / args.task)
 args.reward = args.reward or task.rewards[0]
 if args.reward not in task.rewards:
     fail(f"--reward {args.reward}: the {args.task} task has rewards {task.rewards}")
-if args.horizon > 1 and task.chaining is None:
+if args.horizon > 1 and args.task not in CHAINING:
     fail(f"--horizon {args.horizon}: the {args.task} task has no k-step imagination "
-         f"(tasks.Chaining)")
+         f"(tasks.CHAINING)")
 # --init=auto: RLVR post-trains the shipped MLE checkpoint; MLE alone starts from scratch
 if args.init == "auto":
     shipped = ROOT / "checkpoints" / args.task / "mle.safetensors"

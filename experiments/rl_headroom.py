@@ -32,8 +32,8 @@ from checkpoint import write_json  # noqa: E402
 from evaluate_lang import summarize  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from rewards import parse_diff  # noqa: E402
-from tasks import (TASKS, chain_reward, episode_chains, generate_texts, imagine_chains, load_lang_model,  # noqa: E402
-                   text_predictor)
+from tasks import (CHAINING, TASKS, chain_reward, episode_chains, generate_texts, imagine_chains,  # noqa: E402
+                   load_lang_model, text_predictor)
 from tokenizer_text import Tokenizer  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[1].strip(), allow_abbrev=False)
@@ -52,7 +52,7 @@ p.add_argument("--tiny", action="store_true", help="random tiny model on 8 gener
 args = p.parse_args()
 torch.set_num_threads(args.threads)
 T = TASKS[args.task]
-if args.horizon < 1 or (args.horizon > 1 and T.chaining is None):
+if args.horizon < 1 or (args.horizon > 1 and args.task not in CHAINING):
     sys.exit(f"error: --horizon {args.horizon}: must be 1, or > 1 for a task with chains (textgame, webpage)")
 
 # -----------------------------------------------------------------------------

@@ -164,3 +164,37 @@ def test_tiny_horizon_run_writes_chain_results(tmp_path):
     # the update's log-probs of the sampled answers are the sampler's: the first ratio is 1
     for row in steps:
         assert row["ratio_first"] != row["ratio_first"] or abs(row["ratio_first"] - 1) < 1e-3
+
+
+def test_prompt_pool_of_chains_draws_whole_chains_by_their_first_prompt():
+    from tasks import PromptPool
+    T = TASKS["textgame"]
+    records = text_split("val", 120)
+    model, tok = tiny_model(records)
+    pool = PromptPool("textgame", tok, records, 10_000, 0.5, torch.Generator().manual_seed(0), 3)
+    assert len(pool.changed) + len(pool.unchanged) == len(episode_chains("textgame", records, 3))
+    prompts, chains = pool(6)
+    assert all(len(c) == 3 for c in chains)
+    assert prompts == [tok.encode(T.data.prompt_text(c[0])) for c in chains]
+    assert [any(map(T.data.is_changed, c)) for c in chains] == [True] * 3 + [False] * 3
+
+
+def test_sampled_chains_carry_each_steps_prompt_answer_and_log_probs():
+    from tasks import sample_chains
+    T = TASKS["textgame"]
+    records = text_split("val", 60)
+    chains = episode_chains("textgame", records, 2)[:3]
+    model, tok = tiny_model(records)
+    with torch.no_grad():
+        steps = sample_chains("textgame", model, tok, chains, 12, 1.0, 10_000,
+                              torch.Generator().manual_seed(0))
+    for s in steps:
+        for record, text, (prompt, ids, logp) in s:
+            assert prompt == tok.encode(T.data.prompt_text(record))
+            assert text == tok.decode([t for t in ids if t != tok.eos_id])
+            assert len(logp) == len(ids) and all(lp <= 0 for lp in logp)
+    # a step whose prompt exceeds the room ends its chain before it is sampled
+    with torch.no_grad():
+        none = sample_chains("textgame", model, tok, chains, 12, 1.0, 10,
+                             torch.Generator().manual_seed(0))
+    assert none == [[], [], []]
