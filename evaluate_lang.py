@@ -6,7 +6,8 @@ train_lang.py print with them).
 overall, on the records that change something (`_changed`) and on those that do not
 (`_unchanged`), plus `per_record`: one value per record per metric, in file order, so two models
 evaluated on the same records can be compared *paired* (stats.paired_table: the mean difference
-with a bootstrap 95% interval over records).
+with a bootstrap 95% interval over records). `evaluate_chains` scores K-step imagination the same
+way, one "record" per chain of K recorded steps (train_lang.py --horizon).
 """
 from contextlib import nullcontext
 
@@ -14,7 +15,8 @@ import torch
 
 from runtime import fork_map
 from stats import paired_table
-from tasks import TASKS, crop, generate_texts, load_lang_model
+from tasks import (TASKS, crop, generate_texts, imagine_chains, judged, load_lang_model,
+                   text_predictor)
 
 
 # -----------------------------------------------------------------------------
@@ -74,20 +76,57 @@ def evaluate(task, model, tok, records, max_new_tokens=256, batch_size=64, sampl
     return res
 
 
+def evaluate_chains(task, model, tok, chains, max_new_tokens=256):
+    """Score K-step imagination greedily on chains of K recorded steps (tasks.episode_chains), one
+    result per chain, shaped as `evaluate`'s: per chain the first step's metrics (its answer from
+    the recorded state) and `<headline>_k`, the last answer's headline metric scored as
+    tasks.judged says (text game: the imagined final state is exact; web page: the F1 of the K-th
+    predicted changes against the true ones); 0 for a chain whose answer became unreadable (counted
+    in n_ended). A chain is "changed" when any of its steps changes something; the baseline answers
+    "nothing changes" at every step."""
+    T = TASKS[task]
+    h_k = T.headline + "_k"
+    changed = [any(map(T.data.is_changed, c)) for c in chains]
+
+    def score(predict):   # the per-chain metrics, the chains' steps
+        steps = imagine_chains(task, chains, predict)
+        out = []
+        for c, s in zip(chains, steps):
+            j = judged(task, c, s)
+            out.append(T.score(s[0][1], c[0]) | {h_k: T.score(*j)[T.headline] if j else 0.0})
+        return out, steps
+
+    scores, steps = score(text_predictor(model, tok, task, max_new_tokens))
+    no_change = score(lambda records: [(T.no_change, None)] * len(records))[0]
+    prompts = [tok.encode(T.data.prompt_text(c[0])) for c in chains]
+    res = dict(summarize(scores, changed), n=len(chains), n_changed=sum(changed),
+               n_cropped=crop(prompts, model.config.block_size, max_new_tokens)[1],
+               horizon=len(chains[0]), n_ended=sum(len(s) < len(c) for c, s in zip(chains, steps)),
+               baseline_no_change=summarize(no_change, changed))
+    res["examples"] = [dict(actions=[r["action"] for r in c], changed=ch,
+                            predictions=[text for _, text, _ in s])
+                       for c, ch, s in list(zip(chains, changed, steps))[:5]]
+    res["per_record"] = {k: [float(m[k]) for m in scores] for k in scores[0]} | {"changed": changed}
+    return res
+
+
 def evaluate_checkpoints(task, ckpts, tok, splits, max_new_tokens, device="cpu", autocast=None,
-                         workers=1):
+                         workers=1, horizon=1):
     """Each checkpoint of {name: path} greedy on every split's records {split: records} (under
     `autocast`), so differences are paired per record -> {split: {name: evaluate's result}}.
     workers > 1 (CPU only): that many forked processes share the (checkpoint, split) jobs, largest
-    first; every job computes what it would alone."""
+    first; every job computes what it would alone. horizon K > 1: each split's records are
+    chains of K steps (tasks.episode_chains) and the result is evaluate_chains'."""
     jobs = sorted(((name, split) for name in ckpts for split in splits),
                   key=lambda j: -len(splits[j[1]]))
 
     def run(job):
         name, split = job
         with autocast or nullcontext():
-            return evaluate(task, load_lang_model(ckpts[name], device)[0], tok, splits[split],
-                            max_new_tokens,
+            model = load_lang_model(ckpts[name], device)[0]
+            if horizon > 1:
+                return evaluate_chains(task, model, tok, splits[split], max_new_tokens)
+            return evaluate(task, model, tok, splits[split], max_new_tokens,
                             desc=f"{split} {name}" if workers <= 1 else None)   # forked: no bars
 
     outs = fork_map(run, jobs, workers)
@@ -106,11 +145,11 @@ def pct(x):
     return "     -" if x is None else f"{100 * x:6.2f}"
 
 
-def print_table(task, rows, file=None):
-    """rows: name -> evaluate result. Greedy headline metric overall / changed / unchanged, then T=1
-    and extras, then the always-no-change baseline."""
-    h = TASKS[task].headline
-    extra = ["precision", "recall"] if task == "webpage" else []
+def print_table(task, rows, file=None, metric=None):
+    """rows: name -> evaluate result. Greedy `metric` (default: the headline metric) overall /
+    changed / unchanged, then T=1 and extras, then the always-no-change baseline."""
+    h = metric or TASKS[task].headline
+    extra = ["precision", "recall"] if task == "webpage" and h == TASKS[task].headline else []
     print(f"{'model (' + h + ' %)':<28} {'overall':>7} {'changed':>7} {'unchanged':>9} {'T=1':>6}"
           + "".join(f" {e:>9}" for e in extra), file=file)
     baseline = next(iter(rows.values()))["baseline_no_change"]   # the same records for every row
@@ -121,10 +160,10 @@ def print_table(task, rows, file=None):
               + "".join(f" {pct(r[e]):>9}" for e in extra), file=file)
 
 
-def print_paired(task, rows, against, file=None):
-    """Paired differences of the headline metric against model `against`, in points, with bootstrap
-    95% intervals; * marks an interval that excludes 0."""
-    h = TASKS[task].headline
+def print_paired(task, rows, against, file=None, metric=None):
+    """Paired differences of `metric` (default: the headline metric) against model `against`, in
+    points, with bootstrap 95% intervals; * marks an interval that excludes 0."""
+    h = metric or TASKS[task].headline
     print(f"paired differences in {h} (points, bootstrap 95% CI over the same records):", file=file)
     for name, sub, m, lo, hi in paired_table(rows, h, against):
         if m is not None:   # None: no record in this subset
@@ -136,10 +175,17 @@ def print_paired(task, rows, against, file=None):
 def print_comparison(task, split, rows, file=None):
     """train_lang.py's report of one split (rows: name -> evaluate result, "mle" among them): the
     table, then the paired differences against the MLE start and, when the control ran, against the
-    control ("mle_more")."""
-    print(f"\n{split} split ({rows['mle']['n']} transitions, {rows['mle']['n_changed']} changed), "
-          f"{TASKS[task].headline} % (greedy):", file=file, flush=True)
-    print_table(task, rows, file)
-    print_paired(task, rows, "mle", file)
-    if "mle_more" in rows:
-        print_paired(task, {k: v for k, v in rows.items() if k != "mle"}, "mle_more", file)
+    control ("mle_more"). Chains (evaluate_chains' results): the table of `<headline>_k`, and the
+    paired differences in it and in the first step's headline metric."""
+    h, first = TASKS[task].headline, rows["mle"]
+    if "horizon" in first:
+        what, metrics = f"chains of {first['horizon']} steps", (h + "_k", h)
+    else:
+        what, metrics = "transitions", (h,)
+    print(f"\n{split} split ({first['n']} {what}, {first['n_changed']} changed), "
+          f"{metrics[0]} % (greedy):", file=file, flush=True)
+    print_table(task, rows, file, metrics[0])
+    for m in metrics:
+        print_paired(task, rows, "mle", file, m)
+        if "mle_more" in rows:
+            print_paired(task, {k: v for k, v in rows.items() if k != "mle"}, "mle_more", file, m)

@@ -1,13 +1,15 @@
 """
 The language tasks and what RLVR needs of them: the registry that train_lang.py, eval.py and the
-experiments share, loading a language world model, decoding, RLVR's prompt pool and its probe.
+experiments share, loading a language world model, decoding, RLVR's prompt pool and its probe, and
+k-step imagination's chains.
 
 A task (`Task`, registered in TASKS) bundles its data module (load_records, prompt_text,
 target_text, is_changed), its split generator, the per-record metrics of a decoded prediction (the
-verifiable rewards of rewards.py), the headline metric, the rewards RLVR may use, and the answer
-"nothing changes" (the baseline that exposes fake gains). Scoring whole splits is evaluate_lang.py's
-job; comparing two models is stats.py's. docs/tasks.md adds a task: one module (data/lights/task.py
-is the worked example) and one line in TASKS.
+verifiable rewards of rewards.py), the headline metric, the rewards RLVR may use and the answer
+"nothing changes" (the baseline that exposes fake gains). CHAINING adds, for the tasks with k-step
+imagination (train_lang.py --horizon), how a state follows from an answer. Scoring whole splits is
+evaluate_lang.py's job; comparing two models is stats.py's. docs/tasks.md adds a task: one module
+(data/lights/task.py is the worked example) and one line in TASKS.
 """
 import filecmp
 import shutil
@@ -25,8 +27,23 @@ from data.textgame import prepare as textgame_prepare, task as textgame_task
 from data.webpage import prepare as webpage_prepare, task as webpage_task
 from engine import generate
 from model import GPT
-from rewards import textgame_reward, web_prf
 from load_hf import load_tokenizer
+from rewards import apply_diff, parse_diff, parse_sections, textgame_reward, web_prf
+
+
+@dataclass(frozen=True)
+class Chaining:
+    """What k-step imagination needs of a task: a chain is K consecutive recorded transitions of
+    one episode, each step after the first prompted with the state the previous answer leads to."""
+    state: str        # the record's key of the state a step starts from ("state", "observation")
+    next_state: str   # the record's key of the state it leads to; record j+1 continues record j
+                      # when its `state` is j's `next_state` and its other context keys are equal
+    # imagine(text, record) -> the state the answer `text` leads to from the record's state, or
+    # None when the answer cannot be read (the chain ends there, wrong)
+    imagine: Callable
+    # True: the last answer is scored on its imagined record (the imagined final state must be the
+    # true one); False: on the recorded one (the last predicted changes against the true ones)
+    judge_imagined: bool
 
 
 @dataclass(frozen=True)
@@ -76,6 +93,17 @@ def reward_webpage(text, record, kind):
     return web_prf(text, webpage_task.target_text(record))[2]
 
 
+def imagine_textgame(text, record):
+    """The state the predicted diff leads to: merged into the record's state; None if unreadable."""
+    diff = parse_diff(text)
+    return None if diff is None else apply_diff(record["state"], diff)
+
+
+def imagine_webpage(text, record):
+    """The page the predicted changes lead to: merged into the record's page (always readable)."""
+    return webpage_task.apply_changes(record["observation"], parse_sections(text))
+
+
 # the registry: --task's choices. A new task is one module and one line here (docs/tasks.md); an
 # explicit line, not a scan of data/*/, so the choices are read in one place and an import error
 # points here.
@@ -87,6 +115,11 @@ TASKS = {
                     headline="f1", rewards=("f1",), reward=reward_webpage,
                     no_change="New items:\nNone\n\nDeleted items:\nNone\n\nUpdated items:\nNone"),
     "lights": from_module(lights_task),   # the worked example of docs/tasks.md
+}
+# the tasks with k-step imagination (train_lang.py --horizon): how a state follows from an answer
+CHAINING = {
+    "textgame": Chaining("state", "next_state", imagine_textgame, judge_imagined=True),
+    "webpage": Chaining("observation", "next_observation", imagine_webpage, judge_imagined=False),
 }
 
 
@@ -163,19 +196,26 @@ def generate_texts(model, tok, prompts, max_new_tokens, temperature=0.0, batch_s
 class PromptPool:
     """RLVR's prompt pool: every record whose prompt is at most `room` tokens, split into those that
     change something (where the headroom is) and those that do not (mostly right already; drawn so
-    "no change" stays right)."""
+    "no change" stays right). horizon K > 1: the pool's items are the records' K-step chains
+    (`episode_chains`), by their first prompt; a chain changes something when any step does."""
 
-    def __init__(self, task, tok, records, room, unchanged_frac, generator):
+    def __init__(self, task, tok, records, room, unchanged_frac, generator, horizon=1):
         data = TASKS[task].data
-        pool = [(r, prompt) for r in records
-                if len(prompt := tok.encode(data.prompt_text(r))) <= room]
-        self.changed = [x for x in pool if data.is_changed(x[0])]
-        self.unchanged = [x for x in pool if not data.is_changed(x[0])]
+        if horizon == 1:
+            pool = [(r, prompt) for r in records
+                    if len(prompt := tok.encode(data.prompt_text(r))) <= room]
+            self.changed = [x for x in pool if data.is_changed(x[0])]
+            self.unchanged = [x for x in pool if not data.is_changed(x[0])]
+        else:
+            pool = [(c, prompt) for c in episode_chains(task, records, horizon)
+                    if len(prompt := tok.encode(data.prompt_text(c[0]))) <= room]
+            self.changed = [x for x in pool if any(map(data.is_changed, x[0]))]
+            self.unchanged = [x for x in pool if not any(map(data.is_changed, x[0]))]
         self.unchanged_frac, self.generator = unchanged_frac, generator
 
     def __call__(self, n):
         """n draws with replacement, a share unchanged_frac of them unchanged
-        -> (token-id prompts, records)."""
+        -> (token-id prompts, records or chains)."""
         n_unch = round(n * self.unchanged_frac) if self.unchanged else 0
         picks = [self.changed[i] for i in
                  torch.randint(len(self.changed), (n - n_unch,), generator=self.generator)]
@@ -198,3 +238,113 @@ def probe_rewards(task, model, tok, prompts, records, kind, max_new_tokens, samp
     model.train()
     return dict(probe_greedy=mean_reward(greedy, records),
                 probe_reward=mean_reward(sampled, records * samples))
+
+
+# -----------------------------------------------------------------------------
+# k-step imagination: chains of recorded steps, each later step prompted with an imagined state
+
+def episode_chains(task, records, horizon):
+    """Every run of `horizon` consecutive transitions of one episode in `records`, one per start
+    record, in file order -> list of chains (lists of records). Record j+1 continues record j when
+    its state is j's next state and its other context (game, site) is j's; the simulators' splits
+    hold their episodes one after another, so these are exactly the episodes' runs
+    (tests/test_imagination.py)."""
+    if task not in CHAINING:
+        raise ValueError(f"the {task} task has no k-step imagination (tasks.CHAINING)")
+    c = CHAINING[task]
+
+    def context(r):   # what must not change along an episode: all but the states and the action
+        return {k: v for k, v in r.items() if k not in (c.state, c.next_state, "action")}
+
+    follows = [a[c.next_state] == b[c.state] and context(a) == context(b)
+               for a, b in zip(records, records[1:])]
+    return [records[i:i + horizon] for i in range(len(records) - horizon + 1)
+            if all(follows[i:i + horizon - 1])]
+
+
+def imagine_chains(task, chains, predict):
+    """K-step imagination: step 1 of each chain reads its recorded state, each later step the state
+    the chain's previous answer leads to (Chaining.imagine) with the next recorded action.
+    predict(step records) -> [(text, payload)], the answers (payload: whatever the caller wants
+    back, e.g. sampled tokens; text None: no answer) -> per chain its steps [(record prompted,
+    text, payload)]: K of them, fewer when an answer was unreadable or missing (the chain ends)."""
+    c = CHAINING[task]
+    steps = [[] for _ in chains]
+    live = [(i, ch[0]) for i, ch in enumerate(chains)]   # (chain, the record its next step reads)
+    for k in range(max(map(len, chains), default=0)):
+        answers = predict([r for _, r in live]) if live else []
+        following = []
+        for (i, r), (text, payload) in zip(live, answers):
+            if text is None:
+                continue
+            steps[i].append((r, text, payload))
+            if k + 1 < len(chains[i]) and (state := c.imagine(text, r)) is not None:
+                following.append((i, {**chains[i][k + 1], c.state: state}))
+        live = following
+    return steps
+
+
+def judged(task, chain, steps):
+    """The chain's last answer and the record it is scored on (the imagined one, or the recorded
+    one: Chaining.judge_imagined) -> (text, record), or None when the chain ended early."""
+    if len(steps) < len(chain):
+        return None
+    record, text, _ = steps[-1]
+    return text, record if CHAINING[task].judge_imagined else chain[-1]
+
+
+def chain_reward(task, chain, steps, kind):
+    """RLVR's reward of an imagined chain: reward `kind` of its last answer; 0 if it ended early."""
+    j = judged(task, chain, steps)
+    return 0.0 if j is None else TASKS[task].reward(*j, kind)
+
+
+def text_predictor(model, tok, task, max_new_tokens, temperature=0.0, generator=None):
+    """predict for imagine_chains: generate_texts on the records' prompts (cropped as there)."""
+    data = TASKS[task].data
+
+    def predict(records):
+        prompts = [tok.encode(data.prompt_text(r)) for r in records]
+        texts = generate_texts(model, tok, prompts, max_new_tokens, temperature,
+                               generator=generator)
+        return [(t, None) for t in texts]
+    return predict
+
+
+def sample_chains(task, model, tok, chains, max_new_tokens, temperature, room, generator):
+    """RLVR's chain rollout: every step of every chain sampled at `temperature` in one batch per
+    step; a step whose prompt exceeds `room` tokens ends its chain -> imagine_chains' steps, each
+    payload (prompt ids, answer ids with EOS if written, their log-probs)."""
+    data = TASKS[task].data
+
+    def predict(records):
+        prompts = [tok.encode(data.prompt_text(r)) for r in records]
+        fit = [i for i, p in enumerate(prompts) if len(p) <= room]
+        out = [(None, None)] * len(records)
+        if not fit:
+            return out
+        tokens, logp = generate(model, [prompts[i] for i in fit], max_new_tokens,
+                                temperature=temperature, eos_id=tok.eos_id, generator=generator)
+        for i, row, lp in zip(fit, tokens.tolist(), logp.tolist()):
+            ids = [t for t in row if t >= 0]   # -1 pads after EOS
+            out[i] = (tok.decode([t for t in ids if t != tok.eos_id]), (prompts[i], ids,
+                                                                          lp[:len(ids)]))
+        return out
+    return imagine_chains(task, chains, predict)
+
+
+def probe_chain_rewards(task, model, tok, chains, kind, max_new_tokens, samples=4):
+    """probe_rewards for K-step chains: the mean chain_reward, greedy and over `samples` sampled
+    chains each at T=1 from a fixed seed -> dict(probe_greedy, probe_reward). Leaves the model in
+    training mode."""
+    def mean_reward(chs, temperature, generator=None):
+        steps = imagine_chains(task, chs, text_predictor(model, tok, task, max_new_tokens,
+                                                         temperature, generator))
+        return sum(chain_reward(task, c, s, kind) for c, s in zip(chs, steps)) / len(chs)
+    model.eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        greedy = mean_reward(chains, 0.0)
+        sampled = mean_reward(chains * samples, 1.0, g)
+    model.train()
+    return dict(probe_greedy=greedy, probe_reward=sampled)

@@ -7,6 +7,7 @@ webpage (F1 of the page changes), and any task registered in tasks.py (docs/task
     python train_lang.py                 # CPU: RLVR from the shipped MLE checkpoint, control, eval
     python train_lang.py --placebo=1 --out_dir=out/textgame_placebo   # rewards permuted: no signal
     python train_lang.py --init=scratch  # everything from scratch: data, tokenizer, MLE, RLVR
+    python train_lang.py --horizon=3 --out_dir=out/textgame_k3   # 3-step imagination
 1 GPU from pretrained HF weights (e.g. DeepSeek-R1-Distill-Qwen-1.5B, the paper's base: SFT first,
 then RLVR), and 8 GPUs:
     python train_lang.py --init=/path/to/hf_dir --device=cuda --dtype=bfloat16 --micro_batch=8
@@ -21,9 +22,18 @@ M = evaluate_lang.evaluate's result (summary and per-record metrics). Stages che
 another --out_dir, or --resume=0 to start over). A NaN/inf loss, reward or gradient stops the run
 naming the step (--on_nan=skip skips it); bad input is one "error:" line, before anything is
 written.
+
+k-step imagination (--horizon=K > 1): the world model predicts K consecutive recorded steps of an
+episode, each after the first prompted with the state its own previous answer leads to and the
+next recorded action (tasks.imagine_chains). RLVR samples G such chains per start state, every step
+at --temperature, and trains on every step's answer tokens with the chain's reward (the text game:
+the imagined final state is exact; the web page: the F1 of the K-th predicted changes); MLE and
+its control stay one step, teacher-forced. The evaluation scores chains (evaluate_chains): per
+chain start `<headline>_k` and the first step's metrics.
 """
 import argparse
 import copy
+import dataclasses
 import math
 import time
 from pathlib import Path
@@ -38,7 +48,8 @@ import mle
 from model import GPT, GPTConfig
 from runtime import (ComputeBudget, Run, WeightPath, add_flags, check_ranges, finite_weights,
                      fork_alongside, from_flags, lr_at)
-from tasks import TASKS, PromptPool, keep_tokenizer, load_lang_model, probe_rewards
+from tasks import (CHAINING, TASKS, PromptPool, chain_reward, episode_chains, keep_tokenizer,
+                   load_lang_model, probe_chain_rewards, probe_rewards, sample_chains)
 from tokenizer_text import Tokenizer
 
 ROOT = Path(__file__).resolve().parent
@@ -96,6 +107,9 @@ g.add_argument("--rl_steps", type=int, default=30, help="GRPO steps")
 add_flags(g, GRPOConfig)   # --prompts_per_step ... --max_new_tokens: GRPOConfig's fields
 g.add_argument("--reward", default=None,
                help="textgame: binary | task_specific; webpage: f1 (default: the first)")
+g.add_argument("--horizon", type=int, default=1,
+               help="K > 1: k-step imagination, RLVR on and evaluation of chains of K recorded "
+                    "steps, each from the state the previous prediction leads to")
 g = p.add_argument_group("research: controls, probes and the regime study (not needed to train)")
 g.add_argument("--label_frac", type=float, default=1.0,
                help="MLE sees only this fraction of the train labels (the regime study; RLVR still "
@@ -140,6 +154,7 @@ g.add_argument("--on_nan", default="stop", choices=["stop", "skip"],
 args = p.parse_args()
 check_ranges(p, args,
              at_least_1=("n_layer", "n_head", "n_embd", "block_size", "mle_steps", "batch_size",
+                         "horizon",
                          "rl_steps", "prompts_per_step", "max_rounds", "group_size", "ppo_epochs",
                          "minibatches", "micro_batch", "max_new_tokens", "eval_every", "val_n",
                          "threads", "ckpt_every", "probe_n", "probe_every", "eval_workers"),
@@ -166,6 +181,9 @@ args.data_dir = args.data_dir or str(ROOT / "data" / args.task)
 args.reward = args.reward or task.rewards[0]
 if args.reward not in task.rewards:
     fail(f"--reward {args.reward}: the {args.task} task has rewards {task.rewards}")
+if args.horizon > 1 and args.task not in CHAINING:
+    fail(f"--horizon {args.horizon}: the {args.task} task has no k-step imagination "
+         f"(tasks.CHAINING)")
 # --init=auto: RLVR post-trains the shipped MLE checkpoint; MLE alone starts from scratch
 if args.init == "auto":
     shipped = ROOT / "checkpoints" / args.task / "mle.safetensors"
@@ -322,6 +340,54 @@ def run_mle(model, name, pairs, steps, minutes, lr_of_step, budget=None):
 
 
 # -----------------------------------------------------------------------------
+# k-step imagination (--horizon=K > 1): RLVR on whole chains through grpo.py's rollout hooks
+def chain_hooks(draw, room):
+    """grpo_step's hooks for chains of K steps -> (draw, sampler, reward_fn). A group is one chain
+    start's G chains sampled at --temperature (every step: tasks.sample_chains), laid out as K x G
+    rows (the GRPO group size K x G): row = one step, its prompt less the first token as input
+    only, then its sampled answer, trained on. Every row of a chain carries the chain's reward: a
+    group's mean and std over its K x G rows are those over its G chains, so the advantages are the
+    chains'. A step a chain did not reach is an empty row. The group's prompt is the first token,
+    the one every prompt of the task begins with."""
+    K, G = args.horizon, args.group_size
+    scored = []   # the rewards of the sampler's last rows, handed to grpo.py by reward_fn
+
+    def draw_starts(n):   # the pool's chains, each with its first prompt's first token
+        prompts, starts = draw(n)
+        return [p[:1] for p in prompts], starts
+
+    def sampler(model, prompts, items, cfg, generator):   # grpo.rollout's hook
+        starts, first = items[::cfg.group_size], prompts[::cfg.group_size]
+        chains = [c for c in starts for _ in range(G)]
+        steps = sample_chains(args.task, model, tok, chains, cfg.max_new_tokens, cfg.temperature,
+                              room, generator)
+        rows = []   # (token ids, their log-probs, sampled or input only)
+        scored.clear()
+        for i, (c, s) in enumerate(zip(chains, steps)):
+            for prompt, ids, lp in [x[2] for x in s] + [(first[i // G], [], [])] * (K - len(s)):
+                if prompt[:1] != first[i // G]:
+                    raise ValueError(f"--horizon: a {args.task} prompt does not begin with the "
+                                     f"first token of the others")
+                n = len(prompt) - 1
+                rows.append((prompt[1:] + ids, [0.0] * n + lp, [False] * n + [True] * len(ids)))
+            scored.extend([chain_reward(args.task, c, s, args.reward)] * K)
+        T = max(len(ids) for ids, _, _ in rows)
+        tokens = torch.full((len(rows), T), -1, dtype=torch.long)
+        logp, sampled = torch.zeros(len(rows), T), torch.zeros(len(rows), T, dtype=torch.bool)
+        for i, (ids, lp, sm) in enumerate(rows):
+            tokens[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+            logp[i, :len(ids)] = torch.tensor(lp)
+            sampled[i, :len(ids)] = torch.tensor(sm, dtype=torch.bool)
+        return tokens, logp, sampled
+
+    def reward_fn(items, completions):   # the chains' rewards, one per row, as the sampler scored
+        assert len(scored) == len(completions), "reward_fn: not the sampler's last rows"
+        return list(scored)
+
+    return draw_starts, sampler, reward_fn
+
+
+# -----------------------------------------------------------------------------
 # stage 2: RLVR with GRPO; the reward is the task metric of the decoded prediction (rewards.py)
 def run_rlvr(model, budget):
     """GRPO from `model` for --rl_steps steps; each step's compute is added to `budget` (the
@@ -338,26 +404,36 @@ def run_rlvr(model, budget):
     # --rl_unchanged_frac of them unchanged
     room = model.config.block_size - args.max_new_tokens
     pool = train_recs[:args.rl_pool or None]
-    draw = PromptPool(args.task, tok, pool, room, args.rl_unchanged_frac, gen)
+    draw = PromptPool(args.task, tok, pool, room, args.rl_unchanged_frac, gen, args.horizon)
 
     def reward_fn(records, completions):   # token lists -> the task's metric of each decoded answer
         # decode: the reward reads text; task.reward never raises on model output
         texts = [tok.decode([t for t in c if t != tok.eos_id]) for c in completions]
         return [task.reward(t, r, args.reward) for t, r in zip(texts, records)]
 
+    # one step: a group is a prompt's G answers, sampled by grpo.py itself
+    draw_groups, sampler, score = draw, None, reward_fn
+    if args.horizon > 1:   # chains: a group is a start's G chains, K x G rows (chain_hooks)
+        draw_groups, sampler, score = chain_hooks(draw, room)
+        cfg = dataclasses.replace(cfg, group_size=args.horizon * args.group_size)
+
     # the probe set: fixed training prompts whose greedy and T=1 reward (4 samples each, a fixed
     # seed) is logged every --probe_every steps: the reward GRPO optimises, on the same prompts
-    probe_prompts, probe_recs = draw(args.probe_n)
+    probe_prompts, probe_recs = draw_groups(args.probe_n)
 
     def probe():
         with autocast:
+            if args.horizon > 1:   # the chains' reward, greedy and sampled
+                return probe_chain_rewards(args.task, model, tok, probe_recs, args.reward,
+                                           args.max_new_tokens)
             return probe_rewards(args.task, model, tok, probe_prompts, probe_recs, args.reward,
                                  args.max_new_tokens)
 
     print0(f"rlvr: {len(draw.changed)} changed + {len(draw.unchanged)} unchanged train prompts; "
            f"per step {args.prompts_per_step} groups with reward spread (up to {args.max_rounds} "
            f"rounds) x {args.group_size} samples x {world} ranks; reward {args.reward}"
-           f"{'; PLACEBO: rewards permuted within each kept group' if args.placebo else ''}")
+           f"{'; PLACEBO: rewards permuted within each kept group' if args.placebo else ''}"
+           f"{f'; chains of {args.horizon} steps' if args.horizon > 1 else ''}")
     moved = WeightPath(model)   # the MLE start, for the log's weight movement
     step, done = run.resume_stage(ckpt, model, opt, gen, "rlvr")   # as in run_mle
     if done:
@@ -376,11 +452,11 @@ def run_rlvr(model, budget):
     while step < args.rl_steps:
         set_lr(opt, cfg, step)   # linear warm-up, then constant
         # the first round's prompts; grpo_step draws more if groups lack spread
-        prompts, recs = draw(args.prompts_per_step)
+        prompts, recs = draw_groups(args.prompts_per_step)
         try:   # rollout -> reward -> advantages -> PPO-clip + KL updates, all in grpo.py
             with autocast:
-                stats = grpo_step(trained, ref, opt, prompts, recs, reward_fn, cfg, tok.eos_id, gen,
-                                  step, next_prompts=draw)
+                stats = grpo_step(trained, ref, opt, prompts, recs, score, cfg, tok.eos_id, gen,
+                                  step, sampler=sampler, next_prompts=draw_groups)
         except FloatingPointError as e:   # grpo.py checks rewards, loss, gradient norm and weights
             run.nonfinite("rlvr", step, model, str(e))   # stops, or logs a skipped step
             stats = {}
@@ -477,13 +553,15 @@ if args.stage in ("all", "rlvr"):
 if args.stage != "mle":
     # every model, loaded from its checkpoint, greedy on the same records: differences are paired
     if master:
-        splits = {split: recs[:limit or None] for split, recs, limit in
+        def scored(recs):   # what one result scores: a record, or a chain's start (--horizon)
+            return recs if args.horizon == 1 else episode_chains(args.task, recs, args.horizon)
+        splits = {split: scored(recs)[:limit or None] for split, recs, limit in
                   (("val", val_recs, args.val_limit), ("test", test_recs, args.test_limit))
                   if split in args.final_eval.split(",")}
         # CPU: split the jobs over the cores
         workers = args.eval_workers if args.device == "cpu" else 1
         results = evaluate_checkpoints(args.task, ckpts, tok, splits, args.max_new_tokens,
-                                       args.device, autocast, workers)
+                                       args.device, autocast, workers, args.horizon)
         for split, r in results.items():
             write_json(out_dir / ("eval.json" if split == "test" else "eval_val.json"), r)
             # the table, RLVR - MLE start, RLVR - control: paired 95% CIs

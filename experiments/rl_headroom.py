@@ -6,11 +6,17 @@ temperature is right is one that sharpening can fix; where no sample is right, t
 new answer. A group whose G rewards are all equal gives no GRPO gradient. For one checkpoint this prints, overall and
 on changed / unchanged records: the greedy score, the mean sample score, the best-of-G score (pass@G for the text
 game), the share of records whose best sample beats greedy ("headroom"), and the share of zero-spread groups; for the
-text game also what the greedy answer gets wrong on changed transitions.
+text game also what the greedy answer gets wrong on changed transitions. With --horizon=K > 1 the same numbers for
+K-step imagination (train_lang.py --horizon): one "record" is a chain of K recorded steps of an episode
+(tasks.episode_chains), each step after the first prompted with the state the chain's previous answer leads to, every
+step greedy or every step sampled, and the reward is the chain's (tasks.chain_reward: text game, the imagined final
+state is exact; web page, the F1 of the K-th predicted changes); --limit counts chains.
 
     python experiments/rl_headroom.py --ckpt=checkpoints/textgame/mle.safetensors --data=data/textgame/val.jsonl   # 2 min
     python experiments/rl_headroom.py --task=webpage --ckpt=checkpoints/webpage/mle.safetensors \
         --data=data/webpage/val.jsonl
+    python experiments/rl_headroom.py --ckpt=checkpoints/textgame/mle.safetensors --data=data/textgame/test.jsonl \
+        --horizon=3 --limit=150      # 150 chains of 3 steps
     python experiments/rl_headroom.py --tiny      # a random tiny model on 8 generated records: the smoke test
 """
 import argparse
@@ -26,7 +32,8 @@ from checkpoint import write_json  # noqa: E402
 from evaluate_lang import summarize  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from rewards import parse_diff  # noqa: E402
-from tasks import TASKS, generate_texts, load_lang_model  # noqa: E402
+from tasks import (CHAINING, TASKS, chain_reward, episode_chains, generate_texts, imagine_chains,  # noqa: E402
+                   load_lang_model, text_predictor)
 from tokenizer_text import Tokenizer  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[1].strip(), allow_abbrev=False)
@@ -36,7 +43,8 @@ p.add_argument("--data", default=None, help="JSONL records (default: the embedde
 p.add_argument("--G", type=int, default=8, help="samples per record, as GRPO's group size")
 p.add_argument("--temperature", type=float, default=1.0)
 p.add_argument("--max_new_tokens", type=int, default=200)
-p.add_argument("--limit", type=int, default=0, help="first N records only (0 = all)")
+p.add_argument("--limit", type=int, default=0, help="first N records (chains) only (0 = all)")
+p.add_argument("--horizon", type=int, default=1, help="K > 1: chains of K imagined steps (train_lang.py --horizon)")
 p.add_argument("--seed", type=int, default=0)
 p.add_argument("--threads", type=int, default=1)
 p.add_argument("--json", default=None, help="write the numbers here")
@@ -44,6 +52,8 @@ p.add_argument("--tiny", action="store_true", help="random tiny model on 8 gener
 args = p.parse_args()
 torch.set_num_threads(args.threads)
 T = TASKS[args.task]
+if args.horizon < 1 or (args.horizon > 1 and args.task not in CHAINING):
+    sys.exit(f"error: --horizon {args.horizon}: must be 1, or > 1 for a task with chains (textgame, webpage)")
 
 # -----------------------------------------------------------------------------
 # model and records
@@ -66,22 +76,36 @@ else:
         model, tok, _ = load_lang_model(args.ckpt)
     except ValueError as e:
         sys.exit(f"error: {e}")
-records = records[:args.limit or None]
-prompts = [tok.encode(T.data.prompt_text(r)) for r in records]
-changed = [T.data.is_changed(r) for r in records]
 headline_reward = T.rewards[0]
-
-# -----------------------------------------------------------------------------
-# greedy, then G samples per record at the RL temperature
-def score(texts):
-    return [T.reward(t, r, headline_reward) for t, r in zip(texts, records)]
-
-
-greedy_texts = generate_texts(model, tok, prompts, args.max_new_tokens, 0.0, desc="greedy")
-greedy = score(greedy_texts)
 g = torch.Generator().manual_seed(args.seed)
-samples = [score(generate_texts(model, tok, prompts, args.max_new_tokens, args.temperature, 64, g, f"sample {i + 1}"))
-           for i in range(args.G)]
+if args.horizon == 1:
+    records = records[:args.limit or None]
+    prompts = [tok.encode(T.data.prompt_text(r)) for r in records]
+    changed = [T.data.is_changed(r) for r in records]
+
+    # -------------------------------------------------------------------------
+    # greedy, then G samples per record at the RL temperature
+    def score(texts):
+        return [T.reward(t, r, headline_reward) for t, r in zip(texts, records)]
+
+    greedy_texts = generate_texts(model, tok, prompts, args.max_new_tokens, 0.0, desc="greedy")
+    greedy = score(greedy_texts)
+    samples = [score(generate_texts(model, tok, prompts, args.max_new_tokens, args.temperature, 64, g,
+                                    f"sample {i + 1}"))
+               for i in range(args.G)]
+else:
+    # -------------------------------------------------------------------------
+    # chains: every step greedy, then G chains per start with every step sampled
+    records = episode_chains(args.task, records, args.horizon)[:args.limit or None]
+    changed = [any(map(T.data.is_changed, c)) for c in records]
+
+    def chain_rewards(temperature, generator=None):
+        steps = imagine_chains(args.task, records, text_predictor(model, tok, args.task, args.max_new_tokens,
+                                                                  temperature, generator))
+        return [chain_reward(args.task, c, s, headline_reward) for c, s in zip(records, steps)]
+
+    greedy = chain_rewards(0.0)
+    samples = [chain_rewards(args.temperature, g) for _ in range(args.G)]
 per_record = list(zip(*samples))      # (records, G)
 
 # -----------------------------------------------------------------------------
@@ -91,8 +115,8 @@ per_record_metrics = [dict(zip(METRICS, (greedy[i], sum(rs) / args.G, max(rs), f
                                          float(max(rs) == min(rs)))))
                       for i, rs in enumerate(per_record)]
 result = dict(summarize(per_record_metrics, changed), n=len(records), n_changed=sum(changed), G=args.G,
-              temperature=args.temperature)
-if args.task == "textgame":      # what a wrong greedy answer gets wrong, on changed transitions
+              temperature=args.temperature, horizon=args.horizon)
+if args.task == "textgame" and args.horizon == 1:      # what a wrong greedy answer gets wrong, on changed ones
     errors = {}
     for i, r in enumerate(records):
         if not changed[i] or greedy[i] == 1.0:
@@ -112,7 +136,8 @@ if args.task == "textgame":      # what a wrong greedy answer gets wrong, on cha
         errors[kind] = errors.get(kind, 0) + 1
     result["greedy_errors_changed"] = errors
 
-print(f"{args.task}, {len(records)} records, {args.G} samples each at T={args.temperature}, reward {headline_reward}:")
+what = "records" if args.horizon == 1 else f"chains of {args.horizon} steps"
+print(f"{args.task}, {len(records)} {what}, {args.G} samples each at T={args.temperature}, reward {headline_reward}:")
 print(f"{'part':<10} {'n':>5} {'greedy':>8} {'sample':>8} {'best-of-G':>10} {'headroom':>9} {'zero-spread':>12}")
 for part, suffix, n in (("all", "", len(records)), ("changed", "_changed", result["n_changed"]),
                         ("unchanged", "_unchanged", len(records) - result["n_changed"])):

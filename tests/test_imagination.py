@@ -1,0 +1,200 @@
+"""k-step imagination (train_lang.py --horizon): chains are runs of the simulators' episodes, each
+step after the first reads the state its previous answer leads to, and the chain metrics score the
+right answer; a tiny --horizon=2 run writes eval.json of the usual shape (slow)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from data.textgame.simulator import MAX_STEPS as TEXT_STEPS, generate_split as text_split
+from data.webpage.simulator import MAX_STEPS as WEB_STEPS, generate_split as web_split
+from evaluate_lang import evaluate_chains
+from model import GPT, GPTConfig
+from rewards import apply_diff, parse_diff
+from tasks import TASKS, chain_reward, episode_chains, imagine_chains, judged
+from tokenizer_text import Tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def text_episode_starts(records):
+    """Where the text game's episodes begin: after a game over, or after MAX_STEPS records."""
+    starts, length = [0], 0
+    for i, r in enumerate(records[:-1]):
+        length += 1
+        if r["next_state"]["score"]["gameOver"] or length == TEXT_STEPS:
+            starts.append(i + 1)
+            length = 0
+    return starts
+
+
+def runs(n, starts, horizon):
+    """The start indices of every run of `horizon` records inside one episode."""
+    ends = starts[1:] + [n]
+    return [i for s, e in zip(starts, ends) for i in range(s, e - horizon + 1)]
+
+
+@pytest.mark.parametrize("horizon", [1, 2, 3])
+def test_text_chains_are_runs_inside_the_simulators_episodes(horizon):
+    records = text_split("val", 300)
+    got = episode_chains("textgame", records, horizon)
+    want = runs(len(records), text_episode_starts(records), horizon)
+    assert got == [records[i:i + horizon] for i in want]
+
+
+@pytest.mark.parametrize("horizon", [2, 3])
+def test_web_chains_are_runs_inside_the_simulators_episodes(horizon):
+    records = web_split("val", 100)   # every episode is WEB_STEPS records long
+    got = episode_chains("webpage", records, horizon)
+    want = runs(len(records), list(range(0, len(records), WEB_STEPS)), horizon)
+    assert got == [records[i:i + horizon] for i in want]
+
+
+def test_a_task_without_chaining_is_one_clear_error():
+    with pytest.raises(ValueError, match="lights task has no k-step imagination"):
+        episode_chains("lights", [], 2)
+
+
+def a_changing_chain(horizon=3):
+    """A text-game chain of `horizon` steps whose first step changes the state."""
+    T = TASKS["textgame"]
+    for c in episode_chains("textgame", text_split("val", 300), horizon):
+        if T.data.is_changed(c[0]) and T.data.is_changed(c[-1]):
+            return c
+    raise AssertionError("no changing chain")
+
+
+def answers(table):
+    """A predict for imagine_chains that answers step k with table[k], whatever the record."""
+    calls = []
+
+    def predict(records):
+        calls.append(records)
+        return [(table[len(calls) - 1], None)] * len(records)
+    return predict, calls
+
+
+def test_each_step_reads_the_state_its_previous_answer_leads_to():
+    T, chain = TASKS["textgame"], a_changing_chain()
+    truth = [T.data.target_text(r) for r in chain]
+    predict, calls = answers(truth)
+    steps = imagine_chains("textgame", [chain], predict)[0]
+    assert [r for r, _, _ in steps] == [chain[0], chain[1], chain[2]]   # right answers: true states
+    assert judged("textgame", chain, steps) == (truth[2], chain[2])
+    assert chain_reward("textgame", chain, steps, "binary") == 1.0
+    # a wrong first answer ("nothing changes"): step 2 reads the start state with step 2's action
+    wrong = [T.no_change] + truth[1:]
+    predict, calls = answers(wrong)
+    steps = imagine_chains("textgame", [chain], predict)[0]
+    assert steps[1][0] == {**chain[1], "state": chain[0]["state"]}
+    assert steps[2][0]["state"] == apply_diff(chain[0]["state"], parse_diff(truth[1]))
+    assert chain_reward("textgame", chain, steps, "binary") == 0.0   # the first change is lost
+
+
+def test_an_unreadable_answer_ends_the_chain_as_wrong():
+    chain = a_changing_chain()
+    predict, calls = answers(["not json"] * 3)
+    steps = imagine_chains("textgame", [chain], predict)[0]
+    assert len(steps) == 1 and len(calls) == 1
+    assert judged("textgame", chain, steps) is None
+    assert chain_reward("textgame", chain, steps, "binary") == 0.0
+
+
+def test_web_scores_the_last_answer_on_the_recorded_step():
+    T = TASKS["webpage"]
+    chain = episode_chains("webpage", web_split("val", 16), 2)[0]
+    truth = [T.data.target_text(r) for r in chain]
+    steps = imagine_chains("webpage", [chain], answers(truth)[0])[0]
+    # right answers: the imagined page is the true page, line for line
+    assert steps[1][0]["observation"].splitlines() == T.data.tree_lines(chain[1]["observation"])
+    assert judged("webpage", chain, steps) == (truth[1], chain[1])
+    assert chain_reward("webpage", chain, steps, "f1") == 1.0
+
+
+def tiny_model(records):
+    T = TASKS["textgame"]
+    tok = Tokenizer.train([T.data.prompt_text(r) + T.data.target_text(r) for r in records], 300)
+    torch.manual_seed(0)
+    cfg = GPTConfig.llama(vocab_size=tok.n_vocab, block_size=1024, n_layer=1, n_head=2, n_embd=32)
+    return GPT(cfg), tok
+
+
+def test_evaluate_chains_per_record_shape_and_baseline():
+    records = text_split("val", 40)
+    chains = episode_chains("textgame", records, 2)[:6]
+    model, tok = tiny_model(records)
+    r = evaluate_chains("textgame", model, tok, chains, max_new_tokens=8)
+    pr = r["per_record"]
+    assert set(pr) == {"accuracy", "task_specific", "accuracy_k", "changed"}
+    assert all(len(v) == 6 for v in pr.values()) and r["n"] == 6 and r["horizon"] == 2
+    assert r["accuracy_k"] == sum(pr["accuracy_k"]) / 6
+    # "nothing changes" at every step is exact on the chains that change nothing, only
+    T = TASKS["textgame"]
+    unchanged = [not any(map(T.data.is_changed, c)) for c in chains]
+    assert r["baseline_no_change"]["accuracy_k"] == sum(unchanged) / 6
+
+
+@pytest.mark.slow
+def test_tiny_horizon_run_writes_chain_results(tmp_path):
+    data = tmp_path / "data"
+    subprocess.run([sys.executable, "data/textgame/prepare.py", "--n_train=300", "--n_val=30",
+                    "--n_test=30", f"--out_dir={data}"], cwd=ROOT, check=True, capture_output=True)
+    p = subprocess.run([sys.executable, "train_lang.py", "--init=scratch", f"--data_dir={data}",
+                        f"--out_dir={tmp_path / 'out'}", "--horizon=2", "--mle_steps=20",
+                        "--eval_every=20", "--rl_steps=2", "--n_layer=1", "--n_head=2",
+                        "--n_embd=32", "--vocab_size=300", "--batch_size=8", "--val_n=4",
+                        "--test_limit=8", "--val_limit=4", "--max_new_tokens=64", "--group_size=4",
+                        "--prompts_per_step=2", "--probe_n=2", "--probe_every=2", "--threads=1",
+                        "--rl_unchanged_frac=0.5"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    for name, n in (("eval.json", 8), ("eval_val.json", 4)):
+        result = json.loads((tmp_path / "out" / name).read_text())
+        assert set(result) == {"mle", "rlvr", "mle_more"}
+        for r in result.values():
+            assert r["n"] == n and r["horizon"] == 2
+            assert set(r["per_record"]) == {"accuracy", "task_specific", "accuracy_k", "changed"}
+    assert "chains of 2 steps" in p.stdout and "paired differences in accuracy_k" in p.stdout
+    log = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
+    steps = [row for row in log if row["stage"] == "rlvr" and "reward_mean" in row]
+    assert len(steps) == 2
+    # the update's log-probs of the sampled answers are the sampler's: the first ratio is 1
+    for row in steps:
+        assert row["ratio_first"] != row["ratio_first"] or abs(row["ratio_first"] - 1) < 1e-3
+
+
+def test_prompt_pool_of_chains_draws_whole_chains_by_their_first_prompt():
+    from tasks import PromptPool
+    T = TASKS["textgame"]
+    records = text_split("val", 120)
+    model, tok = tiny_model(records)
+    pool = PromptPool("textgame", tok, records, 10_000, 0.5, torch.Generator().manual_seed(0), 3)
+    assert len(pool.changed) + len(pool.unchanged) == len(episode_chains("textgame", records, 3))
+    prompts, chains = pool(6)
+    assert all(len(c) == 3 for c in chains)
+    assert prompts == [tok.encode(T.data.prompt_text(c[0])) for c in chains]
+    assert [any(map(T.data.is_changed, c)) for c in chains] == [True] * 3 + [False] * 3
+
+
+def test_sampled_chains_carry_each_steps_prompt_answer_and_log_probs():
+    from tasks import sample_chains
+    T = TASKS["textgame"]
+    records = text_split("val", 60)
+    chains = episode_chains("textgame", records, 2)[:3]
+    model, tok = tiny_model(records)
+    with torch.no_grad():
+        steps = sample_chains("textgame", model, tok, chains, 12, 1.0, 10_000,
+                              torch.Generator().manual_seed(0))
+    for s in steps:
+        for record, text, (prompt, ids, logp) in s:
+            assert prompt == tok.encode(T.data.prompt_text(record))
+            assert text == tok.decode([t for t in ids if t != tok.eos_id])
+            assert len(logp) == len(ids) and all(lp <= 0 for lp in logp)
+    # a step whose prompt exceeds the room ends its chain before it is sampled
+    with torch.no_grad():
+        none = sample_chains("textgame", model, tok, chains, 12, 1.0, 10,
+                             torch.Generator().manual_seed(0))
+    assert none == [[], [], []]
