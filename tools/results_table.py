@@ -107,7 +107,10 @@ def diff(runs, a, b, metric, subset="all", split="test"):
             return None, None, None   # a model left out (a control of an older rule)
         xs.append(per_record(A, ma, metric, subset) - per_record(B, mb, metric, subset))
     d = np.stack(xs)   # (seeds, n): per seed and record
-    return paired_bootstrap(d, np.zeros_like(d), clusters=episodes(load(runs[0], split), subset))
+    ep = episodes(load(runs[0], split), subset)
+    keep = np.isfinite(d).all(0)   # a metric undefined on some records (null: NaN) skips them
+    return paired_bootstrap(d[:, keep], np.zeros_like(d[:, keep]),
+                            clusters=None if ep is None else ep[keep])
 
 
 def summary(plan_file):
@@ -470,13 +473,17 @@ def video(run, multi=False):
     sampled (T=1, top-k 100)."""
     r = load(run)
     n = r["mle"]["n_windows"]
-    cols = ["MAE", "PSNR", "SSIM", "mae_moving"] + ["repetition"] * multi + ["object recall"]
+    cols = ["MAE", "PSNR", "SSIM", "mae_moving"] + ["repetition"] * multi + ["object recall",
+                                                                              "action response"]
     names = dict(MODELS, rlvr="RLVR (default reward)") if multi else MODELS
 
     def line(name, m):
         rep = [f"{m['repetition_rate']:.3f}"] if multi else []
+        # the gripper's response (evaluate_video's action_effect); "-": a run evaluated without it
+        response = m.get("action_effect", {}).get("action_response")
         return [name, f"{m['mae']:.4f}", f"{m['psnr']:.2f}", f"{m['ssim']:.4f}",
-                f"{m['mae_moving']:.4f}", *rep, f"{m['objects']['recall']:.3f}"]
+                f"{m['mae_moving']:.4f}", *rep, f"{m['objects']['recall']:.3f}",
+                "-" if response is None else f"{response:.3f}"]
 
     rows = [line(names[k], r[k]) for k in MODELS if k in r]
     if multi:   # the same run without the reward's object term
@@ -484,14 +491,17 @@ def video(run, multi=False):
                          "results/video_multi_o0)", load("video_multi_o0")["rlvr"]))
     what = f"{n} test windows x 7 frames" if multi else f"{n} test windows, next frame"
     models = table([f"{what}, greedy", *cols], rows, right=tuple(range(1, len(cols) + 1)))
-    # paired differences: MAE with 5 decimals, SSIM 4, repetition 3
-    digits = {"mae": 5, "ssim": 4, "repetition": 3}
+    # paired differences: MAE with 5 decimals, SSIM 4, repetition and the action effect 3
+    digits = {"mae": 5, "ssim": 4, "repetition": 3, "object_recall": 3, "action_response": 3}
     pairs = [("mle", "mae"), ("mle", "ssim"), ("mle_more", "mae"), ("mle_more", "ssim"),
              ("copy", "mae")]
     pairs += [("mle", "repetition"), ("mle_more", "repetition")] if multi else [("copy", "ssim")]
+    if "action_response" in r["rlvr"]["per_record"]:   # runs evaluated with the action effect
+        pairs += [(ref, m) for m in ("object_recall", "action_response")
+                  for ref in ("mle", "mle_more")]
     rows = []
     for ref, m in pairs:
-        label = f"RLVR - {MODELS.get(ref, ref)}, {m if m == 'repetition' else m.upper()}"
+        label = f"RLVR - {MODELS.get(ref, ref)}, {m.upper() if m in ('mae', 'ssim') else m}"
         greedy = ci(diff([run], "rlvr", ref, m), 1, digits[m])
         # sampled: against the models only (copy is not sampled; repetition is greedy only)
         sampled = ("" if ref == "copy" or m == "repetition" else
