@@ -4,9 +4,10 @@ experiments share, loading a language world model, decoding, RLVR's prompt pool 
 k-step imagination's chains.
 
 A task (`Task`, registered in TASKS) bundles its data module (load_records, prompt_text,
-target_text, is_changed), its split generator, the per-record metrics of a decoded prediction (the
-verifiable rewards of rewards.py), the headline metric, the rewards RLVR may use and the answer
-"nothing changes" (the baseline that exposes fake gains). CHAINING adds, for the tasks with k-step
+target_text, is_changed), its split generator, the per-record metrics of a decoded prediction, the
+headline metric, the rewards RLVR may use and the reward itself (for the text game and the web page
+rewards.py's score_<task> and reward_<task>: the verifiable rewards) and the answer "nothing
+changes" (the baseline that exposes fake gains). CHAINING adds, for the tasks with k-step
 imagination (train_lang.py --horizon), how a state follows from an answer. Scoring whole splits is
 evaluate_lang.py's job; comparing two models is stats.py's. docs/tasks.md adds a task: one module
 (data/lights/task.py is the worked example) and one line in TASKS.
@@ -28,7 +29,8 @@ from data.webpage import prepare as webpage_prepare, task as webpage_task
 from engine import generate
 from model import GPT
 from load_hf import load_tokenizer
-from rewards import apply_diff, parse_diff, parse_sections, textgame_reward, web_prf
+from rewards import (apply_diff, parse_diff, parse_sections, reward_textgame, reward_webpage,
+                     score_textgame, score_webpage)
 
 
 @dataclass(frozen=True)
@@ -69,28 +71,6 @@ def from_module(module):
     generator, and defines score, headline, rewards, reward and no_change under those names."""
     return Task(data=module, prepare=module, score=module.score, headline=module.headline,
                 rewards=module.rewards, reward=module.reward, no_change=module.no_change)
-
-
-def score_textgame(text, record):
-    """Exact next state (0/1) and the task-specific reward of one decoded prediction."""
-    state, next_state = record["state"], record["next_state"]
-    return {"accuracy": textgame_reward(text, state, next_state, "binary"),
-            "task_specific": textgame_reward(text, state, next_state, "task_specific")}
-
-
-def reward_textgame(text, record, kind):
-    """RLVR's reward: exact next state (binary) or the per-object partial credit (task_specific)."""
-    return textgame_reward(text, record["state"], record["next_state"], kind)
-
-
-def score_webpage(text, record):
-    """Precision, recall and F1 of the predicted page changes against the true ones."""
-    return dict(zip(("precision", "recall", "f1"), web_prf(text, webpage_task.target_text(record))))
-
-
-def reward_webpage(text, record, kind):
-    """RLVR's reward: the F1 of the predicted page changes (the only kind)."""
-    return web_prf(text, webpage_task.target_text(record))[2]
 
 
 def imagine_textgame(text, record):
