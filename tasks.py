@@ -1,7 +1,7 @@
 """
 The language tasks and what RLVR needs of them: the registry that train_lang.py, eval.py and the
-experiments share, loading a language world model, decoding, RLVR's prompt pool and its probe, and
-k-step imagination's chains.
+experiments share, loading a language world model, decoding, RLVR's probe, and k-step
+imagination's chains.
 
 A task (`Task`, registered in TASKS) bundles its data module (load_records, prompt_text,
 target_text, is_changed), its split generator, the per-record metrics of a decoded prediction, the
@@ -171,38 +171,7 @@ def generate_texts(model, tok, prompts, max_new_tokens, temperature=0.0, batch_s
 
 
 # -----------------------------------------------------------------------------
-# RLVR's prompts and its probe
-
-class PromptPool:
-    """RLVR's prompt pool: every record whose prompt is at most `room` tokens, split into those that
-    change something (where the headroom is) and those that do not (mostly right already; drawn so
-    "no change" stays right). horizon K > 1: the pool's items are the records' K-step chains
-    (`episode_chains`), by their first prompt; a chain changes something when any step does."""
-
-    def __init__(self, task, tok, records, room, unchanged_frac, generator, horizon=1):
-        data = TASKS[task].data
-        if horizon == 1:
-            pool = [(r, prompt) for r in records
-                    if len(prompt := tok.encode(data.prompt_text(r))) <= room]
-            self.changed = [x for x in pool if data.is_changed(x[0])]
-            self.unchanged = [x for x in pool if not data.is_changed(x[0])]
-        else:
-            pool = [(c, prompt) for c in episode_chains(task, records, horizon)
-                    if len(prompt := tok.encode(data.prompt_text(c[0]))) <= room]
-            self.changed = [x for x in pool if any(map(data.is_changed, x[0]))]
-            self.unchanged = [x for x in pool if not any(map(data.is_changed, x[0]))]
-        self.unchanged_frac, self.generator = unchanged_frac, generator
-
-    def __call__(self, n):
-        """n draws with replacement, a share unchanged_frac of them unchanged
-        -> (token-id prompts, records or chains)."""
-        n_unch = round(n * self.unchanged_frac) if self.unchanged else 0
-        picks = [self.changed[i] for i in
-                 torch.randint(len(self.changed), (n - n_unch,), generator=self.generator)]
-        picks += [self.unchanged[i] for i in   # (max: none to draw from is 0 draws, not an error)
-                  torch.randint(max(len(self.unchanged), 1), (n_unch,), generator=self.generator)]
-        return [x[1] for x in picks], [x[0] for x in picks]
-
+# RLVR's probe
 
 def probe_rewards(task, model, tok, prompts, records, kind, max_new_tokens, samples=4):
     """RLVR's probe: the mean training reward `kind` on fixed prompts, greedy and over `samples`

@@ -48,8 +48,8 @@ import mle
 from model import GPT, GPTConfig
 from runtime import (ComputeBudget, Run, WeightPath, add_flags, check_ranges, finite_weights,
                      fork_alongside, from_flags, lr_at)
-from tasks import (CHAINING, TASKS, PromptPool, chain_reward, episode_chains, keep_tokenizer,
-                   load_lang_model, probe_chain_rewards, probe_rewards, sample_chains)
+from tasks import (CHAINING, TASKS, chain_reward, episode_chains, keep_tokenizer, load_lang_model,
+                   probe_chain_rewards, probe_rewards, sample_chains)
 from tokenizer_text import Tokenizer
 
 ROOT = Path(__file__).resolve().parent
@@ -388,7 +388,39 @@ def chain_hooks(draw, room):
 
 
 # -----------------------------------------------------------------------------
-# stage 2: RLVR with GRPO; the reward is the task metric of the decoded prediction (rewards.py)
+# stage 2: RLVR with GRPO on the prompt pool's prompts; the reward is the task metric of the
+# decoded prediction (rewards.py)
+class PromptPool:
+    """RLVR's prompt pool: every record whose prompt is at most `room` tokens, split into those that
+    change something (where the headroom is) and those that do not (mostly right already; drawn so
+    "no change" stays right). horizon K > 1: the pool's items are the records' K-step chains
+    (`episode_chains`), by their first prompt; a chain changes something when any step does."""
+
+    def __init__(self, task, tok, records, room, unchanged_frac, generator, horizon=1):
+        data = TASKS[task].data
+        if horizon == 1:
+            pool = [(r, prompt) for r in records
+                    if len(prompt := tok.encode(data.prompt_text(r))) <= room]
+            self.changed = [x for x in pool if data.is_changed(x[0])]
+            self.unchanged = [x for x in pool if not data.is_changed(x[0])]
+        else:
+            pool = [(c, prompt) for c in episode_chains(task, records, horizon)
+                    if len(prompt := tok.encode(data.prompt_text(c[0]))) <= room]
+            self.changed = [x for x in pool if any(map(data.is_changed, x[0]))]
+            self.unchanged = [x for x in pool if not any(map(data.is_changed, x[0]))]
+        self.unchanged_frac, self.generator = unchanged_frac, generator
+
+    def __call__(self, n):
+        """n draws with replacement, a share unchanged_frac of them unchanged
+        -> (token-id prompts, records or chains)."""
+        n_unch = round(n * self.unchanged_frac) if self.unchanged else 0
+        picks = [self.changed[i] for i in
+                 torch.randint(len(self.changed), (n - n_unch,), generator=self.generator)]
+        picks += [self.unchanged[i] for i in   # (max: none to draw from is 0 draws, not an error)
+                  torch.randint(max(len(self.unchanged), 1), (n_unch,), generator=self.generator)]
+        return [x[1] for x in picks], [x[0] for x in picks]
+
+
 def run_rlvr(model, budget):
     """GRPO from `model` for --rl_steps steps; each step's compute is added to `budget` (the
     control's, runtime.ComputeBudget), which is closed at the end -> the checkpoint."""
