@@ -1,7 +1,7 @@
 """
 The language tasks and what RLVR needs of them: the registry that train_lang.py, eval.py and the
 experiments share, loading a language world model, decoding, RLVR's probe, and k-step
-imagination's chains.
+imagination's chains (RLVR's rollout hooks for them included).
 
 A task (`Task`, registered in TASKS) bundles its data module (load_records, prompt_text,
 target_text, is_changed), its split generator, the per-record metrics of a decoded prediction, the
@@ -280,6 +280,54 @@ def sample_chains(task, model, tok, chains, max_new_tokens, temperature, room, g
                                                                           lp[:len(ids)]))
         return out
     return imagine_chains(task, chains, predict)
+
+
+def chain_hooks(task, tok, draw, room, horizon, group_size, kind):
+    """grpo_step's hooks for RLVR on chains of K = `horizon` steps (train_lang.py --horizon=K > 1)
+    -> (draw, sampler, reward_fn); `draw(n)` is the prompt pool's (first prompts, chains). A group
+    is one chain start's G = `group_size` chains sampled at the config's temperature (every step:
+    sample_chains, no prompt over `room` tokens), laid out as K x G rows (the GRPO group size
+    K x G): row = one step, its prompt less the first token as input only, then its sampled
+    answer, trained on. Every row of a chain carries the chain's reward `kind` (chain_reward): a
+    group's mean and std over its K x G rows are those over its G chains, so the advantages are
+    the chains'. A step a chain did not reach is an empty row. The group's prompt is the first
+    token, the one every prompt of the task begins with."""
+    K, G = horizon, group_size
+    scored = []   # the rewards of the sampler's last rows, handed to grpo.py by reward_fn
+
+    def draw_starts(n):   # the pool's chains, each with its first prompt's first token
+        prompts, starts = draw(n)
+        return [p[:1] for p in prompts], starts
+
+    def sampler(model, prompts, items, cfg, generator):   # grpo.rollout's hook
+        starts, first = items[::cfg.group_size], prompts[::cfg.group_size]
+        chains = [c for c in starts for _ in range(G)]
+        steps = sample_chains(task, model, tok, chains, cfg.max_new_tokens, cfg.temperature, room,
+                              generator)
+        rows = []   # (token ids, their log-probs, sampled or input only)
+        scored.clear()
+        for i, (c, s) in enumerate(zip(chains, steps)):
+            for prompt, ids, lp in [x[2] for x in s] + [(first[i // G], [], [])] * (K - len(s)):
+                if prompt[:1] != first[i // G]:
+                    raise ValueError(f"--horizon: a {task} prompt does not begin with the "
+                                     f"first token of the others")
+                n = len(prompt) - 1
+                rows.append((prompt[1:] + ids, [0.0] * n + lp, [False] * n + [True] * len(ids)))
+            scored.extend([chain_reward(task, c, s, kind)] * K)
+        T = max(len(ids) for ids, _, _ in rows)
+        tokens = torch.full((len(rows), T), -1, dtype=torch.long)
+        logp, sampled = torch.zeros(len(rows), T), torch.zeros(len(rows), T, dtype=torch.bool)
+        for i, (ids, lp, sm) in enumerate(rows):
+            tokens[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+            logp[i, :len(ids)] = torch.tensor(lp)
+            sampled[i, :len(ids)] = torch.tensor(sm, dtype=torch.bool)
+        return tokens, logp, sampled
+
+    def reward_fn(items, completions):   # the chains' rewards, one per row, as the sampler scored
+        assert len(scored) == len(completions), "reward_fn: not the sampler's last rows"
+        return list(scored)
+
+    return draw_starts, sampler, reward_fn
 
 
 def probe_chain_rewards(task, model, tok, chains, kind, max_new_tokens, samples=4):
