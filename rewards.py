@@ -4,7 +4,9 @@ RLVR-World's point is that the reward is the metric itself, measured on what the
 reward takes the model's output and the ground truth, returns a float, and never raises on model
 output: unreadable text scores 0. The video rewards and metrics live in rewards_video.py.
 
-The file, in reading order, and the reward each task uses:
+The file, in reading order, and the reward each task uses. Each task's section opens with what the
+task registry (tasks.TASKS) calls on a decoded answer and its record: `reward_<task>(text, record,
+kind)`, RLVR's reward, and `score_<task>(text, record)`, the per-record metrics of the evaluation.
 - text game (train_lang.py --task=textgame): `textgame_reward(text, state, next_state, kind)`, kind
   "binary" (1 for the exact next state, else 0; the default) or "task_specific" (partial credit, 0
   to 1.3). It parses the model's diff JSON (`parse_diff`), merges it into the current state
@@ -19,6 +21,8 @@ import json
 import re
 from collections import Counter
 
+from data.webpage import task as webpage_task
+
 # a text reward reads at most this many characters: a longer answer scores 0 unread, which bounds
 # the work (docs/rewards.md, "Bounded work")
 MAX_ANSWER_CHARS = 100_000
@@ -30,6 +34,18 @@ MAX_ANSWER_CHARS = 100_000
 # "score" predicts no score, so it is never exact.
 
 TEXTGAME_KINDS = ("binary", "task_specific")
+
+
+def reward_textgame(text, record, kind):
+    """RLVR's reward: exact next state (binary) or the per-object partial credit (task_specific)."""
+    return textgame_reward(text, record["state"], record["next_state"], kind)
+
+
+def score_textgame(text, record):
+    """Exact next state (0/1) and the task-specific reward of one decoded prediction."""
+    state, next_state = record["state"], record["next_state"]
+    return {"accuracy": textgame_reward(text, state, next_state, "binary"),
+            "task_specific": textgame_reward(text, state, next_state, "task_specific")}
 
 
 def textgame_reward(text, state: dict, next_state: dict, kind: str = "binary") -> float:
@@ -280,6 +296,16 @@ SECTION_KEYS = ("new", "deleted", "updated")
 # a section header, e.g. "New items:", possibly with the first item on the same line (group 2)
 _HEADER = re.compile(r"(new|deleted|updated)\s+items\s*(?::\s*(.*))?", re.IGNORECASE)
 _SPACES = re.compile(r"\s+")
+
+
+def reward_webpage(text, record, kind):
+    """RLVR's reward: the F1 of the predicted page changes (the only kind)."""
+    return web_prf(text, webpage_task.target_text(record))[2]
+
+
+def score_webpage(text, record):
+    """Precision, recall and F1 of the predicted page changes against the true ones."""
+    return dict(zip(("precision", "recall", "f1"), web_prf(text, webpage_task.target_text(record))))
 
 
 def web_f1(text, target_text) -> float:

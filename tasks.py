@@ -1,12 +1,13 @@
 """
 The language tasks and what RLVR needs of them: the registry that train_lang.py, eval.py and the
-experiments share, loading a language world model, decoding, RLVR's prompt pool and its probe, and
-k-step imagination's chains.
+experiments share, loading a language world model, decoding, RLVR's probe, and k-step
+imagination's chains (RLVR's rollout hooks for them included).
 
 A task (`Task`, registered in TASKS) bundles its data module (load_records, prompt_text,
-target_text, is_changed), its split generator, the per-record metrics of a decoded prediction (the
-verifiable rewards of rewards.py), the headline metric, the rewards RLVR may use and the answer
-"nothing changes" (the baseline that exposes fake gains). CHAINING adds, for the tasks with k-step
+target_text, is_changed), its split generator, the per-record metrics of a decoded prediction, the
+headline metric, the rewards RLVR may use and the reward itself (for the text game and the web page
+rewards.py's score_<task> and reward_<task>: the verifiable rewards) and the answer "nothing
+changes" (the baseline that exposes fake gains). CHAINING adds, for the tasks with k-step
 imagination (train_lang.py --horizon), how a state follows from an answer. Scoring whole splits is
 evaluate_lang.py's job; comparing two models is stats.py's. docs/tasks.md adds a task: one module
 (data/lights/task.py is the worked example) and one line in TASKS.
@@ -28,7 +29,8 @@ from data.webpage import prepare as webpage_prepare, task as webpage_task
 from engine import generate
 from model import GPT
 from load_hf import load_tokenizer
-from rewards import apply_diff, parse_diff, parse_sections, textgame_reward, web_prf
+from rewards import (apply_diff, parse_diff, parse_sections, reward_textgame, reward_webpage,
+                     score_textgame, score_webpage)
 
 
 @dataclass(frozen=True)
@@ -69,28 +71,6 @@ def from_module(module):
     generator, and defines score, headline, rewards, reward and no_change under those names."""
     return Task(data=module, prepare=module, score=module.score, headline=module.headline,
                 rewards=module.rewards, reward=module.reward, no_change=module.no_change)
-
-
-def score_textgame(text, record):
-    """Exact next state (0/1) and the task-specific reward of one decoded prediction."""
-    state, next_state = record["state"], record["next_state"]
-    return {"accuracy": textgame_reward(text, state, next_state, "binary"),
-            "task_specific": textgame_reward(text, state, next_state, "task_specific")}
-
-
-def reward_textgame(text, record, kind):
-    """RLVR's reward: exact next state (binary) or the per-object partial credit (task_specific)."""
-    return textgame_reward(text, record["state"], record["next_state"], kind)
-
-
-def score_webpage(text, record):
-    """Precision, recall and F1 of the predicted page changes against the true ones."""
-    return dict(zip(("precision", "recall", "f1"), web_prf(text, webpage_task.target_text(record))))
-
-
-def reward_webpage(text, record, kind):
-    """RLVR's reward: the F1 of the predicted page changes (the only kind)."""
-    return web_prf(text, webpage_task.target_text(record))[2]
 
 
 def imagine_textgame(text, record):
@@ -191,38 +171,7 @@ def generate_texts(model, tok, prompts, max_new_tokens, temperature=0.0, batch_s
 
 
 # -----------------------------------------------------------------------------
-# RLVR's prompts and its probe
-
-class PromptPool:
-    """RLVR's prompt pool: every record whose prompt is at most `room` tokens, split into those that
-    change something (where the headroom is) and those that do not (mostly right already; drawn so
-    "no change" stays right). horizon K > 1: the pool's items are the records' K-step chains
-    (`episode_chains`), by their first prompt; a chain changes something when any step does."""
-
-    def __init__(self, task, tok, records, room, unchanged_frac, generator, horizon=1):
-        data = TASKS[task].data
-        if horizon == 1:
-            pool = [(r, prompt) for r in records
-                    if len(prompt := tok.encode(data.prompt_text(r))) <= room]
-            self.changed = [x for x in pool if data.is_changed(x[0])]
-            self.unchanged = [x for x in pool if not data.is_changed(x[0])]
-        else:
-            pool = [(c, prompt) for c in episode_chains(task, records, horizon)
-                    if len(prompt := tok.encode(data.prompt_text(c[0]))) <= room]
-            self.changed = [x for x in pool if any(map(data.is_changed, x[0]))]
-            self.unchanged = [x for x in pool if not any(map(data.is_changed, x[0]))]
-        self.unchanged_frac, self.generator = unchanged_frac, generator
-
-    def __call__(self, n):
-        """n draws with replacement, a share unchanged_frac of them unchanged
-        -> (token-id prompts, records or chains)."""
-        n_unch = round(n * self.unchanged_frac) if self.unchanged else 0
-        picks = [self.changed[i] for i in
-                 torch.randint(len(self.changed), (n - n_unch,), generator=self.generator)]
-        picks += [self.unchanged[i] for i in   # (max: none to draw from is 0 draws, not an error)
-                  torch.randint(max(len(self.unchanged), 1), (n_unch,), generator=self.generator)]
-        return [x[1] for x in picks], [x[0] for x in picks]
-
+# RLVR's probe
 
 def probe_rewards(task, model, tok, prompts, records, kind, max_new_tokens, samples=4):
     """RLVR's probe: the mean training reward `kind` on fixed prompts, greedy and over `samples`
@@ -331,6 +280,54 @@ def sample_chains(task, model, tok, chains, max_new_tokens, temperature, room, g
                                                                           lp[:len(ids)]))
         return out
     return imagine_chains(task, chains, predict)
+
+
+def chain_hooks(task, tok, draw, room, horizon, group_size, kind):
+    """grpo_step's hooks for RLVR on chains of K = `horizon` steps (train_lang.py --horizon=K > 1)
+    -> (draw, sampler, reward_fn); `draw(n)` is the prompt pool's (first prompts, chains). A group
+    is one chain start's G = `group_size` chains sampled at the config's temperature (every step:
+    sample_chains, no prompt over `room` tokens), laid out as K x G rows (the GRPO group size
+    K x G): row = one step, its prompt less the first token as input only, then its sampled
+    answer, trained on. Every row of a chain carries the chain's reward `kind` (chain_reward): a
+    group's mean and std over its K x G rows are those over its G chains, so the advantages are
+    the chains'. A step a chain did not reach is an empty row. The group's prompt is the first
+    token, the one every prompt of the task begins with."""
+    K, G = horizon, group_size
+    scored = []   # the rewards of the sampler's last rows, handed to grpo.py by reward_fn
+
+    def draw_starts(n):   # the pool's chains, each with its first prompt's first token
+        prompts, starts = draw(n)
+        return [p[:1] for p in prompts], starts
+
+    def sampler(model, prompts, items, cfg, generator):   # grpo.rollout's hook
+        starts, first = items[::cfg.group_size], prompts[::cfg.group_size]
+        chains = [c for c in starts for _ in range(G)]
+        steps = sample_chains(task, model, tok, chains, cfg.max_new_tokens, cfg.temperature, room,
+                              generator)
+        rows = []   # (token ids, their log-probs, sampled or input only)
+        scored.clear()
+        for i, (c, s) in enumerate(zip(chains, steps)):
+            for prompt, ids, lp in [x[2] for x in s] + [(first[i // G], [], [])] * (K - len(s)):
+                if prompt[:1] != first[i // G]:
+                    raise ValueError(f"--horizon: a {task} prompt does not begin with the "
+                                     f"first token of the others")
+                n = len(prompt) - 1
+                rows.append((prompt[1:] + ids, [0.0] * n + lp, [False] * n + [True] * len(ids)))
+            scored.extend([chain_reward(task, c, s, kind)] * K)
+        T = max(len(ids) for ids, _, _ in rows)
+        tokens = torch.full((len(rows), T), -1, dtype=torch.long)
+        logp, sampled = torch.zeros(len(rows), T), torch.zeros(len(rows), T, dtype=torch.bool)
+        for i, (ids, lp, sm) in enumerate(rows):
+            tokens[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+            logp[i, :len(ids)] = torch.tensor(lp)
+            sampled[i, :len(ids)] = torch.tensor(sm, dtype=torch.bool)
+        return tokens, logp, sampled
+
+    def reward_fn(items, completions):   # the chains' rewards, one per row, as the sampler scored
+        assert len(scored) == len(completions), "reward_fn: not the sampler's last rows"
+        return list(scored)
+
+    return draw_starts, sampler, reward_fn
 
 
 def probe_chain_rewards(task, model, tok, chains, kind, max_new_tokens, samples=4):

@@ -48,8 +48,8 @@ import mle
 from model import GPT, GPTConfig
 from runtime import (ComputeBudget, Run, WeightPath, add_flags, check_ranges, finite_weights,
                      fork_alongside, from_flags, lr_at)
-from tasks import (CHAINING, TASKS, PromptPool, chain_reward, episode_chains, keep_tokenizer,
-                   load_lang_model, probe_chain_rewards, probe_rewards, sample_chains)
+from tasks import (CHAINING, TASKS, chain_hooks, episode_chains, keep_tokenizer, load_lang_model,
+                   probe_chain_rewards, probe_rewards)
 from tokenizer_text import Tokenizer
 
 ROOT = Path(__file__).resolve().parent
@@ -340,55 +340,39 @@ def run_mle(model, name, pairs, steps, minutes, lr_of_step, budget=None):
 
 
 # -----------------------------------------------------------------------------
-# k-step imagination (--horizon=K > 1): RLVR on whole chains through grpo.py's rollout hooks
-def chain_hooks(draw, room):
-    """grpo_step's hooks for chains of K steps -> (draw, sampler, reward_fn). A group is one chain
-    start's G chains sampled at --temperature (every step: tasks.sample_chains), laid out as K x G
-    rows (the GRPO group size K x G): row = one step, its prompt less the first token as input
-    only, then its sampled answer, trained on. Every row of a chain carries the chain's reward: a
-    group's mean and std over its K x G rows are those over its G chains, so the advantages are the
-    chains'. A step a chain did not reach is an empty row. The group's prompt is the first token,
-    the one every prompt of the task begins with."""
-    K, G = args.horizon, args.group_size
-    scored = []   # the rewards of the sampler's last rows, handed to grpo.py by reward_fn
+# stage 2: RLVR with GRPO on the prompt pool's prompts; the reward is the task metric of the
+# decoded prediction (rewards.py)
+class PromptPool:
+    """RLVR's prompt pool: every record whose prompt is at most `room` tokens, split into those that
+    change something (where the headroom is) and those that do not (mostly right already; drawn so
+    "no change" stays right). horizon K > 1: the pool's items are the records' K-step chains
+    (`episode_chains`), by their first prompt; a chain changes something when any step does."""
 
-    def draw_starts(n):   # the pool's chains, each with its first prompt's first token
-        prompts, starts = draw(n)
-        return [p[:1] for p in prompts], starts
+    def __init__(self, task, tok, records, room, unchanged_frac, generator, horizon=1):
+        data = TASKS[task].data
+        if horizon == 1:
+            pool = [(r, prompt) for r in records
+                    if len(prompt := tok.encode(data.prompt_text(r))) <= room]
+            self.changed = [x for x in pool if data.is_changed(x[0])]
+            self.unchanged = [x for x in pool if not data.is_changed(x[0])]
+        else:
+            pool = [(c, prompt) for c in episode_chains(task, records, horizon)
+                    if len(prompt := tok.encode(data.prompt_text(c[0]))) <= room]
+            self.changed = [x for x in pool if any(map(data.is_changed, x[0]))]
+            self.unchanged = [x for x in pool if not any(map(data.is_changed, x[0]))]
+        self.unchanged_frac, self.generator = unchanged_frac, generator
 
-    def sampler(model, prompts, items, cfg, generator):   # grpo.rollout's hook
-        starts, first = items[::cfg.group_size], prompts[::cfg.group_size]
-        chains = [c for c in starts for _ in range(G)]
-        steps = sample_chains(args.task, model, tok, chains, cfg.max_new_tokens, cfg.temperature,
-                              room, generator)
-        rows = []   # (token ids, their log-probs, sampled or input only)
-        scored.clear()
-        for i, (c, s) in enumerate(zip(chains, steps)):
-            for prompt, ids, lp in [x[2] for x in s] + [(first[i // G], [], [])] * (K - len(s)):
-                if prompt[:1] != first[i // G]:
-                    raise ValueError(f"--horizon: a {args.task} prompt does not begin with the "
-                                     f"first token of the others")
-                n = len(prompt) - 1
-                rows.append((prompt[1:] + ids, [0.0] * n + lp, [False] * n + [True] * len(ids)))
-            scored.extend([chain_reward(args.task, c, s, args.reward)] * K)
-        T = max(len(ids) for ids, _, _ in rows)
-        tokens = torch.full((len(rows), T), -1, dtype=torch.long)
-        logp, sampled = torch.zeros(len(rows), T), torch.zeros(len(rows), T, dtype=torch.bool)
-        for i, (ids, lp, sm) in enumerate(rows):
-            tokens[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
-            logp[i, :len(ids)] = torch.tensor(lp)
-            sampled[i, :len(ids)] = torch.tensor(sm, dtype=torch.bool)
-        return tokens, logp, sampled
-
-    def reward_fn(items, completions):   # the chains' rewards, one per row, as the sampler scored
-        assert len(scored) == len(completions), "reward_fn: not the sampler's last rows"
-        return list(scored)
-
-    return draw_starts, sampler, reward_fn
+    def __call__(self, n):
+        """n draws with replacement, a share unchanged_frac of them unchanged
+        -> (token-id prompts, records or chains)."""
+        n_unch = round(n * self.unchanged_frac) if self.unchanged else 0
+        picks = [self.changed[i] for i in
+                 torch.randint(len(self.changed), (n - n_unch,), generator=self.generator)]
+        picks += [self.unchanged[i] for i in   # (max: none to draw from is 0 draws, not an error)
+                  torch.randint(max(len(self.unchanged), 1), (n_unch,), generator=self.generator)]
+        return [x[1] for x in picks], [x[0] for x in picks]
 
 
-# -----------------------------------------------------------------------------
-# stage 2: RLVR with GRPO; the reward is the task metric of the decoded prediction (rewards.py)
 def run_rlvr(model, budget):
     """GRPO from `model` for --rl_steps steps; each step's compute is added to `budget` (the
     control's, runtime.ComputeBudget), which is closed at the end -> the checkpoint."""
@@ -413,8 +397,9 @@ def run_rlvr(model, budget):
 
     # one step: a group is a prompt's G answers, sampled by grpo.py itself
     draw_groups, sampler, score = draw, None, reward_fn
-    if args.horizon > 1:   # chains: a group is a start's G chains, K x G rows (chain_hooks)
-        draw_groups, sampler, score = chain_hooks(draw, room)
+    if args.horizon > 1:   # chains: a group is a start's G chains, K x G rows (tasks.chain_hooks)
+        draw_groups, sampler, score = chain_hooks(args.task, tok, draw, room, args.horizon,
+                                                  args.group_size, args.reward)
         cfg = dataclasses.replace(cfg, group_size=args.horizon * args.group_size)
 
     # the probe set: fixed training prompts whose greedy and T=1 reward (4 samples each, a fixed

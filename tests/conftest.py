@@ -1,7 +1,13 @@
 """Shared test settings: one torch thread everywhere (tiny models run fastest on one thread, and CI has two cores),
-and `pair`, a tiny HF model with ours loaded from its files (test_model.py and test_engine.py)."""
+`pair`, a tiny HF model with ours loaded from its files (test_model.py and test_engine.py), and `from_script`, the
+definitions of a script that runs when imported (train_lang.py's PromptPool)."""
+import ast
+from pathlib import Path
+
 import pytest
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -22,3 +28,14 @@ def pair(request, tmp_path):
     else:
         hf = hf_qwen2(tmp_path, tie=request.param == "qwen2_tied")
     return hf, GPT.from_pretrained(tmp_path).eval()
+
+
+def from_script(script, *names):
+    """The top-level definitions `names` of a script that runs when imported (train_lang.py), executed with the
+    script's imports alone, so a test calls them without the run -> a list of them, in the order asked."""
+    path = ROOT / script
+    tree = ast.parse(path.read_text())
+    keep = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) or getattr(n, "name", None) in names]
+    namespace = {}
+    exec(compile(ast.Module(keep, type_ignores=[]), str(path), "exec"), namespace)
+    return [namespace[name] for name in names]

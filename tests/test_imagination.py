@@ -167,7 +167,8 @@ def test_tiny_horizon_run_writes_chain_results(tmp_path):
 
 
 def test_prompt_pool_of_chains_draws_whole_chains_by_their_first_prompt():
-    from tasks import PromptPool
+    from conftest import from_script
+    PromptPool, = from_script("train_lang.py", "PromptPool")
     T = TASKS["textgame"]
     records = text_split("val", 120)
     model, tok = tiny_model(records)

@@ -1,5 +1,5 @@
-"""tasks.py and evaluate_lang.py: the registry, cropping, RLVR's prompt pool and probe, aggregation, the no-change
-baseline, evaluation of checkpoints and the printed tables."""
+"""tasks.py and evaluate_lang.py: the registry, cropping, RLVR's prompt pool (train_lang.py's PromptPool) and probe,
+aggregation, the no-change baseline, evaluation of checkpoints and the printed tables."""
 from pathlib import Path
 
 import pytest
@@ -112,7 +112,8 @@ def test_probe_rewards_is_the_mean_task_reward_greedy_and_sampled():
 
 def test_prompt_pool_fits_the_room_and_draws_the_unchanged_share():
     import torch
-    from tasks import PromptPool
+    from conftest import from_script
+    PromptPool, = from_script("train_lang.py", "PromptPool")
     from tokenizer_text import Tokenizer
     records = textgame_split("train", 60, 0)
     T = TASKS["textgame"]
