@@ -1,7 +1,8 @@
 """Tests of the text game's composition split (prepare.py --compose, simulator.generate_compose): no
 record's pattern (game, room object types, action) occurs in train, the split is deterministic and
 loads, the rooms are the ones the docstrings name, and the data splits stay byte for byte what they
-were (pinned hashes of small generated splits and planning rooms, taken before the split existed)."""
+were (pinned hashes of small generated splits and planning rooms, taken without the split's
+code)."""
 import hashlib
 import json
 import random
@@ -12,14 +13,14 @@ from pathlib import Path
 import pytest
 
 from data.textgame import prepare
-from data.textgame.simulator import (GAMES, HELD_OUT, compose_room, generate_compose, generate_split,
-                                     pattern, planning_rooms)
+from data.textgame.simulator import (GAMES, HELD_OUT, compose_room, generate_compose,
+                                     generate_split, pattern, planning_rooms)
 from data.textgame.task import is_changed, load_records
 
 ROOT = Path(__file__).resolve().parents[1]
 PREPARE = ROOT / "data" / "textgame" / "prepare.py"
-# sha256 of small seed-0 splits and of the planning rooms as the code made them before the composition
-# split: it must not move a single draw of theirs
+# sha256 of small seed-0 splits and of the planning rooms as made by the code without the
+# composition split: it must not move a single draw of theirs
 PINNED_SPLITS = {
     ("train", 400): "f4bf3af6dc846d1315c0175ca7d3f31f68d8f560d5cf9a7b738bdfe7e6e68de4",
     ("val", 100): "4a11aa181a381c357954e9bd74d36aa72c764380f7353b44386c33955a194388",
@@ -36,7 +37,8 @@ def sha(records: list[dict]) -> str:
 
 def rooms_sha() -> str:
     """sha256 of the first 60 val and test planning rooms (game and state)."""
-    rooms = [[w.game, w.snapshot()] for split in ("val", "test") for w in planning_rooms(60, 0, split)]
+    rooms = [[w.game, w.snapshot()]
+             for split in ("val", "test") for w in planning_rooms(60, 0, split)]
     return hashlib.sha256(json.dumps(rooms).encode()).hexdigest()
 
 
@@ -81,7 +83,8 @@ def test_compose_is_deterministic_and_seeded(small):
 def test_pattern_strips_ids_and_object_order():
     objects = [{"name": "egg (ID: 1)", "uuid": 1, "type": "Egg", "properties": {}, "contains": []},
                {"name": "pot (ID: 2)", "uuid": 2, "type": "Pot", "properties": {}, "contains": []}]
-    a = {"game": "cook-egg", "state": {"objects": objects}, "action": "put egg (ID: 1) in pot (ID: 2)"}
+    a = {"game": "cook-egg", "state": {"objects": objects},
+         "action": "put egg (ID: 1) in pot (ID: 2)"}
     b = {"game": "cook-egg", "state": {"objects": objects[::-1]}, "action": "put egg in pot"}
     assert pattern(a) == pattern(b) == ("cook-egg", ("Egg", "Pot"), "put egg in pot")
     assert pattern(dict(b, game="pack-box")) != pattern(b)
@@ -98,8 +101,9 @@ def test_compose_rooms_hold_the_held_out_combination_where_the_game_allows():
 
 
 def test_prepare_cli_writes_the_composition_split(tmp_path):
-    result = subprocess.run([sys.executable, str(PREPARE), "--compose", "--out_dir", str(tmp_path),
-                             "--n_train", "500", "--n_val", "20", "--n_test", "20", "--n_compose", "60"],
+    argv = ["--compose", "--out_dir", str(tmp_path), "--n_train", "500", "--n_val", "20",
+            "--n_test", "20", "--n_compose", "60"]
+    result = subprocess.run([sys.executable, str(PREPARE), *argv],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "dropped" in result.stdout
@@ -117,7 +121,8 @@ def test_ensure_compose_makes_it_only_when_missing(tmp_path):
     path = prepare.ensure_compose(tmp_path, verbose=False)
     records = load_records(path)
     assert len(records) == prepare.COMPOSE_N
-    assert not {pattern(r) for r in records} & {pattern(r) for r in load_records(tmp_path / "train.jsonl")}
+    train = load_records(tmp_path / "train.jsonl")
+    assert not {pattern(r) for r in records} & {pattern(r) for r in train}
     path.write_text("kept\n")
     assert prepare.ensure_compose(tmp_path, verbose=False).read_text() == "kept\n"
 

@@ -270,7 +270,8 @@ def compose():
         for m in MODELS:
             # RLVR minus this model on the same records: overall, then the changed ones
             paired = [paired_bootstrap(per_record(r, "rlvr", "accuracy", sub),
-                                       per_record(r, m, "accuracy", sub)) for sub in ("all", "changed")]
+                                       per_record(r, m, "accuracy", sub))
+                      for sub in ("all", "changed")]
             rows.append([label, MODELS[m], pct(r[m]["accuracy"]), pct(r[m]["accuracy_changed"]),
                          pct(r[m]["accuracy_unchanged"]),
                          "" if m == "rlvr" else " / ".join(map(ci, paired))])

@@ -51,7 +51,7 @@ cooks, eggs can be taken out of and put into things) compose.
 Composition split (`generate_compose`, prepare.py --compose). Records whose pattern (`pattern`: the game,
 the sorted object types of the room, the action; no IDs) never occurs in train, from a random stream of
 their own: episodes in rooms that hold the held-out egg+fridge combination where the game allows it, and in
-rooms of any layout otherwise, with every record whose pattern train has dropped.
+rooms of any layout otherwise; every record whose pattern occurs in train is dropped.
 
 Statistics (prepare.py defaults: seed 0, 20000 / 500 / 1000 records; "changed" = task.is_changed):
     train 20000 records, 10957 changed (54.8%), 724 create an object, 361 remove one, 1658 win
