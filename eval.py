@@ -5,6 +5,7 @@ Evaluate world-model checkpoints on a held-out split: one entry point for every 
     python eval.py --task=textgame --ckpt=out/textgame/rlvr.safetensors --compare=out/textgame/mle.safetensors
     python eval.py --task=webpage --ckpt=out/webpage/rlvr.safetensors --json=result.json
     python eval.py --task=textgame --ckpt=/path/to/hf_dir --data=my_test.jsonl --device=cuda
+    python eval.py --task=textgame --ckpt=out/textgame/rlvr.safetensors --data=data/textgame/compose.jsonl
     python eval.py --task=video --ckpt=out/video/video_rlvr.safetensors --grid=grid.gif   (flags: --task=video -h)
     python eval.py --task=video --ckpt=out/video/video_rlvr.safetensors --official=1   (+ sampled, T=1, top-k 100)
     python eval.py --task=video --tokenizer=checkpoints/video_cvq.safetensors [--mode=multi]   (a tokenizer's ceiling)
@@ -19,6 +20,8 @@ Each metric is reported overall and on the transitions that change something (`_
 exposes fake gains: always answering "nothing changes", scored by the same reward. With --compare the paired
 differences (bootstrap 95% intervals over the same records) are printed too.
 `n_cropped` counts prompts too long for the model's block_size, which keep only their last tokens (tasks.crop).
+data/textgame/compose.jsonl, the text game's composition split (records whose game, room objects and action never
+occur together in train; data/textgame/prepare.py), is made when it is missing.
 
 Video (evaluate_video.py): a window is `context` true frames with their actions, then `horizon` predicted frames
 (data/robot/task.rollout: the GPT samples a frame's codes, the next true action's tokens are injected, and so on;
@@ -38,6 +41,7 @@ import torch
 from checkpoint import read_meta, write_json
 from data.robot.prepare import DATA_DIR, ensure_splits
 from data.robot.task import clips, load_split
+from data.textgame.prepare import COMPOSE_PATH, ensure_compose
 from evaluate_lang import evaluate, pct, print_paired, print_table
 from evaluate_video import (OFFICIAL, eval_video, load_video_model, paired_video, print_video_paired,
                             print_video_table, tokenizer_ceiling)
@@ -77,6 +81,8 @@ def main():
     torch.set_num_threads(args.threads)
     T = TASKS[args.task]
     data = Path(args.data) if args.data else ROOT / "data" / args.task / f"{args.split}.jsonl"
+    if data.resolve() == COMPOSE_PATH.resolve():   # the composition split: made from train when missing
+        ensure_compose()
     if not data.is_file():
         hint = "" if args.data else f" (run python data/{args.task}/prepare.py)"
         sys.exit(f"error: --data {data}: file not found{hint}")

@@ -254,6 +254,33 @@ def lang_default(task, run):
     return table(head, rows, right=tuple(range(2, 5 + len(extra))))
 
 
+def compose():
+    """The text game's composition split beside its test split: each model of the default run on
+    test (results/textgame_final) and on data/textgame/compose.jsonl (results/textgame_compose/
+    <model>.json, one eval.py file per model), and RLVR minus each model, paired (overall /
+    changed)."""
+    head = ["split", "model", "accuracy", "changed", "unchanged",
+            "RLVR - this model, paired 95% CI (overall / changed)"]
+    splits = {"test": load("textgame_final"),
+              "compose": {m: json.loads((RESULTS / "textgame_compose" / f"{m}.json").read_text())
+                          for m in MODELS}}
+    rows = []
+    for split, r in splits.items():
+        label = f"{split} ({r['mle']['n']})"
+        for m in MODELS:
+            # RLVR minus this model on the same records: overall, then the changed ones
+            paired = [paired_bootstrap(per_record(r, "rlvr", "accuracy", sub),
+                                       per_record(r, m, "accuracy", sub))
+                      for sub in ("all", "changed")]
+            rows.append([label, MODELS[m], pct(r[m]["accuracy"]), pct(r[m]["accuracy_changed"]),
+                         pct(r[m]["accuracy_unchanged"]),
+                         "" if m == "rlvr" else " / ".join(map(ci, paired))])
+        b = r["mle"]["baseline_no_change"]   # scored on the same records as every model
+        rows.append([label, 'always "no change"', pct(b["accuracy"]), pct(b["accuracy_changed"]),
+                     pct(b["accuracy_unchanged"]), ""])
+    return table(head, rows, right=(2, 3, 4))
+
+
 def lang_seeds(seeds, metric):
     """Per seed: RLVR on val and test, MLE continued on test, RLVR minus both on test; then the
     seeds resampled with the records, on test and on val (overall / changed)."""
@@ -531,6 +558,7 @@ BLOCKS = {   # name -> (page, the function that makes it)
     "readme_sample": ("README.md", readme_sample),
     "textgame_default": ("docs/results.md", lambda: lang_default("textgame", "textgame_final")),
     "textgame_seeds": ("docs/results.md", lambda: lang_seeds(TEXT_SEEDS, "accuracy")),
+    "textgame_compose": ("docs/results.md", compose),
     "textgame_regimes": ("docs/results.md", regimes),
     "webpage_default": ("docs/results.md", lambda: lang_default("webpage", "webpage_final")),
     "webpage_seeds": ("docs/results.md", lambda: lang_seeds(WEB_SEEDS, "f1")),

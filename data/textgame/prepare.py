@@ -4,6 +4,7 @@
     python data/textgame/prepare.py --n_train 5000 --seed 1 --out_dir /tmp/tg
     python data/textgame/prepare.py --bytesized32=IN.jsonl --out=OUT.jsonl   # convert real ByteSized32 records
     python data/textgame/prepare.py --cover                  # coverage splits -> data/textgame/cover/
+    python data/textgame/prepare.py --compose                # composition split -> data/textgame/compose.jsonl
 
 Coverage splits (`--cover`, or `--data_dir=data/textgame/cover` in train_lang.py, which makes them when
 the folder holds none). At each state of the scripted trajectories, random *valid* actions
@@ -12,6 +13,15 @@ true outcomes, marked
 "source": "offscript" (the loaders keep extra keys). cover/train.jsonl is the scripted train.jsonl, record
 for record, followed by --per_state off-script records at each of its states; cover/val.jsonl and
 cover/test.jsonl hold only off-script records, one at each state of the scripted val and test records.
+
+Composition split (`--compose`, or eval.py `--data=data/textgame/compose.jsonl`, which makes it when it is
+missing): 1,000 simulator records whose pattern (simulator.pattern: the game, the multiset of object types in
+the room, the action, IDs stripped) never occurs in <out_dir>/train.jsonl (generated first if missing). Its
+episodes come from a random stream of their own, in rooms that hold the egg+fridge combination held out of
+train where the game allows it (cook-egg, chill-milk, pack-box) and rooms of any layout otherwise; every
+generated record whose pattern occurs in train is dropped. With the default train split (seed 0): 789
+generated records dropped, 1000 kept, 509 of them changed (50.9%), 872 in egg+fridge rooms (490 changed)
+and 128 in other rooms (19 changed; actions those rooms never saw in train, mostly impossible ones).
 
 Simulator splits come from data/textgame/simulator.py (see its docstring for the world, the held-out
 combination and the statistics). Files are written atomically (a temporary file, then os.replace), so an
@@ -31,12 +41,14 @@ if __package__ in (None, ""):  # run as a file: make the repository root importa
 
 from checkpoint import write_jsonl  # noqa: E402
 from data.jsonl import load_jsonl  # noqa: E402
-from data.textgame.simulator import generate_cover, generate_split  # noqa: E402
-from data.textgame.task import is_changed  # noqa: E402
+from data.textgame.simulator import generate_compose, generate_cover, generate_split, pattern  # noqa: E402
+from data.textgame.task import is_changed, load_records  # noqa: E402
 
 DATA_DIR = Path(__file__).resolve().parent
 COVER_DIR = DATA_DIR / "cover"
 DEFAULT_SIZES = {"train": 20000, "val": 500, "test": 2000}  # test: resolves a 2-point paired difference
+COMPOSE_PATH = DATA_DIR / "compose.jsonl"
+COMPOSE_N = 1000   # the composition split's records
 OBJECT_KEYS = ("name", "uuid", "type", "properties", "contains")
 SCORE_KEYS = ("score", "gameOver", "gameWon")
 
@@ -83,6 +95,25 @@ def make_cover(out_dir, n_train: int = DEFAULT_SIZES["train"], n_val: int = DEFA
     return paths
 
 
+def make_compose(out_dir=DATA_DIR, n: int = COMPOSE_N, seed: int = 0, verbose: bool = True, **sizes) -> Path:
+    """Write <out_dir>/compose.jsonl: n records whose pattern never occurs in <out_dir>/train.jsonl
+    (the splits are generated first where missing, sizes: ensure_splits' n_train, n_val, n_test)."""
+    train = load_records(ensure_splits(out_dir, seed=seed, verbose=verbose, **sizes)["train"])
+    records, dropped = generate_compose(n, {pattern(r) for r in train}, seed)
+    path = Path(out_dir) / "compose.jsonl"
+    write_jsonl(path, records)
+    if verbose:
+        print(f"wrote {path}  " + summary("compose", records)
+              + f"; dropped {dropped} generated records whose pattern occurs in train")
+    return path
+
+
+def ensure_compose(data_dir=DATA_DIR, verbose: bool = True) -> Path:
+    """The path of <data_dir>/compose.jsonl, made with make_compose's defaults if it is missing."""
+    path = Path(data_dir) / "compose.jsonl"
+    return path if path.exists() else make_compose(data_dir, verbose=verbose)
+
+
 def _state(objects, score, where: str, key: str) -> dict:
     if not isinstance(objects, list) or not isinstance(score, dict):
         raise ValueError(f"{where}: '{key}' has no objects list or no score object")
@@ -127,9 +158,14 @@ def main(argv=None) -> None:
     parser.add_argument("--out", help="output .jsonl of the conversion (with --bytesized32)")
     parser.add_argument("--cover", action="store_true", help="write the coverage splits to <out_dir>/cover/")
     parser.add_argument("--per_state", type=int, default=1, help="with --cover: off-script train records per state")
+    parser.add_argument("--compose", action="store_true",
+                        help="write the composition split to <out_dir>/compose.jsonl (splits made if missing)")
+    parser.add_argument("--n_compose", type=int, default=COMPOSE_N, help="with --compose: its records")
     args = parser.parse_args(argv)
     if args.per_state < 1:
         parser.error("--per_state must be at least 1")
+    if args.n_compose < 1:
+        parser.error("--n_compose must be at least 1")
     if args.bytesized32 is not None:   # given, even empty: convert, never generate
         if not args.bytesized32 or not args.out:
             parser.error("--bytesized32 needs a ByteSized32 .jsonl file and --out")
@@ -141,6 +177,10 @@ def main(argv=None) -> None:
         return
     if args.cover:
         make_cover(Path(args.out_dir) / "cover", args.n_train, args.n_val, args.n_test, args.seed, args.per_state)
+        return
+    if args.compose:
+        make_compose(args.out_dir, args.n_compose, args.seed, n_train=args.n_train, n_val=args.n_val,
+                     n_test=args.n_test)
         return
     for split, n in (("train", args.n_train), ("val", args.n_val), ("test", args.n_test)):
         records = generate_split(split, n, args.seed)

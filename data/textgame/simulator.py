@@ -48,6 +48,11 @@ of the games that can have it do (cook-egg with a fridge, chill-milk with an egg
 about a fifth of the test records, to test whether learned rules (the fridge cools what is in it, an egg
 cooks, eggs can be taken out of and put into things) compose.
 
+Composition split (`generate_compose`, prepare.py --compose). Records whose pattern (`pattern`: the game,
+the sorted object types of the room, the action; no IDs) never occurs in train, from a random stream of
+their own: episodes in rooms that hold the held-out egg+fridge combination where the game allows it, and in
+rooms of any layout otherwise; every record whose pattern occurs in train is dropped.
+
 Statistics (prepare.py defaults: seed 0, 20000 / 500 / 1000 records; "changed" = task.is_changed):
     train 20000 records, 10957 changed (54.8%), 724 create an object, 361 remove one, 1658 win
     val     500 records,   284 changed (56.8%)
@@ -56,6 +61,7 @@ Statistics (prepare.py defaults: seed 0, 20000 / 500 / 1000 records; "changed" =
 """
 import copy
 import random
+import re
 import zlib
 
 ROOM_TEMP, HEAT_STEP, COOL_STEP, MAX_TEMP, MIN_TEMP, COOKED_AT = 20, 20, 10, 100, 0, 80
@@ -310,6 +316,11 @@ def sample_room(split: str, game: str, held_out: bool, rng: random.Random) -> Wo
                 break
         elif not HELD_OUT <= set(kinds) and layout_bucket(game, kinds) in SPLIT_BUCKETS[split]:
             break
+    return initial_room(game, kinds, rng)
+
+
+def initial_room(game: str, kinds: list[str], rng: random.Random) -> World:
+    """A random initial room of `game` with the objects `kinds` in this order (which fixes names and uuids)."""
     while True:  # random doors and starting places, at rest (fridge contents cold), game not yet over
         w = World(game, ["agent"] + kinds)
         for kind in kinds:
@@ -423,3 +434,42 @@ def generate_cover(split: str, n: int, seed: int = 0, per_state: int = 1) -> tup
     scripted = generate_split(split, n, seed,
                               visit=lambda w, taken: at_state.append(offscript_records(w, taken, per_state, rng)))
     return scripted, [r for records in at_state[:n] for r in records]
+
+
+# ---------------------------------------------------------------------- composition (prepare.py --compose)
+def pattern(record: dict) -> tuple:
+    """What a transition composes, object IDs stripped: (game, the sorted types of the objects in the room
+    before the action, the action). The simulator's actions name objects by kind, never by ID, and a room
+    holds at most one object of a kind, so the action text is the verb with its object types."""
+    types = tuple(sorted(o["type"] for o in record["state"]["objects"]))
+    return record["game"], types, re.sub(r" \(ID: \d+\)", "", record["action"])
+
+
+def compose_room(game: str, rng: random.Random) -> World:
+    """A random initial room of `game` for the composition split: one that holds the held-out egg+fridge
+    combination (never in a train room) where the game's objects allow it, else a room of any layout."""
+    core, pool, (lo, hi) = GAMES[game]
+    held_out = HELD_OUT <= set(core + pool)
+    while True:
+        kinds = list(core) + rng.sample(pool, rng.randint(lo, hi))
+        rng.shuffle(kinds)
+        if not held_out or HELD_OUT <= set(kinds):
+            return initial_room(game, kinds, rng)
+
+
+def generate_compose(n: int, seen: set, seed: int = 0) -> tuple[list[dict], int]:
+    """(records, dropped): n records whose pattern is not in `seen` (the train split's patterns), from
+    episodes of compose_room rooms, the games in turn, on a random stream of their own (the data splits
+    are untouched); dropped counts the generated records left out because their pattern is in `seen`,
+    up to the n-th kept one."""
+    rng = random.Random(f"textgame-compose:{seed}")
+    games, records, dropped, episode = sorted(GAMES), [], 0, 0
+    while len(records) < n:
+        game = games[episode % len(games)]
+        episode += 1
+        for record in run_episode(compose_room(game, rng), rng):
+            if pattern(record) not in seen:
+                records.append(record)
+            elif len(records) < n:   # a seen pattern before the split is full
+                dropped += 1
+    return records[:n], dropped
