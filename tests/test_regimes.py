@@ -1,4 +1,4 @@
-"""experiments/regimes.py: paired RLVR-minus-model rows from eval.json files, per seed and pooled over seeds."""
+"""experiments/regimes.py: paired RLVR-minus-model rows from eval.json files, per seed and over all seeds."""
 import json
 import subprocess
 import sys
@@ -22,7 +22,7 @@ def regimes(*argv):
                           timeout=120)
 
 
-def test_rows_are_paired_differences_and_pooled_over_seeds(tmp_path):
+def test_rows_are_paired_differences_per_seed_and_over_seeds(tmp_path):
     pytest.importorskip("matplotlib")
     n = 200
     changed = [i % 2 == 0 for i in range(n)]
@@ -36,10 +36,13 @@ def test_rows_are_paired_differences_and_pooled_over_seeds(tmp_path):
     assert by[("a", "mle")]["all"][0] == pytest.approx(50.0)
     assert by[("a", "mle")]["all"][1] > 0                       # the interval excludes zero
     assert by[("b", "mle")]["all"] == [0.0, 0.0, 0.0]            # no difference on any record
-    assert by[("2 seeds pooled", "mle")]["all"][0] == pytest.approx(25.0)   # the mean of the two seeds
+    seeds = by[("2 seeds", "mle")]["all"]
+    assert seeds[0] == pytest.approx(25.0)   # the mean of the two seeds
+    # the seeds are resampled too: +50 and 0 points apart, the interval spans both
+    assert seeds[1] <= 0.0 + 1e-9 and seeds[2] >= 50.0 - 1e-9
     assert by[("a", "mle_more")]["changed"][0] == pytest.approx(100.0)
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
-    assert "| demo | 2 seeds pooled | MLE start | 200 | +25.00" in p.stdout
+    assert "| demo | 2 seeds | MLE start | 200 | +25.00" in p.stdout
 
 
 def test_bad_input_is_one_line(tmp_path):
