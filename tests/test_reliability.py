@@ -58,7 +58,7 @@ LANG = ["train_lang.py", "--n_layer=1", "--n_head=2", "--n_embd=32", "--vocab_si
         "--probe_n=2", "--control=0", "--threads=1"]   # the control: its compute budget is tested in test_mle
 VIDEO = ["train_video.py", "--vq_batch=4", "--n_codes=32", "--batch_size=2", "--n_layer=1", "--n_head=2",
          "--n_embd=32", "--prompts_per_step=2", "--group_size=2", "--horizon=3", "--micro_batch=4", "--threads=1",
-         "--clip_len=8", "--mode=multi", "--control=0"]   # as in LANG
+         "--clip_len=8", "--mode=multi", "--control=0", "--cvq_steps=40"]   # as in LANG; tiny tokenizers
 TIMING = {"minutes", "t_rollout", "t_step", "rl_seconds"}   # wall-clock fields: the only ones a resumed run may change
 TAG = f"nanorlvr-test-{uuid.uuid4()}"   # marks the processes this module starts (to find a torchrun worker)
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "NANORLVR_TEST_TAG": TAG}
