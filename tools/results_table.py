@@ -565,6 +565,7 @@ BLOCKS = {   # name -> (page, the function that makes it)
     "webpage_placebo": ("docs/results.md", webpage_placebo),
     "rl_logs": ("docs/results.md", rl_logs),
     "textgame_control_sweep": ("docs/results.md", lambda: control_sweep("textgame")),
+    "webpage_control_sweep": ("docs/results.md", lambda: control_sweep("webpage")),
     "plan_textgame_first": ("docs/downstream.md", lambda: plan_table(
         "textgame_mle_random_sim", {"random": "random", "sim": "sim",
                                     TG_MLE: f"MLE (`{TG_MLE}`)"})),
