@@ -24,22 +24,18 @@ def paired_bootstrap(a, b, n_boot=10000, seed=0, clusters=None):
         return None, None, None
     S, n = d.shape
     rng = np.random.default_rng(seed)
-    if clusters is None and S == 1:
-        # n_boot resamples of the n records, each the mean of n records drawn with replacement
-        idx = rng.integers(0, n, size=(n_boot, n))   # (n_boot, n)
-        means = d[0][idx].mean(1)
-    else:
-        # per seed and cluster: the sum of the differences and the number of records (S, K), (K,)
-        label = np.unique(np.arange(n) if clusters is None else np.asarray(clusters),
-                          return_inverse=True)[1].reshape(-1)
-        K = label.max() + 1
-        sums = np.stack([np.bincount(label, weights=row, minlength=K) for row in d])   # (S, K)
-        size = np.bincount(label, minlength=K).astype(np.float64)                      # (K,)
-        idx = rng.integers(0, K, size=(n_boot, K))      # the clusters of each resample
-        pick = rng.integers(0, S, size=(n_boot, S))     # the seeds of each resample
-        per_seed = np.stack([row[idx].sum(1) for row in sums], 1)   # (n_boot, S) resampled sums
-        total = np.take_along_axis(per_seed, pick, 1).sum(1)        # over the drawn seeds
-        means = total / (S * size[idx].sum(1))
+    # per seed and cluster: the sum of the differences and the number of records (S, K), (K,)
+    label = np.unique(np.arange(n) if clusters is None else np.asarray(clusters),
+                      return_inverse=True)[1].reshape(-1)
+    K = label.max() + 1
+    sums = np.stack([np.bincount(label, weights=row, minlength=K) for row in d])   # (S, K)
+    size = np.bincount(label, minlength=K).astype(np.float64)                      # (K,)
+    # n_boot resamples: K clusters and S seeds, each drawn with replacement
+    idx = rng.integers(0, K, size=(n_boot, K))      # (n_boot, K) the clusters of each resample
+    pick = rng.integers(0, S, size=(n_boot, S))     # (n_boot, S) the seeds of each resample
+    per_seed = np.stack([row[idx].sum(1) for row in sums], 1)   # (n_boot, S) resampled sums
+    total = np.take_along_axis(per_seed, pick, 1).sum(1)        # over the drawn seeds
+    means = total / (S * size[idx].sum(1))
     return float(d.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
