@@ -24,16 +24,28 @@ compute, runtime.ComputeBudget). Compute is counted in forward-token units as gr
 counts RLVR's: each input token up to a row's last scored one, forward and backward, counts 3.
 """
 import time
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from checkpoint import read_checkpoint
+from checkpoint import read_checkpoint, read_meta
+from runtime import lr_at
 
 
 def control_lr(lr, warmup=10):
     """The control's schedule: a linear warm-up over `warmup` steps, then `lr` (constant)."""
     return lambda step: lr * min(1.0, (step + 1) / warmup)
+
+
+def final_lr(ckpt):
+    """The learning rate the MLE schedule of checkpoint `ckpt` ended at (runtime.lr_at at its last
+    step), the control's default rate; None where it records no MLE schedule (an HF directory)."""
+    if not Path(ckpt).is_file():
+        return None
+    meta = read_meta(ckpt)
+    schedule = [meta["args"].get(k) for k in ("mle_steps", "mle_lr", "warmup")]
+    return None if None in schedule else lr_at(meta["step"] - 1, *schedule)
 
 
 def batch_compute(tgt):

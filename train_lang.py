@@ -493,12 +493,10 @@ if args.stage == "mle" or (args.stage == "all" and not init_is_ckpt):
 
 def control(budget):
     """The control: MLE continued from the start until it has used `budget`, at --control_lr or
-    the start's own final MLE rate (its schedule at its last step, from its checkpoint; an HF
-    start records none: RLVR's rate, --rl_lr)."""
-    meta = read_meta(start) if Path(start).is_file() else {"args": {}}
-    schedule = [meta["args"].get(k) for k in ("mle_steps", "mle_lr", "warmup")]
-    final = lr_at(meta["step"] - 1, *schedule) if None not in schedule else args.rl_lr
-    lr = args.control_lr or final
+    the start's own final MLE rate (mle.final_lr; an HF start records none: RLVR's rate,
+    --rl_lr)."""
+    final = mle.final_lr(start)
+    lr = args.control_lr or (args.rl_lr if final is None else final)
     print0(f"control: MLE continued from the start at lr {lr:.3g} for RLVR's compute")
     return run_mle(load_lang_model(start, args.device)[0], "mle_more", all_pairs, 10 ** 9, 0,
                    mle.control_lr(lr), budget)   # 10 warm-up steps, then constant

@@ -658,10 +658,9 @@ if args.stage in ("all", "rlvr"):
 
     def control(budget):
         """The control: MLE on a copy of the start at a constant rate, --control_lr or the start's
-        own final MLE rate (its schedule at its last step)."""
-        meta = read_meta(mle_path)
-        lr = args.control_lr or lr_at(meta["step"] - 1, meta["args"]["mle_steps"],
-                                      meta["args"]["mle_lr"], meta["args"]["warmup"])
+        own final MLE rate (mle.final_lr; a start that records no MLE schedule: --rl_lr)."""
+        final = mle.final_lr(mle_path)
+        lr = args.control_lr or (args.rl_lr if final is None else final)
         print0(f"control: MLE continued from the start at lr {lr:.3g} for RLVR's compute")
         return run_mle(run, copy.deepcopy(mle_model), "mle_more", FILES["mle_more"], layout,
                        tokens, horizon, 10 ** 9, 0, mle.control_lr(lr), budget)

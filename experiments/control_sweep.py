@@ -21,8 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a file: the repository root
-from checkpoint import read_meta, write_json  # noqa: E402
-from runtime import lr_at  # noqa: E402
+from checkpoint import write_json  # noqa: E402
+from mle import final_lr as start_final_lr  # noqa: E402
 from stats import paired_bootstrap  # noqa: E402
 from tasks import TASKS  # noqa: E402
 
@@ -48,9 +48,9 @@ compute = [r["rl_compute"] for r in rows if r.get("stage") == "rlvr" and "rl_com
 if not compute:
     sys.exit(f"error: {run / 'log.jsonl'}: no RLVR step with rl_compute (a run of this code?)")
 init = Path(config["init"]) if Path(config["init"]).is_absolute() else run / config["init"]
-meta = read_meta(init)
-final_lr = lr_at(meta["step"] - 1, meta["args"]["mle_steps"], meta["args"]["mle_lr"],
-                 meta["args"]["warmup"])
+final_lr = start_final_lr(init)
+if final_lr is None:
+    sys.exit(f"error: {init}: records no MLE schedule; this sweep is in multiples of its final rate")
 task = TASKS[config["task"]]
 print(f"{config['task']}: start {init} (final MLE rate {final_lr:.3g}), RLVR compute "
       f"{compute[-1]:.4g} forward-token units")

@@ -5,6 +5,7 @@ import argparse
 import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -136,3 +137,10 @@ def test_the_control_waits_for_a_running_rlvr_and_stops_at_its_final_compute(tmp
 def test_control_lr_warms_up_then_stays_constant():
     schedule = mle.control_lr(2e-4)
     assert [schedule(s) for s in (0, 4, 9, 10, 500)] == [2e-4 * 0.1, 2e-4 * 0.5, 2e-4, 2e-4, 2e-4]
+
+
+def test_final_lr_is_the_checkpoints_schedule_at_its_last_step(tmp_path):
+    # the shipped text MLE: 2600 cosine steps from 3e-4, warm-up 50 -> it ended at a tenth, 3e-5
+    shipped = Path(__file__).resolve().parents[1] / "checkpoints" / "textgame" / "mle.safetensors"
+    assert mle.final_lr(shipped) == pytest.approx(3e-5, rel=1e-3)
+    assert mle.final_lr(tmp_path) is None   # an HF directory records no MLE schedule
