@@ -13,6 +13,7 @@ evaluate_lang.py's job; comparing two models is stats.py's. docs/tasks.md adds a
 (data/lights/task.py is the worked example) and one line in TASKS.
 """
 import filecmp
+import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -248,6 +249,22 @@ def chain_reward(task, chain, steps, kind):
     return 0.0 if j is None else TASKS[task].reward(*j, kind)
 
 
+def step_rewards(task, chain, steps, kind):
+    """Each step's own reward `kind`: step k's answer scored as chain_reward scores the last one
+    (on its imagined record, or on the recorded one: Chaining.judge_imagined) -> K floats, 0 for
+    a step the chain did not reach."""
+    scored = [r if CHAINING[task].judge_imagined else chain[k] for k, (r, _, _) in enumerate(steps)]
+    rewards = [TASKS[task].reward(text, r, kind) for (_, text, _), r in zip(steps, scored)]
+    return rewards + [0.0] * (len(chain) - len(steps))
+
+
+def rewards_to_go(rewards):
+    """Per step k the mean of the step rewards from k to the last: what step k's answer can still
+    change (the answers before it are already given) -> K floats."""
+    K = len(rewards)
+    return [sum(rewards[k:]) / (K - k) for k in range(K)]
+
+
 def text_predictor(model, tok, task, max_new_tokens, temperature=0.0, generator=None):
     """predict for imagine_chains: generate_texts on the records' prompts (cropped as there)."""
     data = TASKS[task].data
@@ -282,38 +299,53 @@ def sample_chains(task, model, tok, chains, max_new_tokens, temperature, room, g
     return imagine_chains(task, chains, predict)
 
 
-def chain_hooks(task, tok, draw, room, horizon, group_size, kind):
+def chain_hooks(task, tok, draw, room, horizon, group_size, kind, per_step=False):
     """grpo_step's hooks for RLVR on chains of K = `horizon` steps (train_lang.py --horizon=K > 1)
-    -> (draw, sampler, reward_fn); `draw(n)` is the prompt pool's (first prompts, chains). A group
-    is one chain start's G = `group_size` chains sampled at the config's temperature (every step:
-    sample_chains, no prompt over `room` tokens), laid out as K x G rows (the GRPO group size
-    K x G): row = one step, its prompt less the first token as input only, then its sampled
-    answer, trained on. Every row of a chain carries the chain's reward `kind` (chain_reward): a
-    group's mean and std over its K x G rows are those over its G chains, so the advantages are
-    the chains'. A step a chain did not reach is an empty row. The group's prompt is the first
-    token, the one every prompt of the task begins with."""
+    -> (draw, sampler, reward_fn); `draw(n)` is the prompt pool's (first prompts, chains). Each
+    chain start's G = `group_size` chains are sampled at the config's temperature (every step:
+    sample_chains, no prompt over `room` tokens) and laid out as K x G rows: row = one step, its
+    prompt less the first token as input only, then its sampled answer, trained on. A step a chain
+    did not reach is an empty row. The group's prompt is the first token, the one every prompt of
+    the task begins with. The rows' rewards and groups:
+    - per_step False: one GRPO group per start (group size K x G); every row of a chain carries
+      the chain's reward `kind` (chain_reward), so the advantages are the chains';
+    - per_step True: K groups per start, one per step (group size G); step k's row carries the
+      chain's mean reward from step k on (rewards_to_go of step_rewards), so an answer is judged
+      by what follows from it, against the other chains' answers at the same step."""
     K, G = horizon, group_size
     scored = []   # the rewards of the sampler's last rows, handed to grpo.py by reward_fn
 
-    def draw_starts(n):   # the pool's chains, each with its first prompt's first token
-        prompts, starts = draw(n)
-        return [p[:1] for p in prompts], starts
+    def draw_starts(n):   # n groups: the pool's chains, each with its first prompt's first token
+        prompts, starts = draw(math.ceil(n / K) if per_step else n)
+        reps = K if per_step else 1   # a start's groups
+        return [p[:1] for p in prompts for _ in range(reps)], [c for c in starts for _ in range(reps)]
 
     def sampler(model, prompts, items, cfg, generator):   # grpo.rollout's hook
-        starts, first = items[::cfg.group_size], prompts[::cfg.group_size]
+        starts, first = items[::K * G], prompts[::K * G]   # each start's K x G rows
         chains = [c for c in starts for _ in range(G)]
         steps = sample_chains(task, model, tok, chains, cfg.max_new_tokens, cfg.temperature, room,
                               generator)
         rows = []   # (token ids, their log-probs, sampled or input only)
         scored.clear()
-        for i, (c, s) in enumerate(zip(chains, steps)):
-            for prompt, ids, lp in [x[2] for x in s] + [(first[i // G], [], [])] * (K - len(s)):
-                if prompt[:1] != first[i // G]:
+        for i in range(len(starts)):
+            cells = []   # (step k, chain g, its prompt and answer, its reward)
+            for g in range(G):
+                c, s = chains[i * G + g], steps[i * G + g]
+                answers = [x[2] for x in s] + [(first[i], [], [])] * (K - len(s))
+                if per_step:
+                    rewards = rewards_to_go(step_rewards(task, c, s, kind))
+                else:
+                    rewards = [chain_reward(task, c, s, kind)] * K
+                cells += [(k, g, answers[k], rewards[k]) for k in range(K)]
+            if per_step:   # step-major: a group is one step's G answers
+                cells.sort(key=lambda cell: cell[:2])
+            for _, _, (prompt, ids, lp), reward in cells:
+                if prompt[:1] != first[i]:
                     raise ValueError(f"--horizon: a {task} prompt does not begin with the "
                                      f"first token of the others")
                 n = len(prompt) - 1
                 rows.append((prompt[1:] + ids, [0.0] * n + lp, [False] * n + [True] * len(ids)))
-            scored.extend([chain_reward(task, c, s, kind)] * K)
+                scored.append(reward)
         T = max(len(ids) for ids, _, _ in rows)
         tokens = torch.full((len(rows), T), -1, dtype=torch.long)
         logp, sampled = torch.zeros(len(rows), T), torch.zeros(len(rows), T, dtype=torch.bool)
@@ -323,7 +355,7 @@ def chain_hooks(task, tok, draw, room, horizon, group_size, kind):
             sampled[i, :len(ids)] = torch.tensor(sm, dtype=torch.bool)
         return tokens, logp, sampled
 
-    def reward_fn(items, completions):   # the chains' rewards, one per row, as the sampler scored
+    def reward_fn(items, completions):   # the rows' rewards, as the sampler scored them
         assert len(scored) == len(completions), "reward_fn: not the sampler's last rows"
         return list(scored)
 

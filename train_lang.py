@@ -110,6 +110,10 @@ g.add_argument("--reward", default=None,
 g.add_argument("--horizon", type=int, default=1,
                help="K > 1: k-step imagination, RLVR on and evaluation of chains of K recorded "
                     "steps, each from the state the previous prediction leads to")
+g.add_argument("--chain_reward", default="last", choices=("last", "to_go"),
+               help="--horizon K > 1: last = every step's answer gets the chain's reward of its "
+                    "last answer; to_go = step k's answer gets the chain's mean step reward from "
+                    "k on, its advantage against the other chains' step k (tasks.chain_hooks)")
 g = p.add_argument_group("research: controls, probes and the regime study (not needed to train)")
 g.add_argument("--label_frac", type=float, default=1.0,
                help="MLE sees only this fraction of the train labels (the regime study; RLVR still "
@@ -397,14 +401,16 @@ def run_rlvr(model, budget):
 
     # one step: a group is a prompt's G answers, sampled by grpo.py itself
     draw_groups, sampler, score = draw, None, reward_fn
-    if args.horizon > 1:   # chains: a group is a start's G chains, K x G rows (tasks.chain_hooks)
+    if args.horizon > 1:   # chains: G per start, K x G rows (tasks.chain_hooks)
+        per_step = args.chain_reward == "to_go"
         draw_groups, sampler, score = chain_hooks(args.task, tok, draw, room, args.horizon,
-                                                  args.group_size, args.reward)
-        cfg = dataclasses.replace(cfg, group_size=args.horizon * args.group_size)
+                                                  args.group_size, args.reward, per_step)
+        if not per_step:   # a group is a start's K x G rows; per step, a step's G rows
+            cfg = dataclasses.replace(cfg, group_size=args.horizon * args.group_size)
 
     # the probe set: fixed training prompts whose greedy and T=1 reward (4 samples each, a fixed
     # seed) is logged every --probe_every steps: the reward GRPO optimises, on the same prompts
-    probe_prompts, probe_recs = draw_groups(args.probe_n)
+    probe_prompts, probe_recs = draw(args.probe_n)
 
     def probe():
         with autocast:

@@ -14,7 +14,8 @@ from data.webpage.simulator import MAX_STEPS as WEB_STEPS, generate_split as web
 from evaluate_lang import evaluate_chains
 from model import GPT, GPTConfig
 from rewards import apply_diff, parse_diff
-from tasks import TASKS, chain_reward, episode_chains, imagine_chains, judged
+from tasks import (TASKS, chain_hooks, chain_reward, episode_chains, imagine_chains, judged,
+                   rewards_to_go, step_rewards)
 from tokenizer_text import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,6 +93,27 @@ def test_each_step_reads_the_state_its_previous_answer_leads_to():
     assert steps[1][0] == {**chain[1], "state": chain[0]["state"]}
     assert steps[2][0]["state"] == apply_diff(chain[0]["state"], parse_diff(truth[1]))
     assert chain_reward("textgame", chain, steps, "binary") == 0.0   # the first change is lost
+
+
+def test_step_rewards_score_each_answer_and_rewards_to_go_average_what_follows():
+    T = TASKS["textgame"]
+    chain = next(c for c in episode_chains("textgame", text_split("val", 300), 3)
+                 if all(map(T.data.is_changed, c)))
+    truth = [T.data.target_text(r) for r in chain]
+    # right, then "nothing changes" (wrong), then the true third answer on a wrong state
+    steps = imagine_chains("textgame", [chain], answers([truth[0], T.no_change, truth[2]])[0])[0]
+    assert step_rewards("textgame", chain, steps, "binary") == [1.0, 0.0, 0.0]
+    assert rewards_to_go([1.0, 0.0, 0.0]) == [1 / 3, 0.0, 0.0]
+    assert rewards_to_go([0.0, 1.0, 1.0]) == [2 / 3, 1.0, 1.0]
+    # a chain that ended early: its missing steps score 0
+    steps = imagine_chains("textgame", [chain], answers(["not json"] * 3)[0])[0]
+    assert step_rewards("textgame", chain, steps, "binary") == [0.0, 0.0, 0.0]
+    # web: each answer on its recorded step
+    W = TASKS["webpage"]
+    web = episode_chains("webpage", web_split("val", 16), 2)[0]
+    right = [W.data.target_text(r) for r in web]
+    steps = imagine_chains("webpage", [web], answers([W.no_change, right[1]])[0])[0]
+    assert step_rewards("webpage", web, steps, "f1")[1] == 1.0
 
 
 def test_an_unreadable_answer_ends_the_chain_as_wrong():
@@ -199,3 +221,52 @@ def test_sampled_chains_carry_each_steps_prompt_answer_and_log_probs():
         none = sample_chains("textgame", model, tok, chains, 12, 1.0, 10,
                              torch.Generator().manual_seed(0))
     assert none == [[], [], []]
+
+
+@pytest.mark.parametrize("per_step", [False, True])
+def test_chain_hooks_lay_out_groups_and_rewards(per_step, monkeypatch):
+    """Rows of a start: chain-major with the chain's reward (one group of K x G), or step-major
+    with each step's reward to go (K groups of G)."""
+    import tasks
+    records = text_split("val", 120)
+    chains = episode_chains("textgame", records, 2)[:2]
+    model, tok = tiny_model(records)
+    K, G = 2, 3
+    # each sampled chain j's step k answers with token ids [k, j]; its step rewards are given
+    step_r = {}
+
+    def fake_sample(task, model, tok, chs, max_new, temperature, room, generator):
+        out = []
+        for j, c in enumerate(chs):
+            prompts = [tok.encode(TASKS["textgame"].data.prompt_text(r)) for r in c]
+            out.append([(r, f"{k}{j}", (p, [k + 10, j + 10], [-0.5, -0.5]))
+                        for k, (r, p) in enumerate(zip(c, prompts))])
+            step_r[j] = [float((j + k) % 2) for k in range(K)]
+        return out
+    monkeypatch.setattr(tasks, "sample_chains", fake_sample)
+    monkeypatch.setattr(tasks, "step_rewards", lambda t, c, s, kind: step_r[int(s[0][1][1:])])
+    monkeypatch.setattr(tasks, "chain_reward", lambda t, c, s, kind: step_r[int(s[0][1][1:])][-1])
+
+    def draw(n):
+        return [tok.encode(TASKS["textgame"].data.prompt_text(c[0])) for c in chains[:n]], chains[:n]
+    draw_groups, sampler, reward_fn = chain_hooks("textgame", tok, draw, 10_000, K, G, "binary",
+                                                  per_step)
+    prompts, items = draw_groups(2 * K if per_step else 2)
+    assert len(prompts) == (2 * K if per_step else 2)
+    size = G if per_step else K * G   # train_lang.py's GRPO group size
+    reps = [(p, it) for p, it in zip(prompts, items) for _ in range(size)]
+    from grpo import GRPOConfig
+    cfg = GRPOConfig(group_size=size, max_new_tokens=4)
+    tokens, logp, sampled = sampler(model, [p for p, _ in reps], [it for _, it in reps], cfg, None)
+    rewards = reward_fn(None, [None] * len(tokens))
+    assert len(tokens) == len(rewards) == 2 * K * G
+    answer = [tuple(t for t, m in zip(row.tolist(), s.tolist()) if m)
+              for row, s in zip(tokens, sampled)]
+    for start in range(2):
+        for k in range(K):
+            for g in range(G):
+                j = start * G + g   # the sampled chain
+                row = start * K * G + (k * G + g if per_step else g * K + k)
+                assert answer[row] == (k + 10, j + 10)
+                want = rewards_to_go(step_r[j])[k] if per_step else step_r[j][-1]
+                assert rewards[row] == want
