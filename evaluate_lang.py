@@ -83,7 +83,9 @@ def evaluate_chains(task, model, tok, chains, max_new_tokens=256):
     tasks.judged says (text game: the imagined final state is exact; web page: the F1 of the K-th
     predicted changes against the true ones); 0 for a chain whose answer became unreadable (counted
     in n_ended). A chain is "changed" when any of its steps changes something; the baseline answers
-    "nothing changes" at every step."""
+    "nothing changes" at every step. per_record["episode"] numbers the chains' episodes (chains
+    of one episode overlap: the next starts at this one's second record), so that a bootstrap can
+    resample an episode's chains together."""
     T = TASKS[task]
     h_k = T.headline + "_k"
     changed = [any(map(T.data.is_changed, c)) for c in chains]
@@ -106,7 +108,11 @@ def evaluate_chains(task, model, tok, chains, max_new_tokens=256):
     res["examples"] = [dict(actions=[r["action"] for r in c], changed=ch,
                             predictions=[text for _, text, _ in s])
                        for c, ch, s in list(zip(chains, changed, steps))[:5]]
-    res["per_record"] = {k: [float(m[k]) for m in scores] for k in scores[0]} | {"changed": changed}
+    episode = [0]
+    for a, b in zip(chains, chains[1:]):   # a new episode where a chain does not continue the last
+        episode.append(episode[-1] + (len(a) < 2 or b[0] != a[1]))
+    res["per_record"] = ({k: [float(m[k]) for m in scores] for k in scores[0]}
+                         | {"changed": changed, "episode": episode})
     return res
 
 

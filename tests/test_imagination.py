@@ -146,12 +146,17 @@ def tiny_model(records):
 
 def test_evaluate_chains_per_record_shape_and_baseline():
     records = text_split("val", 40)
-    chains = episode_chains("textgame", records, 2)[:6]
+    chains = episode_chains("textgame", records, 2)[16:22]   # consecutive, across an episode's end
     model, tok = tiny_model(records)
     r = evaluate_chains("textgame", model, tok, chains, max_new_tokens=8)
     pr = r["per_record"]
-    assert set(pr) == {"accuracy", "task_specific", "accuracy_k", "changed"}
+    assert set(pr) == {"accuracy", "task_specific", "accuracy_k", "changed", "episode"}
     assert all(len(v) == 6 for v in pr.values()) and r["n"] == 6 and r["horizon"] == 2
+    # the chains' episodes: the simulator's own episode of each chain's first record, renumbered
+    first = [records.index(c[0]) for c in chains]
+    starts = text_episode_starts(records)
+    truth = [sum(s <= i for s in starts) for i in first]
+    assert pr["episode"] == [t - truth[0] for t in truth] and len(set(truth)) == 2
     assert r["accuracy_k"] == sum(pr["accuracy_k"]) / 6
     # "nothing changes" at every step is exact on the chains that change nothing, only
     T = TASKS["textgame"]
@@ -178,7 +183,8 @@ def test_tiny_horizon_run_writes_chain_results(tmp_path):
         assert set(result) == {"mle", "rlvr", "mle_more"}
         for r in result.values():
             assert r["n"] == n and r["horizon"] == 2
-            assert set(r["per_record"]) == {"accuracy", "task_specific", "accuracy_k", "changed"}
+            assert set(r["per_record"]) == {"accuracy", "task_specific", "accuracy_k", "changed",
+                                            "episode"}
     assert "chains of 2 steps" in p.stdout and "paired differences in accuracy_k" in p.stdout
     log = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
     steps = [row for row in log if row["stage"] == "rlvr" and "reward_mean" in row]
