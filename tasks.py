@@ -277,6 +277,26 @@ def text_predictor(model, tok, task, max_new_tokens, temperature=0.0, generator=
     return predict
 
 
+def imagined_pairs(task, model, tok, chains, max_new_tokens):
+    """The stronger control's data (train_lang.py --control_imagined): the start model imagines
+    each chain greedily, as the evaluation does, and every step after the first becomes an MLE
+    pair: the prompt of the state it imagined, and the answer the chain's metric counts right
+    there (tasks.judged: text game, the diff from the imagined state to the true next state, so
+    the imagined chain returns to the truth; web page, the recorded changes) -> (pairs of
+    (prompt text, answer text), the imagination's cost in forward-token units (prompt and answer
+    tokens of every step, as grpo.compute_used counts a rollout), chains that ended early)."""
+    c, data = CHAINING[task], TASKS[task].data
+    steps = imagine_chains(task, chains, text_predictor(model, tok, task, max_new_tokens))
+    pairs, cost = [], 0
+    for chain, s in zip(chains, steps):
+        for k, (record, text, _) in enumerate(s):
+            cost += len(tok.encode(data.prompt_text(record))) + len(tok.encode(text)) + 1
+            if k > 0:
+                truth = record if c.judge_imagined else chain[k]
+                pairs.append((data.prompt_text(record), data.target_text(truth)))
+    return pairs, cost, sum(len(s) < len(ch) for ch, s in zip(chains, steps))
+
+
 def sample_chains(task, model, tok, chains, max_new_tokens, temperature, room, generator):
     """RLVR's chain rollout: every step of every chain sampled at `temperature` in one batch per
     step; a step whose prompt exceeds `room` tokens ends its chain -> imagine_chains' steps, each

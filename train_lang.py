@@ -48,8 +48,8 @@ import mle
 from model import GPT, GPTConfig
 from runtime import (ComputeBudget, Run, WeightPath, add_flags, check_ranges, finite_weights,
                      fork_alongside, from_flags, lr_at)
-from tasks import (CHAINING, TASKS, chain_hooks, episode_chains, keep_tokenizer, load_lang_model,
-                   probe_chain_rewards, probe_rewards)
+from tasks import (CHAINING, TASKS, chain_hooks, episode_chains, imagined_pairs, keep_tokenizer,
+                   load_lang_model, probe_chain_rewards, probe_rewards)
 from tokenizer_text import Tokenizer
 
 ROOT = Path(__file__).resolve().parent
@@ -124,6 +124,11 @@ g.add_argument("--rl_pool", type=int, default=0,
 g.add_argument("--rl_unchanged_frac", type=float, default=0.3,
                help="share of unchanged prompts drawn for RL")
 add_flags(g, GRPOConfig, research=True)   # --placebo
+g.add_argument("--control_imagined", type=int, default=0,
+               help="--horizon K > 1: the control also learns the states the start imagines on "
+                    "this many train chains, each labelled with the answer the chain metric "
+                    "counts right (tasks.imagined_pairs; the imagination is charged to its "
+                    "compute); 0: teacher-forced only")
 g.add_argument("--control_compute", type=float, default=0,
                help="--stage=control: the control's compute in forward-token units (an RLVR "
                     "run's rl_compute, in its log.jsonl)")
@@ -164,7 +169,8 @@ check_ranges(p, args,
                          "threads", "ckpt_every", "probe_n", "probe_every", "eval_workers"),
              at_least_0=("mle_minutes", "mle_lr", "warmup", "weight_decay", "control_lr",
                          "control_compute", "rl_lr", "rl_warmup", "rl_weight_decay", "beta",
-                         "entropy_coef", "clip_eps", "test_limit", "val_limit", "rl_pool"))
+                         "entropy_coef", "clip_eps", "test_limit", "val_limit", "rl_pool",
+                         "control_imagined"))
 if not set(args.final_eval.split(",")) <= {"val", "test"}:
     p.error(f"--final_eval takes val, test or val,test, got {args.final_eval!r}")
 if not 0 <= args.rl_unchanged_frac <= 1 or not 0 < args.label_frac <= 1 or not args.temperature > 0:
@@ -188,6 +194,8 @@ if args.reward not in task.rewards:
 if args.horizon > 1 and args.task not in CHAINING:
     fail(f"--horizon {args.horizon}: the {args.task} task has no k-step imagination "
          f"(tasks.CHAINING)")
+if args.control_imagined and args.horizon == 1:
+    fail("--control_imagined: imagined states need chains (--horizon K > 1)")
 # --init=auto: RLVR post-trains the shipped MLE checkpoint; MLE alone starts from scratch
 if args.init == "auto":
     shipped = ROOT / "checkpoints" / args.task / "mle.safetensors"
@@ -504,8 +512,22 @@ def control(budget):
     final = mle.final_lr(start)
     lr = args.control_lr or (args.rl_lr if final is None else final)
     print0(f"control: MLE continued from the start at lr {lr:.3g} for RLVR's compute")
-    return run_mle(load_lang_model(start, args.device)[0], "mle_more", all_pairs, 10 ** 9, 0,
-                   mle.control_lr(lr), budget)   # 10 warm-up steps, then constant
+    model = load_lang_model(start, args.device)[0]
+    pairs = all_pairs
+    if args.control_imagined:   # the stronger control: the start's own imagined states as well
+        g = torch.Generator().manual_seed(args.seed)
+        chains = episode_chains(args.task, train_recs, args.horizon)
+        chains = [chains[i] for i in torch.randperm(len(chains), generator=g).tolist()]
+        with autocast:
+            more, cost, ended = imagined_pairs(args.task, model, tok,
+                                               chains[:args.control_imagined], args.max_new_tokens)
+        model.train()   # generation left it in eval mode
+        pairs = all_pairs + [(tok.encode(a), tok.encode(b) + [tok.eos_id]) for a, b in more]
+        budget = budget.less(cost)   # the imagination is part of the control's compute
+        print0(f"control: + {len(more)} imagined pairs from {args.control_imagined} train chains "
+               f"({ended} ended early, unreadable); the imagination cost {cost:.3g} of its compute")
+    return run_mle(model, "mle_more", pairs, 10 ** 9, 0, mle.control_lr(lr),
+                   budget)   # 10 warm-up steps, then constant
 
 
 if args.stage == "control":   # the control alone, for a given compute (the lr sweep)
@@ -519,7 +541,7 @@ if args.stage in ("all", "rlvr"):
     # *while* RLVR runs, waiting whenever it is ahead: the demo takes half as long. Otherwise (GPU,
     # torchrun, a resumed run) it runs after RLVR. Its steps are the same either way.
     alongside = (args.control and args.control_alongside and world == 1 and args.device == "cpu"
-                 and not rl_done)
+                 and not rl_done and not args.control_imagined)   # imagined: it needs the total
     budget = ComputeBudget()   # RLVR adds its compute step by step
     if alongside:
         # runtime.fork_alongside: the child shares the loaded data and tokenizer and prints to

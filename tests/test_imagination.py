@@ -276,3 +276,28 @@ def test_chain_hooks_lay_out_groups_and_rewards(per_step, monkeypatch):
                 assert answer[row] == (k + 10, j + 10)
                 want = rewards_to_go(step_r[j])[k] if per_step else step_r[j][-1]
                 assert rewards[row] == want
+
+
+def test_imagined_pairs_label_the_imagined_states_with_what_the_chain_metric_counts(monkeypatch):
+    """The stronger control's pairs: every step after the first, prompted with the imagined state;
+    text game: the answer leads the imagined state to the true next one; web: the recorded one."""
+    import tasks
+    T = TASKS["textgame"]
+    chain = next(c for c in episode_chains("textgame", text_split("val", 300), 2)
+                 if all(map(T.data.is_changed, c)))
+    model, tok = tiny_model(text_split("val", 60))
+    # step 1 answers "nothing changes" (wrong): step 2 reads the start state with action 2
+    monkeypatch.setattr(tasks, "text_predictor",
+                        lambda *a, **k: answers([T.no_change, T.no_change])[0])
+    pairs, cost, ended = tasks.imagined_pairs("textgame", model, tok, [chain], 8)
+    assert len(pairs) == 1 and ended == 0 and cost > 0
+    imagined = {**chain[1], "state": chain[0]["state"]}
+    assert pairs[0][0] == T.data.prompt_text(imagined)
+    assert apply_diff(imagined["state"], parse_diff(pairs[0][1])) == chain[1]["next_state"]
+    W = TASKS["webpage"]
+    web = episode_chains("webpage", web_split("val", 16), 2)[0]
+    monkeypatch.setattr(tasks, "text_predictor",
+                        lambda *a, **k: answers([W.no_change, W.no_change])[0])
+    pairs, _, _ = tasks.imagined_pairs("webpage", model, tok, [web], 8)
+    assert pairs == [(W.data.prompt_text({**web[1], "observation": web[0]["observation"]}),
+                      W.data.target_text(web[1]))]

@@ -89,9 +89,12 @@ def episodes(rows, subset="all"):
     """The episode of each record (video: a window's [episode, start]), resampled together by the
     bootstrap; None where the records carry no episode (the language tasks)."""
     pr = rows["mle"]["per_record"]
-    if "windows" not in pr:
+    if "windows" in pr:   # video: a window's episode
+        ep = np.asarray([w[0] for w in pr["windows"]])
+    elif "episode" in pr:   # k-step chains: a chain's episode
+        ep = np.asarray(pr["episode"])
+    else:
         return None
-    ep = np.asarray([w[0] for w in pr["windows"]])
     return ep[np.asarray(pr["changed"], dtype=bool)] if subset == "changed" else ep
 
 
@@ -298,6 +301,36 @@ def lang_seeds(seeds, metric):
                             for sub in ("all", "changed")) for ref in ("mle", "mle_more")]
         rows.append([f"{len(seeds)} seeds, seed-level CI ({split}; overall / changed)", "", "", "", *cells])
     return table(head, rows, right=(1, 2, 3))
+
+
+def k_step(runs):
+    """k-step imagination runs {label: (task, run)}: per split the chains' headline metric of the
+    MLE start, RLVR and MLE continued, RLVR minus each (the chains of one episode resampled
+    together where eval.json numbers them), and RLVR minus its start on the first step."""
+    head = ["run", "split (chains)", "MLE start", "RLVR", "MLE continued", "RLVR - MLE start",
+            "RLVR - MLE continued", "first step: RLVR - MLE start",
+            "MLE start: right chains after a wrong first step"]
+    rows = []
+    for label, (task, run) in runs.items():
+        h = "accuracy" if task == "textgame" else "f1"
+        for split in ("val", "test"):
+            r = load(run, split)
+            rows.append([label, f"{split} ({r['mle']['n']})", pct(r["mle"][h + "_k"]),
+                         pct(r["rlvr"][h + "_k"]),
+                         pct(r["mle_more"][h + "_k"] if "mle_more" in r else None),
+                         ci(diff([run], "rlvr", "mle", h + "_k", split=split)),
+                         ci(diff([run], "rlvr", "mle_more", h + "_k", split=split)),
+                         ci(diff([run], "rlvr", "mle", h, split=split)), recovered(task, r)])
+    return table(head, rows, right=(2, 3, 4))
+
+
+def recovered(task, rows):
+    """Text game: of the MLE start's chains with a wrong first step, how many end exact ("n of
+    m"); "-" for the web page, whose F1 is not all or nothing."""
+    if task != "textgame":
+        return "-"
+    first, last = (per_record(rows, "mle", m) for m in ("accuracy", "accuracy_k"))
+    return f"{int(((first == 0) & (last == 1)).sum())} of {int((first == 0).sum())}"
 
 
 def regimes():
