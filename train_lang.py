@@ -27,9 +27,11 @@ k-step imagination (--horizon=K > 1): the world model predicts K consecutive rec
 episode, each after the first prompted with the state its own previous answer leads to and the
 next recorded action (tasks.imagine_chains). RLVR samples G such chains per start state, every step
 at --temperature, and trains on every step's answer tokens with the chain's reward (the text game:
-the imagined final state is exact; the web page: the F1 of the K-th predicted changes); MLE and
-its control stay one step, teacher-forced. The evaluation scores chains (evaluate_chains): per
-chain start `<headline>_k` and the first step's metrics.
+the imagined final state is exact; the web page: the F1 of the K-th predicted changes), or with
+--chain_reward=to_go each step's answer with the chain's mean step reward from that step on,
+grouped by step. MLE and its control stay one step, teacher-forced; --control_imagined=N also
+gives the control the states the start imagines on N train chains. The evaluation scores chains
+(evaluate_chains): per chain start `<headline>_k` and the first step's metrics.
 """
 import argparse
 import copy
