@@ -288,40 +288,49 @@ def lang_seeds(seeds, metric):
     """Per seed: RLVR on val and test, MLE continued on test, RLVR minus both on test; then the
     seeds resampled with the records, on test and on val (overall / changed)."""
     head = ["seed", "val RLVR", "test RLVR", "test MLE continued", "test RLVR - MLE start",
-            "test RLVR - MLE continued"]
+            "test RLVR - MLE continued", "MLE continued - MLE start (test / val)"]
     rows = []
     for name, run in zip(SEED_NAMES, seeds):
         val, test = load(run, "val"), load(run)
         rows.append([name, pct(val["rlvr"][metric]), pct(test["rlvr"][metric]),
                      pct(test["mle_more"][metric] if "mle_more" in test else None),
                      ci(diff([run], "rlvr", "mle", metric)),
-                     ci(diff([run], "rlvr", "mle_more", metric))])
+                     ci(diff([run], "rlvr", "mle_more", metric)),
+                     " / ".join(ci(diff([run], "mle_more", "mle", metric, split=split))
+                                for split in ("test", "val"))])
     for split in ("test", "val"):
-        cells = [" / ".join(ci(diff(seeds, "rlvr", ref, metric, sub, split))
-                            for sub in ("all", "changed")) for ref in ("mle", "mle_more")]
-        rows.append([f"{len(seeds)} seeds, seed-level CI ({split}; overall / changed)", "", "", "", *cells])
+        cells = [" / ".join(ci(diff(seeds, a, b, metric, sub, split)) for sub in ("all", "changed"))
+                 for a, b in (("rlvr", "mle"), ("rlvr", "mle_more"), ("mle_more", "mle"))]
+        rows.append([f"{len(seeds)} seeds, seed-level CI ({split}; overall / changed)", "", "", "",
+                     *cells])
     return table(head, rows, right=(1, 2, 3))
 
 
 def k_step(runs):
-    """k-step imagination runs {label: (task, run)}: per split the chains' headline metric of the
-    MLE start, RLVR and MLE continued, RLVR minus each (the chains of one episode resampled
-    together where eval.json numbers them), and RLVR minus its start on the first step."""
-    head = ["run", "split (chains)", "MLE start", "RLVR", "MLE continued", "RLVR - MLE start",
-            "RLVR - MLE continued", "first step: RLVR - MLE start",
-            "MLE start: right chains after a wrong first step"]
+    """k-step imagination runs {label: (task, run, stronger)}: per split the chains' headline
+    metric of the MLE start, RLVR, MLE continued (teacher-forced) and the stronger control (run
+    `stronger`'s "mle_more": MLE also on imagined states; None: not run), RLVR minus each (the
+    chains of one episode resampled together where eval.json numbers them), and RLVR minus its
+    start on the first step."""
+    head = ["run", "split (chains)", "MLE start", "RLVR", "MLE continued", "stronger control",
+            "RLVR - MLE start", "RLVR - MLE continued", "RLVR - stronger control",
+            "first step: RLVR - MLE start", "MLE start: right chains after a wrong first step"]
     rows = []
-    for label, (task, run) in runs.items():
+    for label, (task, run, stronger) in runs.items():
         h = "accuracy" if task == "textgame" else "f1"
         for split in ("val", "test"):
             r = load(run, split)
+            s = load(stronger, split)["mle_more"] if stronger else None
             rows.append([label, f"{split} ({r['mle']['n']})", pct(r["mle"][h + "_k"]),
                          pct(r["rlvr"][h + "_k"]),
                          pct(r["mle_more"][h + "_k"] if "mle_more" in r else None),
+                         pct(s[h + "_k"] if s else None),
                          ci(diff([run], "rlvr", "mle", h + "_k", split=split)),
                          ci(diff([run], "rlvr", "mle_more", h + "_k", split=split)),
+                         ci(diff([run], "rlvr", (stronger, "mle_more"), h + "_k", split=split)
+                            if stronger else (None,)),
                          ci(diff([run], "rlvr", "mle", h, split=split)), recovered(task, r)])
-    return table(head, rows, right=(2, 3, 4))
+    return table(head, rows, right=(2, 3, 4, 5))
 
 
 def recovered(task, rows):
