@@ -24,7 +24,8 @@ video_cvq.safetensors (context-conditioned tokenizer, --tokenizer=cond), video_m
 video_rlvr.safetensors, video_mle_more.safetensors (the control; --control=0 skips it) (+ .json
 sidecars), tokens_<split>.safetensors (the clips' tokens, cached per tokenizer), config.json,
 log.jsonl and eval.json = {"mle": M, "rlvr": M, "mle_more": M}, each M the eval.py --task=video
-JSON of the test split: greedy summaries, copy-last-frame and the tokenizer ceiling,
+JSON of the test split (--final_eval=val: the validation split, to choose flags on): greedy
+summaries, copy-last-frame and the tokenizer ceiling,
 "per_record" (mae, ssim, repetition per test window, in a fixed order, for paired comparisons)
 and "sampled" (the paper's protocol: T=1, top-k 100). The run ends by printing RLVR - MLE,
 RLVR - mle_more, RLVR - copy and MLE - copy with paired bootstrap 95% intervals over the test
@@ -66,6 +67,7 @@ from tqdm import tqdm
 import mle
 import train_vq
 from checkpoint import atomic_write, atomic_write_text, read_checkpoint, read_meta, recorded_path
+from data.robot.detect import locate_gripper
 from data.robot.prepare import DATA_DIR
 from data.robot.task import (N_BINS, Layout, frame_codes, read_action_stats, rollout,
                              tokenize_split, windows)
@@ -169,6 +171,11 @@ p.add_argument("--object_weight", type=float, default=None,
                     "empty (rewards_video.object_miss; needs episodes with a background image): "
                     "erasing an object is not paid (default: 0 single-step, 0.5 multi-step; 0 on "
                     "data without backgrounds)")
+p.add_argument("--action_weight", type=float, default=0.0,
+               help="the reward also loses this x the distance between the gripper drawn and the "
+                    "true one, over 6 px, capped at 1; 1 where none is drawn "
+                    "(rewards_video.gripper_error with data/robot/detect.locate_gripper; the "
+                    "embedded robot data): a gripper that does not follow the action is not paid")
 p.add_argument("--moving_only", type=int, default=1,
                help="RL prompts only from windows where the scene moves")
 # evaluation
@@ -176,6 +183,9 @@ p.add_argument("--eval_every", type=int, default=500,
                help="MLE steps between validation losses (RLVR: every 20)")
 p.add_argument("--test_limit", type=int, default=0,
                help="test episodes in the final eval (0 = all)")
+p.add_argument("--final_eval", default="test", choices=["val", "test"],
+               help="the split of the final comparison (eval.json): val to choose flags on, test "
+                    "once for the result")
 p.add_argument("--eval_workers", type=int, default=2,
                help="CPU: forked processes sharing the final evaluations (model x greedy/sampled)")
 # train_limit and the system flags: one home, train_vq.add_run_flags
@@ -198,8 +208,8 @@ check_ranges(p, args, at_least_1=("context", "horizon", "n_layer", "n_head", "n_
                                   "minibatches", "micro_batch", "eval_every", "eval_workers",
                                   "threads", "ckpt_every"),
              at_least_0=("mle_minutes", "mle_lr", "warmup", "weight_decay", "control_lr", "rl_lr",
-                         "moving_weight", "object_weight", "beta", "clip_eps", "test_limit",
-                         "train_limit"))
+                         "moving_weight", "object_weight", "action_weight", "beta", "clip_eps",
+                         "test_limit", "train_limit"))
 if not args.temperature > 0:
     p.error(f"--temperature must be > 0, got {args.temperature}")
 
@@ -422,7 +432,7 @@ def run_rlvr(run, model, ckpt, vq, layout, tokens, splits, lo, hi, horizon, lpip
         # MAE on moving pixels; a completion gets its frames' mean
         bg = per_frame("background") if args.object_weight else None       # the bare scenes
         r = video_reward(reward_name, pred, truth, lpips_net, ctx, args.moving_weight, bg,
-                         args.object_weight)
+                         args.object_weight, args.action_weight, locate_gripper)
         return r.view(-1, horizon).mean(1).tolist()
 
     def sampler(m, prompts, items, cfg, gen):
@@ -489,10 +499,11 @@ def run_rlvr(run, model, ckpt, vq, layout, tokens, splits, lo, hi, horizon, lpip
 # stage 4: the held-out comparison, greedy and with the paper's sampling protocol, paired over the
 # same test windows
 
-def evaluate_models(run, models, vq, test_eps, test_tokens, lo, hi, horizon, lpips_net):
-    """Evaluate every model of `models` (name -> (GPT, checkpoint path)) on the test windows,
-    greedy (the table) and sampled at T=1 with top-k 100 (OFFICIAL, the paper's protocol; one
-    seed for all models, so their samples pair up), write eval.json = {name: eval_video result +
+def evaluate_models(run, models, vq, episodes, ep_tokens, lo, hi, horizon, lpips_net):
+    """Evaluate every model of `models` (name -> (GPT, checkpoint path)) on the windows of
+    `episodes` (the --final_eval split's clips; ep_tokens: their tokens), greedy (the table) and
+    sampled at T=1 with top-k 100 (OFFICIAL, the paper's protocol; one seed for all models, so
+    their samples pair up), write eval.json = {name: eval_video result +
     "sampled" + "checkpoint"} and print the paired differences."""
     args, print0 = run.args, run.print0
 
@@ -503,18 +514,18 @@ def evaluate_models(run, models, vq, test_eps, test_tokens, lo, hi, horizon, lpi
         m = models[name][0]
         with run.autocast:
             if official:
-                return eval_video(m, vq, test_eps, test_tokens, lo, hi, args.context, horizon,
+                return eval_video(m, vq, episodes, ep_tokens, lo, hi, args.context, horizon,
                                   lpips_net, **OFFICIAL, seed=args.seed,
                                   desc=None if workers > 1 else f"test {name} T=1 top-k")
             grid = run.out_dir / f"grid_{name}.{'gif' if horizon > 1 else 'png'}"
-            return eval_video(m, vq, test_eps, test_tokens, lo, hi, args.context, horizon,
+            return eval_video(m, vq, episodes, ep_tokens, lo, hi, args.context, horizon,
                               lpips_net, grid_path=grid,
                               desc=None if workers > 1 else f"test {name}")
 
     # CPU: the jobs shared by forked processes
     workers = args.eval_workers if args.device == "cpu" else 1
     jobs = [(name, official) for name in models for official in (False, True)]
-    print0(f"evaluating {len(models)} models greedy and sampled on the test windows "
+    print0(f"evaluating {len(models)} models greedy and sampled on the {args.final_eval} windows "
            f"({workers} processes)")
     outs = dict(zip(jobs, fork_map(evaluate, jobs, workers)))
     rows = {}                                     # name -> eval_video dict, written as eval.json
@@ -528,8 +539,8 @@ def evaluate_models(run, models, vq, test_eps, test_tokens, lo, hi, horizon, lpi
             rows[name]["sampled"]["action_effect"] = sampled["action_effect"]
         rows[name]["checkpoint"] = str(path)
     atomic_write_text(run.out_dir / "eval.json", json.dumps(rows, indent=2) + "\n")
-    print0(f"\nheld-out test episodes ({rows['mle']['n']} predicted frames, {args.mode}-step), "
-           f"greedy:")
+    print0(f"\nheld-out {args.final_eval} episodes ({rows['mle']['n']} predicted frames, "
+           f"{args.mode}-step), greedy:")
     print_video_table(rows)
     # RLVR against its start, the equal-compute control and copying; the MLE start against copying
     pairs = [(a, b) for a, b in (("rlvr", "mle"), ("rlvr", "mle_more"), ("rlvr", "copy"),
@@ -640,9 +651,14 @@ if args.stage in ("all", "rlvr"):
         print0(f"reward: {args.data} has no background images, so no object term "
                f"(the default --object_weight)")
         args.object_weight = 0.0
+    # the gripper detector knows the embedded robot's gripper only (its data has backgrounds)
+    if args.action_weight and train_eps[0]["background"] is None:
+        fail(f"--action_weight needs the embedded robot's episodes (its gripper detector); "
+             f"{args.data} has other ones")
     print0(f"reward: {reward_name}"
            + (f" - {args.moving_weight:g} x moving MAE" if args.moving_weight else "")
            + (f" - {args.object_weight:g} x object miss" if args.object_weight else "")
+           + (f" - {args.action_weight:g} x gripper error" if args.action_weight else "")
            + ("" if lpips_net else " (no LPIPS weights: --lpips=FILE enables mae+lpips)"))
     mle_model = copy.deepcopy(start_model)   # kept for the comparison; RLVR updates start_model
     models = {"mle": (mle_model, mle_path)}  # name -> (model, its checkpoint file), evaluated below
@@ -684,6 +700,8 @@ if args.stage in ("all", "rlvr"):
         rl_compute = read_checkpoint(FILES["rlvr"])[1]["metrics"].get("rl_compute", 0)
         models["mle_more"] = (control(ComputeBudget(rl_compute)), FILES["mle_more"])
     if master:                                   # rank 0 evaluates; the other ranks are done
-        evaluate_models(run, models, vq, test_eps, tokens["test"], lo, hi, horizon, lpips_net)
+        # the final comparison: on the test split, or (--final_eval=val) the validation split
+        evaluate_models(run, models, vq, splits[args.final_eval], tokens[args.final_eval], lo, hi,
+                        horizon, lpips_net)
         print0(f"total {(time.time() - t_start) / 60:.1f} min")
 run.finish()
