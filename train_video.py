@@ -67,9 +67,10 @@ from tqdm import tqdm
 import mle
 import train_vq
 from checkpoint import atomic_write, atomic_write_text, read_checkpoint, read_meta, recorded_path
+from data.robot import sim
 from data.robot.detect import locate_gripper
-from data.robot.prepare import DATA_DIR
-from data.robot.task import (N_BINS, Layout, frame_codes, read_action_stats, rollout,
+from data.robot.prepare import DATA_DIR, SPLIT_IDS
+from data.robot.task import (N_BINS, Layout, action_bins, frame_codes, read_action_stats, rollout,
                              tokenize_split, windows)
 from evaluate_video import (OFFICIAL, eval_video, load_video_model, paired_effects, paired_video,
                             print_video_paired, print_video_table, to_float)
@@ -176,6 +177,11 @@ p.add_argument("--action_weight", type=float, default=0.0,
                     "true one, over 6 px, capped at 1; 1 where none is drawn "
                     "(rewards_video.gripper_error with data/robot/detect.locate_gripper; the "
                     "embedded robot data): a gripper that does not follow the action is not paid")
+p.add_argument("--counterfactual_frac", type=float, default=0.0,
+               help="share (rounded down, at most 0.5) of each GRPO step's prompts that repeat "
+                    "another prompt's context with a random action in place of the true one, their "
+                    "truth rendered by the simulator (data/robot/sim.py; the embedded robot data): "
+                    "one scene under two actions, paid only where the prediction follows each")
 p.add_argument("--moving_only", type=int, default=1,
                help="RL prompts only from windows where the scene moves")
 # evaluation
@@ -212,6 +218,8 @@ check_ranges(p, args, at_least_1=("context", "horizon", "n_layer", "n_head", "n_
                          "test_limit", "train_limit"))
 if not args.temperature > 0:
     p.error(f"--temperature must be > 0, got {args.temperature}")
+if not 0 <= args.counterfactual_frac <= 0.5:
+    p.error(f"--counterfactual_frac must be in [0, 0.5], got {args.counterfactual_frac}")
 
 # -----------------------------------------------------------------------------
 # setup: distributed, devices, precision (runtime.py), then the data; every input is checked before
@@ -364,10 +372,11 @@ def run_mle(run, model, name, ckpt, layout, tokens, horizon, steps, minutes, lr_
 # stage 3: RLVR with GRPO; the reward is a metric of the decoded frames against the true frames
 
 def run_rlvr(run, model, ckpt, vq, layout, tokens, splits, lo, hi, horizon, lpips_net,
-             reward_name, budget):
+             reward_name, budget, scenes):
     """GRPO from `model` on train windows where the scene moves, watched on the val split,
     checkpointing to `ckpt` -> the post-trained model. splits: name -> clips. Each step's compute
-    is added to `budget` (the control's, runtime.ComputeBudget), closed at the end."""
+    is added to `budget` (the control's, runtime.ComputeBudget), closed at the end. scenes:
+    replay_scenes' simulator states of the train clips for --counterfactual_frac, else None."""
     args, autocast = run.args, run.autocast
     train_eps, val_eps = splits["train"], splits["val"]
     n = args.context + horizon          # frames per window
@@ -400,6 +409,9 @@ def run_rlvr(run, model, ckpt, vq, layout, tokens, splits, lo, hi, horizon, lpip
     run.print0(f"rlvr: {len(pool)} train windows; per step {args.prompts_per_step} prompts x "
                f"{args.group_size} samples x {run.world} ranks, {horizon} predicted frame(s) each")
     g = torch.Generator().manual_seed(args.seed + 1000 + run.rank)   # prompts and samples
+    # --counterfactual_frac: the count of the step's prompts that repeat another's context with
+    # another action
+    n_cf = int(args.counterfactual_frac * args.prompts_per_step)
     step, done = run.resume_stage(ckpt, model, opt, g, "rlvr")
     if done:
         return model
@@ -445,13 +457,19 @@ def run_rlvr(run, model, ckpt, vq, layout, tokens, splits, lo, hi, horizon, lpip
     while step < args.rl_steps:
         # this step's prompts: random windows of the pool, as token sequences (B, n_tokens) cut
         # from the cache
-        picks = [pool[i] for i in torch.randint(len(pool), (args.prompts_per_step,), generator=g)]
+        picks = [pool[i] for i in torch.randint(len(pool), (args.prompts_per_step - n_cf,),
+                                                generator=g)]
+        picks += picks[:n_cf]                     # the windows whose action is changed below
         seq = windows(tok, layout, [e for e, _ in picks], [t for _, t in picks], args.context,
                       horizon)
+        # the true frames of each window, (K, H, W, 3) uint8
+        truths = [train_eps[e]["image"][t + args.context:t + n] for e, t in picks]
+        if n_cf:                                  # the last n_cf: a random action, its outcome
+            counterfactual(seq, truths, picks, n_cf, scenes, layout, lo, hi, args.context, g)
         prompts = seq[:, :P].tolist()             # the context frames and their actions
         # the true later actions
         acts = seq[:, P:P + (horizon - 1) * FL].view(len(picks), horizon - 1, FL)[:, :, L:]
-        items = [dict(truth=to_float(train_eps[e]["image"][t + args.context:t + n]),  # (K, 3, H, W)
+        items = [dict(truth=to_float(truths[i]),  # (K, 3, H, W)
                       context=to_float(train_eps[e]["image"][t + args.context - 1]),  # (3, H, W)
                       actions=acts[i],
                       background=to_float(train_eps[e]["background"]) if args.object_weight
@@ -493,6 +511,45 @@ def run_rlvr(run, model, ckpt, vq, layout, tokens, splits, lo, hi, horizon, lpip
     run.check_ranks_in_sync(model, "rlvr")   # under torchrun every rank ends with equal weights
     run.barrier()
     return model
+
+
+def replay_scenes(run, episodes):
+    """--counterfactual_frac: the simulator's scene behind each train clip, replaying the random
+    stream data/robot/prepare.py drew the train split from (seed 0; a clip is a whole episode)
+    -> [(background float (H, W, 3), the state of each frame, the actions)]. A replayed frame
+    that differs from the stored one stops the run (other data, --size or --clip_len)."""
+    rng = np.random.default_rng([0, SPLIT_IDS["train"]])
+    scenes = []
+    for i, ep in enumerate(episodes):
+        start = copy.deepcopy(rng)                # the episode's first draws: its scene
+        # the episode again, drawing what prepare.generate_split drew for it
+        again = sim.episode(rng, len(ep["image"]), sim.NOISE_LEVELS[i % len(sim.NOISE_LEVELS)])
+        if again["image"].shape != ep["image"].shape or (again["image"] != ep["image"]).any():
+            run.fail(f"--counterfactual_frac needs the embedded robot data as "
+                     f"data/robot/prepare.py writes it (--size={sim.W}, --clip_len: its episodes' "
+                     f"length); train clip {i} of {run.args.data} is not the simulator's")
+        scenes.append((*sim.replay(start, again["action"]), again["action"]))
+    return scenes
+
+
+def counterfactual(seq, truths, picks, n_cf, scenes, layout, lo, hi, context, g):
+    """The last n_cf windows of a step get a random action, uniform in [lo, hi] per dimension, in
+    place of the true one after their last context frame, and the frames it truly leads to: the
+    simulator steps that frame's state by it (then by the window's later true actions) and renders
+    each predicted frame. seq (B, n_tokens) token windows and truths (per window (K, H, W, 3)
+    uint8) are changed in place; picks: (clip, first frame) per window; scenes: replay_scenes'."""
+    P, D = layout.prompt_len(context), layout.D
+    actions = lo + (hi - lo) * torch.rand(n_cf, D, generator=g).numpy()
+    for i, a in zip(range(len(picks) - n_cf, len(picks)), actions):
+        e, t = picks[i]
+        background, states, true_actions = scenes[e]
+        # the prompt's last D tokens: the action after the last context frame
+        seq[i, P - D:P] = torch.as_tensor(layout.action_tokens(action_bins(a, lo, hi)))
+        state, frames = states[t + context - 1], []
+        for k in range(len(truths[i])):           # frame k follows a, then k true actions
+            state = sim.step(state, a if k == 0 else true_actions[t + context - 1 + k])
+            frames.append(sim.render(background, state))
+        truths[i] = np.stack(frames)
 
 
 # -----------------------------------------------------------------------------
@@ -574,6 +631,9 @@ if args.init != "scratch":      # a trained world model, loaded before anything 
         start_model, _, init_meta = load_video_model(args.init, args.device)
     except ValueError as e:
         fail(str(e))
+scenes = None                   # --counterfactual_frac: the simulator's scene of each train clip
+if args.counterfactual_frac and args.stage in ("all", "rlvr"):
+    scenes = replay_scenes(run, train_eps)   # stops on data the simulator did not draw
 run.save_config(record)         # out_dir/config.json: the inputs are good; from here on it writes
 if args.init != "scratch":      # the world model's own tokenizer, named in its metadata
     # relative to the checkpoint's folder, e.g. checkpoints/video_cvq.safetensors
@@ -687,7 +747,7 @@ if args.stage in ("all", "rlvr"):
         print0(f"control: MLE continues from the start in process {child.pid} while RLVR runs "
                f"(progress: {out_dir / 'control.log'})")
     rlvr_model = run_rlvr(run, start_model, FILES["rlvr"], vq, layout, tokens, splits, lo, hi,
-                          horizon, lpips_net, reward_name, budget)
+                          horizon, lpips_net, reward_name, budget, scenes)
     models["rlvr"] = (rlvr_model, FILES["rlvr"])
     if alongside:
         child.join()   # it stops at RLVR's compute, saves video_mle_more.safetensors and exits
