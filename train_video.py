@@ -46,8 +46,12 @@ a static pixel is copied, not re-drawn. MLE trains on windows of context + horiz
 context + 1 (single), loss on the predicted frames' codes only; a model trained in multi mode also
 serves single-step prediction. RLVR samples G predictions per prompt, decodes them (with the true
 context frame) and scores them against the true frames (`--reward`, default mae+ssim, or mae+lpips
-with --lpips weights); `grpo.grpo_step` does the rest, with the multi-step sampler of
-data/robot/task.py that injects the true actions between frames.
+with --lpips weights, minus the optional terms of rewards_video.video_reward: moving pixels,
+erased objects, and --action_weight's gripper drawn away from the true one); `grpo.grpo_step` does
+the rest, with the multi-step sampler of data/robot/task.py that injects the true actions between
+frames.
+--counterfactual_frac adds prompts at visited train states with a random action, whose true outcome
+the simulator renders (docs/video.md, "Paying RLVR for the action's effect").
 """
 import argparse
 import copy
