@@ -126,6 +126,12 @@ def test_rt1_format_episodes_train(tmp_path):
                        capture_output=True, text=True, timeout=120, env=ENV)
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
         f"error: --object_weight needs episodes with a background image; {tmp_path} has none")
+    # so does the gripper term (its detector knows the embedded robot's gripper only)
+    r = subprocess.run([sys.executable, "train_video.py", *map(str, args), "--action_weight=0.5", *TINY,
+                        "--out_dir", tmp_path / "a"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120, env=ENV)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
+        f"error: --action_weight needs the embedded robot's episodes (its gripper detector); {tmp_path} has other ones")
 
 
 @pytest.mark.slow
