@@ -6,13 +6,17 @@ drew, and never raises on model output: an unscorable frame gets the worst rewar
 The file, in reading order:
 - `video_reward(name, pred, true, ...)`, name "mae+ssim" = -(MAE + 1 - SSIM) (the default without
   LPIPS weights) or "mae+lpips" = -(MAE + LPIPS), minus optional terms for the error on the pixels
-  that move and for erased objects; `pick_reward` resolves "auto".
-- the metrics: mae, mse, psnr, ssim, moving_mae, object_miss; then LPIPS (VGG16) and load_lpips.
+  that move, for erased objects and for a gripper drawn where the action did not take it;
+  `pick_reward` resolves "auto".
+- the metrics: mae, mse, psnr, ssim, moving_mae, object_miss, gripper_error; then LPIPS (VGG16)
+  and load_lpips.
 - multi-step video: `repetition_rate`, an evaluation metric (evaluate_video.py), not a reward.
 - the named rewards, REWARDS.
 
 docs/rewards.md holds where each formula comes from and the ranges.
 """
+import math
+
 import torch
 import torch.nn as nn
 
@@ -24,10 +28,14 @@ WORST_VIDEO_REWARD = -3.0   # the floor of -(MAE + (1 - SSIM)): MAE <= 1, SSIM >
 # a pixel moved: it differs from the context frame by more than MOVE_TOL; an object pixel differs
 # from the background by more than OBJECT_TOL
 MOVE_TOL, OBJECT_TOL = 0.1, 0.15
+# gripper_error's scale in pixels: twice the embedded robot's step (data/robot/sim.SPEED, 3 px per
+# unit action), so a gripper left where it was scores about 0.5, one moved a whole step the wrong
+# way about 1, as bad as none at all
+GRIPPER_SCALE = 6.0
 
 
 def video_reward(name, pred, true, lpips_net=None, context=None, moving_weight=0.0, background=None,
-                 object_weight=0.0):
+                 object_weight=0.0, action_weight=0.0, locate=None):
     """Per-sample reward (N,) of decoded predictions against the true frames. Never raises on
     model output.
 
@@ -39,6 +47,10 @@ def video_reward(name, pred, true, lpips_net=None, context=None, moving_weight=0
     - object_weight x `object_miss` (background: the bare scene without objects): the share of the
       truth's object pixels that the prediction leaves empty. Pixel errors pay for erasing an object
       whose position is uncertain (the median pixel is the table); this term does not.
+    - action_weight x `gripper_error` (locate: a gripper detector, e.g. data/robot/detect.py's
+      locate_gripper): how far from the true gripper the prediction draws it. Pixel errors barely
+      tell a gripper that followed the commanded action from one that did not, or from a faded one;
+      this term, checked against the true frame, does.
 
     The prediction is clamped to [0, 1] (+-inf pixels read as 1 and 0); a sample holding a NaN or
     infinite pixel, or whose reward is still non-finite, gets the floor, WORST_VIDEO_REWARD (-3)
@@ -48,9 +60,10 @@ def video_reward(name, pred, true, lpips_net=None, context=None, moving_weight=0
     _check_frames(pred, true, min_side=11)
     if not torch.isfinite(true).all():
         raise ValueError("video reward: the true frames hold non-finite values")
-    if (moving_weight and context is None) or (object_weight and background is None):
+    if ((moving_weight and context is None) or (object_weight and background is None)
+            or (action_weight and locate is None)):
         raise ValueError("video reward: moving_weight needs the context frames, "
-                         "object_weight the backgrounds")
+                         "object_weight the backgrounds, action_weight a gripper locator")
     with torch.no_grad():
         clamped, true = pred.float().clamp(0, 1), true.float()
         r = REWARDS[name](clamped, true, lpips_net)
@@ -58,9 +71,11 @@ def video_reward(name, pred, true, lpips_net=None, context=None, moving_weight=0
             r = r - moving_weight * moving_mae(clamped, true, context.float())
         if object_weight:
             r = r - object_weight * object_miss(clamped, true, background.float())
+        if action_weight:
+            r = r - action_weight * gripper_error(clamped, true, locate)
     # the floor for a non-finite prediction or reward: each term is at most 1, so it lies below all
     bad = ~torch.isfinite(pred.reshape(len(pred), -1)).all(1) | ~torch.isfinite(r)
-    return r.masked_fill(bad, WORST_VIDEO_REWARD - moving_weight - object_weight)
+    return r.masked_fill(bad, WORST_VIDEO_REWARD - moving_weight - object_weight - action_weight)
 
 
 def pick_reward(name, lpips_net):
@@ -165,6 +180,30 @@ def object_miss(pred, true, background, tol=OBJECT_TOL):
     shown = (true - background).abs().amax(1) > tol   # (N, H, W) objects in the truth
     drawn = (pred - background).abs().amax(1) > tol   # ... and in the prediction
     return (shown & ~drawn).flatten(1).sum(1) / shown.flatten(1).sum(1).clamp(min=1)
+
+
+def gripper_error(pred, true, locate, scale=GRIPPER_SCALE):
+    """How far from the true gripper the prediction draws it, per frame, in [0, 1]: the distance
+    between the centres `locate` finds in the predicted and the true frame, over `scale` pixels,
+    capped at 1. Both frames follow the same context frame, so this is also the distance between
+    the predicted and the true displacement from it: the error in the commanded action's effect.
+    A prediction where `locate` finds no gripper scores 1 (fading the gripper is not paid); a
+    true frame without one scores 0 (nothing to check). locate: (H, W, 3) uint8 frame -> (x, y)
+    or None (data/robot/detect.locate_gripper). -> (N,)"""
+    _check_frames(pred, true)
+    # frames as stored: (N, H, W, 3) uint8, rounded; NaN pixels read as 0
+    p, t = ((x.nan_to_num(0.0).clamp(0, 1).movedim(1, -1) * 255 + 0.5).byte().numpy()
+            for x in (pred, true))
+    err = []
+    for pf, tf in zip(p, t):
+        at, ap = locate(tf), locate(pf)
+        if at is None:
+            err.append(0.0)
+        elif ap is None:
+            err.append(1.0)
+        else:
+            err.append(min(math.dist(ap, at) / scale, 1.0))
+    return torch.tensor(err)
 
 
 # ---------------------------------------------------------------------------------- LPIPS (VGG16)

@@ -24,7 +24,8 @@ video_cvq.safetensors (context-conditioned tokenizer, --tokenizer=cond), video_m
 video_rlvr.safetensors, video_mle_more.safetensors (the control; --control=0 skips it) (+ .json
 sidecars), tokens_<split>.safetensors (the clips' tokens, cached per tokenizer), config.json,
 log.jsonl and eval.json = {"mle": M, "rlvr": M, "mle_more": M}, each M the eval.py --task=video
-JSON of the test split: greedy summaries, copy-last-frame and the tokenizer ceiling,
+JSON of the test split (--final_eval=val: the validation split, to choose flags on): greedy
+summaries, copy-last-frame and the tokenizer ceiling,
 "per_record" (mae, ssim, repetition per test window, in a fixed order, for paired comparisons)
 and "sampled" (the paper's protocol: T=1, top-k 100). The run ends by printing RLVR - MLE,
 RLVR - mle_more, RLVR - copy and MLE - copy with paired bootstrap 95% intervals over the test
@@ -45,8 +46,12 @@ a static pixel is copied, not re-drawn. MLE trains on windows of context + horiz
 context + 1 (single), loss on the predicted frames' codes only; a model trained in multi mode also
 serves single-step prediction. RLVR samples G predictions per prompt, decodes them (with the true
 context frame) and scores them against the true frames (`--reward`, default mae+ssim, or mae+lpips
-with --lpips weights); `grpo.grpo_step` does the rest, with the multi-step sampler of
-data/robot/task.py that injects the true actions between frames.
+with --lpips weights, minus the optional terms of rewards_video.video_reward: moving pixels,
+erased objects, and --action_weight's gripper drawn away from the true one); `grpo.grpo_step` does
+the rest, with the multi-step sampler of data/robot/task.py that injects the true actions between
+frames.
+--counterfactual_frac adds prompts at visited train states with a random action, whose true outcome
+the simulator renders (docs/video.md, "Paying RLVR for the action's effect").
 """
 import argparse
 import copy
@@ -66,8 +71,10 @@ from tqdm import tqdm
 import mle
 import train_vq
 from checkpoint import atomic_write, atomic_write_text, read_checkpoint, read_meta, recorded_path
-from data.robot.prepare import DATA_DIR
-from data.robot.task import (N_BINS, Layout, frame_codes, read_action_stats, rollout,
+from data.robot import sim
+from data.robot.detect import locate_gripper
+from data.robot.prepare import DATA_DIR, SPLIT_IDS
+from data.robot.task import (N_BINS, Layout, action_bins, frame_codes, read_action_stats, rollout,
                              tokenize_split, windows)
 from evaluate_video import (OFFICIAL, eval_video, load_video_model, paired_effects, paired_video,
                             print_video_paired, print_video_table, to_float)
@@ -169,6 +176,16 @@ p.add_argument("--object_weight", type=float, default=None,
                     "empty (rewards_video.object_miss; needs episodes with a background image): "
                     "erasing an object is not paid (default: 0 single-step, 0.5 multi-step; 0 on "
                     "data without backgrounds)")
+p.add_argument("--action_weight", type=float, default=0.0,
+               help="the reward also loses this x the distance between the gripper drawn and the "
+                    "true one, over 6 px, capped at 1; 1 where none is drawn "
+                    "(rewards_video.gripper_error with data/robot/detect.locate_gripper; the "
+                    "embedded robot data): a gripper that does not follow the action is not paid")
+p.add_argument("--counterfactual_frac", type=float, default=0.0,
+               help="share (rounded down, at most 0.5) of each GRPO step's prompts that repeat "
+                    "another prompt's context with a random action in place of the true one, their "
+                    "truth rendered by the simulator (data/robot/sim.py; the embedded robot data): "
+                    "one scene under two actions, paid only where the prediction follows each")
 p.add_argument("--moving_only", type=int, default=1,
                help="RL prompts only from windows where the scene moves")
 # evaluation
@@ -176,6 +193,9 @@ p.add_argument("--eval_every", type=int, default=500,
                help="MLE steps between validation losses (RLVR: every 20)")
 p.add_argument("--test_limit", type=int, default=0,
                help="test episodes in the final eval (0 = all)")
+p.add_argument("--final_eval", default="test", choices=["val", "test"],
+               help="the split of the final comparison (eval.json): val to choose flags on, test "
+                    "once for the result")
 p.add_argument("--eval_workers", type=int, default=2,
                help="CPU: forked processes sharing the final evaluations (model x greedy/sampled)")
 # train_limit and the system flags: one home, train_vq.add_run_flags
@@ -198,10 +218,12 @@ check_ranges(p, args, at_least_1=("context", "horizon", "n_layer", "n_head", "n_
                                   "minibatches", "micro_batch", "eval_every", "eval_workers",
                                   "threads", "ckpt_every"),
              at_least_0=("mle_minutes", "mle_lr", "warmup", "weight_decay", "control_lr", "rl_lr",
-                         "moving_weight", "object_weight", "beta", "clip_eps", "test_limit",
-                         "train_limit"))
+                         "moving_weight", "object_weight", "action_weight", "beta", "clip_eps",
+                         "test_limit", "train_limit"))
 if not args.temperature > 0:
     p.error(f"--temperature must be > 0, got {args.temperature}")
+if not 0 <= args.counterfactual_frac <= 0.5:
+    p.error(f"--counterfactual_frac must be in [0, 0.5], got {args.counterfactual_frac}")
 
 # -----------------------------------------------------------------------------
 # setup: distributed, devices, precision (runtime.py), then the data; every input is checked before
@@ -354,10 +376,11 @@ def run_mle(run, model, name, ckpt, layout, tokens, horizon, steps, minutes, lr_
 # stage 3: RLVR with GRPO; the reward is a metric of the decoded frames against the true frames
 
 def run_rlvr(run, model, ckpt, vq, layout, tokens, splits, lo, hi, horizon, lpips_net,
-             reward_name, budget):
+             reward_name, budget, scenes):
     """GRPO from `model` on train windows where the scene moves, watched on the val split,
     checkpointing to `ckpt` -> the post-trained model. splits: name -> clips. Each step's compute
-    is added to `budget` (the control's, runtime.ComputeBudget), closed at the end."""
+    is added to `budget` (the control's, runtime.ComputeBudget), closed at the end. scenes:
+    replay_scenes' simulator states of the train clips for --counterfactual_frac, else None."""
     args, autocast = run.args, run.autocast
     train_eps, val_eps = splits["train"], splits["val"]
     n = args.context + horizon          # frames per window
@@ -390,6 +413,9 @@ def run_rlvr(run, model, ckpt, vq, layout, tokens, splits, lo, hi, horizon, lpip
     run.print0(f"rlvr: {len(pool)} train windows; per step {args.prompts_per_step} prompts x "
                f"{args.group_size} samples x {run.world} ranks, {horizon} predicted frame(s) each")
     g = torch.Generator().manual_seed(args.seed + 1000 + run.rank)   # prompts and samples
+    # --counterfactual_frac: the count of the step's prompts that repeat another's context with
+    # another action
+    n_cf = int(args.counterfactual_frac * args.prompts_per_step)
     step, done = run.resume_stage(ckpt, model, opt, g, "rlvr")
     if done:
         return model
@@ -422,7 +448,7 @@ def run_rlvr(run, model, ckpt, vq, layout, tokens, splits, lo, hi, horizon, lpip
         # MAE on moving pixels; a completion gets its frames' mean
         bg = per_frame("background") if args.object_weight else None       # the bare scenes
         r = video_reward(reward_name, pred, truth, lpips_net, ctx, args.moving_weight, bg,
-                         args.object_weight)
+                         args.object_weight, args.action_weight, locate_gripper)
         return r.view(-1, horizon).mean(1).tolist()
 
     def sampler(m, prompts, items, cfg, gen):
@@ -435,13 +461,19 @@ def run_rlvr(run, model, ckpt, vq, layout, tokens, splits, lo, hi, horizon, lpip
     while step < args.rl_steps:
         # this step's prompts: random windows of the pool, as token sequences (B, n_tokens) cut
         # from the cache
-        picks = [pool[i] for i in torch.randint(len(pool), (args.prompts_per_step,), generator=g)]
+        picks = [pool[i] for i in torch.randint(len(pool), (args.prompts_per_step - n_cf,),
+                                                generator=g)]
+        picks += picks[:n_cf]                     # the windows whose action is changed below
         seq = windows(tok, layout, [e for e, _ in picks], [t for _, t in picks], args.context,
                       horizon)
+        # the true frames of each window, (K, H, W, 3) uint8
+        truths = [train_eps[e]["image"][t + args.context:t + n] for e, t in picks]
+        if n_cf:                                  # the last n_cf: a random action, its outcome
+            counterfactual(seq, truths, picks, n_cf, scenes, layout, lo, hi, args.context, g)
         prompts = seq[:, :P].tolist()             # the context frames and their actions
         # the true later actions
         acts = seq[:, P:P + (horizon - 1) * FL].view(len(picks), horizon - 1, FL)[:, :, L:]
-        items = [dict(truth=to_float(train_eps[e]["image"][t + args.context:t + n]),  # (K, 3, H, W)
+        items = [dict(truth=to_float(truths[i]),  # (K, 3, H, W)
                       context=to_float(train_eps[e]["image"][t + args.context - 1]),  # (3, H, W)
                       actions=acts[i],
                       background=to_float(train_eps[e]["background"]) if args.object_weight
@@ -485,14 +517,54 @@ def run_rlvr(run, model, ckpt, vq, layout, tokens, splits, lo, hi, horizon, lpip
     return model
 
 
+def replay_scenes(run, episodes):
+    """--counterfactual_frac: the simulator's scene behind each train clip, replaying the random
+    stream data/robot/prepare.py drew the train split from (seed 0; a clip is a whole episode)
+    -> [(background float (H, W, 3), the state of each frame, the actions)]. A replayed frame
+    that differs from the stored one stops the run (other data, --size or --clip_len)."""
+    rng = np.random.default_rng([0, SPLIT_IDS["train"]])
+    scenes = []
+    for i, ep in enumerate(episodes):
+        start = copy.deepcopy(rng)                # the episode's first draws: its scene
+        # the episode again, drawing what prepare.generate_split drew for it
+        again = sim.episode(rng, len(ep["image"]), sim.NOISE_LEVELS[i % len(sim.NOISE_LEVELS)])
+        if again["image"].shape != ep["image"].shape or (again["image"] != ep["image"]).any():
+            run.fail(f"--counterfactual_frac needs the embedded robot data as "
+                     f"data/robot/prepare.py writes it (--size={sim.W}, --clip_len: its episodes' "
+                     f"length); train clip {i} of {run.args.data} is not the simulator's")
+        scenes.append((*sim.replay(start, again["action"]), again["action"]))
+    return scenes
+
+
+def counterfactual(seq, truths, picks, n_cf, scenes, layout, lo, hi, context, g):
+    """The last n_cf windows of a step get a random action, uniform in [lo, hi] per dimension, in
+    place of the true one after their last context frame, and the frames it truly leads to: the
+    simulator steps that frame's state by it (then by the window's later true actions) and renders
+    each predicted frame. seq (B, n_tokens) token windows and truths (per window (K, H, W, 3)
+    uint8) are changed in place; picks: (clip, first frame) per window; scenes: replay_scenes'."""
+    P, D = layout.prompt_len(context), layout.D
+    actions = lo + (hi - lo) * torch.rand(n_cf, D, generator=g).numpy()
+    for i, a in zip(range(len(picks) - n_cf, len(picks)), actions):
+        e, t = picks[i]
+        background, states, true_actions = scenes[e]
+        # the prompt's last D tokens: the action after the last context frame
+        seq[i, P - D:P] = torch.as_tensor(layout.action_tokens(action_bins(a, lo, hi)))
+        state, frames = states[t + context - 1], []
+        for k in range(len(truths[i])):           # frame k follows a, then k true actions
+            state = sim.step(state, a if k == 0 else true_actions[t + context - 1 + k])
+            frames.append(sim.render(background, state))
+        truths[i] = np.stack(frames)
+
+
 # -----------------------------------------------------------------------------
 # stage 4: the held-out comparison, greedy and with the paper's sampling protocol, paired over the
 # same test windows
 
-def evaluate_models(run, models, vq, test_eps, test_tokens, lo, hi, horizon, lpips_net):
-    """Evaluate every model of `models` (name -> (GPT, checkpoint path)) on the test windows,
-    greedy (the table) and sampled at T=1 with top-k 100 (OFFICIAL, the paper's protocol; one
-    seed for all models, so their samples pair up), write eval.json = {name: eval_video result +
+def evaluate_models(run, models, vq, episodes, ep_tokens, lo, hi, horizon, lpips_net):
+    """Evaluate every model of `models` (name -> (GPT, checkpoint path)) on the windows of
+    `episodes` (the --final_eval split's clips; ep_tokens: their tokens), greedy (the table) and
+    sampled at T=1 with top-k 100 (OFFICIAL, the paper's protocol; one seed for all models, so
+    their samples pair up), write eval.json = {name: eval_video result +
     "sampled" + "checkpoint"} and print the paired differences."""
     args, print0 = run.args, run.print0
 
@@ -503,18 +575,18 @@ def evaluate_models(run, models, vq, test_eps, test_tokens, lo, hi, horizon, lpi
         m = models[name][0]
         with run.autocast:
             if official:
-                return eval_video(m, vq, test_eps, test_tokens, lo, hi, args.context, horizon,
+                return eval_video(m, vq, episodes, ep_tokens, lo, hi, args.context, horizon,
                                   lpips_net, **OFFICIAL, seed=args.seed,
                                   desc=None if workers > 1 else f"test {name} T=1 top-k")
             grid = run.out_dir / f"grid_{name}.{'gif' if horizon > 1 else 'png'}"
-            return eval_video(m, vq, test_eps, test_tokens, lo, hi, args.context, horizon,
+            return eval_video(m, vq, episodes, ep_tokens, lo, hi, args.context, horizon,
                               lpips_net, grid_path=grid,
                               desc=None if workers > 1 else f"test {name}")
 
     # CPU: the jobs shared by forked processes
     workers = args.eval_workers if args.device == "cpu" else 1
     jobs = [(name, official) for name in models for official in (False, True)]
-    print0(f"evaluating {len(models)} models greedy and sampled on the test windows "
+    print0(f"evaluating {len(models)} models greedy and sampled on the {args.final_eval} windows "
            f"({workers} processes)")
     outs = dict(zip(jobs, fork_map(evaluate, jobs, workers)))
     rows = {}                                     # name -> eval_video dict, written as eval.json
@@ -528,8 +600,8 @@ def evaluate_models(run, models, vq, test_eps, test_tokens, lo, hi, horizon, lpi
             rows[name]["sampled"]["action_effect"] = sampled["action_effect"]
         rows[name]["checkpoint"] = str(path)
     atomic_write_text(run.out_dir / "eval.json", json.dumps(rows, indent=2) + "\n")
-    print0(f"\nheld-out test episodes ({rows['mle']['n']} predicted frames, {args.mode}-step), "
-           f"greedy:")
+    print0(f"\nheld-out {args.final_eval} episodes ({rows['mle']['n']} predicted frames, "
+           f"{args.mode}-step), greedy:")
     print_video_table(rows)
     # RLVR against its start, the equal-compute control and copying; the MLE start against copying
     pairs = [(a, b) for a, b in (("rlvr", "mle"), ("rlvr", "mle_more"), ("rlvr", "copy"),
@@ -563,6 +635,9 @@ if args.init != "scratch":      # a trained world model, loaded before anything 
         start_model, _, init_meta = load_video_model(args.init, args.device)
     except ValueError as e:
         fail(str(e))
+scenes = None                   # --counterfactual_frac: the simulator's scene of each train clip
+if args.counterfactual_frac and args.stage in ("all", "rlvr"):
+    scenes = replay_scenes(run, train_eps)   # stops on data the simulator did not draw
 run.save_config(record)         # out_dir/config.json: the inputs are good; from here on it writes
 if args.init != "scratch":      # the world model's own tokenizer, named in its metadata
     # relative to the checkpoint's folder, e.g. checkpoints/video_cvq.safetensors
@@ -640,9 +715,14 @@ if args.stage in ("all", "rlvr"):
         print0(f"reward: {args.data} has no background images, so no object term "
                f"(the default --object_weight)")
         args.object_weight = 0.0
+    # the gripper detector knows the embedded robot's gripper only (its data has backgrounds)
+    if args.action_weight and train_eps[0]["background"] is None:
+        fail(f"--action_weight needs the embedded robot's episodes (its gripper detector); "
+             f"{args.data} has other ones")
     print0(f"reward: {reward_name}"
            + (f" - {args.moving_weight:g} x moving MAE" if args.moving_weight else "")
            + (f" - {args.object_weight:g} x object miss" if args.object_weight else "")
+           + (f" - {args.action_weight:g} x gripper error" if args.action_weight else "")
            + ("" if lpips_net else " (no LPIPS weights: --lpips=FILE enables mae+lpips)"))
     mle_model = copy.deepcopy(start_model)   # kept for the comparison; RLVR updates start_model
     models = {"mle": (mle_model, mle_path)}  # name -> (model, its checkpoint file), evaluated below
@@ -671,7 +751,7 @@ if args.stage in ("all", "rlvr"):
         print0(f"control: MLE continues from the start in process {child.pid} while RLVR runs "
                f"(progress: {out_dir / 'control.log'})")
     rlvr_model = run_rlvr(run, start_model, FILES["rlvr"], vq, layout, tokens, splits, lo, hi,
-                          horizon, lpips_net, reward_name, budget)
+                          horizon, lpips_net, reward_name, budget, scenes)
     models["rlvr"] = (rlvr_model, FILES["rlvr"])
     if alongside:
         child.join()   # it stops at RLVR's compute, saves video_mle_more.safetensors and exits
@@ -684,6 +764,8 @@ if args.stage in ("all", "rlvr"):
         rl_compute = read_checkpoint(FILES["rlvr"])[1]["metrics"].get("rl_compute", 0)
         models["mle_more"] = (control(ComputeBudget(rl_compute)), FILES["mle_more"])
     if master:                                   # rank 0 evaluates; the other ranks are done
-        evaluate_models(run, models, vq, test_eps, tokens["test"], lo, hi, horizon, lpips_net)
+        # the final comparison: on the test split, or (--final_eval=val) the validation split
+        evaluate_models(run, models, vq, splits[args.final_eval], tokens[args.final_eval], lo, hi,
+                        horizon, lpips_net)
         print0(f"total {(time.time() - t_start) / 60:.1f} min")
 run.finish()

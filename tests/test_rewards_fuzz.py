@@ -18,6 +18,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from data.robot.detect import locate_gripper
 from data.textgame.simulator import generate_split as textgame_split
 from data.textgame.task import make_diff, target_text as textgame_target
 from data.webpage.simulator import generate_split as webpage_split
@@ -264,6 +265,18 @@ def test_video_reward_with_moving_and_object_terms_is_finite_in_range():
         ctx, bg = torch.rand(true.shape, generator=g), torch.rand(true.shape, generator=g).round()
         r = video_reward("mae+ssim", pred, true, context=ctx, moving_weight=2.0, background=bg, object_weight=0.5)
         assert torch.isfinite(r).all() and (r >= -5.5 - 1e-5).all() and (r <= 1e-5).all()
+
+    check()
+
+
+def test_video_reward_with_the_gripper_term_is_finite_in_range():
+    """The gripper term (the robot's detector run on fuzzed frames): finite, within [floor, 0], never raising."""
+    @settings(max_examples=150, **FUZZ)
+    @given(SEEDS)
+    def check(seed):
+        pred, true = frame_pair(seed)
+        r = video_reward("mae+ssim", pred, true, action_weight=0.5, locate=locate_gripper)
+        assert torch.isfinite(r).all() and (r >= -3.5 - 1e-5).all() and (r <= 1e-5).all()
 
     check()
 

@@ -1,0 +1,92 @@
+"""The reward term for the action's effect (rewards_video.gripper_error, --action_weight of train_video.py): checked by
+hand on frames the simulator renders, on garbage predictions, and for leaving the default reward untouched."""
+import numpy as np
+import pytest
+import torch
+
+from data.robot import sim
+from data.robot.detect import locate_gripper
+from rewards_video import GRIPPER_SCALE, WORST_VIDEO_REWARD, gripper_error, video_reward
+
+
+def scene(gripper):
+    """A rendered frame (1, 3, 64, 64) in [0, 1] with the gripper at `gripper` and two blocks away from it; and the
+    bare table (1, 3, 64, 64)."""
+    bg = sim.render_background(np.random.default_rng(0))
+    state = dict(gripper=np.array(gripper, np.float32), blocks=np.array([[12, 12], [52, 52]], np.float32),
+                 goal=np.array([50, 14], np.float32), colors=sim.PALETTE[:2])
+
+    def as_float(img):
+        return torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1)[None].float() / 255
+
+    return as_float(sim.render(bg, state)), as_float((np.clip(bg, 0, 1) * 255 + 0.5).astype(np.uint8))
+
+
+def test_gripper_error_by_hand():
+    """Context: the gripper at x = 32; the action takes it 3 px right (one sim step). A prediction that draws it there
+    scores ~0, one that leaves it still ~0.5 (3 px of GRIPPER_SCALE's 6), one that moves it left ~1 (6 px off), one
+    that draws no gripper 1."""
+    ctx, table = scene((32, 32))
+    true, _ = scene((32 + sim.SPEED, 32))
+    left, _ = scene((32 - sim.SPEED, 32))
+    pred = torch.cat([true, ctx, left, table])
+    err = gripper_error(pred, true.expand_as(pred), locate_gripper)
+    assert err.shape == (4,) and err.dtype == torch.float32
+    assert err[0].item() < 0.05
+    assert err[1].item() == pytest.approx(sim.SPEED / GRIPPER_SCALE, abs=0.05)
+    assert err[2].item() == pytest.approx(2 * sim.SPEED / GRIPPER_SCALE, abs=0.05)
+    assert err[3].item() == 1.0
+    # a true frame without a gripper: nothing to check, 0 whatever is drawn
+    assert gripper_error(pred, table.expand_as(pred), locate_gripper).tolist() == [0.0] * 4
+    # in the reward: the term ranks the samples by where they draw the gripper
+    r0 = video_reward("mae+ssim", pred, true.expand_as(pred), context=ctx.expand_as(pred), moving_weight=1.0)
+    r = video_reward("mae+ssim", pred, true.expand_as(pred), context=ctx.expand_as(pred), moving_weight=1.0,
+                     action_weight=2.0, locate=locate_gripper)
+    assert torch.allclose(r, r0 - 2.0 * err)
+    assert r.argsort(descending=True).tolist() == [0, 1, 2, 3]
+
+
+def test_gripper_error_never_raises_on_garbage():
+    """NaN, infinite, huge, negative and random predictions: finite errors in [0, 1]; in the reward, a non-finite
+    prediction gets the floor lowered by the term's weight."""
+    true, _ = scene((20, 40))
+    g = torch.Generator().manual_seed(0)
+    pred = torch.rand(8, 3, 64, 64, generator=g)
+    pred[1] = float("nan")
+    pred[2] = float("inf")
+    pred[3] = -float("inf")
+    pred[4] = 1e30
+    pred[5] = -1e30
+    pred[6] = torch.randn(3, 64, 64, generator=g) * 1e6
+    pred[7, :, ::2] = float("nan")
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        p = pred.to(dtype)
+        err = gripper_error(p, true.expand(8, -1, -1, -1).to(dtype), locate_gripper)
+        assert torch.isfinite(err).all() and (err >= 0).all() and (err <= 1).all()
+        r = video_reward("mae+ssim", p, true.expand(8, -1, -1, -1).to(dtype), context=true.expand(8, -1, -1, -1),
+                         moving_weight=1.0, action_weight=0.5, locate=locate_gripper)
+        assert torch.isfinite(r).all() and (r >= WORST_VIDEO_REWARD - 1.5 - 1e-5).all() and (r <= 1e-5).all()
+        assert (r[1:4] == WORST_VIDEO_REWARD - 1.5).all()
+
+
+def test_action_weight_needs_a_locator():
+    true, _ = scene((20, 40))
+    with pytest.raises(ValueError, match="locator"):
+        video_reward("mae+ssim", true, true, action_weight=1.0)
+
+
+def test_default_reward_is_unchanged():
+    """action_weight 0 (the default) never calls the locator and gives the same bits as a call without the term."""
+    ctx, table = scene((32, 32))
+    true, _ = scene((35, 32))
+    g = torch.Generator().manual_seed(1)
+    pred = (true + 0.2 * torch.randn(6, 3, 64, 64, generator=g)).clamp(0, 1)
+    pred[0, :, 0, 0] = float("nan")
+
+    def refuse(frame):
+        raise AssertionError("the locator ran with action_weight 0")
+
+    kw = dict(context=ctx.expand_as(pred), moving_weight=1.0, background=table.expand_as(pred), object_weight=0.5)
+    base = video_reward("mae+ssim", pred, true.expand_as(pred), **kw)
+    same = video_reward("mae+ssim", pred, true.expand_as(pred), **kw, action_weight=0.0, locate=refuse)
+    assert torch.equal(base, same)
