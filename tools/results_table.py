@@ -534,9 +534,10 @@ def video_ceiling():
                  right=(2, 3, 4, 5))
 
 
-def video(run, multi=False):
+def video(run, multi=False, than=None):
     """A video run's greedy table of its models, then RLVR's paired differences, greedy and
-    sampled (T=1, top-k 100)."""
+    sampled (T=1, top-k 100); than: (run, label), another run's RLVR on the same windows,
+    compared with this one's too."""
     r = load(run)
     n = r["mle"]["n_windows"]
     cols = ["MAE", "PSNR", "SSIM", "mae_moving"] + ["repetition"] * multi + ["object recall",
@@ -565,13 +566,17 @@ def video(run, multi=False):
     if "action_response" in r["rlvr"]["per_record"]:   # runs evaluated with the action effect
         pairs += [(ref, m) for m in ("object_recall", "action_response")
                   for ref in ("mle", "mle_more")]
+    if than:
+        pairs += [((than[0], "rlvr"), m) for m in ("mae", "object_recall", "action_response")]
     rows = []
     for ref, m in pairs:
-        label = f"RLVR - {MODELS.get(ref, ref)}, {m.upper() if m in ('mae', 'ssim') else m}"
+        name = than[1] if isinstance(ref, tuple) else MODELS.get(ref, ref)
+        label = f"RLVR - {name}, {m.upper() if m in ('mae', 'ssim') else m}"
         greedy = ci(diff([run], "rlvr", ref, m), 1, digits[m])
         # sampled: against the models only (copy is not sampled; repetition is greedy only)
         sampled = ("" if ref == "copy" or m == "repetition" else
-                   ci(diff([run], "rlvr:sampled", ref + ":sampled", m), 1, digits[m]))
+                   ci(diff([run], "rlvr:sampled", (ref[0], "rlvr:sampled") if than and
+                           isinstance(ref, tuple) else ref + ":sampled", m), 1, digits[m]))
         rows.append([label, greedy, sampled])
     paired = table([f"paired difference (95% CI over the {n} windows)", "greedy",
                     "T=1, top-k 100"], rows)
@@ -623,6 +628,8 @@ BLOCKS = {   # name -> (page, the function that makes it)
     "video_single": ("docs/video.md", lambda: video("video_single")),
     "video_seeds": ("docs/video.md", video_seeds),
     "video_multi": ("docs/video.md", lambda: video("video_multi", multi=True)),
+    "video_single_action": ("docs/video.md", lambda: video(
+        "video_single_action", than=("video_single", "RLVR of the default reward"))),
 }
 
 
