@@ -617,7 +617,7 @@ BLOCKS = {   # name -> (page, the function that makes it)
     "k_step": ("docs/results.md", lambda: k_step({
         "text, `last`": ("textgame", "textgame_k3", None),
         "text, `to_go`": ("textgame", "textgame_k3_togo", "textgame_k3_imag"),
-        "web, `to_go`": ("webpage", "webpage_k3_togo", None)})),
+        "web, `to_go`": ("webpage", "webpage_k3_togo", "webpage_k3_imag")})),
     "webpage_control_sweep": ("docs/results.md", lambda: control_sweep("webpage")),
     "plan_textgame_first": ("docs/downstream.md", lambda: plan_table(
         "textgame_mle_random_sim", {"random": "random", "sim": "sim",
