@@ -338,7 +338,8 @@ def chain_hooks(task, tok, draw, room, horizon, group_size, kind, per_step=False
     def draw_starts(n):   # n groups: the pool's chains, each with its first prompt's first token
         prompts, starts = draw(math.ceil(n / K) if per_step else n)
         reps = K if per_step else 1   # a start's groups
-        return [p[:1] for p in prompts for _ in range(reps)], [c for c in starts for _ in range(reps)]
+        firsts = [p[:1] for p in prompts for _ in range(reps)]
+        return firsts, [c for c in starts for _ in range(reps)]
 
     def sampler(model, prompts, items, cfg, generator):   # grpo.rollout's hook
         starts, first = items[::K * G], prompts[::K * G]   # each start's K x G rows
