@@ -234,13 +234,19 @@ def imagine_chains(task, chains, predict):
     return steps
 
 
+def scored_on(task, chain, k, record):
+    """The record step k's answer is scored on, given the record it was prompted with: that
+    imagined record, or the recorded step (Chaining.judge_imagined)."""
+    return record if CHAINING[task].judge_imagined else chain[k]
+
+
 def judged(task, chain, steps):
-    """The chain's last answer and the record it is scored on (the imagined one, or the recorded
-    one: Chaining.judge_imagined) -> (text, record), or None when the chain ended early."""
+    """The chain's last answer and the record it is scored on (scored_on) -> (text, record), or
+    None when the chain ended early."""
     if len(steps) < len(chain):
         return None
     record, text, _ = steps[-1]
-    return text, record if CHAINING[task].judge_imagined else chain[-1]
+    return text, scored_on(task, chain, len(chain) - 1, record)
 
 
 def chain_reward(task, chain, steps, kind):
@@ -251,10 +257,9 @@ def chain_reward(task, chain, steps, kind):
 
 def step_rewards(task, chain, steps, kind):
     """Each step's own reward `kind`: step k's answer scored as chain_reward scores the last one
-    (on its imagined record, or on the recorded one: Chaining.judge_imagined) -> K floats, 0 for
-    a step the chain did not reach."""
-    scored = [r if CHAINING[task].judge_imagined else chain[k] for k, (r, _, _) in enumerate(steps)]
-    rewards = [TASKS[task].reward(text, r, kind) for (_, text, _), r in zip(steps, scored)]
+    (on the record scored_on gives) -> K floats, 0 for a step the chain did not reach."""
+    rewards = [TASKS[task].reward(text, scored_on(task, chain, k, r), kind)
+               for k, (r, text, _) in enumerate(steps)]
     return rewards + [0.0] * (len(chain) - len(steps))
 
 
@@ -281,18 +286,18 @@ def imagined_pairs(task, model, tok, chains, max_new_tokens):
     """The stronger control's data (train_lang.py --control_imagined): the start model imagines
     each chain greedily, as the evaluation does, and every step after the first becomes an MLE
     pair: the prompt of the state it imagined, and the answer the chain's metric counts right
-    there (tasks.judged: text game, the diff from the imagined state to the true next state, so
+    there (scored_on: text game, the diff from the imagined state to the true next state, so
     the imagined chain returns to the truth; web page, the recorded changes) -> (pairs of
     (prompt text, answer text), the imagination's cost in forward-token units (prompt and answer
     tokens of every step, as grpo.compute_used counts a rollout), chains that ended early)."""
-    c, data = CHAINING[task], TASKS[task].data
+    data = TASKS[task].data
     steps = imagine_chains(task, chains, text_predictor(model, tok, task, max_new_tokens))
     pairs, cost = [], 0
     for chain, s in zip(chains, steps):
         for k, (record, text, _) in enumerate(s):
             cost += len(tok.encode(data.prompt_text(record))) + len(tok.encode(text)) + 1
             if k > 0:
-                truth = record if c.judge_imagined else chain[k]
+                truth = scored_on(task, chain, k, record)
                 pairs.append((data.prompt_text(record), data.target_text(truth)))
     return pairs, cost, sum(len(s) < len(ch) for ch, s in zip(chains, steps))
 
