@@ -293,7 +293,12 @@ else:   # HF: its directory; ours: a copy beside the run's checkpoints
 def encode(r):
     """A record -> (prompt ids, answer ids + EOS): the model reads the prompt and learns to write
     the answer."""
-    return tok.encode(data.prompt_text(r)), tok.encode(data.target_text(r)) + [tok.eos_id]
+    return encode_pair(data.prompt_text(r), data.target_text(r))
+
+
+def encode_pair(prompt, answer):
+    """A prompt text and its answer text -> (prompt ids, answer ids + EOS)."""
+    return tok.encode(prompt), tok.encode(answer) + [tok.eos_id]
 
 
 def batch_from(pairs):
@@ -524,7 +529,7 @@ def control(budget):
             more, cost, ended = imagined_pairs(args.task, model, tok,
                                                chains[:args.control_imagined], args.max_new_tokens)
         model.train()   # generation left it in eval mode
-        pairs = all_pairs + [(tok.encode(a), tok.encode(b) + [tok.eos_id]) for a, b in more]
+        pairs = all_pairs + [encode_pair(a, b) for a, b in more]
         budget = budget.less(cost)   # the imagination is part of the control's compute
         print0(f"control: + {len(more)} imagined pairs from {args.control_imagined} train chains "
                f"({ended} ended early, unreadable); the imagination cost {cost:.3g} of its compute")
