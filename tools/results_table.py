@@ -308,8 +308,8 @@ def lang_seeds(seeds, metric):
 
 
 def k_step(runs):
-    """k-step imagination runs {label: (task, run, stronger)}: per split the chains' headline
-    metric of the MLE start, RLVR, MLE continued (teacher-forced) and the stronger control (run
+    """k-step imagination runs {label: (headline metric, run, stronger)}: per split the chains'
+    headline metric of the MLE start, RLVR, MLE continued (teacher-forced) and the stronger control (run
     `stronger`'s "mle_more": MLE also on imagined states; None: not run), RLVR minus each (the
     chains of one episode resampled together where eval.json numbers them), and RLVR minus its
     start on the first step."""
@@ -318,8 +318,7 @@ def k_step(runs):
             "stronger control - MLE start", "first step: RLVR - MLE start",
             "MLE start: right chains after a wrong first step"]
     rows = []
-    for label, (task, run, stronger) in runs.items():
-        h = "accuracy" if task == "textgame" else "f1"
+    for label, (h, run, stronger) in runs.items():
         for split in ("val", "test"):
             r = load(run, split)
             s = load(stronger, split)["mle_more"] if stronger else None
@@ -333,14 +332,14 @@ def k_step(runs):
                             if stronger else (None,)),
                          ci(diff([run], (stronger, "mle_more"), "mle", h + "_k", split=split)
                             if stronger else (None,)),
-                         ci(diff([run], "rlvr", "mle", h, split=split)), recovered(task, r)])
+                         ci(diff([run], "rlvr", "mle", h, split=split)), recovered(h, r)])
     return table(head, rows, right=(2, 3, 4, 5))
 
 
-def recovered(task, rows):
-    """Text game: of the MLE start's chains with a wrong first step, how many end exact ("n of
-    m"); "-" for the web page, whose F1 is not all or nothing."""
-    if task != "textgame":
+def recovered(metric, rows):
+    """Accuracy (the text game): of the MLE start's chains with a wrong first step, how many end
+    exact ("n of m"); "-" for F1 (the web page), which is not all or nothing."""
+    if metric != "accuracy":
         return "-"
     first, last = (per_record(rows, "mle", m) for m in ("accuracy", "accuracy_k"))
     return f"{int(((first == 0) & (last == 1)).sum())} of {int((first == 0).sum())}"
@@ -579,9 +578,10 @@ def video(run, multi=False, than=None):
         label = f"RLVR - {name}, {m.upper() if m in ('mae', 'ssim') else m}"
         greedy = ci(diff([run], "rlvr", ref, m), 1, digits[m])
         # sampled: against the models only (copy is not sampled; repetition is greedy only)
+        sampled_ref = ((ref[0], ref[1] + ":sampled") if isinstance(ref, tuple)
+                       else ref + ":sampled")
         sampled = ("" if ref == "copy" or m == "repetition" else
-                   ci(diff([run], "rlvr:sampled", (ref[0], "rlvr:sampled") if than and
-                           isinstance(ref, tuple) else ref + ":sampled", m), 1, digits[m]))
+                   ci(diff([run], "rlvr:sampled", sampled_ref, m), 1, digits[m]))
         rows.append([label, greedy, sampled])
     paired = table([f"paired difference (95% CI over the {n} windows)", "greedy",
                     "T=1, top-k 100"], rows)
@@ -615,9 +615,9 @@ BLOCKS = {   # name -> (page, the function that makes it)
     "rl_logs": ("docs/results.md", rl_logs),
     "textgame_control_sweep": ("docs/results.md", lambda: control_sweep("textgame")),
     "k_step": ("docs/results.md", lambda: k_step({
-        "text, `last`": ("textgame", "textgame_k3", None),
-        "text, `to_go`": ("textgame", "textgame_k3_togo", "textgame_k3_imag"),
-        "web, `to_go`": ("webpage", "webpage_k3_togo", "webpage_k3_imag")})),
+        "text, `last`": ("accuracy", "textgame_k3", None),
+        "text, `to_go`": ("accuracy", "textgame_k3_togo", "textgame_k3_imag"),
+        "web, `to_go`": ("f1", "webpage_k3_togo", "webpage_k3_imag")})),
     "webpage_control_sweep": ("docs/results.md", lambda: control_sweep("webpage")),
     "plan_textgame_first": ("docs/downstream.md", lambda: plan_table(
         "textgame_mle_random_sim", {"random": "random", "sim": "sim",
