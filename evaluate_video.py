@@ -47,7 +47,7 @@ from tqdm import tqdm
 from checkpoint import load_model
 from data.robot.detect import gripper_response
 from data.robot.task import Layout, frame_codes, rollout, tokenize_split, windows
-from rewards_video import MOVE_TOL, OBJECT_TOL, mae, mse, psnr, repetition_rate, ssim
+from rewards_video import MOVE_TOL, OBJECT_TOL, mae, mse, psnr, repetition_rate, ssim, to_uint8
 from stats import paired_bootstrap, paired_table
 from tokenizer_vq import load_vq
 
@@ -68,11 +68,6 @@ def load_video_model(path, device="cpu"):
                          "(no tokenizer or action bins in its metadata)")
     vq, _ = load_vq(path.parent / a["vq"], device)
     return model, vq, meta
-
-
-def to_uint8(x):
-    """float tensor (..., 3, H, W) in [0, 1] -> uint8 array (..., H, W, 3), as frames are stored."""
-    return (x.clamp(0, 1).movedim(-3, -1).numpy() * 255 + 0.5).astype(np.uint8)
 
 
 def to_float(frames):

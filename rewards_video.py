@@ -182,6 +182,11 @@ def object_miss(pred, true, background, tol=OBJECT_TOL):
     return (shown & ~drawn).flatten(1).sum(1) / shown.flatten(1).sum(1).clamp(min=1)
 
 
+def to_uint8(x):
+    """float tensor (..., 3, H, W) in [0, 1] -> uint8 array (..., H, W, 3), as frames are stored."""
+    return (x.clamp(0, 1).movedim(-3, -1) * 255 + 0.5).byte().numpy()
+
+
 def gripper_error(pred, true, locate, scale=GRIPPER_SCALE):
     """How far from the true gripper the prediction draws it, per frame, in [0, 1]: the distance
     between the centres `locate` finds in the predicted and the true frame, over `scale` pixels,
@@ -192,8 +197,7 @@ def gripper_error(pred, true, locate, scale=GRIPPER_SCALE):
     or None (data/robot/detect.locate_gripper). -> (N,)"""
     _check_frames(pred, true)
     # frames as stored: (N, H, W, 3) uint8, rounded; NaN pixels read as 0
-    p, t = ((x.nan_to_num(0.0).clamp(0, 1).movedim(1, -1) * 255 + 0.5).byte().numpy()
-            for x in (pred, true))
+    p, t = (to_uint8(x.nan_to_num(0.0)) for x in (pred, true))
     err = []
     for pf, tf in zip(p, t):
         at, ap = locate(tf), locate(pf)

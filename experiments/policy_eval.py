@@ -76,6 +76,7 @@ from data.robot import sim  # noqa: E402
 from data.robot.detect import MOVED_PX, judge, locate_block, locate_goal, locate_gripper  # noqa: E402
 from data.robot.task import Layout, action_bins, frame_codes, rollout  # noqa: E402
 from evaluate_video import load_video_model  # noqa: E402
+from rewards_video import to_uint8  # noqa: E402
 from runtime import check_device  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,7 +170,7 @@ def decode(vq, codes, context):
     """(N, L) codes and their context frames (N, H, W, 3) uint8 -> (N, H, W, 3) uint8 frames."""
     x = torch.cat([vq.detokenize(codes[i:i + 256].to(vq_device(vq)), context[i:i + 256]).cpu()
                    for i in range(0, len(codes), 256)])
-    return (x.clamp(0, 1).permute(0, 2, 3, 1).numpy() * 255 + 0.5).astype(np.uint8)
+    return to_uint8(x)
 
 
 def vq_device(vq):
