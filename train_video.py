@@ -73,7 +73,7 @@ import train_vq
 from checkpoint import atomic_write, atomic_write_text, read_checkpoint, read_meta, recorded_path
 from data.robot import sim
 from data.robot.detect import locate_gripper
-from data.robot.prepare import DATA_DIR, SPLIT_IDS
+from data.robot.prepare import DATA_DIR, split_episodes
 from data.robot.task import (N_BINS, Layout, action_bins, frame_codes, read_action_stats, rollout,
                              tokenize_split, windows)
 from evaluate_video import (OFFICIAL, eval_video, load_video_model, paired_effects, paired_video,
@@ -522,12 +522,10 @@ def replay_scenes(run, episodes):
     stream data/robot/prepare.py drew the train split from (seed 0; a clip is a whole episode)
     -> [(background float (H, W, 3), the state of each frame, the actions)]. A replayed frame
     that differs from the stored one stops the run (other data, --size or --clip_len)."""
-    rng = np.random.default_rng([0, SPLIT_IDS["train"]])
     scenes = []
-    for i, ep in enumerate(episodes):
-        start = copy.deepcopy(rng)                # the episode's first draws: its scene
-        # the episode again, drawing what prepare.generate_split drew for it
-        again = sim.episode(rng, len(ep["image"]), sim.NOISE_LEVELS[i % len(sim.NOISE_LEVELS)])
+    # each episode again, as prepare.generate_split drew it, with the stream where it begins
+    drawn = split_episodes("train", length=len(episodes[0]["image"]))
+    for i, (ep, (start, again)) in enumerate(zip(episodes, drawn)):
         if again["image"].shape != ep["image"].shape or (again["image"] != ep["image"]).any():
             run.fail(f"--counterfactual_frac needs the embedded robot data as "
                      f"data/robot/prepare.py writes it (--size={sim.W}, --clip_len: its episodes' "

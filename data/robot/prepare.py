@@ -14,6 +14,8 @@ split mixes expert, slightly noisy, noisy and near-random behaviour (diverse act
 `action_stats.json` (per-dimension min and max over the train split) fixes the 256 action bins, as for RT-1.
 """
 import argparse
+import copy
+import itertools
 import os
 import shutil
 import sys
@@ -33,14 +35,22 @@ SPLIT_IDS = {"train": 0, "val": 1, "test": 2}
 LENGTH = 16
 
 
+def split_episodes(split, seed=0, length=LENGTH):
+    """The episodes of one split in order, each drawn from the split's one random stream -> an
+    endless generator of (a copy of the stream where the episode begins, the episode). The copy
+    replays the episode's scene (sim.replay), so any action can be tried from any of its frames."""
+    rng = np.random.default_rng([seed, SPLIT_IDS[split]])
+    for i in itertools.count():
+        start = copy.deepcopy(rng)
+        yield start, sim.episode(rng, length, sim.NOISE_LEVELS[i % len(sim.NOISE_LEVELS)])
+
+
 def generate_split(out_dir, split, n, seed=0, length=LENGTH):
     """Write n episodes of one split to out_dir/split/00000.npz ... -> success rate."""
-    rng = np.random.default_rng([seed, SPLIT_IDS[split]])
     folder = Path(out_dir) / split
     folder.mkdir(parents=True, exist_ok=True)
     wins = 0
-    for i in range(n):
-        ep = sim.episode(rng, length, sim.NOISE_LEVELS[i % len(sim.NOISE_LEVELS)])
+    for i, (_, ep) in zip(range(n), split_episodes(split, seed, length)):
         np.savez_compressed(folder / f"{i:05d}.npz", **ep)
         wins += bool(ep["success"])
     return wins / max(n, 1)
