@@ -5,7 +5,6 @@ import argparse
 import json
 import math
 import os
-import re
 import time
 
 import pytest
