@@ -36,7 +36,8 @@ VIDEO_SEEDS = ("video_single", "video_single_s1", "video_single_s2")
 SEED_NAMES = ("1337", "1", "2")
 RL_RUNS = ("textgame_final", *TEXT_SEEDS, "textgame_placebo", "textgame_pool128",
            "textgame_pool128_placebo", "textgame_lf10", "textgame_task_specific", "textgame_cover",
-           "textgame_cover_rlvr", "webpage_final", *WEB_SEEDS, "webpage_placebo", *VIDEO_SEEDS,
+           "textgame_cover_rlvr", "textgame_x10", "webpage_final", *WEB_SEEDS, "webpage_placebo",
+           "webpage_x10", *VIDEO_SEEDS,
            "video_multi", "video_multi_o0", "metaworld_push")
 COMMANDS = {   # the command of each default run, shown beside its README row
     "textgame_final": "python train_lang.py",
@@ -336,6 +337,32 @@ def k_step(runs):
     return table(head, rows, right=(2, 3, 4, 5))
 
 
+def budget(runs, metric):
+    """The budget question: RLVR runs of the same seed for more GRPO steps {label: run}, the first
+    the default's. Per run and split: RLVR minus its start, minus its control (MLE continued for that
+    run's compute) and minus the first run's RLVR, and the control minus the start (overall /
+    changed); the probe reward (greedy) at the end of RLVR and the control's steps, from log.jsonl."""
+    head = ["GRPO steps", "split", "RLVR - MLE start", "RLVR - MLE continued",
+            f"RLVR - {next(iter(runs))}-step RLVR", "MLE continued - MLE start",
+            "probe reward (greedy), last step", "MLE continued: steps"]
+    first = next(iter(runs.values()))
+    rows = []
+    for label, run in runs.items():
+        log = [json.loads(line) for line in (RESULTS / run / "log.jsonl").read_text().splitlines()]
+        probe = [d for d in log if d.get("stage") == "rlvr" and "probe_reward" in d][-1]
+        control = [d["step"] for d in log if d.get("stage") == "mle_more" and "step" in d]
+        for i, split in enumerate(("test", "val")):
+            rows.append([label if i == 0 else "", f"{split} ({load(run, split)['mle']['n']})",
+                         both(run, "rlvr", "mle", metric, split),
+                         both(run, "rlvr", "mle_more", metric, split),
+                         "-" if run == first else both(run, "rlvr", (first, "rlvr"), metric,
+                                                       split),
+                         both(run, "mle_more", "mle", metric, split),
+                         f"{probe['probe_reward']:.3f} ({probe['probe_greedy']:.3f})"
+                         if i == 0 else "", str(max(control)) if i == 0 and control else ""])
+    return table(head, rows, right=(6, 7))
+
+
 def recovered(metric, rows):
     """Accuracy (the text game): of the MLE start's chains with a wrong first step, how many end
     exact ("n of m"); "-" for F1 (the web page), which is not all or nothing."""
@@ -385,6 +412,9 @@ def regimes():
                  "chain reward or reward to go", "test, val",
                  "below its start, or within noise of it: the k-step section below",
                  "not beaten (teacher-forced and imagined-state controls)"])
+    rows.append(["(f) 10x the GRPO steps", "300 steps from the default's start and seed, the control "
+                 "for their compute", "test, val", "within noise on test, below on val: the section "
+                 "\"Ten times the GRPO steps\"", "not beaten"])
     return table(head, rows)
 
 
@@ -589,13 +619,22 @@ def video(run, multi=False, than=None):
 
 
 def video_seeds():
-    """Single-step RLVR minus each model, MAE x 1e-3, per seed and over the three seeds (seeds and windows resampled)."""
+    """Single-step: RLVR minus each model and the control minus its start, in MAE x 1e-3, object
+    recall and action response, per seed and over the three seeds (seeds and windows resampled;
+    copying is the same in every seed, so its row has no seed-level interval)."""
     rows = []
-    for ref in ("mle", "mle_more", "copy"):
-        cells = [ci(diff([run], "rlvr", ref, "mae"), 1000) for run in VIDEO_SEEDS]
-        seeds = "" if ref == "copy" else ci(diff(VIDEO_SEEDS, "rlvr", ref, "mae"), 1000)
-        rows.append([MODELS.get(ref, "copy the last frame"), *cells, seeds])
-    head = ["RLVR minus (MAE x 1e-3)", *(f"seed {s}" for s in SEED_NAMES), "3 seeds, seed-level CI"]
+    for a, b, metric, scale, digits in (
+            ("rlvr", "mle", "mae", 1000, 2), ("rlvr", "mle_more", "mae", 1000, 2),
+            ("rlvr", "copy", "mae", 1000, 2), ("mle_more", "mle", "mae", 1000, 2),
+            ("rlvr", "mle", "object_recall", 1, 3), ("rlvr", "mle_more", "object_recall", 1, 3),
+            ("rlvr", "mle", "action_response", 1, 3),
+            ("rlvr", "mle_more", "action_response", 1, 3)):
+        cells = [ci(diff([run], a, b, metric), scale, digits) for run in VIDEO_SEEDS]
+        seeds = "" if b == "copy" else ci(diff(VIDEO_SEEDS, a, b, metric), scale, digits)
+        unit = " x 1e-3" if metric == "mae" else ""
+        rows.append([f"{MODELS[a]} - {MODELS.get(b, 'copy the last frame')}: {metric}{unit}",
+                     *cells, seeds])
+    head = ["difference", *(f"seed {s}" for s in SEED_NAMES), "3 seeds, seed-level CI"]
     return table(head, rows)
 
 
@@ -618,6 +657,10 @@ BLOCKS = {   # name -> (page, the function that makes it)
         "text, `last`": ("accuracy", "textgame_k3", None),
         "text, `to_go`": ("accuracy", "textgame_k3_togo", "textgame_k3_imag"),
         "web, `to_go`": ("f1", "webpage_k3_togo", "webpage_k3_imag")})),
+    "textgame_budget": ("docs/results.md", lambda: budget(
+        {"30": "textgame_s1337", "300": "textgame_x10"}, "accuracy")),
+    "webpage_budget": ("docs/results.md", lambda: budget(
+        {"30": "webpage_s1337", "300": "webpage_x10"}, "f1")),
     "webpage_control_sweep": ("docs/results.md", lambda: control_sweep("webpage")),
     "plan_textgame_first": ("docs/downstream.md", lambda: plan_table(
         "textgame_mle_random_sim", {"random": "random", "sim": "sim",
