@@ -246,7 +246,7 @@ def print_video_table(rows, file=sys.stdout):
 
 
 def paired_video(rows, pairs, metrics=("mae", "ssim")):
-    """Paired differences a - b over the same test windows, with bootstrap 95% intervals
+    """Paired differences a - b over the same held-out windows, with bootstrap 95% intervals
     (stats.paired_table). rows: name -> eval_video result of the same windows; "copy" names the
     first row's copy-last-frame baseline. pairs: (a, b) names.
     -> list of (a, b, metric, subset, mean, low, high); subset "all", and "moving" (the windows
@@ -290,7 +290,7 @@ def paired_effects(rows, pairs, metrics=EFFECTS):
 def print_video_paired(diffs, file=sys.stdout):
     """Print paired_video's (or paired_effects') list; * marks an interval that excludes 0 (MAE:
     lower is better, SSIM, object_recall and action_response: higher)."""
-    print("paired differences over the same test windows "
+    print("paired differences over the same held-out windows "
           "(bootstrap 95% CI; * = the CI excludes 0):", file=file)
     for a, b, m, sub, mean, lo, hi in diffs:
         if mean is not None:   # no window in this subset

@@ -618,10 +618,20 @@ def video(run, multi=False, than=None):
     return models + "\n\n" + paired
 
 
+def control_val(seed, metric):
+    """results/video_control_val/s<seed>.json, what `eval.py --task=video --ckpt=<the seed's
+    control> --compare=<the MLE start> --split=val` wrote -> (control - start per window, each
+    window's episode)."""
+    runs = list(json.loads((RESULTS / "video_control_val" / f"s{seed}.json").read_text()).values())
+    control, start = (np.asarray(r["per_record"][metric], dtype=np.float64) for r in runs)
+    return control - start, np.asarray([w[0] for w in runs[0]["per_record"]["windows"]])
+
+
 def video_seeds():
     """Single-step: RLVR minus each model and the control minus its start, in MAE x 1e-3, object
     recall and action response, per seed and over the three seeds (seeds and windows resampled;
-    copying is the same in every seed, so its row has no seed-level interval)."""
+    copying is the same in every seed, so its row has no seed-level interval); then the control
+    minus its start on the validation split (control_val)."""
     rows = []
     for a, b, metric, scale, digits in (
             ("rlvr", "mle", "mae", 1000, 2), ("rlvr", "mle_more", "mae", 1000, 2),
@@ -633,6 +643,14 @@ def video_seeds():
         seeds = "" if b == "copy" else ci(diff(VIDEO_SEEDS, a, b, metric), scale, digits)
         unit = " x 1e-3" if metric == "mae" else ""
         rows.append([f"{MODELS[a]} - {MODELS.get(b, 'copy the last frame')}: {metric}{unit}",
+                     *cells, seeds])
+    for metric, scale, digits, unit in (("mae", 1000, 2, " x 1e-3"), ("ssim", 1, 4, "")):
+        pairs = [control_val(name, metric) for name in SEED_NAMES]   # [(control - start, episodes)]
+        cells = [ci(paired_bootstrap(d[None], np.zeros((1, len(d))), clusters=ep), scale, digits)
+                 for d, ep in pairs]
+        d = np.stack([d for d, _ in pairs])   # (seeds, windows): the same windows in every seed
+        seeds = ci(paired_bootstrap(d, np.zeros_like(d), clusters=pairs[0][1]), scale, digits)
+        rows.append([f"{MODELS['mle_more']} - {MODELS['mle']}: {metric}{unit}, validation",
                      *cells, seeds])
     head = ["difference", *(f"seed {s}" for s in SEED_NAMES), "3 seeds, seed-level CI"]
     return table(head, rows)
