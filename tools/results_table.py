@@ -618,13 +618,23 @@ def video(run, multi=False, than=None):
     return models + "\n\n" + paired
 
 
-def control_val(seed, metric):
-    """results/video_control_val/s<seed>.json, what `eval.py --task=video --ckpt=<the seed's
-    control> --compare=<the MLE start> --split=val` wrote -> (control - start per window, each
-    window's episode)."""
-    runs = list(json.loads((RESULTS / "video_control_val" / f"s{seed}.json").read_text()).values())
+def control_val(name, metric):
+    """results/video_control_val/<name>.json, what `eval.py --task=video --ckpt=<a run's control>
+    --compare=<its MLE start> --split=val` wrote (name: s<seed>, or multi) -> (control - start
+    per window, each window's episode)."""
+    runs = list(json.loads((RESULTS / "video_control_val" / f"{name}.json").read_text()).values())
     control, start = (np.asarray(r["per_record"][metric], dtype=np.float64) for r in runs)
     return control - start, np.asarray([w[0] for w in runs[0]["per_record"]["windows"]])
+
+
+def video_multi_control_val():
+    """The multi-step default run's control minus its start on the validation split."""
+    cells = []
+    for metric, scale, digits in (("mae", 1000, 2), ("ssim", 1, 4)):
+        d, ep = control_val("multi", metric)
+        cells.append(ci(paired_bootstrap(d[None], np.zeros((1, len(d))), clusters=ep), scale, digits))
+    return table(["validation, 7 frames", "MAE x 1e-3", "SSIM"],
+                 [[f"{MODELS['mle_more']} - {MODELS['mle']} ({len(d)} windows)", *cells]])
 
 
 def video_seeds():
@@ -645,7 +655,7 @@ def video_seeds():
         rows.append([f"{MODELS[a]} - {MODELS.get(b, 'copy the last frame')}: {metric}{unit}",
                      *cells, seeds])
     for metric, scale, digits, unit in (("mae", 1000, 2, " x 1e-3"), ("ssim", 1, 4, "")):
-        pairs = [control_val(name, metric) for name in SEED_NAMES]   # [(control - start, episodes)]
+        pairs = [control_val(f"s{name}", metric) for name in SEED_NAMES]   # [(control - start, ep.)]
         cells = [ci(paired_bootstrap(d[None], np.zeros((1, len(d))), clusters=ep), scale, digits)
                  for d, ep in pairs]
         d = np.stack([d for d, _ in pairs])   # (seeds, windows): the same windows in every seed
@@ -698,6 +708,7 @@ BLOCKS = {   # name -> (page, the function that makes it)
     "video_single": ("docs/video.md", lambda: video("video_single")),
     "video_seeds": ("docs/video.md", video_seeds),
     "video_multi": ("docs/video.md", lambda: video("video_multi", multi=True)),
+    "video_multi_control_val": ("docs/video.md", video_multi_control_val),
     "video_single_action": ("docs/video.md", lambda: video(
         "video_single_action", than=("video_single", "RLVR of the default reward"))),
 }
