@@ -619,6 +619,13 @@ def video(run, multi=False, than=None):
     return models + "\n\n" + paired
 
 
+def window_ci(d, episodes):
+    """Differences over video windows, (n,) or (seeds, n), -> (mean, low, high): the windows of one
+    episode resampled together (and the seeds, when several)."""
+    d = np.atleast_2d(d)
+    return paired_bootstrap(d, np.zeros_like(d), clusters=episodes)
+
+
 def control_val(name, metric):
     """results/video_control_val/<name>.json, what `eval.py --task=video --ckpt=<a run's control>
     --compare=<its MLE start> --split=val` wrote (name: s<seed>, or multi) -> (control - start
@@ -633,7 +640,7 @@ def video_multi_control_val():
     cells = []
     for metric, scale, digits in (("mae", 1000, 2), ("ssim", 1, 4)):
         d, ep = control_val("multi", metric)
-        cells.append(ci(paired_bootstrap(d[None], np.zeros((1, len(d))), clusters=ep), scale, digits))
+        cells.append(ci(window_ci(d, ep), scale, digits))
     return table(["validation, 7 frames", "MAE x 1e-3", "SSIM"],
                  [[f"{MODELS['mle_more']} - {MODELS['mle']} ({len(d)} windows)", *cells]])
 
@@ -657,10 +664,9 @@ def video_seeds():
                      *cells, seeds])
     for metric, scale, digits, unit in (("mae", 1000, 2, " x 1e-3"), ("ssim", 1, 4, "")):
         pairs = [control_val(f"s{name}", metric) for name in SEED_NAMES]   # [(control - start, ep.)]
-        cells = [ci(paired_bootstrap(d[None], np.zeros((1, len(d))), clusters=ep), scale, digits)
-                 for d, ep in pairs]
+        cells = [ci(window_ci(d, ep), scale, digits) for d, ep in pairs]
         d = np.stack([d for d, _ in pairs])   # (seeds, windows): the same windows in every seed
-        seeds = ci(paired_bootstrap(d, np.zeros_like(d), clusters=pairs[0][1]), scale, digits)
+        seeds = ci(window_ci(d, pairs[0][1]), scale, digits)
         rows.append([f"{MODELS['mle_more']} - {MODELS['mle']}: {metric}{unit}, validation",
                      *cells, seeds])
     for metric, scale, digits, unit in (("mae", 1000, 2, " x 1e-3"), ("ssim", 1, 4, "")):
