@@ -67,6 +67,7 @@ def load_video_model(path, device="cpu"):
         raise ValueError(f"{path}: not a video world-model checkpoint "
                          "(no tokenizer or action bins in its metadata)")
     vq, _ = load_vq(path.parent / a["vq"], device)
+    vq.copy_gate = bool(a.get("copy_gate", 0))   # the decoding the model was trained with
     return model, vq, meta
 
 

@@ -5,7 +5,11 @@ The visual tokenizers: discrete codes for 64x64 frames and back. Two kinds, with
     frames = vq.detokenize(codes, context)   # codes (N, L) long -> (N, 3, H, W) float in [0, 1]
     ctx_codes = vq.tokenize_context(frames)  # the codes a context frame gets in the GPT's sequence
 
-1. `VQVAE`, per frame: every frame becomes 8x8 = 64 codes, on its own (`context` is ignored).
+1. `VQVAE`, per frame: every frame becomes 8x8 = 64 codes, on its own (`context` is ignored), and is decoded on
+   its own, every pixel re-drawn; with `vq.copy_gate = True` (train_video.py --copy_gate=1) decoding against a
+   context frame copies the context's pixels in every 8x8 cell whose code is the context frame's code there, so a
+   cell the prediction leaves as it was is the context exactly (docs/video.md: the GPT on per-frame codes reads its
+   action, the one on context-conditioned codes does not).
 2. `CondVQVAE`, context-conditioned (iVideoGPT's idea, small): a context frame keeps the per-frame VQ's 64 codes (the
    GPT must see it), and a *future* frame becomes an 8x8 grid of codes of its own codebook, computed by an encoder
    that sees the frame and the context frame together, and decoded by a U-Net whose skip connections are features
@@ -115,6 +119,8 @@ class VectorQuantizer(nn.Module):
     def restart(self, flat, which):
         """Set the codes in `which` (bool mask) to random rows of flat (N, dim), with a little noise."""
         n = int(which.sum())
+        if n == 0:   # nothing to restart (and the std of no rows would warn)
+            return 0
         rows = flat.detach()[torch.randint(len(flat), (n,), device=flat.device)]
         self.codebook.data[which] = rows + 0.01 * rows.std() * torch.randn_like(rows)
         self.usage[which] = 1.0
@@ -156,6 +162,7 @@ class VQVAE(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = c = config
+        self.copy_gate = False   # True: detokenize copies the context in cells of its own code
         qdim = len(c.fsq_levels) if c.quantizer == "fsq" else c.code_dim
         enc, prev = [nn.Conv2d(3, c.channels[0], 3, padding=1)], c.channels[0]
         for ch in c.channels:
@@ -190,10 +197,18 @@ class VQVAE(nn.Module):
 
     @torch.no_grad()
     def detokenize(self, codes, context=None):
-        """codes (N, grid * grid) long -> frames (N, 3, H, W) float in [0, 1] (context ignored)."""
+        """codes (N, grid * grid) long -> frames (N, 3, H, W) float in [0, 1]. The context frames
+        (as in tokenize) are ignored, unless self.copy_gate: then each cell whose code equals the
+        context frame's code there is the context's pixels."""
         g = self.config.grid
         z = self.quantizer.lookup(codes.view(-1, g, g)).permute(0, 3, 1, 2)
-        return (self.decoder(z) + 0.5).clamp(0, 1)
+        x = (self.decoder(z) + 0.5).clamp(0, 1)                          # (N, 3, H, W)
+        if not self.copy_gate or context is None:
+            return x
+        ctx = as_float_frames(context, x.device)                         # (N, 3, H, W)
+        same = (self.tokenize(ctx) == codes.to(x.device)).view(-1, 1, g, g).float()   # (N, 1, g, g)
+        keep = F.interpolate(same, size=x.shape[-2:], mode="nearest")    # 1 on a cell's pixels
+        return keep * ctx + (1 - keep) * x
 
     def vocab(self):
         """Code-token ranges for data/robot/task.Layout: context frames and future frames share one codebook."""

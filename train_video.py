@@ -18,18 +18,19 @@ Converted RT-1 episodes (.npz with image (T, 256, 320, 3) and action (T, 13)), o
     torchrun --nproc_per_node=8 train_video.py --data=/path/rt1 --init=scratch --device=cuda \\
         --dtype=bfloat16
 
-Stages (--stage): tokenizer | mle | rlvr | all. The tokenizer stage is train_vq.py's (its flags are
-accepted here and passed on). Outputs in --out_dir: video_vq.safetensors (per-frame tokenizer),
-video_cvq.safetensors (context-conditioned tokenizer, --tokenizer=cond), video_mle.safetensors,
-video_rlvr.safetensors, video_mle_more.safetensors (the control; --control=0 skips it) (+ .json
-sidecars), tokens_<split>.safetensors (the clips' tokens, cached per tokenizer), config.json,
-log.jsonl and eval.json = {"mle": M, "rlvr": M, "mle_more": M}, each M the eval.py --task=video
-JSON of the test split (--final_eval=val: the validation split, to choose flags on): greedy
-summaries, copy-last-frame and the tokenizer ceiling,
-"per_record" (mae, ssim, repetition per test window, in a fixed order, for paired comparisons)
-and "sampled" (the paper's protocol: T=1, top-k 100). The run ends by printing RLVR - MLE,
-RLVR - mle_more, RLVR - copy and MLE - copy with paired bootstrap 95% intervals over the test
-windows.
+Stages (--stage): tokenizer | mle | rlvr | all, and control: the control alone from --init for
+--control_compute (an RLVR run's rl_compute; the same weights as that run's control), evaluated
+beside its start, to choose --control_lr on validation. The tokenizer stage is train_vq.py's (its
+flags are accepted here and passed on). Outputs in --out_dir: video_vq.safetensors (per-frame
+tokenizer), video_cvq.safetensors (context-conditioned tokenizer, --tokenizer=cond),
+video_mle.safetensors, video_rlvr.safetensors, video_mle_more.safetensors (the control; --control=0
+skips it) (+ .json sidecars), tokens_<split>.safetensors (the clips' tokens, cached per
+tokenizer), config.json, log.jsonl and eval.json = {"mle": M, "rlvr": M, "mle_more": M}, each M the
+eval.py --task=video JSON of the test split (--final_eval=val: the validation split, to choose
+flags on): greedy summaries, copy-last-frame and the tokenizer ceiling, "per_record" (mae, ssim,
+repetition per test window, in a fixed order, for paired comparisons) and "sampled" (the paper's
+protocol: T=1, top-k 100). The run ends by printing RLVR - MLE, RLVR - mle_more, RLVR - copy,
+MLE - copy and mle_more - MLE with paired bootstrap 95% intervals over the test windows.
 Every stage checkpoints every --ckpt_every steps with optimizer and RNG state (a tokenizer's in
 video_vq_train / video_cvq_train.safetensors, removed once the tokenizer is written), and a re-run
 of the same command resumes where it stopped, ending with the weights of an uninterrupted run (a
@@ -103,8 +104,9 @@ p.add_argument("--data", default=str(DATA_DIR),
                     "no split)")
 p.add_argument("--out_dir", default=train_vq.OUT_DIR,
                help="checkpoints, token caches, log.jsonl and eval.json go here")
-p.add_argument("--stage", default="all", choices=["all", "tokenizer", "mle", "rlvr"],
-               help="which stages to run")
+p.add_argument("--stage", default="all", choices=["all", "tokenizer", "mle", "rlvr", "control"],
+               help="which stages to run (control: the control alone from --init for "
+                    "--control_compute, evaluated beside its start: the lr sweep)")
 p.add_argument("--mode", default="single", choices=["single", "multi"],
                help="predict 1 frame, or --horizon frames with the true actions injected "
                     "between them")
@@ -138,6 +140,10 @@ p.add_argument("--still_code", type=int, default=-1,
                     "that does not change the one code N, not the many its encoder leaves there; N "
                     "is the tokenizer's 'unchanged', data/robot/task.find_still_code (9 for "
                     "checkpoints/video_cvq; docs/video.md)")
+p.add_argument("--copy_gate", type=int, default=0,
+               help="1 (per-frame tokenizer): a predicted cell whose code is the context frame's "
+                    "code there is decoded as the context's pixels, in the reward and the "
+                    "evaluation (tokenizer_vq.VQVAE.detokenize; docs/video.md)")
 p.add_argument("--action_embed", type=int, default=0,
                help="1: before MLE, the action tokens' embeddings are set to Fourier features of "
                     "their bin's value (init_action_embeddings), so neighbouring bins start alike "
@@ -150,6 +156,9 @@ p.add_argument("--control_alongside", type=int, default=1,
                     "RLVR; the same steps either way)")
 p.add_argument("--control_lr", type=float, default=0,
                help="constant learning rate of the control; 0: the start's own final MLE rate")
+p.add_argument("--control_compute", type=float, default=0,
+               help="--stage=control: the control's compute in forward-token units (an RLVR "
+                    "run's rl_compute, in its log.jsonl)")
 # RLVR
 p.add_argument("--rl_steps", type=int, default=None,
                help="GRPO steps (default: 100 single-step, 40 multi-step)")
@@ -217,7 +226,8 @@ check_ranges(p, args, at_least_1=("context", "horizon", "n_layer", "n_head", "n_
                                   "batch_size", "rl_steps", "prompts_per_step", "group_size",
                                   "minibatches", "micro_batch", "eval_every", "eval_workers",
                                   "threads", "ckpt_every"),
-             at_least_0=("mle_minutes", "mle_lr", "warmup", "weight_decay", "control_lr", "rl_lr",
+             at_least_0=("mle_minutes", "mle_lr", "warmup", "weight_decay", "control_lr",
+                         "control_compute", "rl_lr",
                          "moving_weight", "object_weight", "action_weight", "beta", "clip_eps",
                          "test_limit", "train_limit"))
 if not args.temperature > 0:
@@ -240,8 +250,11 @@ FILES = dict(vq=out_dir / train_vq.VQ_FILE, cvq=out_dir / train_vq.CVQ_FILE,
              mle_more=out_dir / "video_mle_more.safetensors")
 if args.init != "auto" and args.init != "scratch" and not Path(args.init).is_file():
     fail(f"--init {args.init}: no such checkpoint file")
-if args.stage == "rlvr" and args.init == "scratch":
-    fail("--stage=rlvr needs --init=<video_mle checkpoint> (RLVR post-trains a trained model)")
+if args.stage in ("rlvr", "control") and args.init == "scratch":
+    fail(f"--stage={args.stage} needs --init=<video_mle checkpoint> (it post-trains a trained "
+         f"model)")
+if args.stage == "control" and not args.control_compute:
+    fail("--stage=control needs --control_compute (an RLVR run's rl_compute, in its log.jsonl)")
 train_vq.ensure_data(run)                       # the embedded robot data, generated on first use
 try:
     if master:
@@ -255,7 +268,7 @@ except ValueError as e:                         # a bad action_stats.json: one l
 if args.init == "auto":
     args.init = "scratch"                       # unless the shipped model fits, below
     shipped = SHIPPED_MLE[args.mode]
-    if shipped.is_file() and args.stage in ("all", "rlvr"):
+    if shipped.is_file() and args.stage in ("all", "rlvr", "control"):
         shipped_args = read_meta(shipped)["args"]   # its flags
         if len(shipped_args["action_lo"]) == len(lo):   # its vocabulary has these actions' tokens
             args.init = str(shipped)
@@ -263,8 +276,9 @@ if args.init == "auto":
             print0(f"--init=auto: the shipped model's vocabulary is for "
                    f"{len(shipped_args['action_lo'])}-dim actions, {args.data} has {len(lo)}-dim "
                    f"ones; training from scratch (tokenizer, MLE, RLVR)")
-    if args.init == "scratch" and args.stage == "rlvr":
-        fail("--stage=rlvr needs --init=<video_mle checkpoint> (RLVR post-trains a trained model)")
+    if args.init == "scratch" and args.stage in ("rlvr", "control"):
+        fail(f"--stage={args.stage} needs --init=<video_mle checkpoint> (it post-trains a trained "
+             f"model)")
 # with --resume=1, out_dir must hold no run with other flags (out_dir/config.json, runtime.py)
 record = run.check_config([FILES["mle"].name, FILES["rlvr"].name, FILES["mle_more"].name])
 
@@ -570,16 +584,16 @@ def evaluate_models(run, models, vq, episodes, ep_tokens, lo, hi, horizon, lpips
         """One model under one protocol: greedy (with a grid of predictions) or the paper's
         sampling."""
         name, official = job
-        m = models[name][0]
+        m, desc = models[name][0], f"{args.final_eval} {name}"
         with run.autocast:
             if official:
                 return eval_video(m, vq, episodes, ep_tokens, lo, hi, args.context, horizon,
                                   lpips_net, **OFFICIAL, seed=args.seed,
-                                  desc=None if workers > 1 else f"test {name} T=1 top-k")
+                                  desc=None if workers > 1 else f"{desc} T=1 top-k")
             grid = run.out_dir / f"grid_{name}.{'gif' if horizon > 1 else 'png'}"
             return eval_video(m, vq, episodes, ep_tokens, lo, hi, args.context, horizon,
                               lpips_net, grid_path=grid,
-                              desc=None if workers > 1 else f"test {name}")
+                              desc=None if workers > 1 else desc)
 
     # CPU: the jobs shared by forked processes
     workers = args.eval_workers if args.device == "cpu" else 1
@@ -603,7 +617,7 @@ def evaluate_models(run, models, vq, episodes, ep_tokens, lo, hi, horizon, lpips
     print_video_table(rows)
     # RLVR against its start, the equal-compute control and copying; the MLE start against copying
     pairs = [(a, b) for a, b in (("rlvr", "mle"), ("rlvr", "mle_more"), ("rlvr", "copy"),
-                                 ("mle", "copy"))
+                                 ("mle", "copy"), ("mle_more", "mle"))
              if a in rows and (b in rows or b == "copy")]
     print_video_paired(paired_video(rows, pairs))
     # did the model keep the objects and follow the action? (copy-last-frame has no such values)
@@ -679,6 +693,11 @@ if args.still_code != -1:
         fail(f"--still_code {args.still_code}: needs the context-conditioned tokenizer and one of "
              f"its codes (its 'unchanged': data/robot/task.find_still_code)")
     still_code = args.still_code
+if args.copy_gate:                # --copy_gate: decoded cells that keep their code copy the context
+    if isinstance(vq, CondVQVAE):
+        fail("--copy_gate: needs the per-frame tokenizer (the context-conditioned one gates its "
+             "own decoding)")
+    vq.copy_gate = True
 tokens = cached_tokens(run, vq_file, vq, layout, splits, horizon, lo, hi, still_code)
 
 # MLE: on its own (--stage=mle, from scratch or continuing --init), or as the first stage of a run
@@ -700,6 +719,31 @@ if args.stage == "mle" or (args.stage == "all" and start_model is None):
     mle_path = FILES["mle"]
 else:                                            # RLVR starts from --init as it is
     mle_path = Path(args.init)
+
+
+def control(run, start, start_path, layout, tokens, horizon, budget):
+    """The control: MLE on a copy of `start` at a constant rate, --control_lr or the start's own
+    final MLE rate (mle.final_lr of `start_path`; a start that records no MLE schedule: --rl_lr),
+    until `budget` (RLVR's compute) is spent."""
+    final = mle.final_lr(start_path)
+    lr = run.args.control_lr or (run.args.rl_lr if final is None else final)
+    run.print0(f"control: MLE continued from the start at lr {lr:.3g} for RLVR's compute")
+    ckpt = run.out_dir / "video_mle_more.safetensors"   # FILES["mle_more"]
+    return run_mle(run, copy.deepcopy(start), "mle_more", ckpt, layout, tokens, horizon, 10 ** 9, 0,
+                   mle.control_lr(lr), budget)
+
+
+if args.stage == "control":   # the control alone, for a given compute (the lr sweep)
+    try:
+        lpips_net = load_lpips(args.lpips, args.device)
+    except ValueError as e:
+        fail(str(e))
+    models = {"mle": (start_model, mle_path),
+              "mle_more": (control(run, start_model, mle_path, layout, tokens, horizon,
+                                   ComputeBudget(args.control_compute)), FILES["mle_more"])}
+    if master:
+        evaluate_models(run, models, vq, splits[args.final_eval], tokens[args.final_eval], lo, hi,
+                        horizon, lpips_net)
 # RLVR, then the equal-compute control, then the held-out comparison of the three
 if args.stage in ("all", "rlvr"):
     try:
@@ -734,18 +778,11 @@ if args.stage in ("all", "rlvr"):
     alongside = (args.control and args.control_alongside and world == 1 and args.device == "cpu"
                  and not rl_done)
 
-    def control(budget):
-        """The control: MLE on a copy of the start at a constant rate, --control_lr or the start's
-        own final MLE rate (mle.final_lr; a start that records no MLE schedule: --rl_lr)."""
-        final = mle.final_lr(mle_path)
-        lr = args.control_lr or (args.rl_lr if final is None else final)
-        print0(f"control: MLE continued from the start at lr {lr:.3g} for RLVR's compute")
-        return run_mle(run, copy.deepcopy(mle_model), "mle_more", FILES["mle_more"], layout,
-                       tokens, horizon, 10 ** 9, 0, mle.control_lr(lr), budget)
-
     budget = ComputeBudget()   # RLVR adds its compute step by step
     if alongside:
-        child = fork_alongside(lambda: control(budget), out_dir / "control.log")
+        child = fork_alongside(
+            lambda: control(run, mle_model, mle_path, layout, tokens, horizon, budget),
+            out_dir / "control.log")
         print0(f"control: MLE continues from the start in process {child.pid} while RLVR runs "
                f"(progress: {out_dir / 'control.log'})")
     rlvr_model = run_rlvr(run, start_model, FILES["rlvr"], vq, layout, tokens, splits, lo, hi,
@@ -760,7 +797,8 @@ if args.stage in ("all", "rlvr"):
                               FILES["mle_more"])
     elif args.control:   # after RLVR, for the compute its checkpoint records
         rl_compute = read_checkpoint(FILES["rlvr"])[1]["metrics"].get("rl_compute", 0)
-        models["mle_more"] = (control(ComputeBudget(rl_compute)), FILES["mle_more"])
+        models["mle_more"] = (control(run, mle_model, mle_path, layout, tokens, horizon,
+                                      ComputeBudget(rl_compute)), FILES["mle_more"])
     if master:                                   # rank 0 evaluates; the other ranks are done
         # the final comparison: on the test split, or (--final_eval=val) the validation split
         evaluate_models(run, models, vq, splits[args.final_eval], tokens[args.final_eval], lo, hi,

@@ -25,6 +25,32 @@ def test_shapes_and_roundtrip_api(quantizer):
     assert torch.allclose(vq.detokenize(vq.tokenize(x)), (vq(x)[0]).clamp(0, 1), atol=1e-5)
 
 
+def test_copy_gate_copies_the_context_where_a_cell_keeps_its_code():
+    torch.manual_seed(0)
+    vq = VQVAE(VQConfig(channels=(8, 8, 16), n_codes=64)).eval()
+    vq(torch.rand(4, 3, 64, 64))                      # the codebook initialised from data
+    ctx = torch.rand(2, 3, 64, 64)
+    codes = vq.tokenize(ctx)
+    codes[:, 9] = (codes[:, 9] + 1) % 64              # one changed cell: row 1, column 1
+    plain = vq.detokenize(codes, ctx)                 # no gate: the context is ignored
+    assert torch.equal(plain, vq.detokenize(codes))
+    vq.copy_gate = True
+    gated = vq.detokenize(codes, ctx)
+    cell = (slice(None), slice(None), slice(8, 16), slice(8, 16))
+    assert torch.equal(gated[cell], plain[cell])      # the changed cell: decoded
+    rest = torch.ones(64, 64, dtype=torch.bool)
+    rest[8:16, 8:16] = False
+    assert torch.equal(gated[:, :, rest], ctx[:, :, rest])   # every other cell: the context
+    assert not torch.equal(plain[:, :, rest], ctx[:, :, rest])
+    # a uint8 context (policy_eval's frames) is read as tokenize reads it
+    ctx8 = (ctx * 255).round().byte().permute(0, 2, 3, 1).numpy()
+    assert torch.equal(vq.detokenize(codes, ctx8), vq.detokenize(codes, vq_float(ctx8)))
+
+
+def vq_float(frames):
+    return torch.from_numpy(frames).permute(0, 3, 1, 2).float() / 255
+
+
 def test_vq_picks_nearest_code_and_passes_gradients_straight_through():
     q = VectorQuantizer(4, 2, beta=0.25)
     q.codebook.data = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [5.0, 5.0]])

@@ -102,6 +102,25 @@ def test_single_step_rlvr_from_a_checkpoint_and_eval_cli(trained):
 
 
 @pytest.mark.slow
+def test_stage_control_alone_reproduces_the_runs_control(trained):
+    """--stage=control (the lr sweep's control alone, for a given compute) trains the weights the
+    full run's control trained beside RLVR, and evaluates it against its start."""
+    tmp, _ = trained
+    o, full = tmp / "control", tmp / "out"
+    compute = json.loads((full / "video_rlvr.json").read_text())["metrics"]["rl_compute"]
+    common = ["--data", tmp / "data", "--out_dir", o, "--init", full / "video_mle.safetensors",
+              "--mode=multi"]
+    r = subprocess.run([sys.executable, "train_video.py", "--stage=control", *map(str, common), *TINY],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60, env=ENV)
+    assert r.returncode != 0 and "--stage=control needs --control_compute" in r.stderr
+    out = train(*common, "--stage=control", f"--control_compute={compute}")
+    a, b = load_file(o / "video_mle_more.safetensors"), load_file(full / "video_mle_more.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert set(json.loads((o / "eval.json").read_text())) == {"mle", "mle_more"}
+    assert re.search(r"mle_more - mle +mae +all", out)
+
+
+@pytest.mark.slow
 def test_rt1_format_episodes_train(tmp_path):
     rng = np.random.default_rng(0)
     for i in range(12):                                   # flat folder: 10 train, 1 val, 1 test
