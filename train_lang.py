@@ -26,10 +26,10 @@ written.
 k-step imagination (--horizon=K > 1): the world model predicts K consecutive recorded steps of an
 episode, each after the first prompted with the state its own previous answer leads to and the
 next recorded action (tasks.imagine_chains). RLVR samples G such chains per start state, every step
-at --temperature, and trains on every step's answer tokens with the chain's reward (the text game:
-the imagined final state is exact; the web page: the F1 of the K-th predicted changes), or with
---chain_reward=to_go each step's answer with the chain's mean step reward from that step on,
-grouped by step. MLE and its control stay one step, teacher-forced; --control_imagined=N also
+at --temperature, and trains on every step's answer tokens with the chain's mean step reward from
+that step on, grouped by step (each step scored as the text game's exact state or the web page's F1
+of the changes), or with --chain_reward=last every answer with the chain's reward of its last
+step. MLE and its control stay one step, teacher-forced; --control_imagined=N also
 gives the control the states the start imagines on N train chains. The evaluation scores chains
 (evaluate_chains): per chain start `<headline>_k` and the first step's metrics.
 """
@@ -112,10 +112,11 @@ g.add_argument("--reward", default=None,
 g.add_argument("--horizon", type=int, default=1,
                help="K > 1: k-step imagination, RLVR on and evaluation of chains of K recorded "
                     "steps, each from the state the previous prediction leads to")
-g.add_argument("--chain_reward", default="last", choices=("last", "to_go"),
-               help="--horizon K > 1: last = every step's answer gets the chain's reward of its "
-                    "last answer; to_go = step k's answer gets the chain's mean step reward from "
-                    "k on, its advantage against the other chains' step k (tasks.chain_hooks)")
+g.add_argument("--chain_reward", default="to_go", choices=("last", "to_go"),
+               help="--horizon K > 1: to_go = step k's answer gets the chain's mean step reward "
+                    "from k on, its advantage against the other chains' step k (chosen on "
+                    "validation: docs/results.md); last = every step's answer gets the chain's "
+                    "reward of its last answer (tasks.chain_hooks)")
 g = p.add_argument_group("research: controls, probes and the regime study (not needed to train)")
 g.add_argument("--label_frac", type=float, default=1.0,
                help="MLE sees only this fraction of the train labels (the regime study; RLVR still "

@@ -34,7 +34,7 @@ TEXT_SEEDS = ("textgame_s1337", "textgame_s1", "textgame_s2")
 WEB_SEEDS = ("webpage_s1337", "webpage_s1", "webpage_s2")
 VIDEO_SEEDS = ("video_single", "video_single_s1", "video_single_s2")
 SEED_NAMES = ("1337", "1", "2")
-LOW_RATE_CONTROL = "video_control_val/s2_lr3e-5"   # seed 2's video control at 3e-5 (validation)
+LOW_RATES = (("3e-5", "0.3x"), ("1e-5", "0.1x"))   # the video controls at lower rates (validation)
 RL_RUNS = ("textgame_final", *TEXT_SEEDS, "textgame_placebo", "textgame_pool128",
            "textgame_pool128_placebo", "textgame_lf10", "textgame_task_specific", "textgame_cover",
            "textgame_cover_rlvr", "textgame_x10", "webpage_final", *WEB_SEEDS, "webpage_placebo",
@@ -103,11 +103,13 @@ def episodes(rows, subset="all"):
 
 def diff(runs, a, b, metric, subset="all", split="test"):
     """a - b over the same records -> (mean, low, high); several runs are seeds, resampled too.
-    a or b may be (run, model), to pair models of two runs (RLVR against a placebo run)."""
+    a or b may be (run, model), to pair models of two runs (RLVR against a placebo run), or
+    (runs, model), a run per seed (a seed's stronger control)."""
     xs = []
-    for run in runs:
+    for i, run in enumerate(runs):
         ra, ma = a if isinstance(a, tuple) else (run, a)
         rb, mb = b if isinstance(b, tuple) else (run, b)
+        ra, rb = (r[i] if isinstance(r, list) else r for r in (ra, rb))
         A, B = load(ra, split), load(rb, split)
         if ma.partition(":")[0] not in {*A, "copy"} or mb.partition(":")[0] not in {*B, "copy"}:
             return None, None, None   # a model left out (a control of an older rule)
@@ -310,32 +312,42 @@ def lang_seeds(seeds, metric):
 
 
 def k_step(runs):
-    """k-step imagination runs {label: (headline metric, run, stronger)}: per split the chains'
-    headline metric of the MLE start, RLVR, MLE continued (teacher-forced) and the stronger control (run
-    `stronger`'s "mle_more": MLE also on imagined states; None: not run), RLVR minus each (the
-    chains of one episode resampled together where eval.json numbers them), and RLVR minus its
-    start on the first step."""
-    head = ["run", "split (chains)", "MLE start", "RLVR", "MLE continued", "stronger control",
-            "RLVR - MLE start", "RLVR - MLE continued", "RLVR - stronger control",
-            "stronger control - MLE start", "first step: RLVR - MLE start",
-            "MLE start: right chains after a wrong first step"]
+    """k-step imagination runs {label: (headline metric, runs, strongers)}, one run per seed (the
+    stronger control of each seed in `strongers`, its "mle_more": MLE also on imagined states;
+    None: not run). Per split and seed the chains' headline metric of RLVR, MLE continued
+    (teacher-forced) and the stronger control, RLVR minus each and minus its start on the first
+    step (the chains of one episode resampled together where eval.json numbers them); with several
+    seeds, a last row of their means and the seed-level intervals. The MLE start is every seed's
+    and is shown once, on the seeds' row (or the only seed's)."""
+    head = ["run", "seed", "split (chains)", "MLE start", "RLVR", "MLE continued",
+            "stronger control", "RLVR - MLE start", "RLVR - MLE continued",
+            "RLVR - stronger control", "stronger control - MLE start",
+            "first step: RLVR - MLE start", "MLE start: right chains after a wrong first step"]
     rows = []
-    for label, (h, run, stronger) in runs.items():
+    for label, (h, seeds, strongers) in runs.items():
+        strongers = strongers or (None,) * len(seeds)
+        groups = [((name,), (run,), (s,)) for name, run, s in zip(SEED_NAMES, seeds, strongers)]
+        if len(seeds) > 1:
+            groups.append((SEED_NAMES[:len(seeds)], seeds, strongers))
         for split in ("val", "test"):
-            r = load(run, split)
-            s = load(stronger, split)["mle_more"] if stronger else None
-            rows.append([label, f"{split} ({r['mle']['n']})", pct(r["mle"][h + "_k"]),
-                         pct(r["rlvr"][h + "_k"]),
-                         pct(r["mle_more"][h + "_k"] if "mle_more" in r else None),
-                         pct(s[h + "_k"] if s else None),
-                         ci(diff([run], "rlvr", "mle", h + "_k", split=split)),
-                         ci(diff([run], "rlvr", "mle_more", h + "_k", split=split)),
-                         ci(diff([run], "rlvr", (stronger, "mle_more"), h + "_k", split=split)
-                            if stronger else (None,)),
-                         ci(diff([run], (stronger, "mle_more"), "mle", h + "_k", split=split)
-                            if stronger else (None,)),
-                         ci(diff([run], "rlvr", "mle", h, split=split)), recovered(h, r)])
-    return table(head, rows, right=(2, 3, 4, 5))
+            for names, rs, ss in groups:
+                ev = [load(r, split) for r in rs]
+                strong = ss[0] and [load(s, split)["mle_more"][h + "_k"] for s in ss]
+                pooled = len(rs) == len(seeds)   # the seeds' row, or the only seed's
+                d = lambda a, b, m=h + "_k": ci(diff(list(rs), a, b, m, split=split))
+                rows.append([
+                    label, "+".join(names) if len(names) > 1 else names[0],
+                    f"{split} ({ev[0]['mle']['n']})",
+                    pct(ev[0]["mle"][h + "_k"]) if pooled else "",
+                    pct(np.mean([e["rlvr"][h + "_k"] for e in ev])),
+                    pct(np.mean([e["mle_more"][h + "_k"] for e in ev])
+                        if all("mle_more" in e for e in ev) else None),
+                    pct(np.mean(strong) if strong else None),
+                    d("rlvr", "mle"), d("rlvr", "mle_more"),
+                    d("rlvr", (list(ss), "mle_more")) if strong else "-",
+                    d((list(ss), "mle_more"), "mle") if strong else "-",
+                    d("rlvr", "mle", h), recovered(h, ev[0]) if pooled else ""])
+    return table(head, rows, right=(3, 4, 5, 6))
 
 
 def budget(run, default, metric):
@@ -638,7 +650,7 @@ def video_seeds():
     """Single-step: RLVR minus each model and the control minus its start, in MAE x 1e-3, object
     recall and action response, per seed and over the three seeds (seeds and windows resampled;
     copying is the same in every seed, so its row has no seed-level interval); then the control
-    minus its start on the validation split (control_val), and seed 2's control at a lower rate."""
+    minus its start on the validation split (control_val), and at lower rates (LOW_RATES)."""
     rows = []
     for a, b, metric, scale, digits in (
             ("rlvr", "mle", "mae", 1000, 2), ("rlvr", "mle_more", "mae", 1000, 2),
@@ -658,10 +670,13 @@ def video_seeds():
         seeds = ci(window_ci(d, pairs[0][1]), scale, digits)
         rows.append([f"{MODELS['mle_more']} - {MODELS['mle']}: {metric}{unit}, validation",
                      *cells, seeds])
-    for metric, scale, digits, unit in (("mae", 1000, 2, " x 1e-3"), ("ssim", 1, 4, "")):
-        rows.append([f"the same at 0.3x the rate (3e-5): {metric}{unit}, validation", "not run",
-                     "not run", ci(diff([LOW_RATE_CONTROL], "mle_more", "mle", metric, split="val"),
-                                   scale, digits), ""])
+    for lr, times in LOW_RATES:   # the control alone at a lower rate (--stage=control)
+        runs = [f"video_control_val/s{name}_lr{lr}" for name in SEED_NAMES]
+        for metric, scale, digits, unit in (("mae", 1000, 2, " x 1e-3"), ("ssim", 1, 4, "")):
+            rows.append([f"the same at {times} the rate ({lr}): {metric}{unit}, validation",
+                         *(ci(diff([run], "mle_more", "mle", metric, split="val"), scale, digits)
+                           for run in runs),
+                         ci(diff(runs, "mle_more", "mle", metric, split="val"), scale, digits)])
     head = ["difference", *(f"seed {s}" for s in SEED_NAMES), "3 seeds, seed-level CI"]
     return table(head, rows)
 
@@ -682,9 +697,11 @@ BLOCKS = {   # name -> (page, the function that makes it)
     "rl_logs": ("docs/results.md", rl_logs),
     "textgame_control_sweep": ("docs/results.md", lambda: control_sweep("textgame")),
     "k_step": ("docs/results.md", lambda: k_step({
-        "text, `last`": ("accuracy", "textgame_k3", None),
-        "text, `to_go`": ("accuracy", "textgame_k3_togo", "textgame_k3_imag"),
-        "web, `to_go`": ("f1", "webpage_k3_togo", "webpage_k3_imag")})),
+        "text, `last`": ("accuracy", ("textgame_k3",), None),
+        "text, `to_go`": ("accuracy", ("textgame_k3_togo", "textgame_k3_togo_s1",
+                                        "textgame_k3_togo_s2"),
+                          ("textgame_k3_imag", "textgame_k3_imag_s1", "textgame_k3_imag_s2")),
+        "web, `to_go`": ("f1", ("webpage_k3_togo",), ("webpage_k3_imag",))})),
     "textgame_budget": ("docs/results.md", lambda: budget("textgame_x10", "textgame_s1337",
                                                           "accuracy")),
     "webpage_budget": ("docs/results.md", lambda: budget("webpage_x10", "webpage_s1337", "f1")),
