@@ -314,11 +314,11 @@ def lang_seeds(seeds, metric):
 def k_step(runs):
     """k-step imagination runs {label: (headline metric, runs, strongers)}, one run per seed (the
     stronger control of each seed in `strongers`, its "mle_more": MLE also on imagined states;
-    None: not run). Per split and seed the chains' headline metric of RLVR, MLE continued
-    (teacher-forced) and the stronger control, RLVR minus each and minus its start on the first
-    step (the chains of one episode resampled together where eval.json numbers them); with several
-    seeds, a last row of their means and the seed-level intervals. The MLE start is every seed's
-    and is shown once, on the seeds' row (or the only seed's)."""
+    None: not run, for every seed or for one). Per split and seed the chains' headline metric of
+    RLVR, MLE continued (teacher-forced) and the stronger control, RLVR minus each and minus its
+    start on the first step (the chains of one episode resampled together where eval.json numbers
+    them); with several seeds, a last row of their means and the seed-level intervals. The MLE
+    start is every seed's and is shown once, on the seeds' row (or the only seed's)."""
     head = ["run", "seed", "split (chains)", "MLE start", "RLVR", "MLE continued",
             "stronger control", "RLVR - MLE start", "RLVR - MLE continued",
             "RLVR - stronger control", "stronger control - MLE start",
@@ -332,7 +332,7 @@ def k_step(runs):
         for split in ("val", "test"):
             for names, rs, ss in groups:
                 ev = [load(r, split) for r in rs]
-                strong = ss[0] and [load(s, split)["mle_more"][h + "_k"] for s in ss]
+                strong = all(ss) and [load(s, split)["mle_more"][h + "_k"] for s in ss]
                 pooled = len(rs) == len(seeds)   # the seeds' row, or the only seed's
                 d = lambda a, b, m=h + "_k": ci(diff(list(rs), a, b, m, split=split))
                 rows.append([
@@ -701,7 +701,8 @@ BLOCKS = {   # name -> (page, the function that makes it)
         "text, `to_go`": ("accuracy", ("textgame_k3_togo", "textgame_k3_togo_s1",
                                         "textgame_k3_togo_s2"),
                           ("textgame_k3_imag", "textgame_k3_imag_s1", "textgame_k3_imag_s2")),
-        "web, `to_go`": ("f1", ("webpage_k3_togo",), ("webpage_k3_imag",))})),
+        "web, `to_go`": ("f1", ("webpage_k3_togo", "webpage_k3_togo_s1", "webpage_k3_togo_s2"),
+                         ("webpage_k3_imag", None, None))})),
     "textgame_budget": ("docs/results.md", lambda: budget("textgame_x10", "textgame_s1337",
                                                           "accuracy")),
     "webpage_budget": ("docs/results.md", lambda: budget("webpage_x10", "webpage_s1337", "f1")),
