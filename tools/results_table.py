@@ -702,7 +702,7 @@ BLOCKS = {   # name -> (page, the function that makes it)
                                         "textgame_k3_togo_s2"),
                           ("textgame_k3_imag", "textgame_k3_imag_s1", "textgame_k3_imag_s2")),
         "web, `to_go`": ("f1", ("webpage_k3_togo", "webpage_k3_togo_s1", "webpage_k3_togo_s2"),
-                         ("webpage_k3_imag", None, None))})),
+                         ("webpage_k3_imag", "webpage_k3_imag_s1", "webpage_k3_imag_s2"))})),
     "textgame_budget": ("docs/results.md", lambda: budget("textgame_x10", "textgame_s1337",
                                                           "accuracy")),
     "webpage_budget": ("docs/results.md", lambda: budget("webpage_x10", "webpage_s1337", "f1")),
