@@ -721,33 +721,33 @@ else:                                            # RLVR starts from --init as it
     mle_path = Path(args.init)
 
 
-def control(run, start, start_path, layout, tokens, horizon, budget):
+def control(run, start, start_path, ckpt, layout, tokens, horizon, budget):
     """The control: MLE on a copy of `start` at a constant rate, --control_lr or the start's own
     final MLE rate (mle.final_lr of `start_path`; a start that records no MLE schedule: --rl_lr),
-    until `budget` (RLVR's compute) is spent."""
+    until `budget` (RLVR's compute) is spent; saved to `ckpt`."""
     final = mle.final_lr(start_path)
     lr = run.args.control_lr or (run.args.rl_lr if final is None else final)
     run.print0(f"control: MLE continued from the start at lr {lr:.3g} for RLVR's compute")
-    ckpt = run.out_dir / "video_mle_more.safetensors"   # FILES["mle_more"]
     return run_mle(run, copy.deepcopy(start), "mle_more", ckpt, layout, tokens, horizon, 10 ** 9, 0,
                    mle.control_lr(lr), budget)
 
 
-if args.stage == "control":   # the control alone, for a given compute (the lr sweep)
+if args.stage in ("all", "rlvr", "control"):   # the evaluation's LPIPS (and RLVR's reward's)
     try:
         lpips_net = load_lpips(args.lpips, args.device)
     except ValueError as e:
         fail(str(e))
+if args.stage == "control":   # the control alone, for a given compute (the lr sweep)
     models = {"mle": (start_model, mle_path),
-              "mle_more": (control(run, start_model, mle_path, layout, tokens, horizon,
-                                   ComputeBudget(args.control_compute)), FILES["mle_more"])}
+              "mle_more": (control(run, start_model, mle_path, FILES["mle_more"], layout, tokens,
+                                   horizon, ComputeBudget(args.control_compute)),
+                           FILES["mle_more"])}
     if master:
         evaluate_models(run, models, vq, splits[args.final_eval], tokens[args.final_eval], lo, hi,
                         horizon, lpips_net)
 # RLVR, then the equal-compute control, then the held-out comparison of the three
 if args.stage in ("all", "rlvr"):
     try:
-        lpips_net = load_lpips(args.lpips, args.device)
         reward_name = pick_reward(args.reward, lpips_net)
     except ValueError as e:
         fail(str(e))
@@ -781,7 +781,8 @@ if args.stage in ("all", "rlvr"):
     budget = ComputeBudget()   # RLVR adds its compute step by step
     if alongside:
         child = fork_alongside(
-            lambda: control(run, mle_model, mle_path, layout, tokens, horizon, budget),
+            lambda: control(run, mle_model, mle_path, FILES["mle_more"], layout, tokens, horizon,
+                            budget),
             out_dir / "control.log")
         print0(f"control: MLE continues from the start in process {child.pid} while RLVR runs "
                f"(progress: {out_dir / 'control.log'})")
@@ -797,8 +798,8 @@ if args.stage in ("all", "rlvr"):
                               FILES["mle_more"])
     elif args.control:   # after RLVR, for the compute its checkpoint records
         rl_compute = read_checkpoint(FILES["rlvr"])[1]["metrics"].get("rl_compute", 0)
-        models["mle_more"] = (control(run, mle_model, mle_path, layout, tokens, horizon,
-                                      ComputeBudget(rl_compute)), FILES["mle_more"])
+        models["mle_more"] = (control(run, mle_model, mle_path, FILES["mle_more"], layout, tokens,
+                                      horizon, ComputeBudget(rl_compute)), FILES["mle_more"])
     if master:                                   # rank 0 evaluates; the other ranks are done
         # the final comparison: on the test split, or (--final_eval=val) the validation split
         evaluate_models(run, models, vq, splits[args.final_eval], tokens[args.final_eval], lo, hi,

@@ -35,6 +35,8 @@ WEB_SEEDS = ("webpage_s1337", "webpage_s1", "webpage_s2")
 VIDEO_SEEDS = ("video_single", "video_single_s1", "video_single_s2")
 SEED_NAMES = ("1337", "1", "2")
 LOW_RATES = (("3e-5", "0.3x"), ("1e-5", "0.1x"))   # the video controls at lower rates (validation)
+# the video metrics of the validation rows: (metric, scale, digits, unit)
+VAL_METRICS = (("mae", 1000, 2, " x 1e-3"), ("ssim", 1, 4, ""))
 RL_RUNS = ("textgame_final", *TEXT_SEEDS, "textgame_placebo", "textgame_pool128",
            "textgame_pool128_placebo", "textgame_lf10", "textgame_task_specific", "textgame_cover",
            "textgame_cover_rlvr", "textgame_x10", "webpage_final", *WEB_SEEDS, "webpage_placebo",
@@ -639,7 +641,7 @@ def control_val(name, metric):
 def video_multi_control_val():
     """The multi-step default run's control minus its start on the validation split."""
     cells = []
-    for metric, scale, digits in (("mae", 1000, 2), ("ssim", 1, 4)):
+    for metric, scale, digits, _ in VAL_METRICS:
         d, ep = control_val("multi", metric)
         cells.append(ci(window_ci(d, ep), scale, digits))
     return table(["validation, 7 frames", "MAE x 1e-3", "SSIM"],
@@ -663,7 +665,7 @@ def video_seeds():
         unit = " x 1e-3" if metric == "mae" else ""
         rows.append([f"{MODELS[a]} - {MODELS.get(b, 'copy the last frame')}: {metric}{unit}",
                      *cells, seeds])
-    for metric, scale, digits, unit in (("mae", 1000, 2, " x 1e-3"), ("ssim", 1, 4, "")):
+    for metric, scale, digits, unit in VAL_METRICS:
         pairs = [control_val(f"s{name}", metric) for name in SEED_NAMES]   # [(control - start, ep.)]
         cells = [ci(window_ci(d, ep), scale, digits) for d, ep in pairs]
         d = np.stack([d for d, _ in pairs])   # (seeds, windows): the same windows in every seed
@@ -672,7 +674,7 @@ def video_seeds():
                      *cells, seeds])
     for lr, times in LOW_RATES:   # the control alone at a lower rate (--stage=control)
         runs = [f"video_control_val/s{name}_lr{lr}" for name in SEED_NAMES]
-        for metric, scale, digits, unit in (("mae", 1000, 2, " x 1e-3"), ("ssim", 1, 4, "")):
+        for metric, scale, digits, unit in VAL_METRICS:
             rows.append([f"the same at {times} the rate ({lr}): {metric}{unit}, validation",
                          *(ci(diff([run], "mle_more", "mle", metric, split="val"), scale, digits)
                            for run in runs),
