@@ -155,7 +155,11 @@ p.add_argument("--control_alongside", type=int, default=1,
                help="1: on a CPU, train the control in a second process while RLVR runs (0: after "
                     "RLVR; the same steps either way)")
 p.add_argument("--control_lr", type=float, default=0,
-               help="constant learning rate of the control; 0: the start's own final MLE rate")
+               help="constant learning rate of the control; 0: --control_scale x the start's own "
+                    "final MLE rate")
+p.add_argument("--control_scale", type=float, default=None,
+               help="the control's rate over the start's final MLE rate, when --control_lr is 0 "
+                    "(default per mode: single 0.3, multi 1)")
 p.add_argument("--control_compute", type=float, default=0,
                help="--stage=control: the control's compute in forward-token units (an RLVR "
                     "run's rl_compute, in its log.jsonl)")
@@ -212,9 +216,12 @@ train_vq.add_run_flags(p)
 args = p.parse_args()
 # defaults per mode, chosen on the validation split (docs/video.md): a multi-step completion is 7
 # frames, so fewer prompts and steps fit the time box; multi-step RLVR erased objects unless the
-# reward's object term said otherwise
-MODE_DEFAULTS = dict(single=dict(rl_steps=100, prompts_per_step=8, object_weight=0.0),
-                     multi=dict(rl_steps=40, prompts_per_step=4, object_weight=0.5))
+# reward's object term said otherwise; the single-step control damaged its start at the start's
+# final rate, and least at 0.3 of it (the multi-step control is level with its start at 1)
+MODE_DEFAULTS = dict(single=dict(rl_steps=100, prompts_per_step=8, object_weight=0.0,
+                                 control_scale=0.3),
+                     multi=dict(rl_steps=40, prompts_per_step=4, object_weight=0.5,
+                                control_scale=1.0))
 # the ones set on the command line
 given = {name for name in MODE_DEFAULTS[args.mode] if getattr(args, name) is not None}
 for name, value in MODE_DEFAULTS[args.mode].items():
@@ -227,7 +234,7 @@ check_ranges(p, args, at_least_1=("context", "horizon", "n_layer", "n_head", "n_
                                   "minibatches", "micro_batch", "eval_every", "eval_workers",
                                   "threads", "ckpt_every"),
              at_least_0=("mle_minutes", "mle_lr", "warmup", "weight_decay", "control_lr",
-                         "control_compute", "rl_lr",
+                         "control_scale", "control_compute", "rl_lr",
                          "moving_weight", "object_weight", "action_weight", "beta", "clip_eps",
                          "test_limit", "train_limit"))
 if not args.temperature > 0:
@@ -722,11 +729,12 @@ else:                                            # RLVR starts from --init as it
 
 
 def control(run, start, start_path, ckpt, layout, tokens, horizon, budget):
-    """The control: MLE on a copy of `start` at a constant rate, --control_lr or the start's own
-    final MLE rate (mle.final_lr of `start_path`; a start that records no MLE schedule: --rl_lr),
-    until `budget` (RLVR's compute) is spent; saved to `ckpt`."""
+    """The control: MLE on a copy of `start` at a constant rate, --control_lr or --control_scale x
+    the start's own final MLE rate (mle.final_lr of `start_path`; a start that records no MLE
+    schedule: --rl_lr), until `budget` (RLVR's compute) is spent; saved to `ckpt`."""
     final = mle.final_lr(start_path)
-    lr = run.args.control_lr or (run.args.rl_lr if final is None else final)
+    lr = run.args.control_lr or (run.args.rl_lr if final is None
+                                 else run.args.control_scale * final)
     run.print0(f"control: MLE continued from the start at lr {lr:.3g} for RLVR's compute")
     return run_mle(run, copy.deepcopy(start), "mle_more", ckpt, layout, tokens, horizon, 10 ** 9, 0,
                    mle.control_lr(lr), budget)
