@@ -89,7 +89,8 @@ def group_advantages(rewards, std_norm=True, eps=1e-6):
 
 
 def k3_kl(logp, ref_logp):
-    """Step 6. Per-token k3 estimate of KL(policy || ref) from the policy's samples."""
+    """Step 6. Per-token k3 estimate of KL(policy || ref) from the policy's samples. Not clamped
+    (verl's low_var_kl clamps it at 10, a bias that cuts the gradient of far-off tokens)."""
     d = ref_logp - logp          # log(ref / pi) of the sampled token
     return torch.exp(d) - d - 1  # >= 0 per sample; its mean under pi is exactly KL(pi || ref)
 

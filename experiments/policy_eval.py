@@ -376,6 +376,9 @@ def main(argv=None):
                    help="a world model of train_video.py (its tokenizer is named in its metadata)")
     p.add_argument("--rlvr", default="", help="its RLVR version, e.g. out/video_cond_rl/video_rlvr.safetensors of "
                                               "`python train_video.py --init=checkpoints/video_cond_mle.safetensors`")
+    p.add_argument("--copy_gate", type=int, default=-1, choices=[-1, 0, 1],
+                   help="-1: decode as each checkpoint records; 1: with the copy gate (e.g. the shipped per-frame "
+                        "checkpoints/video_mle.safetensors, the start of a --copy_gate=1 run); 0: without")
     # protocol
     p.add_argument("--policies", default="0,0.3,0.6,1.0,random", help="expert action-noise stds and/or 'random'")
     p.add_argument("--episodes", type=int, default=50, help="held-out scenes per policy")
@@ -411,6 +414,8 @@ def main(argv=None):
             if not Path(path).is_file():
                 raise ValueError(f"--{name} {path}: no such checkpoint")
             model, vq, meta = load_video_model(path, args.device)
+            if args.copy_gate >= 0:
+                vq.copy_gate = bool(args.copy_gate)
             a = meta["args"]
             if len(a["action_lo"]) != 2 or vq.config.size != sim.H:
                 raise ValueError(f"--{name} {path}: not a model of the embedded robot data (2-dim actions, 64x64)")
@@ -427,7 +432,8 @@ def main(argv=None):
                                                                  args.length, args.seed)]
     checks = {name: one_step_checks(wm, check_eps, args.batch_size) for name, wm in models.items()}
     print_checks(checks)
-    res = dict(checks=checks, checkpoints={n: p for n, p in (("mle", args.mle), ("rlvr", args.rlvr)) if p})
+    res = dict(checks=checks, checkpoints={n: p for n, p in (("mle", args.mle), ("rlvr", args.rlvr)) if p},
+               copy_gate=args.copy_gate)
     failed = [f"{n} {c}" for n, x in checks.items() for c, v in x.items() if not v["passed"]]
     if failed and args.gate:
         print(f"gate: the one-step checks failed ({', '.join(failed)}): no policy evaluation (--gate=0 runs it anyway)")

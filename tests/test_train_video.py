@@ -16,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import mle
 from data.robot.prepare import generate_split
 from data.robot.task import write_action_stats
 
@@ -118,6 +119,13 @@ def test_stage_control_alone_reproduces_the_runs_control(trained):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert set(json.loads((o / "eval.json").read_text())) == {"mle", "mle_more"}
     assert re.search(r"mle_more - mle +mae +all", out)
+    # its rate: --control_scale x the start's final MLE rate (multi-step's default scale: 1)
+    final = mle.final_lr(full / "video_mle.safetensors")
+    assert f"at lr {final:.3g} for RLVR's compute" in out
+    out = train("--data", tmp / "data", "--out_dir", tmp / "control_03", "--init",
+                full / "video_mle.safetensors", "--mode=multi", "--stage=control",
+                f"--control_compute={compute}", "--control_scale=0.3")
+    assert f"at lr {0.3 * final:.3g} for RLVR's compute" in out
 
 
 @pytest.mark.slow

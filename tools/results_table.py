@@ -33,8 +33,12 @@ RESULTS = ROOT / "results"
 TEXT_SEEDS = ("textgame_s1337", "textgame_s1", "textgame_s2")
 WEB_SEEDS = ("webpage_s1337", "webpage_s1", "webpage_s2")
 VIDEO_SEEDS = ("video_single", "video_single_s1", "video_single_s2")
+# --copy_gate=1 runs from the per-frame MLE model, the default reward
+GATE_SEEDS = ("video_pf_gate", "video_pf_gate_s1", "video_pf_gate_s2")
 SEED_NAMES = ("1337", "1", "2")
-LOW_RATES = (("3e-5", "0.3x"), ("1e-5", "0.1x"))   # the video controls at lower rates (validation)
+# the video single-step control's other rates tried on validation, beside its default (0.3x its
+# start's final rate, the one not significantly worse than the start): the start's final rate and less
+OTHER_RATES = (("1e-4", "1x"), ("1e-5", "0.1x"))
 # the video metrics of the validation rows: (metric, scale, digits, unit)
 VAL_METRICS = (("mae", 1000, 2, " x 1e-3"), ("ssim", 1, 4, ""))
 RL_RUNS = ("textgame_final", *TEXT_SEEDS, "textgame_placebo", "textgame_pool128",
@@ -630,10 +634,15 @@ def window_ci(d, episodes):
 
 
 def control_val(name, metric):
-    """results/video_control_val/<name>.json, what `eval.py --task=video --ckpt=<a run's control>
-    --compare=<its MLE start> --split=val` wrote (name: s<seed>, or multi) -> (control - start
+    """results/video_control_val/<name>.json, what `eval.py --task=video --ckpt=<a control>
+    --compare=<its MLE start> --split=val` wrote (name: s<seed>, s<seed>_lr<rate> or multi), or the
+    folder <name> of a `train_video.py --stage=control` run (its eval_val.json) -> (control - start
     per window, each window's episode)."""
-    runs = list(json.loads((RESULTS / "video_control_val" / f"{name}.json").read_text()).values())
+    path = RESULTS / "video_control_val" / name
+    if path.is_dir():
+        runs = [json.loads((path / "eval_val.json").read_text())[m] for m in ("mle_more", "mle")]
+    else:
+        runs = list(json.loads(Path(f"{path}.json").read_text()).values())
     control, start = (np.asarray(r["per_record"][metric], dtype=np.float64) for r in runs)
     return control - start, np.asarray([w[0] for w in runs[0]["per_record"]["windows"]])
 
@@ -648,11 +657,12 @@ def video_multi_control_val():
                  [[f"{MODELS['mle_more']} - {MODELS['mle']} ({len(d)} windows)", *cells]])
 
 
-def video_seeds():
-    """Single-step: RLVR minus each model and the control minus its start, in MAE x 1e-3, object
-    recall and action response, per seed and over the three seeds (seeds and windows resampled;
-    copying is the same in every seed, so its row has no seed-level interval); then the control
-    minus its start on the validation split (control_val), and at lower rates (LOW_RATES)."""
+def video_seeds(runs=VIDEO_SEEDS, control_rates=True):
+    """Single-step runs, one per seed of SEED_NAMES: RLVR minus each model and the control minus its
+    start, in MAE x 1e-3, object recall and action response, per seed and over the three seeds
+    (seeds and windows resampled; copying is the same in every seed, so its row has no seed-level
+    interval); then, with control_rates, the control minus its start on the validation split
+    (control_val), and at the other rates (OTHER_RATES)."""
     rows = []
     for a, b, metric, scale, digits in (
             ("rlvr", "mle", "mae", 1000, 2), ("rlvr", "mle_more", "mae", 1000, 2),
@@ -660,27 +670,47 @@ def video_seeds():
             ("rlvr", "mle", "object_recall", 1, 3), ("rlvr", "mle_more", "object_recall", 1, 3),
             ("rlvr", "mle", "action_response", 1, 3),
             ("rlvr", "mle_more", "action_response", 1, 3)):
-        cells = [ci(diff([run], a, b, metric), scale, digits) for run in VIDEO_SEEDS]
-        seeds = "" if b == "copy" else ci(diff(VIDEO_SEEDS, a, b, metric), scale, digits)
+        cells = [ci(diff([run], a, b, metric), scale, digits) for run in runs]
+        seeds = "" if b == "copy" else ci(diff(runs, a, b, metric), scale, digits)
         unit = " x 1e-3" if metric == "mae" else ""
         rows.append([f"{MODELS[a]} - {MODELS.get(b, 'copy the last frame')}: {metric}{unit}",
                      *cells, seeds])
-    for metric, scale, digits, unit in VAL_METRICS:
-        pairs = [control_val(f"s{name}", metric) for name in SEED_NAMES]   # [(control - start, ep.)]
-        cells = [ci(window_ci(d, ep), scale, digits) for d, ep in pairs]
-        d = np.stack([d for d, _ in pairs])   # (seeds, windows): the same windows in every seed
-        seeds = ci(window_ci(d, pairs[0][1]), scale, digits)
-        rows.append([f"{MODELS['mle_more']} - {MODELS['mle']}: {metric}{unit}, validation",
-                     *cells, seeds])
-    for lr, times in LOW_RATES:   # the control alone at a lower rate (--stage=control)
-        runs = [f"video_control_val/s{name}_lr{lr}" for name in SEED_NAMES]
+    for rate, times in (("", ""), *OTHER_RATES) if control_rates else ():   # default rate first
+        label = (f"{MODELS['mle_more']} - {MODELS['mle']}" if not rate
+                 else f"the same at {times} the rate ({rate})")
         for metric, scale, digits, unit in VAL_METRICS:
-            rows.append([f"the same at {times} the rate ({lr}): {metric}{unit}, validation",
-                         *(ci(diff([run], "mle_more", "mle", metric, split="val"), scale, digits)
-                           for run in runs),
-                         ci(diff(runs, "mle_more", "mle", metric, split="val"), scale, digits)])
+            pairs = [control_val(f"s{name}" + (f"_lr{rate}" if rate else ""), metric)
+                     for name in SEED_NAMES]   # [(control - start, episodes)]
+            d = np.stack([d for d, _ in pairs])   # (seeds, windows): the same windows in each
+            rows.append([f"{label}: {metric}{unit}, validation",
+                         *(ci(window_ci(d, ep), scale, digits) for d, ep in pairs),
+                         ci(window_ci(d, pairs[0][1]), scale, digits)])
     head = ["difference", *(f"seed {s}" for s in SEED_NAMES), "3 seeds, seed-level CI"]
     return table(head, rows)
+
+
+def gate_val():
+    """The copy-gated per-frame start's RLVR runs on the validation split (--final_eval=val, so
+    their eval.json is validation): copying, the gated tokenizer's ceiling, the start, each
+    reward's RLVR and RLVR minus the start, paired (greedy; the response also sampled)."""
+    runs = (("the default reward", "video_single_action_val_pf_gate"),
+            ("`--object_weight=0.5`", "video_single_action_val_pf_gate_o05"),
+            ("`--action_weight=0.1`", "video_single_action_val_pf_gate_a01"))
+    start = load(runs[0][1])["mle"]
+    rows = [[name, f"{m['mae']:.4f}", f"{m['ssim']:.4f}", *[""] * 6] for name, m in (
+        ("copy the last frame", start["copy_last_frame"]),
+        ("the per-frame tokenizer's ceiling, gated", start["tokenizer_ceiling"]))]
+    for name, run in (("`video_mle`, gated", None), *((f"its RLVR, {r}", run) for r, run in runs)):
+        m = start if run is None else load(run)["rlvr"]
+        paired = [] if run is None else [
+            ci(diff([run], "rlvr", "mle", "mae"), 1000, 2),
+            *(ci(diff([run], "rlvr", "mle", k), 1, 3) for k in ("object_recall", "action_response")),
+            ci(diff([run], "rlvr:sampled", "mle:sampled", "action_response"), 1, 3)]
+        rows.append([name, f"{m['mae']:.4f}", f"{m['ssim']:.4f}", f"{m['objects']['recall']:.3f}",
+                     f"{m['action_effect']['action_response']:.3f}", *(paired or [""] * 4)])
+    return table([f"{start['n_windows']} val windows, greedy", "MAE", "SSIM", "object recall",
+                  "action response", "RLVR - start: MAE x 1e-3", "object_recall",
+                  "action_response", "action_response, sampled"], rows, right=(1, 2, 3, 4))
 
 
 # -----------------------------------------------------------------------------
@@ -728,6 +758,8 @@ BLOCKS = {   # name -> (page, the function that makes it)
     "video_seeds": ("docs/video.md", video_seeds),
     "video_multi": ("docs/video.md", lambda: video("video_multi", multi=True)),
     "video_multi_control_val": ("docs/video.md", video_multi_control_val),
+    "video_gate_val": ("docs/video.md", gate_val),
+    "video_gate_seeds_o0": ("docs/video.md", lambda: video_seeds(GATE_SEEDS, False)),
     "video_single_action": ("docs/video.md", lambda: video(
         "video_single_action", than=("video_single", "RLVR of the default reward"))),
 }
