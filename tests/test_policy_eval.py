@@ -215,6 +215,15 @@ def test_main_end_to_end_on_the_shipped_model(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(pe, "one_step_checks", lambda *a: dict(gripper=failed, push=failed))
     pe.main([f"--mle={mle}", "--episodes=1", f"--json={out}"])   # the gate: checks only
     assert "policies" not in json.loads(out.read_text()) and "gate: " in capsys.readouterr().out
+    # --copy_gate=1 decodes both models with the copy gate; by default, as each checkpoint records
+    seen = []
+    monkeypatch.setattr(pe, "one_step_checks",
+                        lambda wm, *a: seen.append(wm[1].copy_gate) or dict(gripper=failed, push=failed))
+    pf = ROOT / "checkpoints" / "video_mle.safetensors"
+    pe.main([f"--mle={pf}", f"--rlvr={pf}", "--episodes=1", "--copy_gate=1", f"--json={out}"])
+    assert seen == [True, True] and json.loads(out.read_text())["copy_gate"] == 1
+    pe.main([f"--mle={pf}", "--episodes=1", f"--json={out}"])
+    assert seen[2:] == [False]
     with pytest.raises(SystemExit, match="--rlvr .*no such checkpoint"):
         pe.main([f"--mle={mle}", f"--rlvr={tmp_path / 'none.safetensors'}"])
     with pytest.raises(SystemExit, match="block size"):

@@ -33,8 +33,9 @@ RESULTS = ROOT / "results"
 TEXT_SEEDS = ("textgame_s1337", "textgame_s1", "textgame_s2")
 WEB_SEEDS = ("webpage_s1337", "webpage_s1", "webpage_s2")
 VIDEO_SEEDS = ("video_single", "video_single_s1", "video_single_s2")
-# --copy_gate=1 runs from the per-frame MLE model, the default reward
+# --copy_gate=1 runs from the per-frame MLE model: the default reward, and the object term's
 GATE_SEEDS = ("video_pf_gate", "video_pf_gate_s1", "video_pf_gate_s2")
+GATE_O05_SEEDS = ("video_pf_gate_o05", "video_pf_gate_o05_s1", "video_pf_gate_o05_s2")
 SEED_NAMES = ("1337", "1", "2")
 # the video single-step control's other rates tried on validation, beside its default (0.3x its
 # start's final rate, the one not significantly worse than the start): the start's final rate and less
@@ -759,6 +760,9 @@ BLOCKS = {   # name -> (page, the function that makes it)
     "video_multi": ("docs/video.md", lambda: video("video_multi", multi=True)),
     "video_multi_control_val": ("docs/video.md", video_multi_control_val),
     "video_gate_val": ("docs/video.md", gate_val),
+    "video_gate_test": ("docs/video.md", lambda: video(
+        "video_pf_gate_o05", than=("video_single", "RLVR of the default start"))),
+    "video_gate_seeds": ("docs/video.md", lambda: video_seeds(GATE_O05_SEEDS, False)),
     "video_gate_seeds_o0": ("docs/video.md", lambda: video_seeds(GATE_SEEDS, False)),
     "video_single_action": ("docs/video.md", lambda: video(
         "video_single_action", than=("video_single", "RLVR of the default reward"))),
