@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from evaluate_video import to_float
 from tokenizer_vq import (FSQ, CondVQConfig, CondVQVAE, VQConfig, VQVAE, VectorQuantizer, codebook_stats, load_vq,
                           save_vq)
 
@@ -44,11 +45,7 @@ def test_copy_gate_copies_the_context_where_a_cell_keeps_its_code():
     assert not torch.equal(plain[:, :, rest], ctx[:, :, rest])
     # a uint8 context (policy_eval's frames) is read as tokenize reads it
     ctx8 = (ctx * 255).round().byte().permute(0, 2, 3, 1).numpy()
-    assert torch.equal(vq.detokenize(codes, ctx8), vq.detokenize(codes, vq_float(ctx8)))
-
-
-def vq_float(frames):
-    return torch.from_numpy(frames).permute(0, 3, 1, 2).float() / 255
+    assert torch.equal(vq.detokenize(codes, ctx8), vq.detokenize(codes, to_float(ctx8)))
 
 
 def test_vq_picks_nearest_code_and_passes_gradients_straight_through():

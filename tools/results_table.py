@@ -641,7 +641,8 @@ def control_val(name, metric):
     per window, each window's episode)."""
     path = RESULTS / "video_control_val" / name
     if path.is_dir():
-        runs = [json.loads((path / "eval_val.json").read_text())[m] for m in ("mle_more", "mle")]
+        rows = load(f"video_control_val/{name}", "val")
+        runs = [rows["mle_more"], rows["mle"]]
     else:
         runs = list(json.loads(Path(f"{path}.json").read_text()).values())
     control, start = (np.asarray(r["per_record"][metric], dtype=np.float64) for r in runs)
