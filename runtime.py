@@ -199,6 +199,7 @@ class Run:
 
     def finish(self):
         if self.ddp:
+            dist.barrier()   # no rank tears the group down while another still talks to it
             dist.destroy_process_group()
 
     def wrap(self, model, compile=False):
