@@ -692,25 +692,31 @@ def video_seeds(runs=VIDEO_SEEDS, control_rates=True):
 
 
 def gate_val():
-    """The copy-gated per-frame start's RLVR runs on the validation split (--final_eval=val, so
-    their eval.json is validation): copying, the gated tokenizer's ceiling, the start, each
-    reward's RLVR and RLVR minus the start, paired (greedy; the response also sampled)."""
-    runs = (("the default reward", "video_single_action_val_pf_gate"),
-            ("`--object_weight=0.5`", "video_single_action_val_pf_gate_o05"),
-            ("`--action_weight=0.1`", "video_single_action_val_pf_gate_a01"))
-    start = load(runs[0][1])["mle"]
+    """The copy-gated per-frame starts' RLVR runs on the validation split (--final_eval=val, so
+    their eval.json is validation): copying, the gated tokenizer's ceiling, then each start and
+    its rewards' RLVR with RLVR minus the start, paired (greedy; the response also sampled)."""
+    val = "video_single_action_val_pf"
+    starts = (("`video_mle`, gated", (("the default reward", f"{val}_gate"),
+                                      ("`--object_weight=0.5`", f"{val}_gate_o05"),
+                                      ("`--action_weight=0.1`", f"{val}_gate_a01"))),
+              ("`video_mle` + 800 MLE steps on 4000 episodes, gated",
+               (("`--object_weight=0.5`", f"{val}_data_o05"),)))
+    first = load(starts[0][1][0][1])["mle"]
     rows = [[name, f"{m['mae']:.4f}", f"{m['ssim']:.4f}", *[""] * 6] for name, m in (
-        ("copy the last frame", start["copy_last_frame"]),
-        ("the per-frame tokenizer's ceiling, gated", start["tokenizer_ceiling"]))]
-    for name, run in (("`video_mle`, gated", None), *((f"its RLVR, {r}", run) for r, run in runs)):
-        m = start if run is None else load(run)["rlvr"]
-        paired = [] if run is None else [
-            ci(diff([run], "rlvr", "mle", "mae"), 1000, 2),
-            *(ci(diff([run], "rlvr", "mle", k), 1, 3) for k in ("object_recall", "action_response")),
-            ci(diff([run], "rlvr:sampled", "mle:sampled", "action_response"), 1, 3)]
-        rows.append([name, f"{m['mae']:.4f}", f"{m['ssim']:.4f}", f"{m['objects']['recall']:.3f}",
-                     f"{m['action_effect']['action_response']:.3f}", *(paired or [""] * 4)])
-    return table([f"{start['n_windows']} val windows, greedy", "MAE", "SSIM", "object recall",
+        ("copy the last frame", first["copy_last_frame"]),
+        ("the per-frame tokenizer's ceiling, gated", first["tokenizer_ceiling"]))]
+    for start, runs in starts:
+        for name, run in ((start, runs[0][1]), *((f"its RLVR, {r}", run) for r, run in runs)):
+            m = load(run)["mle" if name == start else "rlvr"]
+            paired = [] if name == start else [
+                ci(diff([run], "rlvr", "mle", "mae"), 1000, 2),
+                *(ci(diff([run], "rlvr", "mle", k), 1, 3)
+                  for k in ("object_recall", "action_response")),
+                ci(diff([run], "rlvr:sampled", "mle:sampled", "action_response"), 1, 3)]
+            rows.append([name, f"{m['mae']:.4f}", f"{m['ssim']:.4f}",
+                         f"{m['objects']['recall']:.3f}",
+                         f"{m['action_effect']['action_response']:.3f}", *(paired or [""] * 4)])
+    return table([f"{first['n_windows']} val windows, greedy", "MAE", "SSIM", "object recall",
                   "action response", "RLVR - start: MAE x 1e-3", "object_recall",
                   "action_response", "action_response, sampled"], rows, right=(1, 2, 3, 4))
 
