@@ -705,10 +705,11 @@ def gate_val():
     rows = [[name, f"{m['mae']:.4f}", f"{m['ssim']:.4f}", *[""] * 6] for name, m in (
         ("copy the last frame", first["copy_last_frame"]),
         ("the per-frame tokenizer's ceiling, gated", first["tokenizer_ceiling"]))]
-    for start, runs in starts:
-        for name, run in ((start, runs[0][1]), *((f"its RLVR, {r}", run) for r, run in runs)):
-            m = load(run)["mle" if name == start else "rlvr"]
-            paired = [] if name == start else [
+    for start, runs in starts:   # the start's row (from its first run's eval.json), then its runs'
+        for name, run, arm in ((start, runs[0][1], "mle"),
+                               *((f"its RLVR, {r}", run, "rlvr") for r, run in runs)):
+            m = load(run)[arm]
+            paired = [] if arm == "mle" else [
                 ci(diff([run], "rlvr", "mle", "mae"), 1000, 2),
                 *(ci(diff([run], "rlvr", "mle", k), 1, 3)
                   for k in ("object_recall", "action_response")),
