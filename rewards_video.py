@@ -6,9 +6,11 @@ drew, and never raises on model output: an unscorable frame gets the worst rewar
 The file, in reading order:
 - `video_reward(name, pred, true, ...)`, name "mae+ssim" = -(MAE + 1 - SSIM) (the default without
   LPIPS weights) or "mae+lpips" = -(MAE + LPIPS), minus optional terms for the error on the pixels
-  that move, for erased objects and for a gripper drawn where the action did not take it;
+  that move, for erased objects, for a gripper drawn where the action did not take it and for
+  pushed blocks drawn where the push did not take them;
   `pick_reward` resolves "auto".
-- the metrics: mae, mse, psnr, ssim, moving_mae, object_miss, gripper_error; then LPIPS (VGG16)
+- the metrics: mae, mse, psnr, ssim, moving_mae, object_miss, gripper_error, push_error; then
+  LPIPS (VGG16)
   and load_lpips.
 - multi-step video: `repetition_rate`, an evaluation metric (evaluate_video.py), not a reward.
 - the named rewards, REWARDS.
@@ -32,10 +34,14 @@ MOVE_TOL, OBJECT_TOL = 0.1, 0.15
 # unit action), so a gripper left where it was scores about 0.5, one moved a whole step the wrong
 # way about 1, as bad as none at all
 GRIPPER_SCALE = 6.0
+# push_error's scale in pixels: one step of the robot (sim.SPEED), so a pushed block left where it
+# was scores about 1 after a full-speed push (pushes move a block 1.9 px on average)
+PUSH_SCALE = 3.0
 
 
 def video_reward(name, pred, true, lpips_net=None, context=None, moving_weight=0.0, background=None,
-                 object_weight=0.0, action_weight=0.0, locate=None):
+                 object_weight=0.0, action_weight=0.0, locate=None, push_weight=0.0,
+                 locate_blocks=None):
     """Per-sample reward (N,) of decoded predictions against the true frames. Never raises on
     model output.
 
@@ -51,6 +57,10 @@ def video_reward(name, pred, true, lpips_net=None, context=None, moving_weight=0
       locate_gripper): how far from the true gripper the prediction draws it. Pixel errors barely
       tell a gripper that followed the commanded action from one that did not, or from a faded one;
       this term, checked against the true frame, does.
+    - push_weight x `push_error` (context, and locate_blocks: a block detector, e.g.
+      data/robot/detect.py's locate_blocks): how far from the true blocks the prediction draws the
+      blocks that the true step moved. A pushed block is a few pixels of the frame; this term pays
+      for moving it as the action did.
 
     The prediction is clamped to [0, 1] (+-inf pixels read as 1 and 0); a sample holding a NaN or
     infinite pixel, or whose reward is still non-finite, gets the floor, WORST_VIDEO_REWARD (-3)
@@ -61,9 +71,11 @@ def video_reward(name, pred, true, lpips_net=None, context=None, moving_weight=0
     if not torch.isfinite(true).all():
         raise ValueError("video reward: the true frames hold non-finite values")
     if ((moving_weight and context is None) or (object_weight and background is None)
-            or (action_weight and locate is None)):
+            or (action_weight and locate is None)
+            or (push_weight and (locate_blocks is None or context is None))):
         raise ValueError("video reward: moving_weight needs the context frames, "
-                         "object_weight the backgrounds, action_weight a gripper locator")
+                         "object_weight the backgrounds, action_weight a gripper locator, "
+                         "push_weight the context frames and a block locator")
     with torch.no_grad():
         clamped, true = pred.float().clamp(0, 1), true.float()
         r = REWARDS[name](clamped, true, lpips_net)
@@ -73,9 +85,12 @@ def video_reward(name, pred, true, lpips_net=None, context=None, moving_weight=0
             r = r - object_weight * object_miss(clamped, true, background.float())
         if action_weight:
             r = r - action_weight * gripper_error(clamped, true, locate)
+        if push_weight:
+            r = r - push_weight * push_error(clamped, true, context.float(), locate_blocks)
     # the floor for a non-finite prediction or reward: each term is at most 1, so it lies below all
     bad = ~torch.isfinite(pred.reshape(len(pred), -1)).all(1) | ~torch.isfinite(r)
-    return r.masked_fill(bad, WORST_VIDEO_REWARD - moving_weight - object_weight - action_weight)
+    floor = WORST_VIDEO_REWARD - moving_weight - object_weight - action_weight - push_weight
+    return r.masked_fill(bad, floor)
 
 
 def pick_reward(name, lpips_net):
@@ -207,6 +222,27 @@ def gripper_error(pred, true, locate, scale=GRIPPER_SCALE):
             err.append(1.0)
         else:
             err.append(min(math.dist(ap, at) / scale, 1.0))
+    return torch.tensor(err)
+
+
+def push_error(pred, true, context, locate_blocks, scale=PUSH_SCALE, moved=0.5):
+    """How far from the true blocks the prediction draws the blocks that the true step pushed, per
+    frame, in [0, 1]: over the blocks whose centre moved by more than `moved` pixels from the
+    context frame to the true one, the mean distance between the predicted and the true centre,
+    over `scale` pixels, capped at 1 (1 where the prediction shows no such block); 0 for a frame
+    where no block moved (nothing to check). locate_blocks: (H, W, 3) uint8 frame -> a list of
+    block centres (x, y) or None, in a fixed order (data/robot/detect.locate_blocks). -> (N,)"""
+    _check_frames(pred, true)
+    _check_frames(context, true)
+    p, t, c = (to_uint8(x.nan_to_num(0.0)) for x in (pred, true, context))
+    err = []
+    for pf, tf, cf in zip(p, t, c):
+        errs = []
+        for bc, bt, bp in zip(locate_blocks(cf), locate_blocks(tf), locate_blocks(pf)):
+            if bc is None or bt is None or math.dist(bc, bt) <= moved:
+                continue                  # this block is not seen, or the step did not move it
+            errs.append(1.0 if bp is None else min(math.dist(bp, bt) / scale, 1.0))
+        err.append(sum(errs) / len(errs) if errs else 0.0)
     return torch.tensor(err)
 
 

@@ -13,7 +13,10 @@ The commands that made the shipped tokenizers and MLE models (--stage=tokenizer,
 legs) are in docs/video.md. Everything in one go (tokenizers, MLE, RLVR, eval):
     python train_video.py --init=scratch --mode=multi
 The per-frame tokenizer instead of the context-conditioned one: --tokenizer=frame (with
---init=scratch); its MLE model is shipped too (--init=checkpoints/video_mle.safetensors).
+--init=scratch); its MLE model is shipped too (--init=checkpoints/video_mle.safetensors), and the
+same trained on 4000 generated episodes, which follows the gripper's action
+(checkpoints/video_mle_4000.safetensors, with --copy_gate=1 and --data of those episodes;
+docs/video.md).
 Converted RT-1 episodes (.npz with image (T, 256, 320, 3) and action (T, 13)), on GPUs:
     torchrun --nproc_per_node=8 train_video.py --data=/path/rt1 --init=scratch --device=cuda \\
         --dtype=bfloat16
@@ -48,8 +51,8 @@ context + 1 (single), loss on the predicted frames' codes only; a model trained 
 serves single-step prediction. RLVR samples G predictions per prompt, decodes them (with the true
 context frame) and scores them against the true frames (`--reward`, default mae+ssim, or mae+lpips
 with --lpips weights, minus the optional terms of rewards_video.video_reward: moving pixels,
-erased objects, and --action_weight's gripper drawn away from the true one); `grpo.grpo_step` does
-the rest, with the multi-step sampler of data/robot/task.py that injects the true actions between
+erased objects, --action_weight's gripper drawn away from the true one and --push_weight's pushed
+blocks drawn away from the true ones); `grpo.grpo_step` does the rest, with the multi-step sampler of data/robot/task.py that injects the true actions between
 frames.
 --counterfactual_frac adds prompts at visited train states with a random action, whose true outcome
 the simulator renders (docs/video.md, "Paying RLVR for the action's effect").
@@ -73,7 +76,7 @@ import mle
 import train_vq
 from checkpoint import atomic_write, atomic_write_text, read_checkpoint, read_meta, recorded_path
 from data.robot import sim
-from data.robot.detect import locate_gripper
+from data.robot.detect import locate_blocks, locate_gripper
 from data.robot.prepare import DATA_DIR, split_episodes
 from data.robot.task import (N_BINS, Layout, action_bins, frame_codes, read_action_stats, rollout,
                              tokenize_split, windows)
@@ -194,6 +197,11 @@ p.add_argument("--action_weight", type=float, default=0.0,
                     "true one, over 6 px, capped at 1; 1 where none is drawn "
                     "(rewards_video.gripper_error with data/robot/detect.locate_gripper; the "
                     "embedded robot data): a gripper that does not follow the action is not paid")
+p.add_argument("--push_weight", type=float, default=0.0,
+               help="the reward also loses this x the distance between the blocks drawn and the "
+                    "true ones, over the blocks the true step pushed, over 3 px, capped at 1 "
+                    "(rewards_video.push_error with data/robot/detect.locate_blocks; the embedded "
+                    "robot data): a block that does not move as the push moved it is not paid")
 p.add_argument("--counterfactual_frac", type=float, default=0.0,
                help="share (rounded down, at most 0.5) of each GRPO step's prompts that repeat "
                     "another prompt's context with a random action in place of the true one, their "
@@ -235,7 +243,8 @@ check_ranges(p, args, at_least_1=("context", "horizon", "n_layer", "n_head", "n_
                                   "threads", "ckpt_every"),
              at_least_0=("mle_minutes", "mle_lr", "warmup", "weight_decay", "control_lr",
                          "control_scale", "control_compute", "rl_lr",
-                         "moving_weight", "object_weight", "action_weight", "beta", "clip_eps",
+                         "moving_weight", "object_weight", "action_weight", "push_weight",
+                         "beta", "clip_eps",
                          "test_limit", "train_limit"))
 if not args.temperature > 0:
     p.error(f"--temperature must be > 0, got {args.temperature}")
@@ -469,7 +478,8 @@ def run_rlvr(run, model, ckpt, vq, layout, tokens, splits, lo, hi, horizon, lpip
         # MAE on moving pixels; a completion gets its frames' mean
         bg = per_frame("background") if args.object_weight else None       # the bare scenes
         r = video_reward(reward_name, pred, truth, lpips_net, ctx, args.moving_weight, bg,
-                         args.object_weight, args.action_weight, locate_gripper)
+                         args.object_weight, args.action_weight, locate_gripper,
+                         args.push_weight, locate_blocks)
         return r.view(-1, horizon).mean(1).tolist()
 
     def sampler(m, prompts, items, cfg, gen):
@@ -765,14 +775,16 @@ if args.stage in ("all", "rlvr"):
         print0(f"reward: {args.data} has no background images, so no object term "
                f"(the default --object_weight)")
         args.object_weight = 0.0
-    # the gripper detector knows the embedded robot's gripper only (its data has backgrounds)
-    if args.action_weight and train_eps[0]["background"] is None:
-        fail(f"--action_weight needs the embedded robot's episodes (its gripper detector); "
-             f"{args.data} has other ones")
+    # the detectors know the embedded robot's gripper and blocks only (its data has backgrounds)
+    for name in ("action_weight", "push_weight"):
+        if getattr(args, name) and train_eps[0]["background"] is None:
+            fail(f"--{name} needs the embedded robot's episodes (its detectors); "
+                 f"{args.data} has other ones")
     print0(f"reward: {reward_name}"
            + (f" - {args.moving_weight:g} x moving MAE" if args.moving_weight else "")
            + (f" - {args.object_weight:g} x object miss" if args.object_weight else "")
            + (f" - {args.action_weight:g} x gripper error" if args.action_weight else "")
+           + (f" - {args.push_weight:g} x push error" if args.push_weight else "")
            + ("" if lpips_net else " (no LPIPS weights: --lpips=FILE enables mae+lpips)"))
     mle_model = copy.deepcopy(start_model)   # kept for the comparison; RLVR updates start_model
     models = {"mle": (mle_model, mle_path)}  # name -> (model, its checkpoint file), evaluated below

@@ -226,6 +226,10 @@ def main(argv=None):
     p.add_argument("--models", nargs="*", default=[str(ck / f"{n}.safetensors") for n in
                                                     ("video_cond_mle", "video_mle", "video_cond_multi_mle")],
                    help="world models of train_video.py (each with the tokenizer its metadata names)")
+    p.add_argument("--copy_gate", type=int, default=-1, choices=[-1, 0, 1],
+                   help="-1: decode as each checkpoint records; 1: every tokenizer and model with the copy gate "
+                        "(tokenizer_vq.VQVAE.detokenize; e.g. a per-frame MLE model, the start of a --copy_gate=1 "
+                        "run); 0: without")
     p.add_argument("--policies", default="0,0.3,0.6,1.0,random", help="expert action-noise stds and/or 'random'")
     p.add_argument("--limit", type=int, default=10, help="held-out scenes per policy (policy_eval's check_episodes)")
     p.add_argument("--length", type=int, default=16, help="frames per episode")
@@ -243,9 +247,14 @@ def main(argv=None):
             if not Path(path).is_file():
                 raise ValueError(f"{path}: no such checkpoint")
         tokenizers = {f"tokenizer {Path(t).stem}": load_vq(t)[0].eval() for t in args.tokenizers}
+        for vq in tokenizers.values():
+            if args.copy_gate >= 0:
+                vq.copy_gate = bool(args.copy_gate)
         models = {}
         for path in args.models:
             model, vq, meta = load_video_model(path)
+            if args.copy_gate >= 0:
+                vq.copy_gate = bool(args.copy_gate)
             a = meta["args"]
             if len(a["action_lo"]) != 2 or vq.config.size != sim.H:
                 raise ValueError(f"{path}: not a model of the embedded robot data (2-dim actions, 64x64)")
@@ -266,7 +275,7 @@ def main(argv=None):
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         write_json(args.json, dict(rows=rows, directions=DIRECTIONS.tolist(), policies=args.policies,
-                                   scenes=args.limit, length=args.length, seed=args.seed,
+                                   scenes=args.limit, length=args.length, seed=args.seed, copy_gate=args.copy_gate,
                                    checkpoints=dict(tokenizers=args.tokenizers, models=args.models)))
         print(f"wrote {args.json}")
 

@@ -1,19 +1,21 @@
-"""The reward term for the action's effect (rewards_video.gripper_error, --action_weight of train_video.py): checked by
-hand on frames the simulator renders, on garbage predictions, and for leaving the default reward untouched."""
+"""The reward terms for the action's effect (rewards_video.gripper_error, --action_weight, and rewards_video.push_error,
+--push_weight of train_video.py): checked by hand on frames the simulator renders, on garbage predictions, and for
+leaving the default reward untouched."""
 import numpy as np
 import pytest
 import torch
 
 from data.robot import sim
-from data.robot.detect import locate_gripper
-from rewards_video import GRIPPER_SCALE, WORST_VIDEO_REWARD, gripper_error, video_reward
+from data.robot.detect import locate_blocks, locate_gripper
+from rewards_video import (GRIPPER_SCALE, PUSH_SCALE, WORST_VIDEO_REWARD, gripper_error, push_error,
+                           video_reward)
 
 
-def scene(gripper):
-    """A rendered frame (1, 3, 64, 64) in [0, 1] with the gripper at `gripper` and two blocks away from it; and the
-    bare table (1, 3, 64, 64)."""
+def scene(gripper, blocks=((12, 12), (52, 52))):
+    """A rendered frame (1, 3, 64, 64) in [0, 1] with the gripper at `gripper` and two blocks (by default away from
+    it); and the bare table (1, 3, 64, 64)."""
     bg = sim.render_background(np.random.default_rng(0))
-    state = dict(gripper=np.array(gripper, np.float32), blocks=np.array([[12, 12], [52, 52]], np.float32),
+    state = dict(gripper=np.array(gripper, np.float32), blocks=np.array(blocks, np.float32),
                  goal=np.array([50, 14], np.float32), colors=sim.PALETTE[:2])
 
     def as_float(img):
@@ -76,7 +78,8 @@ def test_action_weight_needs_a_locator():
 
 
 def test_default_reward_is_unchanged():
-    """action_weight 0 (the default) never calls the locator and gives the same bits as a call without the term."""
+    """action_weight and push_weight 0 (the defaults) never call the locators and give the same bits as a call without
+    the terms."""
     ctx, table = scene((32, 32))
     true, _ = scene((35, 32))
     g = torch.Generator().manual_seed(1)
@@ -84,9 +87,63 @@ def test_default_reward_is_unchanged():
     pred[0, :, 0, 0] = float("nan")
 
     def refuse(frame):
-        raise AssertionError("the locator ran with action_weight 0")
+        raise AssertionError("a locator ran with its term's weight 0")
 
     kw = dict(context=ctx.expand_as(pred), moving_weight=1.0, background=table.expand_as(pred), object_weight=0.5)
     base = video_reward("mae+ssim", pred, true.expand_as(pred), **kw)
-    same = video_reward("mae+ssim", pred, true.expand_as(pred), **kw, action_weight=0.0, locate=refuse)
+    same = video_reward("mae+ssim", pred, true.expand_as(pred), **kw, action_weight=0.0, locate=refuse,
+                        push_weight=0.0, locate_blocks=refuse)
     assert torch.equal(base, same)
+
+
+def test_push_error_by_hand():
+    """Context: the first block at x = 24; the true step moves it 3 px right (the gripper drawn away from it, so as not to hide
+    a part of it), the second block
+    stays. A prediction that draws the push scores ~0, one that leaves the block where it was ~1 (3 px of PUSH_SCALE's
+    3), one pushed 2 of the 3 px ~1/3, one that draws no blocks 1; moving the block that did not move costs nothing (only
+    pushed blocks are checked); a step that pushes nothing scores 0 whatever is drawn."""
+    ctx, table = scene((40, 10), blocks=((24, 32), (52, 52)))
+    true, _ = scene((40, 10), blocks=((27, 32), (52, 52)))
+    short, _ = scene((40, 10), blocks=((26, 32), (52, 52)))
+    other, _ = scene((40, 10), blocks=((27, 32), (49, 52)))
+    pred = torch.cat([true, ctx, short, table, other])
+    n = len(pred)
+    err = push_error(pred, true.expand(n, -1, -1, -1), ctx.expand(n, -1, -1, -1), locate_blocks)
+    assert err.shape == (n,) and err.dtype == torch.float32
+    assert err[0].item() < 0.05 and err[4].item() < 0.05
+    assert err[1].item() == pytest.approx(3.0 / PUSH_SCALE, abs=0.05)
+    assert err[2].item() == pytest.approx(1.0 / PUSH_SCALE, abs=0.05)
+    assert err[3].item() == 1.0
+    # nothing pushed (the context is the truth): 0
+    assert push_error(pred, true.expand(n, -1, -1, -1), true.expand(n, -1, -1, -1),
+                      locate_blocks).tolist() == [0.0] * n
+    # in the reward: the term ranks the samples by where they draw the pushed block
+    kw = dict(context=ctx.expand(n, -1, -1, -1), moving_weight=1.0)
+    r0 = video_reward("mae+ssim", pred, true.expand(n, -1, -1, -1), **kw)
+    r = video_reward("mae+ssim", pred, true.expand(n, -1, -1, -1), **kw, push_weight=2.0,
+                     locate_blocks=locate_blocks)
+    assert torch.allclose(r, r0 - 2.0 * err)
+    with pytest.raises(ValueError, match="block locator"):
+        video_reward("mae+ssim", pred, true.expand(n, -1, -1, -1), **kw, push_weight=1.0)
+
+
+def test_push_error_never_raises_on_garbage():
+    """NaN, infinite, huge and random predictions: finite errors in [0, 1]; a non-finite prediction gets the floor
+    lowered by the term's weight."""
+    ctx, _ = scene((40, 10), blocks=((24, 32), (52, 52)))
+    true, _ = scene((40, 10), blocks=((27, 32), (52, 52)))
+    g = torch.Generator().manual_seed(0)
+    pred = torch.rand(6, 3, 64, 64, generator=g)
+    pred[1] = float("nan")
+    pred[2] = float("inf")
+    pred[3] = -1e30
+    pred[4] = torch.randn(3, 64, 64, generator=g) * 1e6
+    pred[5, :, ::2] = float("nan")
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        p, t, c = (x.to(dtype) for x in (pred, true.expand(6, -1, -1, -1), ctx.expand(6, -1, -1, -1)))
+        err = push_error(p, t, c, locate_blocks)
+        assert torch.isfinite(err).all() and (err >= 0).all() and (err <= 1).all()
+        r = video_reward("mae+ssim", p, t, context=c, moving_weight=1.0, push_weight=0.5,
+                         locate_blocks=locate_blocks)
+        assert torch.isfinite(r).all() and (r >= WORST_VIDEO_REWARD - 1.5 - 1e-5).all()
+        assert (r[1:3] == WORST_VIDEO_REWARD - 1.5).all()

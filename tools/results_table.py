@@ -36,6 +36,7 @@ VIDEO_SEEDS = ("video_single", "video_single_s1", "video_single_s2")
 # --copy_gate=1 runs from the per-frame MLE model: the default reward, and the object term's
 GATE_SEEDS = ("video_pf_gate", "video_pf_gate_s1", "video_pf_gate_s2")
 GATE_O05_SEEDS = ("video_pf_gate_o05", "video_pf_gate_o05_s1", "video_pf_gate_o05_s2")
+GATE_4000_SEEDS = ("video_pf4000", "video_pf4000_s1", "video_pf4000_s2")
 SEED_NAMES = ("1337", "1", "2")
 # the video single-step control's other rates tried on validation, beside its default (0.3x its
 # start's final rate, the one not significantly worse than the start): the start's final rate and less
@@ -577,9 +578,9 @@ def video_ceiling():
                  right=(2, 3, 4, 5))
 
 
-def video(run, multi=False, than=None):
+def video(run, multi=False, than=()):
     """A video run's greedy table of its models, then RLVR's paired differences, greedy and
-    sampled (T=1, top-k 100); than: (run, label), another run's RLVR on the same windows,
+    sampled (T=1, top-k 100); than: ((run, label), ...), other runs' RLVR on the same windows,
     compared with this one's too."""
     r = load(run)
     n = r["mle"]["n_windows"]
@@ -609,11 +610,12 @@ def video(run, multi=False, than=None):
     if "action_response" in r["rlvr"]["per_record"]:   # runs evaluated with the action effect
         pairs += [(ref, m) for m in ("object_recall", "action_response")
                   for ref in ("mle", "mle_more")]
-    if than:
-        pairs += [((than[0], "rlvr"), m) for m in ("mae", "object_recall", "action_response")]
+    labels = dict(than)
+    pairs += [((other, "rlvr"), m) for other in labels
+              for m in ("mae", "object_recall", "action_response")]
     rows = []
     for ref, m in pairs:
-        name = than[1] if isinstance(ref, tuple) else MODELS.get(ref, ref)
+        name = labels[ref[0]] if isinstance(ref, tuple) else MODELS.get(ref, ref)
         label = f"RLVR - {name}, {m.upper() if m in ('mae', 'ssim') else m}"
         greedy = ci(diff([run], "rlvr", ref, m), 1, digits[m])
         # sampled: against the models only (copy is not sampled; repetition is greedy only)
@@ -691,16 +693,21 @@ def video_seeds(runs=VIDEO_SEEDS, control_rates=True):
     return table(head, rows)
 
 
-def gate_val():
-    """The copy-gated per-frame starts' RLVR runs on the validation split (--final_eval=val, so
-    their eval.json is validation): copying, the gated tokenizer's ceiling, then each start and
-    its rewards' RLVR with RLVR minus the start, paired (greedy; the response also sampled)."""
-    val = "video_single_action_val_pf"
-    starts = (("`video_mle`, gated", (("the default reward", f"{val}_gate"),
-                                      ("`--object_weight=0.5`", f"{val}_gate_o05"),
-                                      ("`--action_weight=0.1`", f"{val}_gate_a01"))),
-              ("`video_mle` + 800 MLE steps on 4000 episodes, gated",
-               (("`--object_weight=0.5`", f"{val}_data_o05"),)))
+VAL_PF = "video_single_action_val_pf"
+GATE_VAL = (("`video_mle`, gated", (("the default reward", f"{VAL_PF}_gate"),
+                                    ("`--object_weight=0.5`", f"{VAL_PF}_gate_o05"),
+                                    ("`--action_weight=0.1`", f"{VAL_PF}_gate_a01"))),)
+GATE_4000_VAL = (("`video_mle_4000`, gated", (
+    ("`--object_weight=0.5`", f"{VAL_PF}4000_o05"),
+    ("`--object_weight=0.5 --push_weight=0.1`", f"{VAL_PF}4000_o05_p01"),
+    ("`--object_weight=0.5 --push_weight=0.5`", f"{VAL_PF}4000_o05_p05"))),)
+
+
+def gate_val(starts):
+    """Copy-gated per-frame starts' RLVR runs on the validation split (--final_eval=val, so their
+    eval.json is validation): copying, the gated tokenizer's ceiling, then each start of `starts`
+    ((name, ((reward, run), ...)), ...) and its rewards' RLVR with RLVR minus the start, paired
+    (greedy; the response also sampled)."""
     first = load(starts[0][1][0][1])["mle"]
     rows = [[name, f"{m['mae']:.4f}", f"{m['ssim']:.4f}", *[""] * 6] for name, m in (
         ("copy the last frame", first["copy_last_frame"]),
@@ -767,13 +774,18 @@ BLOCKS = {   # name -> (page, the function that makes it)
     "video_seeds": ("docs/video.md", video_seeds),
     "video_multi": ("docs/video.md", lambda: video("video_multi", multi=True)),
     "video_multi_control_val": ("docs/video.md", video_multi_control_val),
-    "video_gate_val": ("docs/video.md", gate_val),
+    "video_gate_val": ("docs/video.md", lambda: gate_val(GATE_VAL)),
+    "video_gate4000_val": ("docs/video.md", lambda: gate_val(GATE_4000_VAL)),
     "video_gate_test": ("docs/video.md", lambda: video(
-        "video_pf_gate_o05", than=("video_single", "RLVR of the default start"))),
+        "video_pf_gate_o05", than=(("video_single", "RLVR of the default start"),))),
     "video_gate_seeds": ("docs/video.md", lambda: video_seeds(GATE_O05_SEEDS, False)),
     "video_gate_seeds_o0": ("docs/video.md", lambda: video_seeds(GATE_SEEDS, False)),
+    "video_gate4000_test": ("docs/video.md", lambda: video(
+        "video_pf4000", than=(("video_single", "RLVR of the default run"),
+                              ("video_pf_gate_o05", "RLVR of `video_mle`")))),
+    "video_gate4000_seeds": ("docs/video.md", lambda: video_seeds(GATE_4000_SEEDS, False)),
     "video_single_action": ("docs/video.md", lambda: video(
-        "video_single_action", than=("video_single", "RLVR of the default reward"))),
+        "video_single_action", than=(("video_single", "RLVR of the default reward"),))),
 }
 
 

@@ -38,6 +38,12 @@ def locate_block(frame, rgb):
     return np.array([xs.mean(), ys.mean()], np.float32)
 
 
+def locate_blocks(frame):
+    """Centres of the blocks of every palette colour (sim.PALETTE, in its order) in an (H, W, 3) uint8 frame, each
+    (x, y) or None where no block of that colour shows."""
+    return [locate_block(frame, rgb) for rgb in sim.PALETTE]
+
+
 def locate_gripper(frame):
     """Centre (x, y) of the dark gripper disc in an (H, W, 3) uint8 frame, or None: the box of the pixels within RGB
     distance GRIPPER_TOL of its colour near their median (its highlight and stray dark pixels, e.g. shadowed goal
