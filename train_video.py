@@ -56,6 +56,7 @@ blocks drawn away from the true ones); `grpo.grpo_step` does the rest, with the 
 frames.
 --counterfactual_frac adds prompts at visited train states with a random action, whose true outcome
 the simulator renders (docs/video.md, "Paying RLVR for the action's effect").
+--placebo=1 permutes each kept group's rewards among its samples: the optimiser's check.
 """
 import argparse
 import copy
@@ -85,7 +86,8 @@ from evaluate_video import (OFFICIAL, eval_video, load_video_model, paired_effec
 from grpo import GRPOConfig, grpo_step, make_optimizer
 from model import GPT, GPTConfig
 from rewards_video import load_lpips, pick_reward, video_reward
-from runtime import ComputeBudget, Run, check_ranges, fork_alongside, fork_map, lr_at
+from runtime import (ComputeBudget, Run, add_flags, check_ranges, fork_alongside, fork_map,
+                     lr_at)
 from tokenizer_vq import CondVQVAE, load_vq
 
 ROOT = Path(__file__).resolve().parent
@@ -209,6 +211,7 @@ p.add_argument("--counterfactual_frac", type=float, default=0.0,
                     "one scene under two actions, paid only where the prediction follows each")
 p.add_argument("--moving_only", type=int, default=1,
                help="RL prompts only from windows where the scene moves")
+add_flags(p, GRPOConfig, research=True)   # --placebo: the optimiser's check (rewards permuted)
 # evaluation
 p.add_argument("--eval_every", type=int, default=500,
                help="MLE steps between validation losses (RLVR: every 20)")
@@ -428,7 +431,7 @@ def run_rlvr(run, model, ckpt, vq, layout, tokens, splits, lo, hi, horizon, lpip
                      temperature=args.temperature, clip_eps=args.clip_eps, beta=args.beta,
                      minibatches=args.minibatches, micro_batch=args.micro_batch,
                      prompts_per_step=0, entropy_coef=0.0, lr=args.rl_lr, warmup=0,
-                     betas=(0.9, 0.99), weight_decay=0.0)
+                     betas=(0.9, 0.99), weight_decay=0.0, shuffle_rewards=bool(args.placebo))
     opt = make_optimizer(model, cfg)
     tok = tokens["train"]
     # every window of the train clips
@@ -785,7 +788,8 @@ if args.stage in ("all", "rlvr"):
            + (f" - {args.object_weight:g} x object miss" if args.object_weight else "")
            + (f" - {args.action_weight:g} x gripper error" if args.action_weight else "")
            + (f" - {args.push_weight:g} x push error" if args.push_weight else "")
-           + ("" if lpips_net else " (no LPIPS weights: --lpips=FILE enables mae+lpips)"))
+           + ("" if lpips_net else " (no LPIPS weights: --lpips=FILE enables mae+lpips)")
+           + ("; PLACEBO: rewards permuted within each kept group" if args.placebo else ""))
     mle_model = copy.deepcopy(start_model)   # kept for the comparison; RLVR updates start_model
     models = {"mle": (mle_model, mle_path)}  # name -> (model, its checkpoint file), evaluated below
     rl_done = (args.resume and FILES["rlvr"].is_file()

@@ -100,6 +100,15 @@ def test_single_step_rlvr_from_a_checkpoint_and_eval_cli(trained):
     # a complete stage is reused, not retrained
     assert "is complete, reusing it" in train("--data", tmp / "data", "--out_dir", o, "--stage=rlvr", "--init",
                                               tmp / "out" / "video_mle.safetensors", "--mode=single")
+    # the placebo (--placebo=1, grpo.GRPOConfig.shuffle_rewards; its permutation is tested in test_grpo.py): the
+    # same prompts and samples as RLVR, so step 0's rewards equal RLVR's
+    p = tmp / "placebo"
+    out = train("--data", tmp / "data", "--out_dir", p, "--stage=rlvr", "--init", tmp / "out" / "video_mle.safetensors",
+                "--mode=single", "--control=0", "--placebo=1")
+    assert "PLACEBO: rewards permuted within each kept group" in out
+    assert json.loads((p / "config.json").read_text())["placebo"] == 1
+    first = [json.loads((f / "log.jsonl").read_text().splitlines()[0]) for f in (o, p)]
+    assert first[0]["step"] == first[1]["step"] == 0 and first[0]["reward_mean"] == first[1]["reward_mean"]
 
 
 @pytest.mark.slow

@@ -700,7 +700,8 @@ GATE_VAL = (("`video_mle`, gated", (("the default reward", f"{VAL_PF}_gate"),
 GATE_4000_VAL = (("`video_mle_4000`, gated", (
     ("`--object_weight=0.5`", f"{VAL_PF}4000_o05"),
     ("`--object_weight=0.5 --push_weight=0.1`", f"{VAL_PF}4000_o05_p01"),
-    ("`--object_weight=0.5 --push_weight=0.5`", f"{VAL_PF}4000_o05_p05"))),)
+    ("`--object_weight=0.5 --push_weight=0.5`", f"{VAL_PF}4000_o05_p05"),
+    ("`--object_weight=0.5 --push_weight=0.1 --placebo=1`", f"{VAL_PF}4000_o05_p01_placebo"))),)
 
 
 def gate_val(starts):
