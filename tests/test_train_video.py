@@ -240,13 +240,22 @@ def free_port():
 
 @pytest.mark.slow
 def test_torchrun_two_ranks_rlvr_identical_weights(trained):
+    """Two ranks update one model: the same weights on both, and updated. The start is a per-frame model (the tiny
+    conditioned tokenizer decodes every sample alike, so its groups have no reward spread and nothing would move)."""
     tmp, _ = trained
+    start = tmp / "ddp_start"
+    train("--data", tmp / "data", "--out_dir", start, "--stage=mle", "--init=scratch", "--tokenizer=frame",
+          "--vq", tmp / "out" / "video_vq.safetensors", "--mode=multi")
     out = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
                "train_video.py", "--data", str(tmp / "data"), "--out_dir", str(tmp / "ddp"), "--stage=rlvr",
-               "--init", str(tmp / "out" / "video_mle.safetensors"), "--mode=multi", *TINY], timeout=180)
+               "--init", str(start / "video_mle.safetensors"), "--mode=multi", *TINY], timeout=180)
     sums = re.search(r"weight checksums per rank \[(\d+), (\d+)\]", out)
     assert sums and sums.group(1) == sums.group(2), out[-2000:]
     assert (tmp / "ddp" / "eval.json").is_file()
+    steps = [json.loads(line) for line in (tmp / "ddp" / "log.jsonl").read_text().splitlines()]
+    assert sum(d.get("groups_kept", 0) for d in steps if d["stage"] == "rlvr") > 0     # a real update
+    new, old = (load_file(str(f)) for f in (tmp / "ddp" / "video_rlvr.safetensors", start / "video_mle.safetensors"))
+    assert any(not torch.equal(new[k], old[k]) for k in old)
 
 
 @pytest.mark.slow
