@@ -10,8 +10,7 @@ The file, in reading order:
   pushed blocks drawn where the push did not take them;
   `pick_reward` resolves "auto".
 - the metrics: mae, mse, psnr, ssim, moving_mae, object_miss, gripper_error, push_error; then
-  LPIPS (VGG16)
-  and load_lpips.
+  LPIPS (VGG16) and load_lpips.
 - multi-step video: `repetition_rate`, an evaluation metric (evaluate_video.py), not a reward.
 - the named rewards, REWARDS.
 

@@ -52,8 +52,8 @@ serves single-step prediction. RLVR samples G predictions per prompt, decodes th
 context frame) and scores them against the true frames (`--reward`, default mae+ssim, or mae+lpips
 with --lpips weights, minus the optional terms of rewards_video.video_reward: moving pixels,
 erased objects, --action_weight's gripper drawn away from the true one and --push_weight's pushed
-blocks drawn away from the true ones); `grpo.grpo_step` does the rest, with the multi-step sampler of data/robot/task.py that injects the true actions between
-frames.
+blocks drawn away from the true ones); `grpo.grpo_step` does the rest, with the multi-step sampler
+of data/robot/task.py that injects the true actions between frames.
 --counterfactual_frac adds prompts at visited train states with a random action, whose true outcome
 the simulator renders (docs/video.md, "Paying RLVR for the action's effect").
 --placebo=1 permutes each kept group's rewards among its samples: the optimiser's check.

@@ -247,8 +247,8 @@ def main(argv=None):
             if not Path(path).is_file():
                 raise ValueError(f"{path}: no such checkpoint")
         tokenizers = {f"tokenizer {Path(t).stem}": load_vq(t)[0].eval() for t in args.tokenizers}
-        for vq in tokenizers.values():
-            if args.copy_gate >= 0:
+        if args.copy_gate >= 0:   # the copy gate forced on or off (per-frame tokenizers have one)
+            for vq in tokenizers.values():
                 vq.copy_gate = bool(args.copy_gate)
         models = {}
         for path in args.models:

@@ -97,11 +97,11 @@ def test_default_reward_is_unchanged():
 
 
 def test_push_error_by_hand():
-    """Context: the first block at x = 24; the true step moves it 3 px right (the gripper drawn away from it, so as not to hide
-    a part of it), the second block
-    stays. A prediction that draws the push scores ~0, one that leaves the block where it was ~1 (3 px of PUSH_SCALE's
-    3), one pushed 2 of the 3 px ~1/3, one that draws no blocks 1; moving the block that did not move costs nothing (only
-    pushed blocks are checked); a step that pushes nothing scores 0 whatever is drawn."""
+    """Context: the first block at x = 24; the true step moves it 3 px right (the gripper drawn away from it, so as
+    not to hide a part of it), the second block stays. A prediction that draws the push scores ~0, one that leaves
+    the block where it was ~1 (3 px of PUSH_SCALE's 3), one pushed 2 of the 3 px ~1/3, one that draws no blocks 1;
+    moving the block that did not move costs nothing (only pushed blocks are checked); a step that pushes nothing
+    scores 0 whatever is drawn."""
     ctx, table = scene((40, 10), blocks=((24, 32), (52, 52)))
     true, _ = scene((40, 10), blocks=((27, 32), (52, 52)))
     short, _ = scene((40, 10), blocks=((26, 32), (52, 52)))

@@ -274,9 +274,9 @@ def test_still_code_and_action_embeddings_mle(trained):
 
 @pytest.mark.slow
 def test_action_reward_and_counterfactual_prompts(trained):
-    """--action_weight, --push_weight and --counterfactual_frac from a checkpoint (the simulator replays the tiny train split, as
-    prepare.py drew it), compared on the val split (--final_eval=val); data the simulator did not draw stops the run
-    in one line."""
+    """--action_weight, --push_weight and --counterfactual_frac from a checkpoint (the simulator replays the tiny
+    train split, as prepare.py drew it), compared on the val split (--final_eval=val); data the simulator did not
+    draw stops the run in one line."""
     tmp, _ = trained
     o = tmp / "action"
     args = ["--data", tmp / "data", "--stage=rlvr", "--init", tmp / "out" / "video_mle.safetensors",
