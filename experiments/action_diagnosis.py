@@ -14,7 +14,8 @@ Rows, each one layer further from the truth:
   (a) simulator: the true next frames: the detectors' own ceiling;
   (b) tokenizer: each tokenizer's reconstruction of the true next frame (encoded against the context frame, decoded
       with it): can 64 codes show a 3 px gripper move at all?
-  (c) GPT: the greedy prediction with the true action (policy_eval.predict_frames), for each shipped world model.
+  (c) GPT: the greedy prediction with the true action (policy_eval.predict_frames), for each shipped world model
+      (--temperature=T: one sample at T instead, seeded, for every GPT prediction of the table).
 Columns:
   gripper / push: policy_eval's one-step checks (policy_eval.move_checks): response = the predicted displacement
       projected on the true one, over the true (1: right; 0: no motion or a wrong direction), end-position error in
@@ -87,10 +88,12 @@ def reconstruct(vq, frames, ctx):
     return decode(vq, codes, ctx)
 
 
-def predict_commands(wm, ctx, batch_size):
-    """The GPT's greedy next frame of every context under each commanded direction -> (N, 8, H, W, 3) uint8."""
+def predict_commands(wm, ctx, batch_size, temperature=0.0, generator=None):
+    """The GPT's next frame (greedy, or sampled at temperature) of every context under each commanded direction
+    -> (N, 8, H, W, 3) uint8."""
     acts = np.broadcast_to(DIRECTIONS, (len(ctx), N_DIRECTIONS, 2)).reshape(-1, 1, 2)
-    pred = predict_frames(wm, np.repeat(ctx, N_DIRECTIONS, 0), np.ascontiguousarray(acts), batch_size=batch_size)
+    pred = predict_frames(wm, np.repeat(ctx, N_DIRECTIONS, 0), np.ascontiguousarray(acts), temperature, generator,
+                          batch_size)
     return pred[:, 0].reshape(len(ctx), N_DIRECTIONS, *ctx.shape[1:])
 
 
@@ -167,9 +170,9 @@ def action_loss(wm, eps, seed, batch_size, still_code=None):
 # -----------------------------------------------------------------------------
 # the table
 
-def diagnose(tokenizers, models, eps, backgrounds, states, batch_size, seed, log=print):
+def diagnose(tokenizers, models, eps, backgrounds, states, batch_size, seed, log=print, temperature=0.0):
     """tokenizers: name -> tokenizer; models: name -> ((GPT, tokenizer, action lo, action hi), the still code it was
-    trained with or None). -> rows: name -> dict(layer, checks (policy_eval.move_checks), counterfactual (follow),
+    trained with or None); temperature: 0 greedy GPT predictions, else one sample each (seeded). -> rows: name -> dict(layer, checks (policy_eval.move_checks), counterfactual (follow),
     codes (code_stats; tokenizer rows), loss (action_loss; GPT rows))."""
     ctx = np.concatenate([ep["image"][:-1] for ep in eps])
     nxt = np.concatenate([ep["image"][1:] for ep in eps])
@@ -185,10 +188,11 @@ def diagnose(tokenizers, models, eps, backgrounds, states, batch_size, seed, log
         log(f"(b) {name} ({time.time() - t0:.0f}s)")
     for name, (wm, still_code) in models.items():
         t0 = time.time()
-        pred = predict_frames(wm, ctx, np.concatenate([ep["action"][:-1] for ep in eps])[:, None],
-                              batch_size=batch_size)[:, 0]
+        gen = torch.Generator().manual_seed(seed)                  # each model samples the same stream
+        pred = predict_frames(wm, ctx, np.concatenate([ep["action"][:-1] for ep in eps])[:, None], temperature,
+                              gen, batch_size)[:, 0]
         rows[name] = dict(layer="c", checks=move_checks(eps, pred),
-                          counterfactual=follow(ctx, predict_commands(wm, ctx, batch_size)),
+                          counterfactual=follow(ctx, predict_commands(wm, ctx, batch_size, temperature, gen)),
                           loss=action_loss(wm, eps, seed, batch_size, still_code))
         log(f"(c) {name} ({time.time() - t0:.0f}s)")
     return rows
@@ -230,6 +234,8 @@ def main(argv=None):
                    help="-1: decode as each checkpoint records; 1: every tokenizer and model with the copy gate "
                         "(tokenizer_vq.VQVAE.detokenize; e.g. a per-frame MLE model, the start of a --copy_gate=1 "
                         "run); 0: without")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0: the GPTs' greedy predictions (policy_eval's checks); T > 0: one sample at T each")
     p.add_argument("--policies", default="0,0.3,0.6,1.0,random", help="expert action-noise stds and/or 'random'")
     p.add_argument("--limit", type=int, default=10, help="held-out scenes per policy (policy_eval's check_episodes)")
     p.add_argument("--length", type=int, default=16, help="frames per episode")
@@ -241,8 +247,8 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     try:
         policies = [parse_policy(x.strip()) for x in args.policies.split(",") if x.strip()]
-        if not policies or args.limit < 1 or args.length < 2:
-            raise ValueError("need --policies, --limit >= 1 and --length >= 2")
+        if not policies or args.limit < 1 or args.length < 2 or args.temperature < 0:
+            raise ValueError("need --policies, --limit >= 1, --length >= 2 and --temperature >= 0")
         for path in args.tokenizers + args.models:
             if not Path(path).is_file():
                 raise ValueError(f"{path}: no such checkpoint")
@@ -268,7 +274,8 @@ def main(argv=None):
         sys.exit(f"error: {e}")
     t0 = time.time()
     eps, backgrounds, states = transitions(policies, args.limit, args.length, args.seed)
-    rows = diagnose(tokenizers, models, eps, backgrounds, states, args.batch_size, args.seed)
+    rows = diagnose(tokenizers, models, eps, backgrounds, states, args.batch_size, args.seed,
+                    temperature=args.temperature)
     print(f"\n{len(eps)} held-out episodes ({args.limit} scenes x {len(policies)} policies), "
           f"{len(backgrounds)} transitions ({(time.time() - t0) / 60:.1f} min)")
     print_table(rows)
@@ -276,6 +283,7 @@ def main(argv=None):
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         write_json(args.json, dict(rows=rows, directions=DIRECTIONS.tolist(), policies=args.policies,
                                    scenes=args.limit, length=args.length, seed=args.seed, copy_gate=args.copy_gate,
+                                   temperature=args.temperature,
                                    checkpoints=dict(tokenizers=args.tokenizers, models=args.models)))
         print(f"wrote {args.json}")
 

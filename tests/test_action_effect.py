@@ -98,6 +98,9 @@ def test_diagnosis_follow_and_loss():
     assert 0 < codes["unchanged"] < 1 and 0 <= codes["still_match"] <= 1
     pred = ad.predict_commands(wm, ctx[:2], batch_size=8)
     assert pred.shape == (2, ad.N_DIRECTIONS, *ctx.shape[1:])
+    # sampled (--temperature): the same seed, the same frames; not the greedy ones
+    sampled = [ad.predict_commands(wm, ctx[:2], 8, 1.0, torch.Generator().manual_seed(0)) for _ in range(2)]
+    assert np.array_equal(*sampled) and not np.array_equal(sampled[0], pred)
 
 
 def test_still_code_marks_every_unchanged_cell():
