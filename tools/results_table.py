@@ -701,6 +701,7 @@ GATE_4000_VAL = (("`video_mle_4000`, gated", (
     ("`--object_weight=0.5`", f"{VAL_PF}4000_o05"),
     ("`--object_weight=0.5 --push_weight=0.1`", f"{VAL_PF}4000_o05_p01"),
     ("`--object_weight=0.5 --push_weight=0.5`", f"{VAL_PF}4000_o05_p05"),
+    ("`--object_weight=0.5 --push_weight=0.1 --counterfactual_frac=0.5`", f"{VAL_PF}4000_o05_p01_cf"),
     ("`--object_weight=0.5 --push_weight=0.1 --placebo=1`", f"{VAL_PF}4000_o05_p01_placebo"))),)
 
 
