@@ -172,8 +172,9 @@ def action_loss(wm, eps, seed, batch_size, still_code=None):
 
 def diagnose(tokenizers, models, eps, backgrounds, states, batch_size, seed, log=print, temperature=0.0):
     """tokenizers: name -> tokenizer; models: name -> ((GPT, tokenizer, action lo, action hi), the still code it was
-    trained with or None); temperature: 0 greedy GPT predictions, else one sample each (seeded). -> rows: name -> dict(layer, checks (policy_eval.move_checks), counterfactual (follow),
-    codes (code_stats; tokenizer rows), loss (action_loss; GPT rows))."""
+    trained with or None); temperature: 0 greedy GPT predictions, else one sample each (seeded). -> rows: name ->
+    dict(layer, checks (policy_eval.move_checks), counterfactual (follow), codes (code_stats; tokenizer rows), loss
+    (action_loss; GPT rows))."""
     ctx = np.concatenate([ep["image"][:-1] for ep in eps])
     nxt = np.concatenate([ep["image"][1:] for ep in eps])
     t0 = time.time()
@@ -253,14 +254,9 @@ def main(argv=None):
             if not Path(path).is_file():
                 raise ValueError(f"{path}: no such checkpoint")
         tokenizers = {f"tokenizer {Path(t).stem}": load_vq(t)[0].eval() for t in args.tokenizers}
-        if args.copy_gate >= 0:   # the copy gate forced on or off (per-frame tokenizers have one)
-            for vq in tokenizers.values():
-                vq.copy_gate = bool(args.copy_gate)
         models = {}
         for path in args.models:
             model, vq, meta = load_video_model(path)
-            if args.copy_gate >= 0:
-                vq.copy_gate = bool(args.copy_gate)
             a = meta["args"]
             if len(a["action_lo"]) != 2 or vq.config.size != sim.H:
                 raise ValueError(f"{path}: not a model of the embedded robot data (2-dim actions, 64x64)")
@@ -272,6 +268,9 @@ def main(argv=None):
             models[f"GPT {name}"] = (wm, None if still == -1 else still)
     except ValueError as e:
         sys.exit(f"error: {e}")
+    if args.copy_gate >= 0:   # the copy gate forced on or off, for every tokenizer (per-frame ones have one)
+        for vq in [*tokenizers.values(), *(wm[1] for wm, _ in models.values())]:
+            vq.copy_gate = bool(args.copy_gate)
     t0 = time.time()
     eps, backgrounds, states = transitions(policies, args.limit, args.length, args.seed)
     rows = diagnose(tokenizers, models, eps, backgrounds, states, args.batch_size, args.seed,
