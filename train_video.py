@@ -4,19 +4,20 @@ then RLVR (GRPO whose reward is a metric of the decoded frames against the true 
 on held-out episodes the MLE start, RLVR, and the control: the MLE start trained further by MLE for
 RLVR's compute ("mle_more"), so a gain is not just more compute.
 
-CPU, the default jobs (embedded robot-pushing data; RLVR from the shipped context-conditioned world
-model checkpoints/video_cond_mle.safetensors and its tokenizer checkpoints/video_cvq.safetensors;
-docs/video.md):
+CPU, the default jobs (embedded robot-pushing data; docs/video.md): single-step RLVR from the
+shipped per-frame world model trained on 4000 episodes, checkpoints/video_mle_4000.safetensors,
+which follows the gripper's action (its tokenizer checkpoints/video_vq.safetensors, decoded with
+the copy gate); multi-step from the shipped context-conditioned one,
+checkpoints/video_cond_multi_mle.safetensors (tokenizer checkpoints/video_cvq.safetensors):
     python train_video.py                      # single-step, 100 GRPO steps (~10 min on 2 cores)
     python train_video.py --mode=multi --out_dir=out/video_multi   # 7 frames, true actions injected
 The commands that made the shipped tokenizers and MLE models (--stage=tokenizer, then --stage=mle
 legs) are in docs/video.md. Everything in one go (tokenizers, MLE, RLVR, eval):
     python train_video.py --init=scratch --mode=multi
 The per-frame tokenizer instead of the context-conditioned one: --tokenizer=frame (with
---init=scratch); its MLE model is shipped too (--init=checkpoints/video_mle.safetensors), and the
-same trained on 4000 generated episodes, which follows the gripper's action
-(checkpoints/video_mle_4000.safetensors, with --copy_gate=1 and --data of those episodes;
-docs/video.md).
+--init=scratch). The single-step context-conditioned model, which ignores the action, is shipped
+too; its runs in docs/video.md: --init=checkpoints/video_cond_mle.safetensors --object_weight=0
+--push_weight=0.
 Converted RT-1 episodes (.npz with image (T, 256, 320, 3) and action (T, 13)), on GPUs:
     torchrun --nproc_per_node=8 train_video.py --data=/path/rt1 --init=scratch --device=cuda \\
         --dtype=bfloat16
@@ -77,7 +78,7 @@ import mle
 import train_vq
 from checkpoint import atomic_write, atomic_write_text, read_checkpoint, read_meta, recorded_path
 from data.robot import sim
-from data.robot.detect import locate_blocks, locate_gripper
+from data.robot.detect import blocks_moved, locate_blocks, locate_gripper
 from data.robot.prepare import DATA_DIR, split_episodes
 from data.robot.task import (N_BINS, Layout, action_bins, frame_codes, read_action_stats, rollout,
                              tokenize_split, windows)
@@ -91,8 +92,9 @@ from runtime import (ComputeBudget, Run, add_flags, check_ranges, fork_alongside
 from tokenizer_vq import CondVQVAE, load_vq
 
 ROOT = Path(__file__).resolve().parent
-# the shipped world models on the context-conditioned tokenizer, per --mode
-SHIPPED_MLE = dict(single=ROOT / "checkpoints" / "video_cond_mle.safetensors",
+# the shipped world models, per --mode: single-step the per-frame one trained on 4000 episodes
+# (it follows the gripper), multi-step the one on the context-conditioned tokenizer
+SHIPPED_MLE = dict(single=ROOT / "checkpoints" / "video_mle_4000.safetensors",
                    multi=ROOT / "checkpoints" / "video_cond_multi_mle.safetensors")
 # the shipped tokenizers, per tokenizer kind, for --stage=mle
 SHIPPED_VQ = dict(frame=ROOT / "checkpoints" / "video_vq.safetensors",
@@ -145,10 +147,12 @@ p.add_argument("--still_code", type=int, default=-1,
                     "that does not change the one code N, not the many its encoder leaves there; N "
                     "is the tokenizer's 'unchanged', data/robot/task.find_still_code (9 for "
                     "checkpoints/video_cvq; docs/video.md)")
-p.add_argument("--copy_gate", type=int, default=0,
+p.add_argument("--copy_gate", type=int, default=-1, choices=[-1, 0, 1],
                help="1 (per-frame tokenizer): a predicted cell whose code is the context frame's "
                     "code there is decoded as the context's pixels, in the reward and the "
-                    "evaluation (tokenizer_vq.VQVAE.detokenize; docs/video.md)")
+                    "evaluation (tokenizer_vq.VQVAE.detokenize; docs/video.md); -1: 1 with the "
+                    "per-frame tokenizer (0 for --stage=mle, which decodes nothing), 0 with the "
+                    "context-conditioned one (it gates itself)")
 p.add_argument("--action_embed", type=int, default=0,
                help="1: before MLE, the action tokens' embeddings are set to Fourier features of "
                     "their bin's value (init_action_embeddings), so neighbouring bins start alike "
@@ -192,23 +196,27 @@ p.add_argument("--moving_weight", type=float, default=1.0,
 p.add_argument("--object_weight", type=float, default=None,
                help="the reward also loses this x the share of the true objects' pixels left "
                     "empty (rewards_video.object_miss; needs episodes with a background image): "
-                    "erasing an object is not paid (default: 0 single-step, 0.5 multi-step; 0 on "
-                    "data without backgrounds)")
+                    "erasing an object is not paid (default 0.5; 0 on data without backgrounds)")
 p.add_argument("--action_weight", type=float, default=0.0,
                help="the reward also loses this x the distance between the gripper drawn and the "
                     "true one, over 6 px, capped at 1; 1 where none is drawn "
                     "(rewards_video.gripper_error with data/robot/detect.locate_gripper; the "
                     "embedded robot data): a gripper that does not follow the action is not paid")
-p.add_argument("--push_weight", type=float, default=0.0,
+p.add_argument("--push_weight", type=float, default=None,
                help="the reward also loses this x the distance between the blocks drawn and the "
                     "true ones, over the blocks the true step pushed, over 3 px, capped at 1 "
                     "(rewards_video.push_error with data/robot/detect.locate_blocks; the embedded "
-                    "robot data): a block that does not move as the push moved it is not paid")
+                    "robot data): a block that does not move as the push moved it is not paid "
+                    "(default: 0.1 single-step, 0 multi-step; 0 on other data)")
 p.add_argument("--counterfactual_frac", type=float, default=0.0,
                help="share (rounded down, at most 0.5) of each GRPO step's prompts that repeat "
                     "another prompt's context with a random action in place of the true one, their "
                     "truth rendered by the simulator (data/robot/sim.py; the embedded robot data): "
                     "one scene under two actions, paid only where the prediction follows each")
+p.add_argument("--push_frac", type=float, default=0.0,
+               help="share (rounded down) of each GRPO step's prompts drawn from the windows whose "
+                    "true step(s) move a block (data/robot/detect.blocks_moved; the embedded robot "
+                    "data), where a push is decided: more prompts for --push_weight to score")
 p.add_argument("--moving_only", type=int, default=1,
                help="RL prompts only from windows where the scene moves")
 add_flags(p, GRPOConfig, research=True)   # --placebo: the optimiser's check (rewards permuted)
@@ -226,13 +234,14 @@ p.add_argument("--eval_workers", type=int, default=2,
 train_vq.add_run_flags(p)
 args = p.parse_args()
 # defaults per mode, chosen on the validation split (docs/video.md): a multi-step completion is 7
-# frames, so fewer prompts and steps fit the time box; multi-step RLVR erased objects unless the
-# reward's object term said otherwise; the single-step control damaged its start at the start's
-# final rate, and least at 0.3 of it (the multi-step control is level with its start at 1)
-MODE_DEFAULTS = dict(single=dict(rl_steps=100, prompts_per_step=8, object_weight=0.0,
-                                 control_scale=0.3),
+# frames, so fewer prompts and steps fit the time box; RLVR erased objects unless the reward's
+# object term said otherwise; the single-step start follows the gripper, and the push term beside
+# the object term kept that best; the single-step control damaged the context-conditioned start at
+# its final rate, and least at 0.3 of it (the multi-step control is level with its start at 1)
+MODE_DEFAULTS = dict(single=dict(rl_steps=100, prompts_per_step=8, object_weight=0.5,
+                                 push_weight=0.1, control_scale=0.3),
                      multi=dict(rl_steps=40, prompts_per_step=4, object_weight=0.5,
-                                control_scale=1.0))
+                                push_weight=0.0, control_scale=1.0))
 # the ones set on the command line
 given = {name for name in MODE_DEFAULTS[args.mode] if getattr(args, name) is not None}
 for name, value in MODE_DEFAULTS[args.mode].items():
@@ -251,6 +260,10 @@ check_ranges(p, args, at_least_1=("context", "horizon", "n_layer", "n_head", "n_
                          "test_limit", "train_limit"))
 if not args.temperature > 0:
     p.error(f"--temperature must be > 0, got {args.temperature}")
+if not 0 <= args.push_frac <= 1:
+    p.error(f"--push_frac must be in [0, 1], got {args.push_frac}")
+if args.counterfactual_frac + args.push_frac > 1:
+    p.error("--counterfactual_frac + --push_frac must be at most 1")
 if not 0 <= args.counterfactual_frac <= 0.5:
     p.error(f"--counterfactual_frac must be in [0, 0.5], got {args.counterfactual_frac}")
 
@@ -445,6 +458,15 @@ def run_rlvr(run, model, ckpt, vq, layout, tokens, splits, lo, hi, horizon, lpip
                                                   - img[e][t + args.context - 1]).max() > 25]
     run.print0(f"rlvr: {len(pool)} train windows; per step {args.prompts_per_step} prompts x "
                f"{args.group_size} samples x {run.world} ranks, {horizon} predicted frame(s) each")
+    # --push_frac: the windows of the pool where a block moves in a predicted frame
+    moved = [blocks_moved(ep["image"]) for ep in train_eps] if args.push_frac else []
+    pushes = [(e, t) for e, t in pool if args.push_frac and moved[e][t + args.context:t + n].any()]
+    n_push = int(args.push_frac * args.prompts_per_step)
+    if n_push:
+        run.print0(f"rlvr: {n_push} of each step's prompts from the {len(pushes)} windows where a "
+                   f"block moves")
+        if not pushes:
+            run.fail("--push_frac: no train window moves a block")
     g = torch.Generator().manual_seed(args.seed + 1000 + run.rank)   # prompts and samples
     # --counterfactual_frac: the count of the step's prompts that repeat another's context with
     # another action
@@ -495,8 +517,10 @@ def run_rlvr(run, model, ckpt, vq, layout, tokens, splits, lo, hi, horizon, lpip
     while step < args.rl_steps:
         # this step's prompts: random windows of the pool, as token sequences (B, n_tokens) cut
         # from the cache
-        picks = [pool[i] for i in torch.randint(len(pool), (args.prompts_per_step - n_cf,),
+        picks = [pool[i] for i in torch.randint(len(pool), (args.prompts_per_step - n_cf - n_push,),
                                                 generator=g)]
+        if n_push:                                # windows where a block moves
+            picks += [pushes[i] for i in torch.randint(len(pushes), (n_push,), generator=g)]
         picks += picks[:n_cf]                     # the windows whose action is changed below
         seq = windows(tok, layout, [e for e, _ in picks], [t for _, t in picks], args.context,
                       horizon)
@@ -713,7 +737,10 @@ if args.still_code != -1:
         fail(f"--still_code {args.still_code}: needs the context-conditioned tokenizer and one of "
              f"its codes (its 'unchanged': data/robot/task.find_still_code)")
     still_code = args.still_code
-if args.copy_gate:                # --copy_gate: decoded cells that keep their code copy the context
+if args.copy_gate == -1:          # --copy_gate: decoded cells that keep their code copy the context
+    # on for the per-frame tokenizer where this run decodes (an MLE stage alone does not)
+    args.copy_gate = int(not isinstance(vq, CondVQVAE) and args.stage != "mle")
+if args.copy_gate:
     if isinstance(vq, CondVQVAE):
         fail("--copy_gate: needs the per-frame tokenizer (the context-conditioned one gates its "
              "own decoding)")
@@ -779,16 +806,21 @@ if args.stage in ("all", "rlvr"):
                f"(the default --object_weight)")
         args.object_weight = 0.0
     # the detectors know the embedded robot's gripper and blocks only (its data has backgrounds)
-    for name in ("action_weight", "push_weight"):
+    for name in ("action_weight", "push_weight", "push_frac"):
         if getattr(args, name) and train_eps[0]["background"] is None:
-            fail(f"--{name} needs the embedded robot's episodes (its detectors); "
-                 f"{args.data} has other ones")
+            if name != "push_weight" or "push_weight" in given:
+                fail(f"--{name} needs the embedded robot's episodes (its detectors); "
+                     f"{args.data} has other ones")
+            print0(f"reward: {args.data} is not the embedded robot's, so no push term "
+                   f"(the default --push_weight)")
+            args.push_weight = 0.0
     print0(f"reward: {reward_name}"
            + (f" - {args.moving_weight:g} x moving MAE" if args.moving_weight else "")
            + (f" - {args.object_weight:g} x object miss" if args.object_weight else "")
            + (f" - {args.action_weight:g} x gripper error" if args.action_weight else "")
            + (f" - {args.push_weight:g} x push error" if args.push_weight else "")
            + ("" if lpips_net else " (no LPIPS weights: --lpips=FILE enables mae+lpips)")
+           + ("; frames decoded with the copy gate" if args.copy_gate else "")
            + ("; PLACEBO: rewards permuted within each kept group" if args.placebo else ""))
     mle_model = copy.deepcopy(start_model)   # kept for the comparison; RLVR updates start_model
     models = {"mle": (mle_model, mle_path)}  # name -> (model, its checkpoint file), evaluated below

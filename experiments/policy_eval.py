@@ -2,16 +2,16 @@
 Policy evaluation inside the video world model: does the world model tell good robot policies from bad ones, and how
 close are its success estimates to reality? One or two world models (e.g. MLE and its RLVR post-trained version).
 
-    python experiments/policy_eval.py                   # the shipped cond MLE model, 5 policies x 50 scenes x 2 samples
+    python experiments/policy_eval.py                   # the shipped MLE model, 5 policies x 50 scenes x 2 samples
     python experiments/policy_eval.py --episodes=10 --policies=0,1.0 --gate=0               # a quick look
-    python experiments/policy_eval.py --rlvr=out/video_cond_rl/video_rlvr.safetensors       # MLE and its RLVR version
+    python experiments/policy_eval.py --rlvr=out/video/video_rlvr.safetensors  # MLE and its RLVR (python train_video.py)
     python experiments/policy_eval.py --mle=out/vmulti/video_mle.safetensors --horizon=7    # a multi-step model
     python experiments/policy_eval.py --device=cuda --batch_size=256                        # 1 GPU
 Writes out/policy_eval/policy_eval.json (--json), with every episode's outcome, real and imagined.
 
 World model: a checkpoint of train_video.py and the tokenizer its metadata names, per-frame (video_vq) or
-context-conditioned (video_cvq, whose future codes are relative to a true context frame; the default model,
-checkpoints/video_cond_mle.safetensors, is one). A prediction always starts from a context frame in pixels: the
+context-conditioned (video_cvq, whose future codes are relative to a true context frame). The default model is the
+start of `python train_video.py`, checkpoints/video_mle_4000.safetensors (per-frame). A prediction always starts from a context frame in pixels: the
 context gets its context codes (tokenize_context), the GPT writes the next frames' codes with the actions injected
 between them (data/robot/task.rollout), and each predicted frame is decoded against that context frame. A longer
 rollout is chained in chunks of at most --horizon frames, each chunk's context being the last frame predicted so far,
@@ -372,10 +372,10 @@ def main(argv=None):
     p = argparse.ArgumentParser(description="estimate robot policies' success inside video world models",
                                 allow_abbrev=False)
     # world models
-    p.add_argument("--mle", default=str(ROOT / "checkpoints" / "video_cond_mle.safetensors"),
+    p.add_argument("--mle", default=str(ROOT / "checkpoints" / "video_mle_4000.safetensors"),
                    help="a world model of train_video.py (its tokenizer is named in its metadata)")
-    p.add_argument("--rlvr", default="", help="its RLVR version, e.g. out/video_cond_rl/video_rlvr.safetensors of "
-                                              "`python train_video.py --init=checkpoints/video_cond_mle.safetensors`")
+    p.add_argument("--rlvr", default="", help="its RLVR version, e.g. out/video/video_rlvr.safetensors of "
+                                              "`python train_video.py`")
     p.add_argument("--copy_gate", type=int, default=-1, choices=[-1, 0, 1],
                    help="-1: decode as each checkpoint records; 1: with the copy gate (e.g. the shipped per-frame "
                         "checkpoints/video_mle.safetensors, the start of a --copy_gate=1 run); 0: without")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from data.robot import sim
-from data.robot.detect import locate_blocks, locate_gripper
+from data.robot.detect import blocks_moved, locate_blocks, locate_gripper
 from rewards_video import (GRIPPER_SCALE, PUSH_SCALE, WORST_VIDEO_REWARD, gripper_error, push_error,
                            video_reward)
 
@@ -125,6 +125,16 @@ def test_push_error_by_hand():
     assert torch.allclose(r, r0 - 2.0 * err)
     with pytest.raises(ValueError, match="block locator"):
         video_reward("mae+ssim", pred, true.expand(n, -1, -1, -1), **kw, push_weight=1.0)
+
+
+def test_blocks_moved_by_hand():
+    """A clip whose first block is pushed 3 px right at frame 1, then stays, while the gripper moves away: only frame
+    1 moves a block (the first frame has no frame before it)."""
+    frames = [scene((40, 10), blocks=((24, 32), (52, 52)))[0], scene((40, 10), blocks=((27, 32), (52, 52)))[0],
+              scene((44, 12), blocks=((27, 32), (52, 52)))[0]]
+    clip = (torch.cat(frames).permute(0, 2, 3, 1) * 255 + 0.5).to(torch.uint8).numpy()   # (T, H, W, 3)
+    assert blocks_moved(clip).tolist() == [False, True, False]
+    assert blocks_moved(clip[:1]).tolist() == [False]
 
 
 def test_push_error_never_raises_on_garbage():

@@ -163,7 +163,7 @@ def test_rt1_format_episodes_train(tmp_path):
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
         f"error: --object_weight needs episodes with a background image; {tmp_path} has none")
     # so do the gripper and push terms (their detectors know the embedded robot's gripper and blocks only)
-    for flag in ("action_weight", "push_weight"):
+    for flag in ("action_weight", "push_weight", "push_frac"):
         r = subprocess.run([sys.executable, "train_video.py", *map(str, args), f"--{flag}=0.5", *TINY,
                             "--out_dir", tmp_path / flag], cwd=ROOT,
                            capture_output=True, text=True, timeout=120, env=ENV)
@@ -274,16 +274,17 @@ def test_still_code_and_action_embeddings_mle(trained):
 
 @pytest.mark.slow
 def test_action_reward_and_counterfactual_prompts(trained):
-    """--action_weight, --push_weight and --counterfactual_frac from a checkpoint (the simulator replays the tiny
-    train split, as prepare.py drew it), compared on the val split (--final_eval=val); data the simulator did not
+    """--action_weight, --push_weight, --counterfactual_frac and --push_frac from a checkpoint (the simulator replays
+    the tiny train split, as prepare.py drew it), compared on the val split (--final_eval=val); data the simulator did not
     draw stops the run in one line."""
     tmp, _ = trained
     o = tmp / "action"
     args = ["--data", tmp / "data", "--stage=rlvr", "--init", tmp / "out" / "video_mle.safetensors",
             "--mode=single", "--control=0"]
     out = train(*args, "--out_dir", o, "--action_weight=0.5", "--push_weight=0.3", "--counterfactual_frac=0.5",
-                "--final_eval=val")
-    assert "- 0.5 x gripper error - 0.3 x push error" in out and "held-out val episodes" in out
+                "--push_frac=0.5", "--final_eval=val")
+    assert "- 0.5 x gripper error - 0.3 x push error" in out
+    assert "1 of each step's prompts from the" in out and "windows where a block moves" in out and "held-out val episodes" in out
     rows = json.loads((o / "eval.json").read_text())
     assert rows["rlvr"]["n_windows"] == 2 * 7 and "action_response" in rows["rlvr"]["per_record"]   # 2 val clips
     # other scenes (seed 1) under the same file names: the replay does not match them

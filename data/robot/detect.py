@@ -44,6 +44,17 @@ def locate_blocks(frame):
     return [locate_block(frame, rgb) for rgb in sim.PALETTE]
 
 
+def blocks_moved(frames):
+    """Per frame of a (T, H, W, 3) uint8 clip, whether some block's centre moved by more than MOVED_PX from the
+    frame before (False for the first frame and for a block not seen in both) -> (T,) bool."""
+    centres = [locate_blocks(f) for f in frames]
+    moved = np.zeros(len(frames), bool)
+    for t in range(1, len(frames)):
+        moved[t] = any(a is not None and b is not None and np.linalg.norm(a - b) > MOVED_PX
+                       for a, b in zip(centres[t - 1], centres[t]))
+    return moved
+
+
 def locate_gripper(frame):
     """Centre (x, y) of the dark gripper disc in an (H, W, 3) uint8 frame, or None: the box of the pixels within RGB
     distance GRIPPER_TOL of its colour near their median (its highlight and stray dark pixels, e.g. shadowed goal
