@@ -4,20 +4,19 @@ then RLVR (GRPO whose reward is a metric of the decoded frames against the true 
 on held-out episodes the MLE start, RLVR, and the control: the MLE start trained further by MLE for
 RLVR's compute ("mle_more"), so a gain is not just more compute.
 
-CPU, the default jobs (embedded robot-pushing data; docs/video.md): single-step RLVR from the
-shipped per-frame world model trained on 4000 episodes, checkpoints/video_mle_4000.safetensors,
-which follows the gripper's action (its tokenizer checkpoints/video_vq.safetensors, decoded with
-the copy gate); multi-step from the shipped context-conditioned one,
-checkpoints/video_cond_multi_mle.safetensors (tokenizer checkpoints/video_cvq.safetensors):
+CPU, the default jobs (embedded robot-pushing data; docs/video.md): RLVR from the shipped
+per-frame world model trained on 4000 episodes (7-frame windows), which follows the gripper's
+action, checkpoints/video_mle_4000.safetensors (its tokenizer checkpoints/video_vq.safetensors,
+decoded with the copy gate):
     python train_video.py                      # single-step, 100 GRPO steps (~10 min on 2 cores)
     python train_video.py --mode=multi --out_dir=out/video_multi   # 7 frames, true actions injected
 The commands that made the shipped tokenizers and MLE models (--stage=tokenizer, then --stage=mle
 legs) are in docs/video.md. Everything in one go (tokenizers, MLE, RLVR, eval):
     python train_video.py --init=scratch --mode=multi
 The per-frame tokenizer instead of the context-conditioned one: --tokenizer=frame (with
---init=scratch). The single-step context-conditioned model, which ignores the action, is shipped
-too; its runs in docs/video.md: --init=checkpoints/video_cond_mle.safetensors --object_weight=0
---push_weight=0.
+--init=scratch). The context-conditioned models, which ignore the action, are shipped too; their
+runs in docs/video.md: --init=checkpoints/video_cond_mle.safetensors --object_weight=0
+--push_weight=0 (single-step), --init=checkpoints/video_cond_multi_mle.safetensors (multi-step).
 Converted RT-1 episodes (.npz with image (T, 256, 320, 3) and action (T, 13)), on GPUs:
     torchrun --nproc_per_node=8 train_video.py --data=/path/rt1 --init=scratch --device=cuda \\
         --dtype=bfloat16
@@ -92,10 +91,9 @@ from runtime import (ComputeBudget, Run, add_flags, check_ranges, fork_alongside
 from tokenizer_vq import CondVQVAE, load_vq
 
 ROOT = Path(__file__).resolve().parent
-# the shipped world models, per --mode: single-step the per-frame one trained on 4000 episodes
-# (it follows the gripper), multi-step the one on the context-conditioned tokenizer
-SHIPPED_MLE = dict(single=ROOT / "checkpoints" / "video_mle_4000.safetensors",
-                   multi=ROOT / "checkpoints" / "video_cond_multi_mle.safetensors")
+# the shipped world model both modes start from: the per-frame one trained on 4000 episodes, on
+# 7-frame windows (it follows the gripper)
+SHIPPED_MLE = ROOT / "checkpoints" / "video_mle_4000.safetensors"
 # the shipped tokenizers, per tokenizer kind, for --stage=mle
 SHIPPED_VQ = dict(frame=ROOT / "checkpoints" / "video_vq.safetensors",
                   cond=ROOT / "checkpoints" / "video_cvq.safetensors")
@@ -299,11 +297,10 @@ except ValueError as e:                         # a bad action_stats.json: one l
 # --init=auto: the shipped MLE model, when this run post-trains and its action dimensions fit
 if args.init == "auto":
     args.init = "scratch"                       # unless the shipped model fits, below
-    shipped = SHIPPED_MLE[args.mode]
-    if shipped.is_file() and args.stage in ("all", "rlvr", "control"):
-        shipped_args = read_meta(shipped)["args"]   # its flags
+    if SHIPPED_MLE.is_file() and args.stage in ("all", "rlvr", "control"):
+        shipped_args = read_meta(SHIPPED_MLE)["args"]   # its flags
         if len(shipped_args["action_lo"]) == len(lo):   # its vocabulary has these actions' tokens
-            args.init = str(shipped)
+            args.init = str(SHIPPED_MLE)
         else:
             print0(f"--init=auto: the shipped model's vocabulary is for "
                    f"{len(shipped_args['action_lo'])}-dim actions, {args.data} has {len(lo)}-dim "

@@ -39,6 +39,7 @@ VIDEO_SEEDS = ("video_single", "video_single_s1", "video_single_s2")
 GATE_SEEDS = ("video_pf_gate", "video_pf_gate_s1", "video_pf_gate_s2")
 GATE_O05_SEEDS = ("video_pf_gate_o05", "video_pf_gate_o05_s1", "video_pf_gate_o05_s2")
 GATE_4000_SEEDS = ("video_pf4000", "video_pf4000_s1", "video_pf4000_s2")
+MULTI_4000_SEEDS = ("video_multi4000", "video_multi4000_s1")   # the multi-step default, 2 seeds
 SEED_NAMES = ("1337", "1", "2")
 # the video single-step control's other rates tried on validation, beside its default (0.3x its
 # start's final rate, the one not significantly worse than the start): the start's final rate and less
@@ -49,12 +50,12 @@ RL_RUNS = ("textgame_final", *TEXT_SEEDS, "textgame_placebo", "textgame_pool128"
            "textgame_pool128_placebo", "textgame_lf10", "textgame_task_specific", "textgame_cover",
            "textgame_cover_rlvr", "textgame_x10", "webpage_final", *WEB_SEEDS, "webpage_placebo",
            "webpage_x10", *VIDEO_DEFAULT_SEEDS, *VIDEO_SEEDS,
-           "video_multi", "video_multi_o0", "metaworld_push")
+           "video_multi", "video_multi_o0", *MULTI_4000_SEEDS, "metaworld_push")
 COMMANDS = {   # the command of each default run, shown beside its README row
     "textgame_final": "python train_lang.py",
     "webpage_final": "python train_lang.py --task=webpage",
     "video_default": "python train_video.py",
-    "video_multi": "python train_video.py --mode=multi --out_dir=out/video_multi"}
+    "video_multi4000": "python train_video.py --mode=multi --out_dir=out/video_multi"}
 MODELS = {"mle": "MLE start", "rlvr": "RLVR", "mle_more": "MLE continued"}   # eval.json's keys
 TG_MLE, WEB_MLE = "checkpoints/textgame/mle.safetensors", "checkpoints/webpage/mle.safetensors"
 
@@ -210,7 +211,7 @@ def readme():
                      ci(diff(seeds, "rlvr", "mle", metric)) + f" ({len(seeds)} seeds)"])
     for name, run, seeds, what in (
             ("robot video, 1 step", "video_default", VIDEO_DEFAULT_SEEDS, "MAE of the next frame"),
-            ("robot video, 7 steps", "video_multi", ("video_multi",), "MAE of 7 frames")):
+            ("robot video, 7 steps", "video_multi4000", MULTI_4000_SEEDS, "MAE of 7 frames")):
         r = load(run)
         seeds_said = f"({len(seeds)} seed{'s' * (len(seeds) > 1)})"
         rows.append([f"{name} (`{COMMANDS[run]}`)",
@@ -580,10 +581,10 @@ def video_ceiling():
                  right=(2, 3, 4, 5))
 
 
-def video(run, multi=False, than=()):
+def video(run, multi=False, than=(), o0=None):
     """A video run's greedy table of its models, then RLVR's paired differences, greedy and
     sampled (T=1, top-k 100); than: ((run, label), ...), other runs' RLVR on the same windows,
-    compared with this one's too."""
+    compared with this one's too; o0: a run without the reward's object term, its RLVR a row."""
     r = load(run)
     n = r["mle"]["n_windows"]
     cols = ["MAE", "PSNR", "SSIM", "mae_moving"] + ["repetition"] * multi + ["object recall",
@@ -599,9 +600,9 @@ def video(run, multi=False, than=()):
                 "-" if response is None else f"{response:.3f}"]
 
     rows = [line(names[k], r[k]) for k in MODELS if k in r]
-    if multi:   # the same run without the reward's object term
-        rows.append(line("RLVR without the object term (`--object_weight=0`, "
-                         "results/video_multi_o0)", load("video_multi_o0")["rlvr"]))
+    if o0:   # the same run without the reward's object term
+        rows.append(line(f"RLVR without the object term (`--object_weight=0`, results/{o0})",
+                         load(o0)["rlvr"]))
     what = f"{n} test windows x 7 frames" if multi else f"{n} test windows, next frame"
     models = table([f"{what}, greedy", *cols], rows, right=tuple(range(1, len(cols) + 1)))
     # paired differences: MAE with 5 decimals, SSIM 4, repetition and the action effect 3
@@ -663,7 +664,7 @@ def video_multi_control_val():
                  [[f"{MODELS['mle_more']} - {MODELS['mle']} ({len(d)} windows)", *cells]])
 
 
-def video_seeds(runs=VIDEO_SEEDS, control_rates=True):
+def video_seeds(runs=VIDEO_SEEDS, control_rates=True, multi=False):
     """Single-step runs, one per seed of SEED_NAMES: RLVR minus each model and the control minus its
     start, in MAE x 1e-3, object recall and action response, per seed and over the three seeds
     (seeds and windows resampled; copying is the same in every seed, so its row has no seed-level
@@ -675,7 +676,8 @@ def video_seeds(runs=VIDEO_SEEDS, control_rates=True):
             ("rlvr", "copy", "mae", 1000, 2), ("mle_more", "mle", "mae", 1000, 2),
             ("rlvr", "mle", "object_recall", 1, 3), ("rlvr", "mle_more", "object_recall", 1, 3),
             ("rlvr", "mle", "action_response", 1, 3),
-            ("rlvr", "mle_more", "action_response", 1, 3)):
+            ("rlvr", "mle_more", "action_response", 1, 3),
+            *((("rlvr", "mle", "repetition", 1, 3),) if multi else ())):
         cells = [ci(diff([run], a, b, metric), scale, digits) for run in runs]
         seeds = "" if b == "copy" else ci(diff(runs, a, b, metric), scale, digits)
         unit = " x 1e-3" if metric == "mae" else ""
@@ -691,7 +693,8 @@ def video_seeds(runs=VIDEO_SEEDS, control_rates=True):
             rows.append([f"{label}: {metric}{unit}, validation",
                          *(ci(window_ci(d, ep), scale, digits) for d, ep in pairs),
                          ci(window_ci(d, pairs[0][1]), scale, digits)])
-    head = ["difference", *(f"seed {s}" for s in SEED_NAMES), "3 seeds, seed-level CI"]
+    head = ["difference", *(f"seed {s}" for s in SEED_NAMES[:len(runs)]),
+            f"{len(runs)} seeds, seed-level CI"]
     return table(head, rows)
 
 
@@ -782,7 +785,10 @@ BLOCKS = {   # name -> (page, the function that makes it)
     "video_default_seeds": ("docs/video.md", lambda: video_seeds(VIDEO_DEFAULT_SEEDS, False)),
     "video_single": ("docs/video.md", lambda: video("video_single")),
     "video_seeds": ("docs/video.md", video_seeds),
-    "video_multi": ("docs/video.md", lambda: video("video_multi", multi=True)),
+    "video_multi4000": ("docs/video.md", lambda: video(
+        "video_multi4000", multi=True, than=(("video_multi", "RLVR of `video_cond_multi_mle`"),))),
+    "video_multi4000_seeds": ("docs/video.md", lambda: video_seeds(MULTI_4000_SEEDS, False, True)),
+    "video_multi": ("docs/video.md", lambda: video("video_multi", multi=True, o0="video_multi_o0")),
     "video_multi_control_val": ("docs/video.md", video_multi_control_val),
     "video_gate_val": ("docs/video.md", lambda: gate_val(GATE_VAL)),
     "video_gate4000_val": ("docs/video.md", lambda: gate_val(GATE_4000_VAL)),
