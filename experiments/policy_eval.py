@@ -11,12 +11,13 @@ Writes out/policy_eval/policy_eval.json (--json), with every episode's outcome, 
 
 World model: a checkpoint of train_video.py and the tokenizer its metadata names, per-frame (video_vq) or
 context-conditioned (video_cvq, whose future codes are relative to a true context frame). The default model is the
-start of `python train_video.py`, checkpoints/video_mle_4000.safetensors (per-frame). A prediction always starts from a context frame in pixels: the
-context gets its context codes (tokenize_context), the GPT writes the next frames' codes with the actions injected
-between them (data/robot/task.rollout), and each predicted frame is decoded against that context frame. A longer
-rollout is chained in chunks of at most --horizon frames, each chunk's context being the last frame predicted so far,
-decoded and re-encoded (a cond code means nothing without its context frame). --horizon=1 (the default) re-prompts at
-every frame, the setting of a single-step model; a model trained multi-step can take chunks of its training window.
+start of `python train_video.py`, checkpoints/video_mle_4000.safetensors (per-frame; --copy_gate=1 decodes it as that
+run does). A prediction always starts from a context frame in pixels: the context gets its context codes
+(tokenize_context), the GPT writes the next frames' codes with the actions injected between them
+(data/robot/task.rollout), and each predicted frame is decoded against that context frame. A longer rollout is
+chained in chunks of at most --horizon frames, each chunk's context being the last frame predicted so far, decoded
+and re-encoded (a cond code means nothing without its context frame). --horizon=1 (the default) re-prompts at every
+frame, the setting of a single-step model; a model trained multi-step can take chunks of its training window.
 
 One-step checks first (`one_step_checks`, greedy, on the real episodes of the first --check_episodes scenes of every
 policy): from each true frame and action, predict the next frame, and compare what the pixel detectors see move with

@@ -150,6 +150,8 @@ def test_rt1_format_episodes_train(tmp_path):
     out = train("--data", tmp_path, "--out_dir", tmp_path / "out", "--mode=single")
     assert "10 train / 1 val / 1 test clips of 8 frames, 13-dim actions, frames resized to 64x64" in out
     assert "--init=auto: the shipped model's vocabulary is for 2-dim actions" in out and "training from scratch" in out
+    # the single-step default's object and push terms need the robot's backgrounds and detectors: dropped, one line each
+    assert "has no background images, so no object term" in out and "so no push term (the default --push_weight)" in out
     rows = json.loads((tmp_path / "out" / "eval.json").read_text())
     assert rows["rlvr"]["n"] == 7 and "objects" not in rows["rlvr"]      # no background in RT-1 files
     # the reward's object term needs backgrounds: the multi-step default's is dropped with one line; asked for, it
@@ -256,6 +258,11 @@ def test_torchrun_two_ranks_rlvr_identical_weights(trained):
     assert sum(d.get("groups_kept", 0) for d in steps if d["stage"] == "rlvr") > 0     # a real update
     new, old = (load_file(str(f)) for f in (tmp / "ddp" / "video_rlvr.safetensors", start / "video_mle.safetensors"))
     assert any(not torch.equal(new[k], old[k]) for k in old)
+    # --copy_gate's default: off for an MLE stage alone (it decodes nothing), on where a per-frame run decodes
+    assert "frames decoded with the copy gate" in out
+    gate = {f: json.loads((f.parent / f"{f.stem}.json").read_text())["args"]["copy_gate"]
+            for f in (start / "video_mle.safetensors", tmp / "ddp" / "video_rlvr.safetensors")}
+    assert list(gate.values()) == [0, 1]
 
 
 @pytest.mark.slow
@@ -275,8 +282,8 @@ def test_still_code_and_action_embeddings_mle(trained):
 @pytest.mark.slow
 def test_action_reward_and_counterfactual_prompts(trained):
     """--action_weight, --push_weight, --counterfactual_frac and --push_frac from a checkpoint (the simulator replays
-    the tiny train split, as prepare.py drew it), compared on the val split (--final_eval=val); data the simulator did not
-    draw stops the run in one line."""
+    the tiny train split, as prepare.py drew it), compared on the val split (--final_eval=val); data the simulator did
+    not draw stops the run in one line."""
     tmp, _ = trained
     o = tmp / "action"
     args = ["--data", tmp / "data", "--stage=rlvr", "--init", tmp / "out" / "video_mle.safetensors",
