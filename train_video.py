@@ -455,11 +455,12 @@ def run_rlvr(run, model, ckpt, vq, layout, tokens, splits, lo, hi, horizon, lpip
                                                   - img[e][t + args.context - 1]).max() > 25]
     run.print0(f"rlvr: {len(pool)} train windows; per step {args.prompts_per_step} prompts x "
                f"{args.group_size} samples x {run.world} ranks, {horizon} predicted frame(s) each")
-    # --push_frac: the windows of the pool where a block moves in a predicted frame
-    moved = [blocks_moved(ep["image"]) for ep in train_eps] if args.push_frac else []
-    pushes = [(e, t) for e, t in pool if args.push_frac and moved[e][t + args.context:t + n].any()]
-    n_push = int(args.push_frac * args.prompts_per_step)
+    # --push_frac: the count of the step's prompts drawn from the windows of the pool where a block
+    # moves in a predicted frame
+    n_push, pushes = int(args.push_frac * args.prompts_per_step), []
     if n_push:
+        moved = [blocks_moved(ep["image"]) for ep in train_eps]   # (T,) per clip
+        pushes = [(e, t) for e, t in pool if moved[e][t + args.context:t + n].any()]
         run.print0(f"rlvr: {n_push} of each step's prompts from the {len(pushes)} windows where a "
                    f"block moves")
         if not pushes:
@@ -802,15 +803,17 @@ if args.stage in ("all", "rlvr"):
         print0(f"reward: {args.data} has no background images, so no object term "
                f"(the default --object_weight)")
         args.object_weight = 0.0
-    # the detectors know the embedded robot's gripper and blocks only (its data has backgrounds)
+    # the detectors know the embedded robot's gripper and blocks only (its data has backgrounds): the
+    # default push term is dropped on other data, a flag asked for is refused
+    robot = train_eps[0]["background"] is not None
+    if args.push_weight and not robot and "push_weight" not in given:
+        print0(f"reward: {args.data} is not the embedded robot's, so no push term "
+               f"(the default --push_weight)")
+        args.push_weight = 0.0
     for name in ("action_weight", "push_weight", "push_frac"):
-        if getattr(args, name) and train_eps[0]["background"] is None:
-            if name != "push_weight" or "push_weight" in given:
-                fail(f"--{name} needs the embedded robot's episodes (its detectors); "
-                     f"{args.data} has other ones")
-            print0(f"reward: {args.data} is not the embedded robot's, so no push term "
-                   f"(the default --push_weight)")
-            args.push_weight = 0.0
+        if getattr(args, name) and not robot:
+            fail(f"--{name} needs the embedded robot's episodes (its detectors); "
+                 f"{args.data} has other ones")
     print0(f"reward: {reward_name}"
            + (f" - {args.moving_weight:g} x moving MAE" if args.moving_weight else "")
            + (f" - {args.object_weight:g} x object miss" if args.object_weight else "")

@@ -665,11 +665,12 @@ def video_multi_control_val():
 
 
 def video_seeds(runs=VIDEO_SEEDS, control_rates=True, multi=False):
-    """Single-step runs, one per seed of SEED_NAMES: RLVR minus each model and the control minus its
-    start, in MAE x 1e-3, object recall and action response, per seed and over the three seeds
-    (seeds and windows resampled; copying is the same in every seed, so its row has no seed-level
-    interval); then, with control_rates, the control minus its start on the validation split
-    (control_val), and at the other rates (OTHER_RATES)."""
+    """Video runs, one per seed of SEED_NAMES (its first len(runs)): RLVR minus each model and the
+    control minus its start, in MAE x 1e-3, object recall and action response (multi: RLVR's
+    repetition minus its start's too), per seed and over the seeds (seeds and windows resampled;
+    copying is the same in every seed, so its row has no seed-level interval); then, with
+    control_rates, the control minus its start on the validation split (control_val), and at the
+    other rates (OTHER_RATES)."""
     rows = []
     for a, b, metric, scale, digits in (
             ("rlvr", "mle", "mae", 1000, 2), ("rlvr", "mle_more", "mae", 1000, 2),
