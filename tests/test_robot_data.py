@@ -74,6 +74,23 @@ def test_prepare_writes_held_out_splits(tmp_path):
     assert eps[0]["image"].shape == (16, 32, 32, 3) and eps[0]["background"].shape == (32, 32, 3)
 
 
+def test_two_runs_generating_at_once_both_finish(tmp_path):
+    # two trainings started together on a fresh checkout generate the same data side by side:
+    # neither may find the other's half-written files
+    import multiprocessing
+    sizes = {"train": 30, "val": 2, "test": 2}
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=ensure_splits, args=(tmp_path, sizes), kwargs=dict(verbose=False))
+             for _ in range(2)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(60)
+    assert [proc.exitcode for proc in procs] == [0, 0]
+    assert [len(episode_files(tmp_path, s)) for s in sizes] == [30, 2, 2]
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["action_stats.json", "test", "train", "val"]
+
+
 def test_flat_directory_split_and_rt1_shapes(tmp_path):
     rng = np.random.default_rng(0)
     for i in range(20):

@@ -68,7 +68,9 @@ def ensure_splits(data_dir=DATA_DIR, sizes=None, seed=0, verbose=True):
         raise ValueError(f"{data_dir}: has {', '.join(f'{s}/' for s in present)} but not {', '.join(missing)}; "
                          f"delete the others to have all generated again")
     if not present:
-        partial = data_dir / ".partial"   # written there, then moved: a killed run leaves no half split
+        # written in a folder of this process's own, then moved: a killed run leaves no half split, and
+        # two runs started at once on a fresh checkout do not write into each other's files
+        partial = data_dir / f".partial-{os.getpid()}"
         shutil.rmtree(partial, ignore_errors=True)
         for split, n in sizes.items():
             t0 = time.time()
@@ -77,8 +79,12 @@ def ensure_splits(data_dir=DATA_DIR, sizes=None, seed=0, verbose=True):
                 print(f"wrote {n} {split} episodes to {data_dir / split} ({rate:.0%} reach the goal, "
                       f"{time.time() - t0:.0f}s)")
         for split in sizes:
-            os.replace(partial / split, data_dir / split)
-        partial.rmdir()
+            try:
+                os.replace(partial / split, data_dir / split)
+            except OSError:   # another run moved its copy (the same seeded episodes) there first
+                if not (data_dir / split).is_dir():
+                    raise
+        shutil.rmtree(partial, ignore_errors=True)
     if not (data_dir / "action_stats.json").is_file():
         write_action_stats(data_dir)
 
