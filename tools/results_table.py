@@ -713,6 +713,12 @@ GATE_4000_VAL = (("`video_mle_4000`, gated", (
     ("the default run's (`--object_weight=0.5 --push_weight=0.1`, prompts from the default 1000 "
      "episodes)", "video_default_val"))),)
 
+MULTI_4000_VAL = (("`video_mle_4000`, gated, 7 frames", (
+    ("the default reward (`M=1, O=0.5`)", "video_multi4000_val"),
+    ("`--moving_weight=0`", "video_multi4000_val_mw0"),
+    ("`--rl_lr=3e-5`", "video_multi4000_val_lr3e5"),
+    ("`--temperature=0.7`", "video_multi4000_val_t07"),
+    ("`--temperature=0.5`", "video_multi4000_val_t05"))),)
 
 def gate_val(starts):
     """Copy-gated per-frame starts' RLVR runs on the validation split (--final_eval=val, so their
@@ -793,6 +799,7 @@ BLOCKS = {   # name -> (page, the function that makes it)
     "video_multi_control_val": ("docs/video.md", video_multi_control_val),
     "video_gate_val": ("docs/video.md", lambda: gate_val(GATE_VAL)),
     "video_gate4000_val": ("docs/video.md", lambda: gate_val(GATE_4000_VAL)),
+    "video_multi4000_val": ("docs/video.md", lambda: gate_val(MULTI_4000_VAL)),
     "video_gate_test": ("docs/video.md", lambda: video(
         "video_pf_gate_o05", than=(("video_single", "RLVR of `video_cond_mle`"),))),
     "video_gate_seeds": ("docs/video.md", lambda: video_seeds(GATE_O05_SEEDS, False)),
