@@ -654,14 +654,15 @@ def control_val(name, metric):
     return control - start, np.asarray([w[0] for w in runs[0]["per_record"]["windows"]])
 
 
-def video_multi_control_val():
-    """The multi-step default run's control minus its start on the validation split."""
+def control_rates_val(head, rows):
+    """Controls minus their start on the validation split, one row per (label, control_val name)."""
     cells = []
-    for metric, scale, digits, _ in VAL_METRICS:
-        d, ep = control_val("multi", metric)
-        cells.append(ci(window_ci(d, ep), scale, digits))
-    return table(["validation, 7 frames", "MAE x 1e-3", "SSIM"],
-                 [[f"{MODELS['mle_more']} - {MODELS['mle']} ({len(d)} windows)", *cells]])
+    for label, name in rows:
+        pairs = [control_val(name, metric) for metric, *_ in VAL_METRICS]
+        cells.append([f"{label} ({len(pairs[0][0])} windows)",
+                      *(ci(window_ci(d, ep), scale, digits)
+                        for (d, ep), (_, scale, digits, _) in zip(pairs, VAL_METRICS))])
+    return table([head, "MAE x 1e-3", "SSIM"], cells)
 
 
 def video_seeds(runs=VIDEO_SEEDS, control_rates=True, multi=False):
@@ -796,7 +797,12 @@ BLOCKS = {   # name -> (page, the function that makes it)
         "video_multi4000", multi=True, than=(("video_multi", "RLVR of `video_cond_multi_mle`"),))),
     "video_multi4000_seeds": ("docs/video.md", lambda: video_seeds(MULTI_4000_SEEDS, False, True)),
     "video_multi": ("docs/video.md", lambda: video("video_multi", multi=True, o0="video_multi_o0")),
-    "video_multi_control_val": ("docs/video.md", video_multi_control_val),
+    "video_multi_control_val": ("docs/video.md", lambda: control_rates_val(
+        "validation, 7 frames", ((f"{MODELS['mle_more']} - {MODELS['mle']}", "multi"),))),
+    "video_default_control_val": ("docs/video.md", lambda: control_rates_val(
+        "validation, control - `video_mle_4000`", [
+            (f"{x}x its final rate, {lr}", f"default_x{x}")
+            for x, lr in (("0.1", "1e-5"), ("0.3", "3e-5"), ("1", "1e-4"), ("3", "3e-4"))])),
     "video_gate_val": ("docs/video.md", lambda: gate_val(GATE_VAL)),
     "video_gate4000_val": ("docs/video.md", lambda: gate_val(GATE_4000_VAL)),
     "video_multi4000_val": ("docs/video.md", lambda: gate_val(MULTI_4000_VAL)),
