@@ -803,6 +803,10 @@ BLOCKS = {   # name -> (page, the function that makes it)
         "validation, control - `video_mle_4000`", [
             (f"{x}x its final rate, {lr}", f"default_x{x}")
             for x, lr in (("0.1", "1e-5"), ("0.3", "3e-5"), ("1", "1e-4"), ("3", "3e-4"))])),
+    "video_multi4000_control_val": ("docs/video.md", lambda: control_rates_val(
+        "validation, 7 frames, control - `video_mle_4000`", [
+            (f"{x}x its final rate, {lr}", f"multi4000_x{x}")
+            for x, lr in (("0.3", "3e-5"), ("1", "1e-4"))])),
     "video_gate_val": ("docs/video.md", lambda: gate_val(GATE_VAL)),
     "video_gate4000_val": ("docs/video.md", lambda: gate_val(GATE_4000_VAL)),
     "video_multi4000_val": ("docs/video.md", lambda: gate_val(MULTI_4000_VAL)),
