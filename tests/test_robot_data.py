@@ -1,4 +1,5 @@
 import json
+import multiprocessing
 
 import numpy as np
 import pytest
@@ -77,7 +78,6 @@ def test_prepare_writes_held_out_splits(tmp_path):
 def test_two_runs_generating_at_once_both_finish(tmp_path):
     # two trainings started together on a fresh checkout generate the same data side by side:
     # neither may find the other's half-written files
-    import multiprocessing
     sizes = {"train": 30, "val": 2, "test": 2}
     ctx = multiprocessing.get_context("fork")
     procs = [ctx.Process(target=ensure_splits, args=(tmp_path, sizes), kwargs=dict(verbose=False))

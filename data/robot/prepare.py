@@ -57,8 +57,9 @@ def generate_split(out_dir, split, n, seed=0, length=LENGTH):
 
 
 def ensure_splits(data_dir=DATA_DIR, sizes=None, seed=0, verbose=True):
-    """Generate every split when data_dir holds none (all in a temporary folder, moved into place once complete, so a
-    killed run leaves no partial split that a re-run would trust), then action_stats.json if missing. A folder with
+    """Generate every split and action_stats.json when data_dir holds no split (all in a temporary folder, moved into
+    place once complete, so a killed run leaves no partial split that a re-run would trust); a folder of splits without
+    action_stats.json gets one. A folder with
     some split folders but not all is a ValueError naming the missing ones: it is never topped up."""
     data_dir = Path(data_dir)
     sizes = {**DEFAULT_SIZES, **(sizes or {})}
@@ -78,6 +79,10 @@ def ensure_splits(data_dir=DATA_DIR, sizes=None, seed=0, verbose=True):
             if verbose:
                 print(f"wrote {n} {split} episodes to {data_dir / split} ({rate:.0%} reach the goal, "
                       f"{time.time() - t0:.0f}s)")
+        # the action bins first (replacing a file is atomic, and a twin's are the same): splits in
+        # place always have their bins beside them
+        write_action_stats(partial)
+        os.replace(partial / "action_stats.json", data_dir / "action_stats.json")
         for split in sizes:
             try:
                 os.replace(partial / split, data_dir / split)
