@@ -59,8 +59,8 @@ def generate_split(out_dir, split, n, seed=0, length=LENGTH):
 def ensure_splits(data_dir=DATA_DIR, sizes=None, seed=0, verbose=True):
     """Generate every split and action_stats.json when data_dir holds no split (all in a temporary folder, moved into
     place once complete, so a killed run leaves no partial split that a re-run would trust); a folder of splits without
-    action_stats.json gets one. A folder with
-    some split folders but not all is a ValueError naming the missing ones: it is never topped up."""
+    action_stats.json gets one. A folder with some split folders but not all is a ValueError naming the missing ones:
+    it is never topped up."""
     data_dir = Path(data_dir)
     sizes = {**DEFAULT_SIZES, **(sizes or {})}
     present = [split for split in sizes if (data_dir / split).is_dir()]
