@@ -665,6 +665,12 @@ def control_rates_val(head, rows):
     return table([head, "MAE x 1e-3", "SSIM"], cells)
 
 
+def rate_rows(prefix, rates):
+    """control_rates_val's rows of the controls alone at several rates: ((factor, rate), ...) ->
+    one row each, the folder results/video_control_val/<prefix>_x<factor>."""
+    return [(f"{x}x its final rate, {lr}", f"{prefix}_x{x}") for x, lr in rates]
+
+
 def video_seeds(runs=VIDEO_SEEDS, control_rates=True, multi=False):
     """Video runs, one per seed of SEED_NAMES (its first len(runs)): RLVR minus each model and the
     control minus its start, in MAE x 1e-3, object recall and action response (multi: RLVR's
@@ -720,6 +726,7 @@ MULTI_4000_VAL = (("`video_mle_4000`, gated, 7 frames", (
     ("`--rl_lr=3e-5`", "video_multi4000_val_lr3e5"),
     ("`--temperature=0.7`", "video_multi4000_val_t07"),
     ("`--temperature=0.5`", "video_multi4000_val_t05"))),)
+
 
 def gate_val(starts):
     """Copy-gated per-frame starts' RLVR runs on the validation split (--final_eval=val, so their
@@ -800,13 +807,11 @@ BLOCKS = {   # name -> (page, the function that makes it)
     "video_multi_control_val": ("docs/video.md", lambda: control_rates_val(
         "validation, 7 frames", ((f"{MODELS['mle_more']} - {MODELS['mle']}", "multi"),))),
     "video_default_control_val": ("docs/video.md", lambda: control_rates_val(
-        "validation, control - `video_mle_4000`", [
-            (f"{x}x its final rate, {lr}", f"default_x{x}")
-            for x, lr in (("0.1", "1e-5"), ("0.3", "3e-5"), ("1", "1e-4"), ("3", "3e-4"))])),
+        "validation, control - `video_mle_4000`", rate_rows("default", (
+            ("0.1", "1e-5"), ("0.3", "3e-5"), ("1", "1e-4"), ("3", "3e-4"))))),
     "video_multi4000_control_val": ("docs/video.md", lambda: control_rates_val(
-        "validation, 7 frames, control - `video_mle_4000`", [
-            (f"{x}x its final rate, {lr}", f"multi4000_x{x}")
-            for x, lr in (("0.3", "3e-5"), ("1", "1e-4"))])),
+        "validation, 7 frames, control - `video_mle_4000`", rate_rows("multi4000", (
+            ("0.3", "3e-5"), ("1", "1e-4"))))),
     "video_gate_val": ("docs/video.md", lambda: gate_val(GATE_VAL)),
     "video_gate4000_val": ("docs/video.md", lambda: gate_val(GATE_4000_VAL)),
     "video_multi4000_val": ("docs/video.md", lambda: gate_val(MULTI_4000_VAL)),
