@@ -1,5 +1,9 @@
 import json
 import multiprocessing
+import os
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -89,6 +93,23 @@ def test_two_runs_generating_at_once_both_finish(tmp_path):
     assert [proc.exitcode for proc in procs] == [0, 0]
     assert [len(episode_files(tmp_path, s)) for s in sizes] == [30, 2, 2]
     assert sorted(f.name for f in tmp_path.iterdir()) == ["action_stats.json", "test", "train", "val"]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="process lookup is POSIX only")
+def test_folders_of_killed_generations_are_removed_and_live_ones_kept(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()                                              # a pid whose process is gone
+    old = time.time() - 3600
+    folders = {}
+    for name, pid, age in (("killed", dead.pid, old), ("killed_just_now", dead.pid, None),
+                           ("live", os.getppid(), old), ("not_ours", "x", old)):
+        folders[name] = tmp_path / name / f".partial-{pid}"
+        (folders[name] / "train").mkdir(parents=True)
+        if age:
+            for f in (folders[name] / "train", folders[name]):
+                os.utime(f, (age, age))
+        ensure_splits(tmp_path / name, {"train": 2, "val": 1, "test": 1}, verbose=False)
+    assert [name for name, f in folders.items() if f.is_dir()] == ["killed_just_now", "live", "not_ours"]
 
 
 def test_flat_directory_split_and_rt1_shapes(tmp_path):

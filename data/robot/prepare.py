@@ -56,6 +56,26 @@ def generate_split(out_dir, split, n, seed=0, length=LENGTH):
     return wins / max(n, 1)
 
 
+def remove_stale_partials(data_dir, min_age=600):
+    """Delete the `.partial-<pid>` folders that runs killed while generating left in data_dir:
+    those whose process is gone and in which nothing changed for min_age seconds. A live run's
+    folder is never touched (POSIX only: elsewhere nothing is deleted)."""
+    if os.name != "posix":
+        return
+    for folder in Path(data_dir).glob(".partial-*"):
+        pid = folder.name.removeprefix(".partial-")
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:   # newest change: the folder itself or a split being written in it
+            changed = max(f.stat().st_mtime for f in [folder, *folder.iterdir()])
+            os.kill(int(pid), 0)           # signal 0 only asks whether the process exists
+        except ProcessLookupError:         # its process is gone
+            if time.time() - changed >= min_age:
+                shutil.rmtree(folder, ignore_errors=True)
+        except OSError:                    # vanished meanwhile, or alive under another user
+            continue
+
+
 def ensure_splits(data_dir=DATA_DIR, sizes=None, seed=0, verbose=True):
     """Generate every split and action_stats.json when data_dir holds no split (all in a temporary folder, moved into
     place once complete, so a killed run leaves no partial split that a re-run would trust); a folder of splits without
@@ -71,6 +91,7 @@ def ensure_splits(data_dir=DATA_DIR, sizes=None, seed=0, verbose=True):
     if not present:
         # written in a folder of this process's own, then moved: a killed run leaves no half split, and
         # two runs started at once on a fresh checkout do not write into each other's files
+        remove_stale_partials(data_dir)
         partial = data_dir / f".partial-{os.getpid()}"
         shutil.rmtree(partial, ignore_errors=True)
         for split, n in sizes.items():
