@@ -100,15 +100,17 @@ def test_folders_of_killed_generations_are_removed_and_live_ones_kept(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()                                              # a pid whose process is gone
     old = time.time() - 3600
-    folders = {}
-    for name, pid, age in (("killed", dead.pid, old), ("killed_just_now", dead.pid, None),
-                           ("live", os.getppid(), old), ("not_ours", "x", old)):
+    sizes, folders = {"train": 2, "val": 1, "test": 1}, {}
+    ensure_splits(tmp_path / "killed_beside_data", sizes, verbose=False)   # found by any later run
+    for name, pid, age in (("killed", dead.pid, old), ("killed_beside_data", dead.pid, old),
+                           ("killed_just_now", dead.pid, None), ("live", os.getppid(), old),
+                           ("not_ours", "x", old)):
         folders[name] = tmp_path / name / f".partial-{pid}"
         (folders[name] / "train").mkdir(parents=True)
         if age:
             for f in (folders[name] / "train", folders[name]):
                 os.utime(f, (age, age))
-        ensure_splits(tmp_path / name, {"train": 2, "val": 1, "test": 1}, verbose=False)
+        ensure_splits(tmp_path / name, sizes, verbose=False)
     assert [name for name, f in folders.items() if f.is_dir()] == ["killed_just_now", "live", "not_ours"]
 
 

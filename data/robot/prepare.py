@@ -83,6 +83,7 @@ def ensure_splits(data_dir=DATA_DIR, sizes=None, seed=0, verbose=True):
     it is never topped up."""
     data_dir = Path(data_dir)
     sizes = {**DEFAULT_SIZES, **(sizes or {})}
+    remove_stale_partials(data_dir)       # left by runs killed while generating
     present = [split for split in sizes if (data_dir / split).is_dir()]
     if present and len(present) < len(sizes):
         missing = [f"{split}/" for split in sizes if split not in present]
@@ -91,7 +92,6 @@ def ensure_splits(data_dir=DATA_DIR, sizes=None, seed=0, verbose=True):
     if not present:
         # written in a folder of this process's own, then moved: a killed run leaves no half split, and
         # two runs started at once on a fresh checkout do not write into each other's files
-        remove_stale_partials(data_dir)
         partial = data_dir / f".partial-{os.getpid()}"
         shutil.rmtree(partial, ignore_errors=True)
         for split, n in sizes.items():
