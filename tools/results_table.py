@@ -725,7 +725,8 @@ MULTI_4000_VAL = (("`video_mle_4000`, gated, 7 frames", (
     ("`--moving_weight=0`", "video_multi4000_val_mw0"),
     ("`--rl_lr=3e-5`", "video_multi4000_val_lr3e5"),
     ("`--temperature=0.7`", "video_multi4000_val_t07"),
-    ("`--temperature=0.5`", "video_multi4000_val_t05"))),)
+    ("`--temperature=0.5`", "video_multi4000_val_t05"),
+    ("`--rl_steps=80`", "video_multi4000_val_s80"))),)
 
 
 def gate_val(starts):
