@@ -40,6 +40,8 @@ GATE_SEEDS = ("video_pf_gate", "video_pf_gate_s1", "video_pf_gate_s2")
 GATE_O05_SEEDS = ("video_pf_gate_o05", "video_pf_gate_o05_s1", "video_pf_gate_o05_s2")
 GATE_4000_SEEDS = ("video_pf4000", "video_pf4000_s1", "video_pf4000_s2")
 MULTI_4000_SEEDS = ("video_multi4000", "video_multi4000_s1")   # the multi-step default, 2 seeds
+# the same two runs on machine A, whose float kernels round otherwise than B's: other draws
+MULTI_4000_A = ("video_multi4000_machine_a", "video_multi4000_machine_a_s1")
 SEED_NAMES = ("1337", "1", "2")
 # the video single-step control's other rates tried on validation, beside its default (0.3x its
 # start's final rate, the one not significantly worse than the start): the start's final rate and less
@@ -671,13 +673,14 @@ def rate_rows(prefix, rates):
     return [(f"{x}x its final rate, {lr}", f"{prefix}_x{x}") for x, lr in rates]
 
 
-def video_seeds(runs=VIDEO_SEEDS, control_rates=True, multi=False):
+def video_seeds(runs=VIDEO_SEEDS, control_rates=True, multi=False, names=None):
     """Video runs, one per seed of SEED_NAMES (its first len(runs)): RLVR minus each model and the
     control minus its start, in MAE x 1e-3, object recall and action response (multi: RLVR's
     repetition minus its start's too), per seed and over the seeds (seeds and windows resampled;
     copying is the same in every seed, so its row has no seed-level interval); then, with
     control_rates, the control minus its start on the validation split (control_val), and at the
-    other rates (OTHER_RATES)."""
+    other rates (OTHER_RATES). names: the runs' column heads instead, and no pooled column (runs
+    that are not seeds of one experiment)."""
     rows = []
     for a, b, metric, scale, digits in (
             ("rlvr", "mle", "mae", 1000, 2), ("rlvr", "mle_more", "mae", 1000, 2),
@@ -690,7 +693,7 @@ def video_seeds(runs=VIDEO_SEEDS, control_rates=True, multi=False):
         seeds = "" if b == "copy" else ci(diff(runs, a, b, metric), scale, digits)
         unit = " x 1e-3" if metric == "mae" else ""
         rows.append([f"{MODELS[a]} - {MODELS.get(b, 'copy the last frame')}: {metric}{unit}",
-                     *cells, seeds])
+                     *cells, *([] if names else [seeds])])
     for rate, times in (("", ""), *OTHER_RATES) if control_rates else ():   # default rate first
         label = (f"{MODELS['mle_more']} - {MODELS['mle']}" if not rate
                  else f"the same at {times} the rate ({rate})")
@@ -701,8 +704,9 @@ def video_seeds(runs=VIDEO_SEEDS, control_rates=True, multi=False):
             rows.append([f"{label}: {metric}{unit}, validation",
                          *(ci(window_ci(d, ep), scale, digits) for d, ep in pairs),
                          ci(window_ci(d, pairs[0][1]), scale, digits)])
-    head = ["difference", *(f"seed {s}" for s in SEED_NAMES[:len(runs)]),
-            f"{len(runs)} seeds, seed-level CI"]
+    head = (["difference", *names] if names else
+            ["difference", *(f"seed {s}" for s in SEED_NAMES[:len(runs)]),
+             f"{len(runs)} seeds, seed-level CI"])
     return table(head, rows)
 
 
@@ -796,6 +800,9 @@ BLOCKS = {   # name -> (page, the function that makes it)
                             "sim": "sim among the policy's 3 best",
                             WEB_MLE: f"**MLE (`{WEB_MLE}`)**"})),
     "video_ceiling": ("docs/video.md", video_ceiling),
+    "video_default_machine_b": ("docs/video.md", lambda: video_seeds(
+        ("video_default", "video_default_machine_b"), False,
+        names=("seed 1337, machine A", "seed 1337, machine B"))),
     "video_default": ("docs/video.md", lambda: video(
         "video_default", than=(("video_single", "RLVR of `video_cond_mle`"),))),
     "video_default_seeds": ("docs/video.md", lambda: video_seeds(VIDEO_DEFAULT_SEEDS, False)),
@@ -804,6 +811,8 @@ BLOCKS = {   # name -> (page, the function that makes it)
     "video_multi4000": ("docs/video.md", lambda: video(
         "video_multi4000", multi=True, than=(("video_multi", "RLVR of `video_cond_multi_mle`"),))),
     "video_multi4000_seeds": ("docs/video.md", lambda: video_seeds(MULTI_4000_SEEDS, False, True)),
+    "video_multi4000_seeds_machine_a": ("docs/video.md",
+                                   lambda: video_seeds(MULTI_4000_A, False, True)),
     "video_multi": ("docs/video.md", lambda: video("video_multi", multi=True, o0="video_multi_o0")),
     "video_multi_control_val": ("docs/video.md", lambda: control_rates_val(
         "validation, 7 frames", ((f"{MODELS['mle_more']} - {MODELS['mle']}", "multi"),))),
