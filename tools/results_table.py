@@ -42,6 +42,8 @@ GATE_4000_SEEDS = ("video_pf4000", "video_pf4000_s1", "video_pf4000_s2")
 MULTI_4000_SEEDS = ("video_multi4000", "video_multi4000_s1")   # the multi-step default, 2 seeds
 # the same two runs on machine A, whose float kernels round otherwise than B's: other draws
 MULTI_4000_A = ("video_multi4000_machine_a", "video_multi4000_machine_a_s1")
+# the same two seeds on B with the control at 0.3x its start's final rate (RLVR's runs are the same)
+MULTI_4000_X03 = ("video_multi4000_x03", "video_multi4000_x03_s1")
 SEED_NAMES = ("1337", "1", "2")
 # the video single-step control's other rates tried on validation, beside its default (0.3x its
 # start's final rate, the one not significantly worse than the start): the start's final rate and less
@@ -811,6 +813,8 @@ BLOCKS = {   # name -> (page, the function that makes it)
     "video_multi4000": ("docs/video.md", lambda: video(
         "video_multi4000", multi=True, than=(("video_multi", "RLVR of `video_cond_multi_mle`"),))),
     "video_multi4000_seeds": ("docs/video.md", lambda: video_seeds(MULTI_4000_SEEDS, False, True)),
+    "video_multi4000_x03": ("docs/video.md",
+                            lambda: video_seeds(MULTI_4000_X03, False, True)),
     "video_multi4000_seeds_machine_a": ("docs/video.md",
                                    lambda: video_seeds(MULTI_4000_A, False, True)),
     "video_multi": ("docs/video.md", lambda: video("video_multi", multi=True, o0="video_multi_o0")),
