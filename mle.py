@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from tqdm import tqdm
 
 from checkpoint import read_checkpoint, read_meta
@@ -81,9 +82,14 @@ def train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, minut
     while step < steps:
         for group in opt.param_groups:
             group["lr"] = lr_of_step(step)   # MLE: warm-up then cosine; the control: constant
-        idx, tgt = next_batch(gen)           # (B, T) inputs and targets
+        idx, tgt, *weight = next_batch(gen)  # (B, T) inputs and targets, and maybe weights
         with run.autocast:
-            _, loss = trained(idx, tgt)      # mean cross-entropy over the scored tokens
+            logits, loss = trained(idx, tgt)     # mean cross-entropy over the scored tokens
+        if weight:                           # (B, T) weights: their mean instead (--change_weight)
+            ce = F.cross_entropy(logits.float().flatten(0, 1), tgt.flatten(), ignore_index=-1,
+                                 reduction="none")
+            w = weight[0].flatten() * (tgt.flatten() != -1)
+            loss = (ce * w).sum() / w.sum()
         # the optimizer step, guarded: a NaN/inf loss or gradient never reaches the weights
         opt.zero_grad(set_to_none=True)
         loss.backward()

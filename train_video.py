@@ -155,6 +155,11 @@ p.add_argument("--action_embed", type=int, default=0,
                help="1: before MLE, the action tokens' embeddings are set to Fourier features of "
                     "their bin's value (init_action_embeddings), so neighbouring bins start alike "
                     "and the GPT reads a value, not 256 unrelated tokens per dimension")
+p.add_argument("--change_weight", type=float, default=1.0,
+               help="MLE (per-frame tokenizer): the weight in the loss of a predicted code that "
+                    "differs from the last context frame's code there (a cell that changes; the "
+                    "others weigh 1). 1: plain MLE. Above 1 the model learns more change than the "
+                    "data holds (docs/video.md, the push)")
 p.add_argument("--control", type=int, default=1,
                help="1: also train the control, the MLE start trained further by MLE for RLVR's "
                     "compute (counted in tokens)")
@@ -400,7 +405,16 @@ def run_mle(run, model, name, ckpt, layout, tokens, horizon, steps, minutes, lr_
         ids = torch.randint(len(train_tok["actions"]), (args.batch_size,), generator=gen)   # clips
         starts = torch.randint(T - n + 1, (args.batch_size,), generator=gen)   # first frames
         idx, tgt = layout.training_pair(windows(train_tok, layout, ids, starts, C, horizon), C)
-        return idx.to(args.device), tgt.to(args.device)
+        if args.change_weight == 1:
+            return idx.to(args.device), tgt.to(args.device)
+        # --change_weight: each predicted code that differs from the last context frame's code in
+        # its cell weighs change_weight, every other scored token 1
+        last = train_tok["context"][ids, starts + C - 1]                              # (B, L)
+        future = train_tok["future"][ids, starts + C - 1, :horizon]                   # (B, h, L)
+        changed = (future != last[:, None]).flatten(1).float()                        # (B, h * L)
+        weight = torch.ones(tgt.shape)
+        weight[:, layout.code_positions(C, horizon) - 1] = 1 + (args.change_weight - 1) * changed
+        return idx.to(args.device), tgt.to(args.device), weight.to(args.device)
 
     def val_loss(model):
         """The mean cross-entropy of the chunks of 64 validation windows."""
@@ -730,6 +744,8 @@ barrier()
 args.vq = str(vq_file)            # in the world model's args (relative): its tokenizer, beside it
 splits = {"train": train_eps, "val": val_eps, "test": test_eps}
 # every split tokenized once (cached): per clip the context codes, future codes and action tokens
+if args.change_weight != 1 and (isinstance(vq, CondVQVAE) or args.change_weight <= 0):
+    fail(f"--change_weight {args.change_weight}: needs the per-frame tokenizer and a weight > 0")
 still_code = None                 # --still_code: one code for every unchanged cell
 if args.still_code != -1:
     if not isinstance(vq, CondVQVAE) or not 0 <= args.still_code < vq.config.n_codes:

@@ -219,7 +219,8 @@ def one_step_checks(wm, eps, batch_size=64):
     the detectors see move: the gripper on steps where the simulator moved it, the target block on steps where it was
     pushed (true centres moving by more than MOVED_PX). Per check: transitions n, mean true and predicted displacement
     (px), response (the predicted displacement projected on the true one, over the true: 1 is right, 0 no motion),
-    mean error of the predicted end position (px), and passed = error <= GATE * true displacement."""
+    mean error of the predicted end position (px), passed = error <= GATE * true displacement; and where the simulator
+    leaves the object still, their count still_n and how far the prediction moves it anyway, false_px."""
     ctx = np.concatenate([ep["image"][:-1] for ep in eps])
     pred = predict_frames(wm, ctx, np.concatenate([ep["action"][:-1] for ep in eps])[:, None],
                           batch_size=batch_size)[:, 0]
@@ -236,6 +237,10 @@ def move_checks(eps, pred):
     out = {}
     for check, key, locate in (("gripper", "gripper", lambda f, c: locate_gripper(f)), ("push", "block", locate_block)):
         moved = np.concatenate([np.hypot(*(ep[key][1:] - ep[key][:-1]).T) > MOVED_PX for ep in eps])
+        # where the simulator leaves the object still: how far the prediction moves it anyway (px)
+        false = [np.hypot(*(q - p0)) for k in np.nonzero(~moved)[0]
+                 for p0, q in [(locate(ctx[k], colors[k]), locate(pred[k], colors[k]))]
+                 if p0 is not None and q is not None]
         true_d, pred_d, err = [], [], []
         for k in np.nonzero(moved)[0]:
             p0, p1, q = locate(ctx[k], colors[k]), locate(nxt[k], colors[k]), locate(pred[k], colors[k])
@@ -251,7 +256,8 @@ def move_checks(eps, pred):
         out[check] = dict(n=len(t), true_px=true_px, pred_px=float(np.hypot(*d.T).mean()) if len(d) else 0.0,
                           response=float(proj.mean()) / true_px if true_px else 0.0,
                           error_px=float(np.mean(err)) if err else 0.0,
-                          passed=bool(len(t)) and float(np.mean(err)) <= GATE * true_px)
+                          passed=bool(len(t)) and float(np.mean(err)) <= GATE * true_px,
+                          still_n=len(false), false_px=float(np.mean(false)) if false else 0.0)
     return out
 
 

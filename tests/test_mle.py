@@ -144,3 +144,28 @@ def test_final_lr_is_the_checkpoints_schedule_at_its_last_step(tmp_path):
     shipped = Path(__file__).resolve().parents[1] / "checkpoints" / "textgame" / "mle.safetensors"
     assert mle.final_lr(shipped) == pytest.approx(3e-5, rel=1e-3)
     assert mle.final_lr(tmp_path) is None   # an HF directory records no MLE schedule
+
+
+def test_weighted_batches_train_on_the_weighted_mean(tmp_path):
+    """A next_batch that also returns weights (video's --change_weight): the step's loss is the weighted mean
+    cross-entropy over the scored tokens; weights of 1 train exactly as none."""
+    def weighted(w):
+        def batch(gen):
+            idx, tgt = next_batch(gen)
+            tgt[:, :2] = -1                                  # unscored tokens weigh nothing, whatever w says
+            return idx, tgt, torch.full(tgt.shape, 1.0).index_fill_(1, torch.tensor([5, 6]), w)
+        return batch
+    run = make_run(tmp_path / "w")
+    mle.train(run, tiny(), "mle", tmp_path / "w" / "m.safetensors", 1, weighted(3.0), val_loss, lr)
+    idx, tgt, w = weighted(3.0)(torch.Generator().manual_seed(0))
+    ce = torch.nn.functional.cross_entropy(tiny()(idx)[0].detach().flatten(0, 1), tgt.flatten(), ignore_index=-1,
+                                           reduction="none").view(tgt.shape)
+    scored = (tgt != -1).float()
+    assert logged(tmp_path / "w" / "log.jsonl")[0]["loss"] == pytest.approx(
+        float((ce * w * scored).sum() / (w * scored).sum()), rel=1e-5)
+    ones = mle.train(make_run(tmp_path / "a"), tiny(), "mle", tmp_path / "a" / "m.safetensors", 5, weighted(1.0),
+                     val_loss, lr)
+    plain = mle.train(make_run(tmp_path / "b"), tiny(), "mle", tmp_path / "b" / "m.safetensors", 5,
+                      lambda g: weighted(1.0)(g)[:2], val_loss, lr)
+    for a, b in zip(ones.parameters(), plain.parameters()):
+        assert torch.allclose(a, b, atol=1e-6)

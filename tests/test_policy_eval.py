@@ -194,6 +194,8 @@ def test_one_step_checks_pass_a_perfect_world_and_fail_a_still_one(monkeypatch):
     still = pe.one_step_checks(None, eps)
     assert not still["gripper"]["passed"] and not still["push"]["passed"]
     assert still["push"]["response"] == 0 and still["push"]["error_px"] == pytest.approx(still["push"]["true_px"])
+    # where the simulator leaves the block still, the oracle moves it as little (under 0.5 px), a still world not at all
+    assert good["push"]["still_n"] > 10 and good["push"]["false_px"] <= 0.5 and still["push"]["false_px"] == 0
 
 
 @pytest.mark.slow

@@ -277,6 +277,15 @@ def test_still_code_and_action_embeddings_mle(trained):
                         "--init=scratch", "--stage=mle", "--vq", tmp / "out" / "video_vq.safetensors",
                         "--still_code=9", *TINY], cwd=ROOT, capture_output=True, text=True, env=ENV)
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith("error: --still_code 9: needs the")
+    # --change_weight weighs the changing cells' codes (per-frame tokenizer only)
+    o = tmp / "change"
+    out = train("--data", tmp / "data", "--out_dir", o, "--init=scratch", "--stage=mle", "--mode=multi",
+                "--vq", tmp / "out" / "video_vq.safetensors", "--change_weight=4")
+    assert json.loads((o / "video_mle.json").read_text())["args"]["change_weight"] == 4
+    r = subprocess.run([sys.executable, "train_video.py", "--data", tmp / "data", "--out_dir", tmp / "change_c",
+                        "--init=scratch", "--stage=mle", "--vq", ROOT / "checkpoints" / "video_cvq.safetensors",
+                        "--change_weight=4", *TINY], cwd=ROOT, capture_output=True, text=True, env=ENV)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith("error: --change_weight 4.0: needs")
 
 
 @pytest.mark.slow
