@@ -83,9 +83,9 @@ def train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, minut
         for group in opt.param_groups:
             group["lr"] = lr_of_step(step)   # MLE: warm-up then cosine; the control: constant
         idx, tgt, *weight = next_batch(gen)  # (B, T) inputs and targets, and maybe weights
-        with run.autocast:
-            logits, loss = trained(idx, tgt)     # mean cross-entropy over the scored tokens
-        if weight:                           # (B, T) weights: their mean instead (--change_weight)
+        with run.autocast:                   # the mean cross-entropy over the scored tokens, or
+            logits, loss = trained(idx, None if weight else tgt)   # with weights, only the logits
+        if weight:                           # (B, T) weights: their mean (--change_weight)
             ce = F.cross_entropy(logits.float().flatten(0, 1), tgt.flatten(), ignore_index=-1,
                                  reduction="none")
             w = weight[0].flatten() * (tgt.flatten() != -1)

@@ -8,8 +8,9 @@ of capacity (docs/video.md, the push). Two ways, `--double`:
 - width: twice the residual channels, heads (of the same size) and MLP channels. The old weights
   fill the old rows and columns; the new channels of the residual stream start at zero (their
   embeddings and every projection writing them are zero) and are read with a random init; the new
-  heads and MLP channels read a random init and write nothing. RMSNorm averages over twice the channels, half of them zero, so
-  its gains are divided by sqrt(2) and its epsilon halved: the logits are equal up to rounding.
+  heads and MLP channels read a random init and write nothing. RMSNorm averages over twice the
+  channels, half of them zero, so its gains are divided by sqrt(2) and its epsilon halved: the
+  logits are equal up to rounding.
 
     python experiments/grow.py --double=width --ckpt=checkpoints/video_mle_4000.safetensors \
         --out=out/wide_init/video_mle.safetensors

@@ -238,9 +238,11 @@ def move_checks(eps, pred):
     for check, key, locate in (("gripper", "gripper", lambda f, c: locate_gripper(f)), ("push", "block", locate_block)):
         moved = np.concatenate([np.hypot(*(ep[key][1:] - ep[key][:-1]).T) > MOVED_PX for ep in eps])
         # where the simulator leaves the object still: how far the prediction moves it anyway (px)
-        false = [np.hypot(*(q - p0)) for k in np.nonzero(~moved)[0]
-                 for p0, q in [(locate(ctx[k], colors[k]), locate(pred[k], colors[k]))]
-                 if p0 is not None and q is not None]
+        false = []
+        for k in np.nonzero(~moved)[0]:
+            p0, q = locate(ctx[k], colors[k]), locate(pred[k], colors[k])
+            if p0 is not None and q is not None:
+                false.append(np.hypot(*(q - p0)))
         true_d, pred_d, err = [], [], []
         for k in np.nonzero(moved)[0]:
             p0, p1, q = locate(ctx[k], colors[k]), locate(nxt[k], colors[k]), locate(pred[k], colors[k])
