@@ -222,6 +222,17 @@ def print_table(rows, file=None):
           f"the cells that change, true -> shuffled actions", file=file)
 
 
+def add_transition_args(p):
+    """The flags that pick the held-out transitions and how to run over them (experiments/push_order.py has them
+    too)."""
+    p.add_argument("--policies", default="0,0.3,0.6,1.0,random", help="expert action-noise stds and/or 'random'")
+    p.add_argument("--limit", type=int, default=10, help="held-out scenes per policy (policy_eval's check_episodes)")
+    p.add_argument("--length", type=int, default=16, help="frames per episode")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--threads", type=int, default=1)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description="the one-step action checks layer by layer: simulator, tokenizer, GPT",
                                 allow_abbrev=False)
@@ -237,13 +248,8 @@ def main(argv=None):
                         "run); 0: without")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="0: the GPTs' greedy predictions (policy_eval's checks); T > 0: one sample at T each")
-    p.add_argument("--policies", default="0,0.3,0.6,1.0,random", help="expert action-noise stds and/or 'random'")
-    p.add_argument("--limit", type=int, default=10, help="held-out scenes per policy (policy_eval's check_episodes)")
-    p.add_argument("--length", type=int, default=16, help="frames per episode")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch_size", type=int, default=64)
+    add_transition_args(p)
     p.add_argument("--json", default=str(ROOT / "results" / "action_diagnosis" / "diagnosis.json"))
-    p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     try:

@@ -723,6 +723,8 @@ GATE_4000_VAL = (("`video_mle_4000`, gated", (
     ("`--object_weight=0.5 --push_weight=0.1 --counterfactual_frac=0.5`", f"{VAL_PF}4000_o05_p01_cf"),
     ("`--object_weight=0.5 --push_weight=0.1 --placebo=1`", f"{VAL_PF}4000_o05_p01_placebo"),
     ("`--object_weight=0.5 --push_weight=0.1 --push_frac=0.5`", f"{VAL_PF}4000_o05_p01_pf05"),
+    ("`--object_weight=0.5 --push_weight=1 --push_frac=1`", f"{VAL_PF}4000_o05_pp1"),
+    ("the same, 300 steps (`--rl_steps=300`)", f"{VAL_PF}4000_o05_pp1_s300"),
     ("the default run's (`--object_weight=0.5 --push_weight=0.1`, prompts from the default 1000 "
      "episodes)", "video_default_val"))),)
 
