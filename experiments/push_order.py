@@ -87,7 +87,7 @@ def push_by_direction(ctx, nxt, pred, colors, directions):
 def main(argv=None):
     p = argparse.ArgumentParser(description="policy_eval's push check by push direction, as drawn and transposed",
                                 allow_abbrev=False)
-    p.add_argument("--models", nargs="+", required=True, help="world models of train_video.py (per-frame tokens)")
+    p.add_argument("--models", nargs="+", required=True, help="world models of train_video.py")
     p.add_argument("--copy_gate", type=int, default=-1, choices=[-1, 0, 1],
                    help="-1: decode as each checkpoint records; 1: with the copy gate; 0: without")
     p.add_argument("--mirror", type=int, default=0, choices=[0, 1],
