@@ -233,6 +233,14 @@ def add_transition_args(p):
     p.add_argument("--threads", type=int, default=1)
 
 
+def transition_policies(args):
+    """The policies of add_transition_args's flags, checked -> list (ValueError naming the flag)."""
+    policies = [parse_policy(x.strip()) for x in args.policies.split(",") if x.strip()]
+    if not policies or args.limit < 1 or args.length < 2:
+        raise ValueError("need --policies, --limit >= 1 and --length >= 2")
+    return policies
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description="the one-step action checks layer by layer: simulator, tokenizer, GPT",
                                 allow_abbrev=False)
@@ -253,9 +261,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     try:
-        policies = [parse_policy(x.strip()) for x in args.policies.split(",") if x.strip()]
-        if not policies or args.limit < 1 or args.length < 2 or args.temperature < 0:
-            raise ValueError("need --policies, --limit >= 1, --length >= 2 and --temperature >= 0")
+        policies = transition_policies(args)
+        if args.temperature < 0:
+            raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
         for path in args.tokenizers + args.models:
             if not Path(path).is_file():
                 raise ValueError(f"{path}: no such checkpoint")

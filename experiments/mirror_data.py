@@ -26,15 +26,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: t
 from data.robot.task import episode_files, read_npz  # noqa: E402
 
 
-def cut(ep, mirror):
+def mirror(frames, action):
+    """Frames (..., H, W, 3) of one transition mirrored so that its action (x, y) points right and down: left-right
+    where x < 0, upside down where y < 0 (experiments/push_order.py scores models in this view too)."""
+    if action[0] < 0:
+        frames = frames[..., :, ::-1, :]
+    if action[1] < 0:
+        frames = frames[..., ::-1, :, :]
+    return np.ascontiguousarray(frames)
+
+
+def cut(ep, mirror_it):
     """An episode -> its transitions as 2-frame episodes, each mirrored so its action points right and down."""
     out = []
     for t in range(len(ep["image"]) - 1):
-        img, bg, a = ep["image"][t:t + 2], ep["background"], ep["action"][t].copy()
-        if mirror and a[0] < 0:                  # mirrored left-right: the action's x turns
-            img, bg, a[0] = img[:, :, ::-1], bg[:, ::-1], -a[0]
-        if mirror and a[1] < 0:                  # upside down: its y turns
-            img, bg, a[1] = img[:, ::-1], bg[::-1], -a[1]
+        img, bg, a = ep["image"][t:t + 2], ep["background"], ep["action"][t]
+        if mirror_it:                            # the action's turned components turn positive
+            img, bg, a = mirror(img, a), mirror(bg, a), np.abs(a)
         out.append(dict(image=np.ascontiguousarray(img), background=np.ascontiguousarray(bg),
                         action=np.stack([a, np.zeros_like(a)]), success=ep["success"], noise=ep["noise"]))
     return out

@@ -33,8 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: t
 from checkpoint import write_json  # noqa: E402
 from data.robot.detect import locate_block  # noqa: E402
 from evaluate_video import load_video_model  # noqa: E402
-from experiments.action_diagnosis import add_transition_args, reconstruct, transitions  # noqa: E402
-from experiments.policy_eval import MOVED_PX, parse_policy, predict_frames  # noqa: E402
+from experiments.action_diagnosis import (add_transition_args, reconstruct, transition_policies,  # noqa: E402
+                                         transitions)
+from experiments.mirror_data import mirror  # noqa: E402
+from experiments.policy_eval import MOVED_PX, predict_frames  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DIRECTIONS = ("up", "down", "left", "right")
@@ -52,12 +54,16 @@ def transpose(frames):
     return np.ascontiguousarray(frames.transpose(0, 2, 1, 3))
 
 
-def mirror(frames, flip_x, flip_y):
-    """(N, H, W, 3) frames, those where flip_x (N,) bool mirrored left-right, where flip_y upside down."""
-    out = frames.copy()
-    out[flip_x] = out[flip_x][:, :, ::-1]
-    out[flip_y] = out[flip_y][:, ::-1]
-    return out
+def pushes(eps):
+    """The transitions of episodes eps that push the target block (its true centre moves by more than MOVED_PX)
+    -> context (N, H, W, 3), true next frame (N, H, W, 3), action (N, 1, D), block colours, push directions."""
+    pushed = np.concatenate([np.hypot(*(ep["block"][1:] - ep["block"][:-1]).T) > MOVED_PX for ep in eps])
+    ctx = np.concatenate([ep["image"][:-1] for ep in eps])[pushed]
+    nxt = np.concatenate([ep["image"][1:] for ep in eps])[pushed]
+    act = np.concatenate([ep["action"][:-1] for ep in eps])[pushed][:, None]
+    colors = [c for ep in eps for c in [ep["color"]] * (len(ep["image"]) - 1)]
+    moves = np.concatenate([ep["block"][1:] - ep["block"][:-1] for ep in eps])[pushed]
+    return ctx, nxt, act, [c for c, k in zip(colors, pushed) if k], [direction(t) for t in moves]
 
 
 def push_by_direction(ctx, nxt, pred, colors, directions):
@@ -98,9 +104,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     try:
-        policies = [parse_policy(x.strip()) for x in args.policies.split(",") if x.strip()]
-        if not policies or args.limit < 1 or args.length < 2:
-            raise ValueError("need --policies, --limit >= 1 and --length >= 2")
+        policies = transition_policies(args)
         models = {}
         for path in args.models:
             if not Path(path).is_file():
@@ -115,21 +119,13 @@ def main(argv=None):
         sys.exit(f"error: {e}")
 
     # --- the pushes of the check episodes: context, true next frame, action, block colour, direction
-    eps, _, _ = transitions(policies, args.limit, args.length, args.seed)
-    pushed = np.concatenate([np.hypot(*(ep["block"][1:] - ep["block"][:-1]).T) > MOVED_PX for ep in eps])
-    ctx = np.concatenate([ep["image"][:-1] for ep in eps])[pushed]
-    nxt = np.concatenate([ep["image"][1:] for ep in eps])[pushed]
-    act = np.concatenate([ep["action"][:-1] for ep in eps])[pushed][:, None]                 # (N, 1, 2)
-    colors = [c for ep in eps for c in [ep["color"]] * (len(ep["image"]) - 1)]
-    colors = [c for c, k in zip(colors, pushed) if k]
-    moves = np.concatenate([ep["block"][1:] - ep["block"][:-1] for ep in eps])[pushed]
-    dirs = [direction(t) for t in moves]
+    ctx, nxt, act, colors, dirs = pushes(transitions(policies, args.limit, args.length, args.seed)[0])
 
     # --- each row as is and transposed (frames x <-> y, the action's dimensions swapped)
     views = {"as is": (ctx, nxt, act), "transposed": (transpose(ctx), transpose(nxt), act[..., ::-1].copy())}
     if args.mirror:   # each transition mirrored so that its action points right and down
-        fx, fy = act[:, 0, 0] < 0, act[:, 0, 1] < 0
-        views["mirrored"] = (mirror(ctx, fx, fy), mirror(nxt, fx, fy), np.abs(act))
+        views["mirrored"] = tuple(np.stack([mirror(f, a[0]) for f, a in zip(frames, act)])
+                                  for frames in (ctx, nxt)) + (np.abs(act),)
     rows = {}
     first_vq = next(iter(models.values()))[1]
     rows["tokenizer reconstruction"] = {v: push_by_direction(c, n, reconstruct(first_vq, n, c), colors, dirs)

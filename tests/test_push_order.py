@@ -37,13 +37,7 @@ def test_the_renderer_and_the_dynamics_are_symmetric_under_the_transpose():
 
 
 def test_push_by_direction_scores_the_truth_and_a_still_world():
-    eps = pe.real_episodes(0.0, 4, 1, 16, seed=0)
-    pushed = np.concatenate([np.hypot(*(ep["block"][1:] - ep["block"][:-1]).T) > pe.MOVED_PX for ep in eps])
-    ctx = np.concatenate([ep["image"][:-1] for ep in eps])[pushed]
-    nxt = np.concatenate([ep["image"][1:] for ep in eps])[pushed]
-    colors = [ep["color"] for ep in eps for _ in ep["image"][1:]]
-    colors = [c for c, k in zip(colors, pushed) if k]
-    dirs = [po.direction(t) for t in np.concatenate([ep["block"][1:] - ep["block"][:-1] for ep in eps])[pushed]]
+    ctx, nxt, _, colors, dirs = po.pushes(pe.real_episodes(0.0, 4, 1, 16, seed=0))
     truth = po.push_by_direction(ctx, nxt, nxt, colors, dirs)
     still = po.push_by_direction(ctx, nxt, ctx, colors, dirs)
     assert truth["all"]["n"] == len(ctx) > 5 and sum(truth[d]["n"] for d in po.DIRECTIONS) == len(ctx)
