@@ -137,7 +137,7 @@ def action_loss(wm, eps, seed, batch_size, still_code=None):
     means and the paired bootstrap 95% interval of shuffled - true over the transitions; and changed / unchanged:
     the true and shuffled losses on the codes of the cells that change and that do not (data/robot/task.still_cells).
     still_code: the code of unchanged cells a model trained with --still_code=1 was taught (None: the encoder's)."""
-    model, vq, lo, hi = wm
+    model, vq, lo, hi, _ = wm
     layout = Layout.of(vq, 2)
     tokens = tokenize_split(vq, eps, 1, layout, lo, hi, still_code)
     T = len(eps[0]["image"])
@@ -274,7 +274,8 @@ def main(argv=None):
             a = meta["args"]
             if len(a["action_lo"]) != 2 or vq.config.size != sim.H:
                 raise ValueError(f"{path}: not a model of the embedded robot data (2-dim actions, 64x64)")
-            wm = (model.eval(), vq.eval(), np.array(a["action_lo"], np.float32), np.array(a["action_hi"], np.float32))
+            wm = (model.eval(), vq.eval(), np.array(a["action_lo"], np.float32), np.array(a["action_hi"], np.float32),
+                  False)
             # a model of train_video.py --still_code=N learnt code N for every unchanged cell
             still = a.get("still_code", -1)
             folder = Path(path).resolve().parent

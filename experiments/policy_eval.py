@@ -7,7 +7,8 @@ close are its success estimates to reality? One or two world models (e.g. MLE an
     python experiments/policy_eval.py --rlvr=out/video/video_rlvr.safetensors  # MLE and its RLVR (python train_video.py)
     python experiments/policy_eval.py --mle=out/vmulti/video_mle.safetensors --horizon=7    # a multi-step model
     python experiments/policy_eval.py --device=cuda --batch_size=256                        # 1 GPU
-Writes out/policy_eval/policy_eval.json (--json), with every episode's outcome, real and imagined.
+Writes out/policy_eval/policy_eval.json (--json), with every episode's outcome, real and imagined; --strip=PATH.png
+also draws the first policy's first 4 episodes, real frames over imagined ones.
 
 World model: a checkpoint of train_video.py and the tokenizer its metadata names, per-frame (video_vq) or
 context-conditioned (video_cvq, whose future codes are relative to a true context frame). The default model is the
@@ -59,15 +60,22 @@ the goal"):
 Reported per policy and loop: real success, the detector's success on the real frames, each world model's estimate and
 its absolute gap to the real success, per-episode agreement (the imagined outcome equals the real one), and progress:
 the mean decrease of the block-goal distance in pixels over the episode, real and imagined (a finer signal than
-success; an imagined frame that lost the block counts as no progress). Across policies: the Spearman rank
-correlation of estimates and real success (and of progress), the mean absolute gap, and the gap of a world model
-that predicts no motion (every scene starts with the block outside the goal, so it estimates 0 everywhere).
+success; an imagined frame that lost the block counts as no progress), and `found`, the share of episodes whose last
+imagined frame still shows the target block. Across policies: the Spearman rank correlation of estimates and real
+success (and of progress), with a 95% bootstrap interval over the scenes for success (`spearman_interval`: a
+ranking that rests on a few imagined successes is wide), the mean absolute gap, and the gap of a world model that
+predicts no motion (every scene starts with the block outside the goal, so it estimates 0 everywhere).
+
+--mirror=1: models trained on experiments/mirror_data.py's transitions, whose actions all point right and down, so
+that a pushed block is drawn after its gripper; every step's context is mirrored by its action, the model predicts
+there, and its frame is mirrored back (predict_frames; one frame at a time).
 """
 import argparse
 import sys
 import time
 from pathlib import Path
 
+import imageio.v2 as imageio
 import numpy as np
 import torch
 
@@ -77,12 +85,14 @@ from data.robot import sim  # noqa: E402
 from data.robot.detect import MOVED_PX, judge, locate_block, locate_goal, locate_gripper  # noqa: E402
 from data.robot.task import Layout, action_bins, frame_codes, rollout  # noqa: E402
 from evaluate_video import load_video_model  # noqa: E402
+from experiments.mirror_data import mirror  # noqa: E402
 from rewards_video import to_uint8  # noqa: E402
 from runtime import check_device  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENE_STREAM, POLICY_STREAM = 3, 4   # random streams of the evaluation (prepare.py's splits use 0, 1, 2)
 GATE = 0.5                          # one-step checks: pass when the end error <= GATE x the true move
+STRIP_EPISODES = 4                  # --strip: the episodes it shows
 
 
 # -----------------------------------------------------------------------------
@@ -110,13 +120,22 @@ def policy_rng(seed, scene, sample):
 
 @torch.no_grad()
 def predict_frames(wm, ctx, actions, temperature=0.0, generator=None, batch_size=64):
-    """One chunk in the world model wm = (GPT, tokenizer, action lo, action hi): context frames ctx (N, H, W, 3)
-    uint8 and actions (N, h, D) float (action k takes frame k to k + 1; frame 0 is the context) -> the h predicted
-    frames (N, h, H, W, 3) uint8. The context gets its context codes (tokenize_context), the GPT writes h frames with
-    the actions injected between them (data/robot/task.rollout), and every predicted frame is decoded against the
-    context frame: the cond tokenizer codes a future frame relative to it (the per-frame one ignores it)."""
-    model, vq, lo, hi = wm
+    """One chunk in the world model wm = (GPT, tokenizer, action lo, action hi, mirrored): context frames ctx
+    (N, H, W, 3) uint8 and actions (N, h, D) float (action k takes frame k to k + 1; frame 0 is the context) -> the h
+    predicted frames (N, h, H, W, 3) uint8. The context gets its context codes (tokenize_context), the GPT writes h
+    frames with the actions injected between them (data/robot/task.rollout), and every predicted frame is decoded
+    against the context frame: the cond tokenizer codes a future frame relative to it (the per-frame one ignores it).
+    mirrored: a GPT trained on experiments/mirror_data.py's transitions, whose actions all point right and down; it
+    predicts one frame (h = 1) from the context mirrored by its action, and the frame is mirrored back."""
+    model, vq, lo, hi, mirrored = wm
     N, h, D = actions.shape
+    if mirrored:
+        if h != 1:
+            raise ValueError(f"a mirrored world model predicts one frame at a time, not {h}")
+        a = actions[:, 0]
+        pred = predict_frames((model, vq, lo, hi, False), mirror_each(ctx, a), np.abs(actions), temperature,
+                              generator, batch_size)
+        return mirror_each(pred[:, 0], a)[:, None]                 # a mirror undoes itself
     layout = Layout.of(vq, D)
     act = torch.from_numpy(layout.action_tokens(action_bins(actions, lo, hi)))                    # (N, h, D) ids
     out = []
@@ -127,6 +146,11 @@ def predict_frames(wm, ctx, actions, temperature=0.0, generator=None, batch_size
         codes = frame_codes(tok, layout, h).flatten(0, 1)                                        # (B * h, L)
         out.append(decode(vq, codes, np.repeat(c, h, 0)).reshape(len(c), h, *c.shape[1:]))
     return np.concatenate(out)
+
+
+def mirror_each(frames, actions):
+    """(N, H, W, 3) frames, frame i mirrored by action i (N, D) as experiments/mirror_data.mirror does."""
+    return np.stack([mirror(f, a) for f, a in zip(frames, actions)])
 
 
 def imagine(wm, first, actions, horizon, temperature=0.0, generator=None, batch_size=64):
@@ -211,6 +235,22 @@ def spearman(x, y):
     return float((rx * ry).sum() / den) if den > 0 else None
 
 
+def spearman_interval(real, imagined, samples, seed=0, n_boot=1000):
+    """95% bootstrap interval of the Spearman correlation of real and imagined success rates across policies,
+    resampling scenes (every policy meets the same scenes; a scene's samples stay together). real, imagined:
+    (policies, scenes x samples) 0/1 outcomes, scene by scene. A resample whose rates are constant on a side (the
+    correlation is undefined) counts as 0: it ranks nothing."""
+    P = len(real)
+    r = np.asarray(real, np.float64).reshape(P, -1, samples).mean(2)                   # (policies, scenes)
+    m = np.asarray(imagined, np.float64).reshape(P, -1, samples).mean(2)
+    rng, rhos = np.random.default_rng(seed), []
+    for _ in range(n_boot):
+        idx = rng.integers(0, r.shape[1], r.shape[1])
+        rho = spearman(r[:, idx].mean(1), m[:, idx].mean(1))
+        rhos.append(0.0 if rho is None else rho)
+    return [float(np.percentile(rhos, 2.5)), float(np.percentile(rhos, 97.5))]
+
+
 # -----------------------------------------------------------------------------
 # one-step checks: does the world model move the gripper as commanded, and push the block?
 
@@ -266,9 +306,11 @@ def move_checks(eps, pred):
 # -----------------------------------------------------------------------------
 # the evaluation
 
-def evaluate(models, policies, episodes, samples, length, horizon, loops, temperature, seed, batch_size, log=print):
-    """models: name -> (GPT, tokenizer, action lo, action hi). loops: "open" (replay the real actions) and/or
-    "closed" (the policy acts on imagined frames). -> results dict (see the module docstring)."""
+def evaluate(models, policies, episodes, samples, length, horizon, loops, temperature, seed, batch_size, log=print,
+             strip=""):
+    """models: name -> (GPT, tokenizer, action lo, action hi, mirrored). loops: "open" (replay the real actions)
+    and/or "closed" (the policy acts on imagined frames). strip: a .png path for `write_strip` of the first policy's
+    first episodes in the first model and loop. -> results dict (see the module docstring)."""
     rows, frames_agree, frames_pos, frames_pos_agree, goals_found, grip_err = [], 0, 0, 0, 0, []
     recon_agree = {}
     for policy in policies:
@@ -302,6 +344,8 @@ def evaluate(models, policies, episodes, samples, length, horizon, loops, temper
                     rngs = [policy_rng(seed, i, s) for i in range(episodes) for s in range(samples)]
                     frames = imagine_closed(wm, first, colors, goals, policy, rngs, length, temperature, g,
                                             batch_size)
+                if strip and not rows and name == next(iter(models)) and loop == loops[0]:
+                    write_strip(strip, [ep["image"] for ep in eps[:STRIP_EPISODES]], frames[:STRIP_EPISODES])
                 last = frames[:, -1]
                 est = np.array([judge(f, ep["color"], gl) for f, ep, gl in zip(last, eps, goals)])
                 blocks = [locate_block(f, ep["color"]) for f, ep in zip(last, eps)]
@@ -329,6 +373,8 @@ def evaluate(models, policies, episodes, samples, length, horizon, loops, temper
             prog = [r["models"][name][loop]["progress"] for r in rows]
             summary["models"][name][loop] = dict(
                 spearman=spearman(real, est), spearman_progress=spearman([r["progress_real"] for r in rows], prog),
+                spearman_interval=spearman_interval([r["episodes"]["real"] for r in rows],
+                                                    [r["episodes"][name][loop] for r in rows], samples, seed),
                 mean_gap=float(np.mean([r["models"][name][loop]["gap"] for r in rows])))
     detector = dict(frame_agreement=frames_agree / n_frames, frames=n_frames, positive_frames=frames_pos,
                     positive_frame_recall=frames_pos_agree / max(frames_pos, 1),
@@ -336,6 +382,17 @@ def evaluate(models, policies, episodes, samples, length, horizon, loops, temper
                     gripper_error_px=float(np.mean(grip_err)))
     return dict(policies=rows, summary=summary, detector=detector, episodes=episodes, samples=samples, length=length,
                 horizon=horizon, loops=list(loops), temperature=temperature, seed=seed)
+
+
+def write_strip(path, real, imagined, every=3):
+    """A .png of episodes, each a row of its real frames (every `every`-th, from the first) over a row of the same
+    frames imagined (the first is the shared real frame)."""
+    rows = []
+    for r, m in zip(real, imagined):
+        m = np.concatenate([r[:1], m])
+        rows += [np.concatenate(list(r[::every]), 1), np.concatenate(list(m[::every]), 1)]
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    imageio.imwrite(path, np.concatenate(rows, 0).repeat(2, 0).repeat(2, 1))
 
 
 def fmt_rho(rho):
@@ -352,7 +409,8 @@ def print_checks(checks, file=None):
 
 def print_ranking(res, file=None):
     names = list(res["summary"]["models"])
-    cols = [("est", "estimate"), ("|gap|", "gap"), ("agree", "episode_agreement"), ("prog", "progress")]
+    cols = [("est", "estimate"), ("|gap|", "gap"), ("agree", "episode_agreement"), ("prog", "progress"),
+            ("found", "block_found")]
     for loop in res["loops"]:
         print(f"\n{loop} loop", file=file)
         print(f"{'policy':<8}{'real':>6}{'det.real':>9}{'prog real':>10}"
@@ -364,7 +422,9 @@ def print_ranking(res, file=None):
         for n in names:
             s = res["summary"]["models"][n][loop]
             found = [r["models"][n][loop]["block_found"] for r in res["policies"]]
-            print(f"{n} {loop}: Spearman (success) {fmt_rho(s['spearman'])}, mean |gap| {s['mean_gap']:.3f}, "
+            lo, hi = s["spearman_interval"]
+            print(f"{n} {loop}: Spearman (success) {fmt_rho(s['spearman'])} [{lo:.2f}, {hi:.2f}] (95%, scenes "
+                  f"resampled), mean |gap| {s['mean_gap']:.3f}, "
                   f"Spearman (progress) {fmt_rho(s['spearman_progress'])}; the last imagined frame shows the block in "
                   f"{np.mean(found):.0%} of episodes", file=file)
     d = res["detector"]
@@ -385,6 +445,9 @@ def main(argv=None):
                    help="a world model of train_video.py (its tokenizer is named in its metadata)")
     p.add_argument("--rlvr", default="", help="its RLVR version, e.g. out/video/video_rlvr.safetensors of "
                                               "`python train_video.py`")
+    p.add_argument("--mirror", type=int, default=0, choices=[0, 1],
+                   help="1: models trained on experiments/mirror_data.py's mirrored transitions; each step's "
+                        "context is mirrored so its action points right and down, and the prediction back")
     p.add_argument("--copy_gate", type=int, default=-1, choices=[-1, 0, 1],
                    help="-1: decode as each checkpoint records; 1: with the copy gate (e.g. the shipped per-frame "
                         "checkpoints/video_mle.safetensors, the start of a --copy_gate=1 run); 0: without")
@@ -404,6 +467,8 @@ def main(argv=None):
     # system
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--json", default="out/policy_eval/policy_eval.json")
+    p.add_argument("--strip", default="", help="a .png of the first policy's first episodes, real over imagined "
+                                               "(the first model, the first loop)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
@@ -414,6 +479,8 @@ def main(argv=None):
         loops = [x.strip() for x in args.loops.split(",") if x.strip()]
         if not policies or args.episodes < 1 or args.samples < 1 or args.length < 2 or args.horizon < 1:
             raise ValueError("need --policies, --episodes >= 1, --samples >= 1, --length >= 2 and --horizon >= 1")
+        if args.mirror and args.horizon != 1:
+            raise ValueError(f"--mirror=1 predicts one frame at a time: give --horizon=1, not {args.horizon}")
         if not loops or not set(loops) <= {"open", "closed"}:
             raise ValueError(f"--loops {args.loops!r}: give open and/or closed")
         models = {}
@@ -431,7 +498,7 @@ def main(argv=None):
             if Layout.of(vq, 2).window_len(1, args.horizon) > model.config.block_size:
                 raise ValueError(f"--horizon {args.horizon}: 1 + {args.horizon} frames exceed {path}'s block size")
             lo, hi = np.array(a["action_lo"], np.float32), np.array(a["action_hi"], np.float32)
-            models[name] = (model.eval(), vq, lo, hi)
+            models[name] = (model.eval(), vq, lo, hi, bool(args.mirror))
         if not models:
             raise ValueError("no world model: give --mle and/or --rlvr")
     except ValueError as e:
@@ -442,13 +509,13 @@ def main(argv=None):
     checks = {name: one_step_checks(wm, check_eps, args.batch_size) for name, wm in models.items()}
     print_checks(checks)
     res = dict(checks=checks, checkpoints={n: p for n, p in (("mle", args.mle), ("rlvr", args.rlvr)) if p},
-               copy_gate=args.copy_gate)
+               copy_gate=args.copy_gate, mirror=args.mirror)
     failed = [f"{n} {c}" for n, x in checks.items() for c, v in x.items() if not v["passed"]]
     if failed and args.gate:
         print(f"gate: the one-step checks failed ({', '.join(failed)}): no policy evaluation (--gate=0 runs it anyway)")
     else:
         res.update(evaluate(models, policies, args.episodes, args.samples, args.length, args.horizon, loops,
-                            args.temperature, args.seed, args.batch_size), gate_failed=failed)
+                            args.temperature, args.seed, args.batch_size, strip=args.strip), gate_failed=failed)
         print(f"\n{args.episodes} held-out scenes x {args.samples} samples per policy, {args.length} frames, open-loop "
               f"chunks of {args.horizon} frames, temperature {args.temperature} ({(time.time() - t0) / 60:.1f} min)"
               + (f"; the one-step checks FAILED ({', '.join(failed)})" if failed else ""))

@@ -114,7 +114,7 @@ def main(argv=None):
                 vq.copy_gate = bool(args.copy_gate)
             a = meta["args"]
             models[path] = (model.eval(), vq.eval(), np.array(a["action_lo"], np.float32),
-                            np.array(a["action_hi"], np.float32))
+                            np.array(a["action_hi"], np.float32), False)
     except ValueError as e:
         sys.exit(f"error: {e}")
 

@@ -89,7 +89,7 @@ def test_diagnosis_follow_and_loss():
     lay = Layout.of(vq, 2)
     gpt = GPT(GPTConfig.llama(vocab_size=lay.vocab_size, block_size=2 * lay.frame_len, n_layer=1, n_head=2,
                               n_embd=16)).eval()
-    wm = (gpt, vq, np.full(2, -1, np.float32), np.ones(2, np.float32))
+    wm = (gpt, vq, np.full(2, -1, np.float32), np.ones(2, np.float32), False)
     loss = ad.action_loss(wm, eps, seed=0, batch_size=4)
     assert loss["low"] <= loss["increase"] <= loss["high"]
     assert loss["increase"] == pytest.approx(loss["shuffled"] - loss["true"], abs=1e-5)

@@ -3,6 +3,7 @@ one tiny end-to-end run on the shipped MLE checkpoint."""
 import json
 from pathlib import Path
 
+import imageio.v2 as imageio
 import numpy as np
 import pytest
 import torch
@@ -65,6 +66,18 @@ def test_spearman_with_ties():
     assert pe.spearman(x, y) == pytest.approx(stats.spearmanr(x, y)[0])
 
 
+def test_spearman_interval_resamples_scenes():
+    rng = np.random.default_rng(1)
+    rates = [0.9, 0.6, 0.3, 0.0]                                        # 4 policies x 40 scenes x 2 samples
+    real = [(rng.random(80) < p).astype(int) for p in rates]
+    assert pe.spearman_interval(real, real, 2) == [1.0, 1.0]             # a perfect world model
+    assert pe.spearman_interval(real, [np.zeros(80)] * 4, 2) == [0.0, 0.0]   # one that imagines no success
+    # one imagined success in 80 episodes per policy ranks them by chance: the interval is wide
+    few = [np.eye(80, dtype=int)[i * 20] for i in range(4)]
+    lo, hi = pe.spearman_interval(real, few, 2)
+    assert lo <= 0 and hi >= 0.5
+
+
 def tiny_world(frames_per_window=4):
     torch.manual_seed(0)
     vq = VQVAE(VQConfig(channels=(4, 4, 8), n_codes=16)).eval()
@@ -94,7 +107,7 @@ def test_imagine_rolls_out_in_chunks_from_the_last_predicted_frame(monkeypatch):
     eps = [sim.policy_episode(np.random.default_rng([0, 3, i]), np.random.default_rng(i), 7, 0.3) for i in range(3)]
     first, actions = np.stack([e["image"][0] for e in eps]), np.stack([e["action"] for e in eps])
     lo, hi = np.full(2, -1, np.float32), np.ones(2, np.float32)
-    wm = (gpt, vq, lo, hi)
+    wm = (gpt, vq, lo, hi, False)
     calls = []
     real_rollout = pe.rollout
     monkeypatch.setattr(pe, "rollout", lambda *a: calls.append(a) or real_rollout(*a))
@@ -107,6 +120,27 @@ def test_imagine_rolls_out_in_chunks_from_the_last_predicted_frame(monkeypatch):
     assert calls[2][2][0].tolist() == bins[0, 4:6].tolist()                # and injects actions 4 and 5
     assert np.array_equal(frames, pe.imagine(wm, first, actions, horizon=3, batch_size=3))   # greedy, any batching
     assert np.array_equal(pe.imagine(wm, first, actions[:, :4], horizon=3), frames[:, :3])   # one chunk: a rollout
+
+
+def test_a_mirrored_world_model_predicts_in_the_view_its_action_points_right_and_down():
+    vq, lay, gpt = tiny_world(2)
+    eps = [sim.policy_episode(np.random.default_rng([0, 3, i]), np.random.default_rng(i), 2, 1.0) for i in range(4)]
+    ctx = np.stack([e["image"][0] for e in eps])
+    lo, hi = np.full(2, -1, np.float32), np.ones(2, np.float32)
+    plain, mirrored = (gpt, vq, lo, hi, False), (gpt, vq, lo, hi, True)
+    a = np.array([[[0.5, 0.5]], [[-0.5, 0.2]], [[0.3, -0.7]], [[-0.4, -0.4]]], np.float32)    # (N, 1, D)
+    pred = pe.predict_frames(mirrored, ctx, a)
+    assert np.array_equal(pred[0], pe.predict_frames(plain, ctx[:1], a[:1])[0])   # right and down: as drawn
+    # in that view, with the action's signs turned: the plain model on the mirrored context, mirrored back
+    assert np.array_equal(pred[1:, 0], pe.mirror_each(pe.predict_frames(
+        plain, pe.mirror_each(ctx[1:], a[1:, 0]), np.abs(a[1:]))[:, 0], a[1:, 0]))
+    # so it is equivariant under the mirrors, as the world is but for its light: a world mirrored left-right, its
+    # action too, gets the mirrored prediction
+    flipped = np.ascontiguousarray(ctx[:, :, ::-1])
+    b = a * np.array([-1, 1], np.float32)
+    assert np.array_equal(pe.predict_frames(mirrored, flipped, b), pred[:, :, :, ::-1])
+    with pytest.raises(ValueError, match="one frame at a time"):
+        pe.predict_frames(mirrored, ctx, np.repeat(a, 2, 1))
 
 
 class CondStub:
@@ -136,7 +170,7 @@ def test_cond_chunks_decode_against_their_context_and_chain_decoded_frames(monke
     monkeypatch.setattr(pe, "rollout", lambda model, prompts, acts, h, L, *a: (torch.full(
         (len(prompts), h * L + (h - 1) * 2), lay.offset + 1), None, None))     # every predicted code: 1
     first = np.zeros((2, 64, 64, 3), np.uint8)
-    frames = pe.imagine((None, vq, -np.ones(2), np.ones(2)), first, np.zeros((2, 5, 2), np.float32), horizon=2)
+    frames = pe.imagine((None, vq, -np.ones(2), np.ones(2), False), first, np.zeros((2, 5, 2), np.float32), horizon=2)
     assert frames.shape == (2, 4, 64, 64, 3)
     assert (frames[:, :2] == 26).all() and (frames[:, 2:] == 52).all()   # chunk 2 adds its change to chunk 1's frame
     assert [c.max() for c in vq.context_of] == [0, 26]                     # chunk 2's context: the decoded frame 2
@@ -203,8 +237,10 @@ def test_main_end_to_end_on_the_shipped_model(tmp_path, capsys, monkeypatch):
     mle = ROOT / "checkpoints" / "video_cond_mle.safetensors"
     out = tmp_path / "r.json"
     pe.main([f"--mle={mle}", f"--rlvr={mle}", "--episodes=2", "--samples=2", "--policies=0,random", "--length=4",
-             "--check_episodes=1", "--gate=0", f"--json={out}"])
+             "--check_episodes=1", "--gate=0", f"--json={out}", f"--strip={tmp_path / 's.png'}"])
     res = json.loads(out.read_text())
+    # policy 0's 4 episodes (2 scenes x 2 samples): real over imagined frames 0 and 3 (of 4), 2x upscaled
+    assert imageio.imread(tmp_path / "s.png").shape == (4 * 2 * 2 * 64, 2 * 2 * 64, 3)
     assert [r["policy"] for r in res["policies"]] == ["0.0", "random"] and set(res["checks"]) == {"mle", "rlvr"}
     assert res["checks"]["mle"] == res["checks"]["rlvr"]
     for r in res["policies"]:
@@ -232,3 +268,5 @@ def test_main_end_to_end_on_the_shipped_model(tmp_path, capsys, monkeypatch):
         pe.main([f"--mle={mle}", "--horizon=8"])
     with pytest.raises(SystemExit, match="--loops"):
         pe.main([f"--mle={mle}", "--loops=dream"])
+    with pytest.raises(SystemExit, match="--mirror=1 .*--horizon=1"):
+        pe.main([f"--mle={mle}", "--mirror=1", "--horizon=2"])

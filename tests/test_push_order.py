@@ -78,3 +78,33 @@ def test_mirror_data_turns_every_move_right_and_down(tmp_path):
         assert (g1 - g0 > -0.5).all()             # the gripper moves right and down (or is stopped)
     with pytest.raises(SystemExit, match="exists"):
         md.main([f"--src={tmp_path}", f"--out={tmp_path}"])
+
+
+def test_own_context_pairs_the_models_frame_with_the_true_one_after_it(tmp_path, monkeypatch):
+    from data.robot import prepare
+    from experiments import own_context as oc
+    eps = [dict(ep, background=ep["image"][0], noise=np.float32(0.3)) for ep in (sim.policy_episode(
+        np.random.default_rng([0, 3, i]), np.random.default_rng(i), 6, 0.3) for i in range(2))]
+    nxt = {f.tobytes(): g for ep in eps for f, g in zip(ep["image"][:-1], ep["image"][1:])}
+    seen = []
+    # a perfect world model: its frame t + 1 is the true one, so its transitions are the true ones from t + 1 on
+    monkeypatch.setattr(oc, "predict_frames", lambda wm, ctx, act, *a: seen.append(act) or np.stack(
+        [nxt[c.tobytes()] for c in ctx])[:, None])
+    for mirror_it in (0, 1):
+        own = oc.own_transitions(None, eps, 1.0, None, 8, mirror_it)
+        true = [c for ep in eps for c in md.cut(ep, mirror_it)[1:]]
+        assert len(own) == len(true) == 2 * 4
+        for o, t in zip(own, true):
+            assert np.array_equal(o["image"], t["image"]) and np.array_equal(o["action"], t["action"])
+    assert np.array_equal(seen[0][:, 0], np.concatenate([ep["action"][:-2] for ep in eps]))  # action t: frame t + 1
+    # end to end on the shipped model: the true transitions beside the model's, val and test true ones only
+    monkeypatch.undo()
+    prepare.ensure_splits(tmp_path / "d", {"train": 2, "val": 1, "test": 1}, 0)
+    oc.main([f"--ckpt={ROOT / 'checkpoints' / 'video_mle_4000.safetensors'}", f"--src={tmp_path / 'd'}",
+             f"--out={tmp_path / 'o'}", "--mirror=1"])
+    T = len(np.load(next((tmp_path / "d" / "train").iterdir()))["image"])
+    counts = [len(list((tmp_path / "o" / s).iterdir())) for s in ("train", "val", "test")]
+    assert counts == [2 * (T - 2) + 2 * (T - 1), T - 1, T - 1]
+    with pytest.raises(SystemExit, match="exists"):
+        oc.main([f"--ckpt={ROOT / 'checkpoints' / 'video_mle_4000.safetensors'}", f"--src={tmp_path / 'd'}",
+                 f"--out={tmp_path / 'o'}"])
