@@ -35,8 +35,7 @@ from data.robot.detect import locate_block  # noqa: E402
 from evaluate_video import load_video_model  # noqa: E402
 from experiments.action_diagnosis import (add_transition_args, reconstruct, transition_policies,  # noqa: E402
                                          transitions)
-from experiments.mirror_data import mirror  # noqa: E402
-from experiments.policy_eval import MOVED_PX, predict_frames  # noqa: E402
+from experiments.policy_eval import MOVED_PX, mirror_each, predict_frames  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DIRECTIONS = ("up", "down", "left", "right")
@@ -124,8 +123,7 @@ def main(argv=None):
     # --- each row as is and transposed (frames x <-> y, the action's dimensions swapped)
     views = {"as is": (ctx, nxt, act), "transposed": (transpose(ctx), transpose(nxt), act[..., ::-1].copy())}
     if args.mirror:   # each transition mirrored so that its action points right and down
-        views["mirrored"] = tuple(np.stack([mirror(f, a[0]) for f, a in zip(frames, act)])
-                                  for frames in (ctx, nxt)) + (np.abs(act),)
+        views["mirrored"] = (mirror_each(ctx, act[:, 0]), mirror_each(nxt, act[:, 0]), np.abs(act))
     rows = {}
     first_vq = next(iter(models.values()))[1]
     rows["tokenizer reconstruction"] = {v: push_by_direction(c, n, reconstruct(first_vq, n, c), colors, dirs)
