@@ -43,9 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: t
 from checkpoint import write_json  # noqa: E402
 from data.robot import sim  # noqa: E402
 from data.robot.task import Layout, still_cells, tokenize_split, windows  # noqa: E402
-from evaluate_video import load_video_model  # noqa: E402
-from experiments.policy_eval import (MOVED_PX, SCENE_STREAM, decode, locate_gripper, move_checks,  # noqa: E402
-                                     parse_policy, predict_frames, real_episodes)
+from experiments.policy_eval import (MOVED_PX, SCENE_STREAM, decode, load_world_model, locate_gripper,  # noqa: E402
+                                     move_checks, parse_policy, predict_frames, real_episodes)
 from stats import paired_bootstrap  # noqa: E402
 from tokenizer_vq import load_vq  # noqa: E402
 
@@ -171,7 +170,7 @@ def action_loss(wm, eps, seed, batch_size, still_code=None):
 # the table
 
 def diagnose(tokenizers, models, eps, backgrounds, states, batch_size, seed, log=print, temperature=0.0):
-    """tokenizers: name -> tokenizer; models: name -> ((GPT, tokenizer, action lo, action hi), the still code it was
+    """tokenizers: name -> tokenizer; models: name -> (policy_eval.WorldModel, the still code it was
     trained with or None); temperature: 0 greedy GPT predictions, else one sample each (seeded). -> rows: name ->
     dict(layer, checks (policy_eval.move_checks), counterfactual (follow), codes (code_stats; tokenizer rows), loss
     (action_loss; GPT rows))."""
@@ -264,18 +263,13 @@ def main(argv=None):
         policies = transition_policies(args)
         if args.temperature < 0:
             raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
-        for path in args.tokenizers + args.models:
+        for path in args.tokenizers:
             if not Path(path).is_file():
                 raise ValueError(f"{path}: no such checkpoint")
         tokenizers = {f"tokenizer {Path(t).stem}": load_vq(t)[0].eval() for t in args.tokenizers}
         models = {}
         for path in args.models:
-            model, vq, meta = load_video_model(path)
-            a = meta["args"]
-            if len(a["action_lo"]) != 2 or vq.config.size != sim.H:
-                raise ValueError(f"{path}: not a model of the embedded robot data (2-dim actions, 64x64)")
-            wm = (model.eval(), vq.eval(), np.array(a["action_lo"], np.float32), np.array(a["action_hi"], np.float32),
-                  False)
+            wm, a = load_world_model(path)
             # a model of train_video.py --still_code=N learnt code N for every unchanged cell
             still = a.get("still_code", -1)
             folder = Path(path).resolve().parent
@@ -284,7 +278,7 @@ def main(argv=None):
     except ValueError as e:
         sys.exit(f"error: {e}")
     if args.copy_gate >= 0:   # the copy gate forced on or off, for every tokenizer (per-frame ones have one)
-        for vq in [*tokenizers.values(), *(wm[1] for wm, _ in models.values())]:
+        for vq in [*tokenizers.values(), *(wm.vq for wm, _ in models.values())]:
             vq.copy_gate = bool(args.copy_gate)
     t0 = time.time()
     eps, backgrounds, states = transitions(policies, args.limit, args.length, args.seed)

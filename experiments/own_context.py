@@ -28,9 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root
 from data.robot.task import episode_files, read_npz  # noqa: E402
-from evaluate_video import load_video_model  # noqa: E402
 from experiments.mirror_data import cut  # noqa: E402
-from experiments.policy_eval import predict_frames  # noqa: E402
+from experiments.policy_eval import load_world_model, predict_frames  # noqa: E402
 
 
 def own_transitions(wm, eps, temperature, generator, batch_size, mirror_it):
@@ -71,15 +70,12 @@ def main(argv=None):
         sys.exit(f"error: --out={out} exists")
     if not (src / "action_stats.json").is_file():
         sys.exit(f"error: --src={src} has no action_stats.json (make it with data/robot/prepare.py)")
-    if not Path(args.ckpt).is_file():
-        sys.exit(f"error: --ckpt={args.ckpt}: no such checkpoint")
     if args.temperature < 0:
         sys.exit(f"error: --temperature must be >= 0, got {args.temperature}")
-    model, vq, meta = load_video_model(args.ckpt)
-    vq.copy_gate = bool(args.copy_gate)
-    a = meta["args"]
-    wm = (model.eval(), vq.eval(), np.array(a["action_lo"], np.float32), np.array(a["action_hi"], np.float32),
-          bool(args.mirror))
+    try:
+        wm, _ = load_world_model(args.ckpt, copy_gate=args.copy_gate, mirrored=args.mirror)
+    except ValueError as e:
+        sys.exit(f"error: --ckpt={e}")
     gen = torch.Generator().manual_seed(args.seed)
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -74,6 +74,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import imageio.v2 as imageio
 import numpy as np
@@ -93,6 +94,32 @@ ROOT = Path(__file__).resolve().parents[1]
 SCENE_STREAM, POLICY_STREAM = 3, 4   # random streams of the evaluation (prepare.py's splits use 0, 1, 2)
 GATE = 0.5                          # one-step checks: pass when the end error <= GATE x the true move
 STRIP_EPISODES = 4                  # --strip: the episodes it shows
+
+
+class WorldModel(NamedTuple):
+    """A video world model of the embedded robot: its GPT, its tokenizer, the range of its action bins, and whether
+    the GPT was trained on experiments/mirror_data.py's mirrored transitions (predict_frames)."""
+    gpt: torch.nn.Module
+    vq: torch.nn.Module
+    lo: np.ndarray                  # (2,) the action bins' range (train_video.py's action_lo, action_hi)
+    hi: np.ndarray
+    mirrored: bool
+
+
+def load_world_model(path, device="cpu", copy_gate=-1, mirrored=False):
+    """A train_video.py checkpoint of the embedded robot -> (WorldModel, its run's args); a ValueError naming the file
+    when it is missing or a model of other data. copy_gate 0 / 1 turns the tokenizer's copy gate off / on (-1: as the
+    model was trained)."""
+    if not Path(path).is_file():
+        raise ValueError(f"{path}: no such checkpoint")
+    model, vq, meta = load_video_model(path, device)
+    a = meta["args"]
+    if len(a["action_lo"]) != 2 or vq.config.size != sim.H:
+        raise ValueError(f"{path}: not a model of the embedded robot data (2-dim actions, 64x64)")
+    if copy_gate >= 0:
+        vq.copy_gate = bool(copy_gate)
+    lo, hi = np.array(a["action_lo"], np.float32), np.array(a["action_hi"], np.float32)
+    return WorldModel(model.eval(), vq.eval(), lo, hi, bool(mirrored)), a
 
 
 # -----------------------------------------------------------------------------
@@ -120,9 +147,9 @@ def policy_rng(seed, scene, sample):
 
 @torch.no_grad()
 def predict_frames(wm, ctx, actions, temperature=0.0, generator=None, batch_size=64):
-    """One chunk in the world model wm = (GPT, tokenizer, action lo, action hi, mirrored): context frames ctx
-    (N, H, W, 3) uint8 and actions (N, h, D) float (action k takes frame k to k + 1; frame 0 is the context) -> the h
-    predicted frames (N, h, H, W, 3) uint8. The context gets its context codes (tokenize_context), the GPT writes h
+    """One chunk in the world model wm (WorldModel, or the same 5 fields as a tuple): context frames ctx (N, H, W, 3)
+    uint8 and actions (N, h, D) float (action k takes frame k to k + 1; frame 0 is the context) -> the h predicted
+    frames (N, h, H, W, 3) uint8. The context gets its context codes (tokenize_context), the GPT writes h
     frames with the actions injected between them (data/robot/task.rollout), and every predicted frame is decoded
     against the context frame: the cond tokenizer codes a future frame relative to it (the per-frame one ignores it).
     mirrored: a GPT trained on experiments/mirror_data.py's transitions, whose actions all point right and down; it
@@ -308,7 +335,7 @@ def move_checks(eps, pred):
 
 def evaluate(models, policies, episodes, samples, length, horizon, loops, temperature, seed, batch_size, log=print,
              strip=""):
-    """models: name -> (GPT, tokenizer, action lo, action hi, mirrored). loops: "open" (replay the real actions)
+    """models: name -> WorldModel. loops: "open" (replay the real actions)
     and/or "closed" (the policy acts on imagined frames). strip: a .png path for `write_strip` of the first policy's
     first episodes in the first model and loop. -> results dict (see the module docstring)."""
     rows, frames_agree, frames_pos, frames_pos_agree, goals_found, grip_err = [], 0, 0, 0, 0, []
@@ -487,18 +514,13 @@ def main(argv=None):
         for name, path in (("mle", args.mle), ("rlvr", args.rlvr)):
             if not path:
                 continue
-            if not Path(path).is_file():
-                raise ValueError(f"--{name} {path}: no such checkpoint")
-            model, vq, meta = load_video_model(path, args.device)
-            if args.copy_gate >= 0:
-                vq.copy_gate = bool(args.copy_gate)
-            a = meta["args"]
-            if len(a["action_lo"]) != 2 or vq.config.size != sim.H:
-                raise ValueError(f"--{name} {path}: not a model of the embedded robot data (2-dim actions, 64x64)")
-            if Layout.of(vq, 2).window_len(1, args.horizon) > model.config.block_size:
+            try:
+                wm, _ = load_world_model(path, args.device, args.copy_gate, args.mirror)
+            except ValueError as e:
+                raise ValueError(f"--{name} {e}") from None
+            if Layout.of(wm.vq, 2).window_len(1, args.horizon) > wm.gpt.config.block_size:
                 raise ValueError(f"--horizon {args.horizon}: 1 + {args.horizon} frames exceed {path}'s block size")
-            lo, hi = np.array(a["action_lo"], np.float32), np.array(a["action_hi"], np.float32)
-            models[name] = (model.eval(), vq, lo, hi, bool(args.mirror))
+            models[name] = wm
         if not models:
             raise ValueError("no world model: give --mle and/or --rlvr")
     except ValueError as e:

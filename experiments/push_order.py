@@ -32,10 +32,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root
 from checkpoint import write_json  # noqa: E402
 from data.robot.detect import locate_block  # noqa: E402
-from evaluate_video import load_video_model  # noqa: E402
 from experiments.action_diagnosis import (add_transition_args, reconstruct, transition_policies,  # noqa: E402
                                          transitions)
-from experiments.policy_eval import MOVED_PX, mirror_each, predict_frames  # noqa: E402
+from experiments.policy_eval import MOVED_PX, load_world_model, mirror_each, predict_frames  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DIRECTIONS = ("up", "down", "left", "right")
@@ -106,14 +105,7 @@ def main(argv=None):
         policies = transition_policies(args)
         models = {}
         for path in args.models:
-            if not Path(path).is_file():
-                raise ValueError(f"{path}: no such checkpoint")
-            model, vq, meta = load_video_model(path)
-            if args.copy_gate >= 0:
-                vq.copy_gate = bool(args.copy_gate)
-            a = meta["args"]
-            models[path] = (model.eval(), vq.eval(), np.array(a["action_lo"], np.float32),
-                            np.array(a["action_hi"], np.float32), False)
+            models[path] = load_world_model(path, copy_gate=args.copy_gate)[0]
     except ValueError as e:
         sys.exit(f"error: {e}")
 

@@ -232,6 +232,21 @@ def test_one_step_checks_pass_a_perfect_world_and_fail_a_still_one(monkeypatch):
     assert good["push"]["still_n"] > 10 and good["push"]["false_px"] <= 0.5 and still["push"]["false_px"] == 0
 
 
+def test_load_world_model_reads_the_action_bins_and_refuses_other_data(tmp_path, monkeypatch):
+    ck = ROOT / "checkpoints" / "video_mle_4000.safetensors"
+    wm, args = pe.load_world_model(ck, copy_gate=1, mirrored=True)
+    assert wm.mirrored and wm.vq.copy_gate and not wm.gpt.training
+    assert wm.lo.tolist() == pytest.approx(args["action_lo"]) and wm.hi.shape == (2,)
+    assert pe.load_world_model(ck, copy_gate=0)[0].vq.copy_gate is False
+    with pytest.raises(ValueError, match="none.safetensors: no such checkpoint"):
+        pe.load_world_model(tmp_path / "none.safetensors")
+    model, vq, meta = pe.load_video_model(ck)
+    meta["args"]["action_lo"] = [0.0] * 4                  # a model of 4-dim actions: not the embedded robot's
+    monkeypatch.setattr(pe, "load_video_model", lambda *a: (model, vq, meta))
+    with pytest.raises(ValueError, match="not a model of the embedded robot"):
+        pe.load_world_model(ck)
+
+
 @pytest.mark.slow
 def test_main_end_to_end_on_the_shipped_model(tmp_path, capsys, monkeypatch):
     mle = ROOT / "checkpoints" / "video_cond_mle.safetensors"

@@ -108,3 +108,5 @@ def test_own_context_pairs_the_models_frame_with_the_true_one_after_it(tmp_path,
     with pytest.raises(SystemExit, match="exists"):
         oc.main([f"--ckpt={ROOT / 'checkpoints' / 'video_mle_4000.safetensors'}", f"--src={tmp_path / 'd'}",
                  f"--out={tmp_path / 'o'}"])
+    with pytest.raises(SystemExit, match="--ckpt=.*none.safetensors: no such checkpoint"):
+        oc.main([f"--ckpt={tmp_path / 'none.safetensors'}", f"--src={tmp_path / 'd'}", f"--out={tmp_path / 'o2'}"])
