@@ -45,6 +45,10 @@ MULTI_4000_A = ("video_multi4000_machine_a", "video_multi4000_machine_a_s1")
 # the same two seeds on B with the control at 0.3x its start's final rate (RLVR's runs are the same)
 MULTI_4000_X03 = ("video_multi4000_x03", "video_multi4000_x03_s1")
 SEED_NAMES = ("1337", "1", "2")
+# RLVR from the mirrored 4000-episode model (out/ft_mirror4k), prompts from its mirrored transitions:
+# on validation (eval.json is validation there), then on test
+MIRROR_VAL_SEEDS = ("video_mirror4000_val", "video_mirror4000_val_s1", "video_mirror4000_val_s2")
+MIRROR_SEEDS = ("video_mirror4000", "video_mirror4000_s1", "video_mirror4000_s2")
 # the video single-step control's other rates tried on validation, beside its default (0.3x its
 # start's final rate, the one not significantly worse than the start): the start's final rate and less
 OTHER_RATES = (("1e-4", "1x"), ("1e-5", "0.1x"))
@@ -762,6 +766,10 @@ def gate_val(starts):
                   "action response", "RLVR - start: MAE x 1e-3", "object_recall",
                   "action_response", "action_response, sampled"], rows, right=(1, 2, 3, 4))
 
+MIRROR_VAL = (("mirrored, on all 4000 episodes (`out/ft_mirror4k`), mirrored transitions", (
+    *((f"the default reward, seed {s}", run) for s, run in zip(SEED_NAMES, MIRROR_VAL_SEEDS)),
+    ("the same, `--placebo=1`", "video_mirror4000_val_placebo"))),)
+
 
 # -----------------------------------------------------------------------------
 # the blocks, the pages they go in, and the command line
@@ -840,6 +848,8 @@ BLOCKS = {   # name -> (page, the function that makes it)
                               ("video_single", "RLVR of `video_cond_mle`"),
                               ("video_pf_gate_o05", "RLVR of `video_mle`")))),
     "video_gate4000_seeds": ("docs/video.md", lambda: video_seeds(GATE_4000_SEEDS, False)),
+    "video_mirror4000_val": ("docs/downstream.md", lambda: gate_val(MIRROR_VAL)),
+    "video_mirror4000_seeds": ("docs/downstream.md", lambda: video_seeds(MIRROR_SEEDS, False)),
     "video_single_action": ("docs/video.md", lambda: video(
         "video_single_action", than=(("video_single", "RLVR without the action term"),))),
 }

@@ -1,0 +1,209 @@
+"""
+RLVR over imagined chains: GRPO whose sample is k frames imagined in a row, each from the model's own last frame,
+every frame paid for against the simulator's true one.
+
+    python experiments/chain_rlvr.py --init=out/ft_mirror4k/video_mle.safetensors --mirror=1 \\
+        --data=out/robot4000 --out_dir=out/chain_rl                         # 15 minutes on a core
+
+train_video.py's single-step RLVR predicts from true frames only. Policy evaluation in the world model
+(policy_eval.py) chains 15 predictions, each from the model's last frame, decoded and encoded again, and the block the
+gripper pushes is lost over them (docs/downstream.md). Here a prompt is a true frame t of a train episode with its
+next --chain actions; each of its --group samples imagines frames t+1 .. t+k the way policy_eval imagines an episode
+(open loop, one frame per step, mirrored by each action with --mirror=1); its reward is the mean over the k frames of
+train_video.py's single-step reward (rewards_video.video_reward: MAE + 1 - SSIM, the moving, object and push terms),
+each frame against the true one, with the true frame before it as the context. The group's advantages
+(grpo.group_advantages) go to every frame of the chain: each frame's codes after its prompt (context codes and
+action) are one row of grpo.update, the same PPO-clip + KL step as train_video.py's. --placebo=1 permutes each
+group's rewards among its samples (the optimiser's check).
+
+Writes out_dir/video_rlvr.safetensors (with the start's tokenizer beside it, so policy_eval.py --rlvr loads it),
+log.jsonl (a row per step; greedy chains of the validation episodes every --eval_every steps) and run.log's lines on
+stdout. Not resumable: a finished out_dir is refused.
+"""
+import argparse
+import copy
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root
+from checkpoint import save_checkpoint, write_jsonl  # noqa: E402
+from data.robot.detect import locate_blocks, locate_gripper  # noqa: E402
+from data.robot.task import Layout, action_bins, episode_files, frame_codes, read_npz  # noqa: E402
+from engine import generate  # noqa: E402
+from evaluate_video import to_float  # noqa: E402
+from experiments.policy_eval import decode, load_world_model, mirror_each  # noqa: E402
+from grpo import (GRPOConfig, group_advantages, make_optimizer, minibatch_plan, pack,  # noqa: E402
+                  reference_logprobs, update)
+from rewards_video import video_reward  # noqa: E402
+
+
+# -----------------------------------------------------------------------------
+# a chain: k frames imagined one after another
+
+@torch.no_grad()
+def sample_frame(wm, ctx, actions, temperature, generator):
+    """One sampled step of the world model: context frames ctx (N, H, W, 3) uint8, actions (N, D) -> the prompts
+    (N lists: context codes, action tokens), the sampled codes (N, L) as token ids, their log-probs (N, L) and the
+    frames (N, H, W, 3) uint8. With wm.mirrored the step is taken in the view where the action points right and
+    down (policy_eval.predict_frames), and the frame mirrored back."""
+    view = mirror_each(ctx, actions) if wm.mirrored else ctx
+    act = np.abs(actions) if wm.mirrored else actions
+    layout = Layout.of(wm.vq, act.shape[1])
+    a = torch.from_numpy(layout.action_tokens(action_bins(act, wm.lo, wm.hi)))            # (N, D) ids
+    prompts = torch.cat([wm.vq.tokenize_context(view).cpu(), a], 1).tolist()
+    tok, lp = generate(wm.gpt, prompts, layout.L, temperature=temperature, generator=generator)
+    frames = decode(wm.vq, frame_codes(tok.cpu(), layout, 1)[:, 0], view)
+    return prompts, tok.cpu(), lp.float().cpu(), mirror_each(frames, actions) if wm.mirrored else frames
+
+
+def chain_reward(pred, truth, before, background, weights):
+    """(N, H, W, 3) uint8 imagined frames, the true ones, the true frames before them, the bare scenes -> (N,)
+    train_video.py's single-step reward of each frame."""
+    return video_reward("mae+ssim", to_float(pred), to_float(truth), None, to_float(before),
+                        weights["moving"], to_float(background), weights["object"], 0.0, locate_gripper,
+                        weights["push"], locate_blocks)
+
+
+def at(eps, starts, key, offset=0):
+    """Episode i's `key` array at step starts[i] + offset, stacked over the episodes."""
+    return np.stack([ep[key][t + offset] for ep, t in zip(eps, starts)])
+
+
+def imagine_chains(wm, eps, starts, k, temperature, generator, weights):
+    """From true frame starts[i] of episode i, k frames imagined in a row under the episode's actions (temperature
+    0: greedy) -> the rows (prompts, tokens, log-probs) of every step, step by step, each chain's mean reward (N,)
+    and its last frame (N, H, W, 3) uint8."""
+    ctx = at(eps, starts, "image")
+    bg = np.stack([ep["background"] for ep in eps])
+    rows, reward = ([], [], []), 0.0
+    for j in range(k):
+        act = at(eps, starts, "action", j).astype(np.float32)
+        prompts, tok, lp, ctx = sample_frame(wm, ctx, act, temperature, generator)   # from its own last frame
+        for r, x in zip(rows, (prompts, list(tok), list(lp))):
+            r.extend(x)
+        truth, before = at(eps, starts, "image", j + 1), at(eps, starts, "image", j)
+        reward = reward + chain_reward(ctx, truth, before, bg, weights) / k
+    return rows, reward, ctx
+
+
+# -----------------------------------------------------------------------------
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip(), allow_abbrev=False,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = p.add_argument_group("model and data")
+    g.add_argument("--init", required=True, help="the start: a train_video.py checkpoint of the embedded robot")
+    g.add_argument("--mirror", type=int, default=1, choices=[0, 1],
+                   help="1: --init was trained on experiments/mirror_data.py's transitions (policy_eval --mirror)")
+    g.add_argument("--copy_gate", type=int, default=1, choices=[0, 1], help="decode with the copy gate")
+    g.add_argument("--data", required=True, help="a data/robot/prepare.py folder of whole episodes (train, val)")
+    g.add_argument("--out_dir", required=True, help="the new checkpoint, its tokenizer and log.jsonl")
+    g = p.add_argument_group("GRPO (train_video.py's video defaults)")
+    g.add_argument("--steps", type=int, default=100, help="GRPO steps")
+    g.add_argument("--prompts", type=int, default=8, help="prompts (true frames) per step")
+    g.add_argument("--group", type=int, default=8, help="chains per prompt (G)")
+    g.add_argument("--chain", type=int, default=3, help="frames imagined in a row (k)")
+    g.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (constant)")
+    g.add_argument("--beta", type=float, default=0.02, help="KL coefficient to the start")
+    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the chains")
+    g.add_argument("--placebo", type=int, default=0, choices=[0, 1], help="1: rewards permuted within each group")
+    g = p.add_argument_group("reward (train_video.py's single-step defaults)")
+    g.add_argument("--moving_weight", type=float, default=1.0, help="MAE on the pixels the true step changes")
+    g.add_argument("--object_weight", type=float, default=0.5, help="share of true object pixels left empty")
+    g.add_argument("--push_weight", type=float, default=0.1, help="distance of the pushed blocks from the truth")
+    g = p.add_argument_group("run")
+    g.add_argument("--eval_every", type=int, default=20, help="greedy validation chains every N steps")
+    g.add_argument("--val_episodes", type=int, default=32,
+                   help="validation episodes (a chain from a random frame of each)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    out = Path(args.out_dir)
+    if (out / "video_rlvr.safetensors").exists():
+        sys.exit(f"error: --out_dir={out} holds a finished run")
+    if min(args.steps, args.prompts, args.group, args.chain, args.eval_every, args.val_episodes) < 1:
+        sys.exit("error: --steps, --prompts, --group, --chain, --eval_every and --val_episodes must be >= 1")
+    if args.group < 2 or args.temperature <= 0:
+        sys.exit("error: GRPO needs --group >= 2 and --temperature > 0")
+    try:
+        wm, margs = load_world_model(args.init, copy_gate=args.copy_gate, mirrored=args.mirror)
+        files = {s: episode_files(args.data, s) for s in ("train", "val")}
+        if not files["train"] or not files["val"]:
+            raise ValueError(f"--data={args.data}: no train or val episodes")
+        val = [read_npz(f) for f in files["val"][:args.val_episodes]]
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    T = len(val[0]["image"])
+    if args.chain >= T:
+        sys.exit(f"error: --chain={args.chain} needs episodes longer than {T} frames")
+    weights = dict(moving=args.moving_weight, object=args.object_weight, push=args.push_weight)
+    val_starts = np.random.default_rng([0, 1]).integers(T - args.chain, size=len(val))   # the same for every seed
+
+    # --- the policy, its frozen start (the KL anchor) and train_video.py's video GRPO settings
+    policy = wm.gpt.train()
+    ref = copy.deepcopy(policy).eval().requires_grad_(False)
+    cfg = GRPOConfig(group_size=args.group, lr=args.lr, beta=args.beta, temperature=args.temperature,
+                     prompts_per_step=0, entropy_coef=0.0, warmup=0, betas=(0.9, 0.99), weight_decay=0.0,
+                     minibatches=2, micro_batch=32)
+    opt = make_optimizer(policy, cfg)
+    gen = torch.Generator().manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    placebo = torch.Generator().manual_seed(args.seed + 7919)
+    log, t0 = [], time.time()
+
+    # --- GRPO: chains, group advantages on their rewards, PPO-clip + KL on every frame's codes
+    for step in range(args.steps + 1):
+        if step % args.eval_every == 0 or step == args.steps:
+            policy.eval()
+            _, r, last = imagine_chains(wm, val, val_starts, args.chain, 0.0, None, weights)   # greedy
+            truth = at(val, val_starts, "image", args.chain)
+            r, mae = r.mean().item(), float(np.abs(last.astype(np.float32) - truth.astype(np.float32)).mean() / 255)
+            policy.train()
+            log.append(dict(step=step, val_reward=r, val_mae_last=mae, minutes=(time.time() - t0) / 60))
+            print(f"step {step}: val chain reward {r:.4f}, MAE of frame {args.chain} {mae:.5f}", flush=True)
+        if step == args.steps:
+            break
+        picks = rng.integers(len(files["train"]), size=args.prompts)
+        eps = [ep for i in picks for ep in [read_npz(files["train"][i])] * args.group]
+        starts = np.repeat(rng.integers(T - args.chain, size=args.prompts), args.group)
+        policy.eval()
+        (prompts, tok, lp), reward, _ = imagine_chains(wm, eps, starts, args.chain, args.temperature, gen,
+                                                       weights)
+        policy.train()
+        used = reward.view(args.prompts, args.group)                 # (P, G) one row per prompt
+        if args.placebo:
+            used = torch.stack([row[torch.randperm(args.group, generator=placebo)] for row in used])
+        adv = group_advantages(used, cfg.std_norm, cfg.adv_eps).view(-1)       # (P * G,) one per chain
+        N = len(prompts)                                             # k steps x P x G rows
+        prompt_idx, prompt_len, idx, targets = pack(prompts, torch.stack(tok))
+        b = dict(prompt_idx=prompt_idx, prompt_len=prompt_len, idx=idx, targets=targets,
+                 old_logp=torch.stack(lp), adv=adv.repeat(args.chain), rows=torch.arange(N))
+        b["mask"] = b["targets"] >= 0
+        plan, chunks = minibatch_plan(N, cfg, gen)
+        b["ref_logp"] = reference_logprobs(ref, b, [c for mb in chunks for c in mb], cfg)
+        sums, n_mb = update(policy, opt, b, plan, chunks, cfg, step)
+        row = dict(step=step + 1, reward_mean=reward.mean().item(), kl=sums["kl"] / n_mb,
+                   grad_norm=sums["grad_norm"] / n_mb, minutes=(time.time() - t0) / 60)
+        log.append(row)
+        print(f"\rstep {step + 1}/{args.steps}: reward {row['reward_mean']:.4f} kl {row['kl']:.4f}", end="",
+              flush=True)
+        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
+            print()
+
+    # --- the checkpoint, loadable as the start is (its tokenizer beside it)
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(Path(args.init).parent / margs["vq"], out / margs["vq"])
+    write_jsonl(out / "log.jsonl", log)
+    save_checkpoint(out / "video_rlvr.safetensors", policy, args=margs, step=args.steps,
+                    metrics=dict(chain_rlvr=vars(args), **log[-1]))
+    print(f"wrote {out / 'video_rlvr.safetensors'} ({(time.time() - t0) / 60:.1f} min)")
+
+
+if __name__ == "__main__":
+    main()
