@@ -33,10 +33,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root
 from checkpoint import save_checkpoint, write_jsonl  # noqa: E402
 from data.robot.detect import locate_blocks, locate_gripper  # noqa: E402
-from data.robot.task import Layout, action_bins, episode_files, frame_codes, read_npz  # noqa: E402
-from engine import generate  # noqa: E402
+from data.robot.task import episode_files, read_npz  # noqa: E402
 from evaluate_video import to_float  # noqa: E402
-from experiments.policy_eval import decode, load_world_model, mirror_each  # noqa: E402
+from experiments.policy_eval import load_world_model, sample_chunk  # noqa: E402
 from grpo import (GRPOConfig, group_advantages, make_optimizer, minibatch_plan, pack,  # noqa: E402
                   reference_logprobs, update)
 from rewards_video import video_reward  # noqa: E402
@@ -45,20 +44,13 @@ from rewards_video import video_reward  # noqa: E402
 # -----------------------------------------------------------------------------
 # a chain: k frames imagined one after another
 
-@torch.no_grad()
 def sample_frame(wm, ctx, actions, temperature, generator):
     """One sampled step of the world model: context frames ctx (N, H, W, 3) uint8, actions (N, D) -> the prompts
     (N lists: context codes, action tokens), the sampled codes (N, L) as token ids, their log-probs (N, L) and the
-    frames (N, H, W, 3) uint8. With wm.mirrored the step is taken in the view where the action points right and
-    down (policy_eval.predict_frames), and the frame mirrored back."""
-    view = mirror_each(ctx, actions) if wm.mirrored else ctx
-    act = np.abs(actions) if wm.mirrored else actions
-    layout = Layout.of(wm.vq, act.shape[1])
-    a = torch.from_numpy(layout.action_tokens(action_bins(act, wm.lo, wm.hi)))            # (N, D) ids
-    prompts = torch.cat([wm.vq.tokenize_context(view).cpu(), a], 1).tolist()
-    tok, lp = generate(wm.gpt, prompts, layout.L, temperature=temperature, generator=generator)
-    frames = decode(wm.vq, frame_codes(tok.cpu(), layout, 1)[:, 0], view)
-    return prompts, tok.cpu(), lp.float().cpu(), mirror_each(frames, actions) if wm.mirrored else frames
+    frames (N, H, W, 3) uint8 (policy_eval.sample_chunk; with wm.mirrored, prompts and codes in the view where the
+    action points right and down)."""
+    frames, prompts, tok, lp = sample_chunk(wm, ctx, actions[:, None], temperature, generator)
+    return prompts, tok, lp, frames[:, 0]
 
 
 def chain_reward(pred, truth, before, background, weights):

@@ -145,34 +145,44 @@ def policy_rng(seed, scene, sample):
     return np.random.default_rng([seed, POLICY_STREAM, scene, sample])
 
 
-@torch.no_grad()
 def predict_frames(wm, ctx, actions, temperature=0.0, generator=None, batch_size=64):
     """One chunk in the world model wm (WorldModel, or the same 5 fields as a tuple): context frames ctx (N, H, W, 3)
     uint8 and actions (N, h, D) float (action k takes frame k to k + 1; frame 0 is the context) -> the h predicted
-    frames (N, h, H, W, 3) uint8. The context gets its context codes (tokenize_context), the GPT writes h
-    frames with the actions injected between them (data/robot/task.rollout), and every predicted frame is decoded
-    against the context frame: the cond tokenizer codes a future frame relative to it (the per-frame one ignores it).
-    mirrored: a GPT trained on experiments/mirror_data.py's transitions, whose actions all point right and down; it
-    predicts one frame (h = 1) from the context mirrored by its action, and the frame is mirrored back."""
+    frames (N, h, H, W, 3) uint8 (sample_chunk's frames)."""
+    return sample_chunk(wm, ctx, actions, temperature, generator, batch_size)[0]
+
+
+@torch.no_grad()
+def sample_chunk(wm, ctx, actions, temperature=0.0, generator=None, batch_size=64):
+    """predict_frames with what the GPT wrote -> (frames (N, h, H, W, 3) uint8, prompts (N token-id lists: context
+    codes, first action), tokens (N, T) and their log-probs (N, T), data/robot/task.rollout's). The context gets its
+    context codes (tokenize_context), the GPT writes h frames with the actions injected between them (rollout), and
+    every predicted frame is decoded against the context frame: the cond tokenizer codes a future frame relative to it
+    (the per-frame one ignores it). mirrored: a GPT trained on experiments/mirror_data.py's transitions, whose actions
+    all point right and down; it predicts one frame (h = 1) from the context mirrored by its action, and the frame is
+    mirrored back (prompts and tokens are the mirrored view's)."""
     model, vq, lo, hi, mirrored = wm
     N, h, D = actions.shape
     if mirrored:
         if h != 1:
             raise ValueError(f"a mirrored world model predicts one frame at a time, not {h}")
         a = actions[:, 0]
-        pred = predict_frames((model, vq, lo, hi, False), mirror_each(ctx, a), np.abs(actions), temperature,
-                              generator, batch_size)
-        return mirror_each(pred[:, 0], a)[:, None]                 # a mirror undoes itself
+        pred, *rows = sample_chunk((model, vq, lo, hi, False), mirror_each(ctx, a), np.abs(actions), temperature,
+                                   generator, batch_size)
+        return (mirror_each(pred[:, 0], a)[:, None], *rows)        # a mirror undoes itself
     layout = Layout.of(vq, D)
     act = torch.from_numpy(layout.action_tokens(action_bins(actions, lo, hi)))                    # (N, h, D) ids
-    out = []
+    frames, prompts, toks, lps = [], [], [], []
     for s in range(0, N, batch_size):
         c, a = ctx[s:s + batch_size], act[s:s + batch_size]
-        prompts = torch.cat([vq.tokenize_context(c).cpu(), a[:, 0]], 1).tolist()
-        tok, _, _ = rollout(model, prompts, a[:, 1:], h, layout.L, temperature, generator)
+        p = torch.cat([vq.tokenize_context(c).cpu(), a[:, 0]], 1).tolist()
+        tok, lp, _ = rollout(model, p, a[:, 1:], h, layout.L, temperature, generator)
         codes = frame_codes(tok, layout, h).flatten(0, 1)                                        # (B * h, L)
-        out.append(decode(vq, codes, np.repeat(c, h, 0)).reshape(len(c), h, *c.shape[1:]))
-    return np.concatenate(out)
+        frames.append(decode(vq, codes, np.repeat(c, h, 0)).reshape(len(c), h, *c.shape[1:]))
+        prompts += p
+        toks.append(tok.cpu())
+        lps.append(lp.float().cpu())
+    return np.concatenate(frames), prompts, torch.cat(toks), torch.cat(lps)
 
 
 def mirror_each(frames, actions):

@@ -168,7 +168,8 @@ def test_cond_chunks_decode_against_their_context_and_chain_decoded_frames(monke
     vq = CondStub()
     lay = Layout.of(vq, 2)
     monkeypatch.setattr(pe, "rollout", lambda model, prompts, acts, h, L, *a: (torch.full(
-        (len(prompts), h * L + (h - 1) * 2), lay.offset + 1), None, None))     # every predicted code: 1
+        (len(prompts), h * L + (h - 1) * 2), lay.offset + 1), torch.zeros(len(prompts), h * L + (h - 1) * 2),
+        None))                                                                 # every predicted code: 1
     first = np.zeros((2, 64, 64, 3), np.uint8)
     frames = pe.imagine((None, vq, -np.ones(2), np.ones(2), False), first, np.zeros((2, 5, 2), np.float32), horizon=2)
     assert frames.shape == (2, 4, 64, 64, 3)
