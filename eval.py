@@ -48,7 +48,7 @@ from evaluate_video import (OFFICIAL, eval_video, load_video_model, paired_video
 from rewards_video import load_lpips
 from runtime import check_device, check_ranges
 from tasks import TASKS, load_lang_model
-from tokenizer_vq import load_vq
+from tokenizer_vq import CondVQVAE, load_vq
 
 ROOT = Path(__file__).resolve().parent
 
@@ -131,6 +131,9 @@ def video_main(argv):
     p.add_argument("--limit", type=int, default=0, help="first N episodes only (0 = all)")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     p.add_argument("--top_k", type=int, default=0, help="sample among the k likeliest codes only (0: all)")
+    p.add_argument("--copy_gate", type=int, default=-1, choices=[-1, 0, 1],
+                   help="1 / 0: decode every model with / without the per-frame tokenizer's copy gate "
+                        "(train_video.py's RLVR and control stages decode with it); -1: as each was trained")
     p.add_argument("--official", type=int, default=0, help="1: also the paper's protocol, sampled at T=1 with "
                                                            "top-k 100 (seed --seed), next to the --temperature row")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled rollouts")
@@ -156,6 +159,7 @@ def video_main(argv):
         # every model and the LPIPS weights first: a bad file stops before any data is generated
         models = {ck: load_video_model(ck, args.device)
                   for ck in [args.ckpt] + ([args.compare] if args.compare else [])}
+        set_copy_gate(models, args.copy_gate)
         lpips_net = load_lpips(args.lpips, args.device)
         ensure_data(args.data)
         for ck, loaded in models.items():
@@ -185,6 +189,16 @@ def video_main(argv):
         print("lpips: null (no --lpips weights given; see tools/convert_lpips.py)")
     if args.json:
         write_json(args.json, rows[args.ckpt] if not args.compare else rows)
+
+
+def set_copy_gate(models, gate):
+    """--copy_gate: every loaded model's tokenizer (path -> load_video_model's triple) decodes with
+    the copy gate (1) or without (0); -1 leaves each as its checkpoint says."""
+    for ck, (_, vq, _) in models.items() if gate >= 0 else ():
+        if gate and isinstance(vq, CondVQVAE):
+            raise ValueError(f"--copy_gate=1: {ck} has the context-conditioned tokenizer, which gates "
+                             "its own decoding")
+        vq.copy_gate = bool(gate)
 
 
 def ensure_data(data):

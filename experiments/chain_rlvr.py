@@ -17,8 +17,10 @@ action) are one row of grpo.update, the same PPO-clip + KL step as train_video.p
 group's rewards among its samples (the optimiser's check).
 
 Writes out_dir/video_rlvr.safetensors (with the start's tokenizer beside it, so policy_eval.py --rlvr loads it),
-log.jsonl (a row per step; greedy chains of the validation episodes every --eval_every steps) and run.log's lines on
-stdout. Not resumable: a finished out_dir is refused.
+log.jsonl (a row per step; greedy chains of the validation episodes every --eval_every steps, with each chain's
+reward) and run.log's lines on stdout. Not resumable: a finished out_dir is refused. --steps=0 --val_chain=15 only
+scores --init (any train_video.py checkpoint) on the validation episodes imagined whole, the yardstick on which the
+chain length and the control's rate were chosen (docs/downstream.md).
 """
 import argparse
 import copy
@@ -96,7 +98,8 @@ def main(argv=None):
     g.add_argument("--data", required=True, help="a data/robot/prepare.py folder of whole episodes (train, val)")
     g.add_argument("--out_dir", required=True, help="the new checkpoint, its tokenizer and log.jsonl")
     g = p.add_argument_group("GRPO (train_video.py's video defaults)")
-    g.add_argument("--steps", type=int, default=100, help="GRPO steps")
+    g.add_argument("--steps", type=int, default=100,
+                   help="GRPO steps; 0: only the validation chains of --init (log.jsonl, no checkpoint)")
     g.add_argument("--prompts", type=int, default=8, help="prompts (true frames) per step")
     g.add_argument("--group", type=int, default=8, help="chains per prompt (G)")
     g.add_argument("--chain", type=int, default=3, help="frames imagined in a row (k)")
@@ -112,6 +115,9 @@ def main(argv=None):
     g.add_argument("--eval_every", type=int, default=20, help="greedy validation chains every N steps")
     g.add_argument("--val_episodes", type=int, default=32,
                    help="validation episodes (a chain from a random frame of each)")
+    g.add_argument("--val_chain", type=int, default=0,
+                   help="frames of the validation chains; 0: --chain (15 with 16-frame episodes: whole "
+                        "episodes from their first frame, as policy_eval.py imagines them)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     args = p.parse_args(argv)
@@ -119,8 +125,10 @@ def main(argv=None):
     out = Path(args.out_dir)
     if (out / "video_rlvr.safetensors").exists():
         sys.exit(f"error: --out_dir={out} holds a finished run")
-    if min(args.steps, args.prompts, args.group, args.chain, args.eval_every, args.val_episodes) < 1:
-        sys.exit("error: --steps, --prompts, --group, --chain, --eval_every and --val_episodes must be >= 1")
+    if min(args.prompts, args.group, args.chain, args.eval_every, args.val_episodes) < 1:
+        sys.exit("error: --prompts, --group, --chain, --eval_every and --val_episodes must be >= 1")
+    if min(args.steps, args.val_chain) < 0:
+        sys.exit("error: --steps and --val_chain must be >= 0")
     if args.group < 2 or args.temperature <= 0:
         sys.exit("error: GRPO needs --group >= 2 and --temperature > 0")
     try:
@@ -131,11 +139,11 @@ def main(argv=None):
         val = [read_npz(f) for f in files["val"][:args.val_episodes]]
     except ValueError as e:
         sys.exit(f"error: {e}")
-    T = len(val[0]["image"])
-    if args.chain >= T:
-        sys.exit(f"error: --chain={args.chain} needs episodes longer than {T} frames")
+    T, vk = len(val[0]["image"]), args.val_chain or args.chain
+    if max(args.chain, vk) >= T:
+        sys.exit(f"error: --chain={args.chain} and --val_chain={vk} need episodes longer than {T} frames")
     weights = dict(moving=args.moving_weight, object=args.object_weight, push=args.push_weight)
-    val_starts = np.random.default_rng([0, 1]).integers(T - args.chain, size=len(val))   # the same for every seed
+    val_starts = np.random.default_rng([0, 1]).integers(T - vk, size=len(val))   # the same for every seed
 
     # --- the policy, its frozen start (the KL anchor) and train_video.py's video GRPO settings
     policy = wm.gpt.train()
@@ -153,12 +161,14 @@ def main(argv=None):
     for step in range(args.steps + 1):
         if step % args.eval_every == 0 or step == args.steps:
             policy.eval()
-            _, r, last = imagine_chains(wm, val, val_starts, args.chain, 0.0, None, weights)   # greedy
-            truth = at(val, val_starts, "image", args.chain)
-            r, mae = r.mean().item(), float(np.abs(last.astype(np.float32) - truth.astype(np.float32)).mean() / 255)
+            _, r, last = imagine_chains(wm, val, val_starts, vk, 0.0, None, weights)   # greedy
+            truth = at(val, val_starts, "image", vk)
+            err = np.abs(last.astype(np.float32) - truth.astype(np.float32)).mean(axis=(1, 2, 3)) / 255
             policy.train()
-            log.append(dict(step=step, val_reward=r, val_mae_last=mae, minutes=(time.time() - t0) / 60))
-            print(f"step {step}: val chain reward {r:.4f}, MAE of frame {args.chain} {mae:.5f}", flush=True)
+            log.append(dict(step=step, val_reward=r.mean().item(), val_mae_last=float(err.mean()),
+                            minutes=(time.time() - t0) / 60, val_rewards=r.tolist()))   # one per chain
+            print(f"step {step}: val chain reward {r.mean():.4f}, MAE of frame {vk} {err.mean():.5f}",
+                  flush=True)
         if step == args.steps:
             break
         picks = rng.integers(len(files["train"]), size=args.prompts)
@@ -190,6 +200,10 @@ def main(argv=None):
 
     # --- the checkpoint, loadable as the start is (its tokenizer beside it)
     out.mkdir(parents=True, exist_ok=True)
+    if args.steps == 0:                                              # the start's validation chains only
+        write_jsonl(out / "log.jsonl", log)
+        print(f"wrote {out / 'log.jsonl'}")
+        return
     shutil.copyfile(Path(args.init).parent / margs["vq"], out / margs["vq"])
     write_jsonl(out / "log.jsonl", log)
     save_checkpoint(out / "video_rlvr.safetensors", policy, args=margs, step=args.steps,

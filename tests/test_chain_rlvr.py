@@ -67,5 +67,14 @@ def test_end_to_end_writes_a_world_model_policy_eval_loads(tmp_path, capsys):
     cr.main([*flags, "--placebo=1", f"--out_dir={tmp_path / 'p'}"])   # the placebo runs too
     with pytest.raises(SystemExit, match="finished run"):
         cr.main([*flags, f"--out_dir={tmp_path / 'o'}"])
-    with pytest.raises(SystemExit, match="--chain=99 needs episodes longer"):
-        cr.main([*flags[:-3], "--chain=99", f"--out_dir={tmp_path / 'q'}"])
+    with pytest.raises(SystemExit, match="--chain=2 and --val_chain=99 need episodes longer"):
+        cr.main([*flags, "--val_chain=99", f"--out_dir={tmp_path / 'q'}"])
+    # --steps=0: the start's validation chains only, the same as a run's step 0; longer ones differ
+    cr.main([*flags, "--steps=0", f"--out_dir={tmp_path / 'v'}"])
+    assert sorted(p.name for p in (tmp_path / "v").iterdir()) == ["log.jsonl"]
+    (row,) = [json.loads(line) for line in (tmp_path / "v" / "log.jsonl").read_text().splitlines()]
+    assert row["val_rewards"] == log[0]["val_rewards"] and len(row["val_rewards"]) == 2
+    assert row["val_reward"] == pytest.approx(np.mean(row["val_rewards"]))
+    cr.main([*flags, "--steps=0", "--val_chain=4", f"--out_dir={tmp_path / 'w'}"])
+    longer = json.loads((tmp_path / "w" / "log.jsonl").read_text())
+    assert longer["val_rewards"] != row["val_rewards"]

@@ -1,12 +1,14 @@
 from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+import eval as ev
 from data.robot import sim
 from data.robot.task import Layout, frame_codes, rollout
-from evaluate_video import eval_video, paired_video, tokenizer_ceiling, write_grid
+from evaluate_video import eval_video, load_video_model, paired_video, tokenizer_ceiling, write_grid
 from model import GPT, GPTConfig
 from rewards_video import mae
 from tokenizer_vq import CondVQConfig, CondVQVAE, VQConfig, VQVAE
@@ -155,3 +157,19 @@ def test_grpo_with_the_multi_step_sampler_keeps_injected_actions_out_of_the_loss
     opt = torch.optim.AdamW(gpt.parameters(), lr=1e-3)
     stats = grpo_step(gpt, None, opt, prompts, items, reward_fn, cfg, None, g, 0, sampler)
     assert np.isfinite(stats["loss"]) and stats["response_len"] == K * L + D
+
+
+def test_eval_copy_gate_flag_sets_every_models_decoding():
+    # eval.py --copy_gate: 1 / 0 for every model; -1 as each checkpoint was trained
+    ck = Path(__file__).resolve().parents[1] / "checkpoints"
+    models = {p: load_video_model(ck / p) for p in ("video_mle_4000.safetensors", "video_mle.safetensors")}
+    trained = {p: m[1].copy_gate for p, m in models.items()}
+    ev.set_copy_gate(models, -1)
+    assert {p: m[1].copy_gate for p, m in models.items()} == trained
+    for gate in (1, 0):
+        ev.set_copy_gate(models, gate)
+        assert all(m[1].copy_gate is bool(gate) for m in models.values())
+    cond = {"video_cond_mle.safetensors": load_video_model(ck / "video_cond_mle.safetensors")}
+    ev.set_copy_gate(cond, 0)
+    with pytest.raises(ValueError, match="--copy_gate=1: video_cond_mle.safetensors has the context"):
+        ev.set_copy_gate(cond, 1)

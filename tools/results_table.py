@@ -770,6 +770,42 @@ MIRROR_VAL = (("mirrored, on all 4000 episodes (`out/ft_mirror4k`), mirrored tra
     *((f"the default reward, seed {s}", run) for s, run in zip(SEED_NAMES, MIRROR_VAL_SEEDS)),
     ("the same, `--placebo=1`", "video_mirror4000_val_placebo"))),)
 
+CHAIN_VAL = (   # (row, results/chain_rlvr/val15/<file>.jsonl, its one-step control run or None)
+    ("the start, `ft_mirror4k`", "start", None),
+    ("chains of 3 frames, 100 GRPO steps, seed 0", "k3", None),
+    ("the same, seed 1", "k3_s1", None),
+    ("the same, seed 2", "k3_s2", None),
+    ("chains of 5 frames, 100 GRPO steps, seed 0", "k5", None),
+    ("chains of 3 frames, `--placebo=1`", "k3_placebo", None),
+    ("MLE continued for the chain run's compute, at 0.3x", "control", "chain_rlvr/control"),
+    ("the same at 0.1x", "control_x0.1", "chain_rlvr/control_x0.1"),
+    ("the same at 0.03x", "control_x0.03", "chain_rlvr/control_x0.03"))
+
+
+def chain_val():
+    """experiments/chain_rlvr.py --steps=0 --val_chain=15: each world model's greedy chains of the
+    32 validation episodes, whole (frames 1-15 from frame 0): the mean chain reward, minus the
+    start's (paired over the episodes), the MAE of frame 15; for the controls, their one-step
+    validation MAE minus the start's (their eval.json)."""
+    def last_eval(name):
+        rows = (RESULTS / "chain_rlvr" / "val15" / f"{name}.jsonl").read_text().splitlines()
+        return [r for r in map(json.loads, rows) if "val_rewards" in r][-1]
+    start = last_eval("start")["val_rewards"]
+    rows = []
+    for label, name, control in CHAIN_VAL:
+        r = last_eval(name)
+        rows.append([label, f"{r['val_reward']:.4f}",
+                     "" if name == "start" else ci(paired_bootstrap(r["val_rewards"], start), 1, 4),
+                     f"{r['val_mae_last']:.5f}",
+                     ci(diff([control], "mle_more", "mle", "mae"), 1000, 2) if control else ""])
+    seeds = np.array([last_eval(name)["val_rewards"] for name in ("k3", "k3_s1", "k3_s2")])  # (3, 32)
+    for label, ref in (("the start's", "start"), ("the control's at 0.1x", "control_x0.1")):
+        base = np.broadcast_to(last_eval(ref)["val_rewards"], seeds.shape)   # the same each seed
+        rows.append([f"chains of 3 frames, 3 seeds (resampled too), minus {label}", "",
+                     ci(paired_bootstrap(seeds, base), 1, 4), "", ""])
+    return table(["world model", "chain reward, 32 val episodes", "- the start's",
+                  "MAE of frame 15", "one-step val MAE - the start's, x 1e-3"], rows, right=(1, 3))
+
 
 # -----------------------------------------------------------------------------
 # the blocks, the pages they go in, and the command line
@@ -850,6 +886,7 @@ BLOCKS = {   # name -> (page, the function that makes it)
     "video_gate4000_seeds": ("docs/video.md", lambda: video_seeds(GATE_4000_SEEDS, False)),
     "video_mirror4000_val": ("docs/downstream.md", lambda: gate_val(MIRROR_VAL)),
     "video_mirror4000_seeds": ("docs/downstream.md", lambda: video_seeds(MIRROR_SEEDS, False)),
+    "chain_val": ("docs/downstream.md", chain_val),
     "video_single_action": ("docs/video.md", lambda: video(
         "video_single_action", than=(("video_single", "RLVR without the action term"),))),
 }
