@@ -49,6 +49,10 @@ SEED_NAMES = ("1337", "1", "2")
 # on validation (eval.json is validation there), then on test
 MIRROR_VAL_SEEDS = ("video_mirror4000_val", "video_mirror4000_val_s1", "video_mirror4000_val_s2")
 MIRROR_SEEDS = ("video_mirror4000", "video_mirror4000_s1", "video_mirror4000_s2")
+# runs evaluated on experiments/mirror_data.py's transitions, written episode by episode: record k is
+# a transition of the 16-frame source episode k // 15, and the bootstrap resamples those episodes
+TRANSITION_RUNS = {*MIRROR_VAL_SEEDS, *MIRROR_SEEDS, "video_mirror4000_val_placebo",
+                   "chain_rlvr/control", "chain_rlvr/control_x0.1", "chain_rlvr/control_x0.03"}
 # the video single-step control's other rates tried on validation, beside its default (0.3x its
 # start's final rate, the one not significantly worse than the start): the start's final rate and less
 OTHER_RATES = (("1e-4", "1x"), ("1e-5", "0.1x"))
@@ -107,12 +111,13 @@ def per_record(rows, model, metric, subset="all"):
     return x
 
 
-def episodes(rows, subset="all"):
-    """The episode of each record (video: a window's [episode, start]), resampled together by the
-    bootstrap; None where the records carry no episode (the language tasks)."""
+def episodes(rows, subset="all", run=None):
+    """The episode of each record (video: a window's [episode, start]; for TRANSITION_RUNS the
+    source episode of a transition), resampled together by the bootstrap; None where the records
+    carry no episode (the language tasks)."""
     pr = rows["mle"]["per_record"]
     if "windows" in pr:   # video: a window's episode
-        ep = np.asarray([w[0] for w in pr["windows"]])
+        ep = np.asarray([w[0] for w in pr["windows"]]) // (15 if run in TRANSITION_RUNS else 1)
     elif "episode" in pr:   # k-step chains: a chain's episode
         ep = np.asarray(pr["episode"])
     else:
@@ -134,7 +139,7 @@ def diff(runs, a, b, metric, subset="all", split="test"):
             return None, None, None   # a model left out (a control of an older rule)
         xs.append(per_record(A, ma, metric, subset) - per_record(B, mb, metric, subset))
     d = np.stack(xs)   # (seeds, n): per seed and record
-    ep = episodes(load(runs[0], split), subset)
+    ep = episodes(load(runs[0], split), subset, runs[0])
     keep = np.isfinite(d).all(0)   # a metric undefined on some records (null: NaN) skips them
     return paired_bootstrap(d[:, keep], np.zeros_like(d[:, keep]),
                             clusters=None if ep is None else ep[keep])
@@ -775,6 +780,8 @@ CHAIN_VAL = (   # (row, results/chain_rlvr/val15/<file>.jsonl, its one-step cont
     ("chains of 3 frames, 100 GRPO steps, seed 0", "k3", None),
     ("the same, seed 1", "k3_s1", None),
     ("the same, seed 2", "k3_s2", None),
+    ("chains of 3 frames, 200 GRPO steps, seed 0", "k3_200", None),
+    ("chains of 3 frames, push term 0.3, seed 0", "k3_push0.3", None),
     ("chains of 5 frames, 100 GRPO steps, seed 0", "k5", None),
     ("chains of 3 frames, `--placebo=1`", "k3_placebo", None),
     ("MLE continued for the chain run's compute, at 0.3x", "control", "chain_rlvr/control"),
@@ -805,6 +812,32 @@ def chain_val():
                      ci(paired_bootstrap(seeds, base), 1, 4), "", ""])
     return table(["world model", "chain reward, 32 val episodes", "- the start's",
                   "MAE of frame 15", "one-step val MAE - the start's, x 1e-3"], rows, right=(1, 3))
+
+
+def chain_onestep():
+    """eval.py --copy_gate=1 of each chain seed against its start, one step on the mirrored
+    validation transitions (results/chain_rlvr/onestep_val_k3*.json: {checkpoint: result}, the
+    seed's first): the seed minus the start per seed and over the seeds, the source episodes (15
+    transitions each, TRANSITION_RUNS) resampled whole."""
+    pairs = [list(json.loads((RESULTS / "chain_rlvr" / f"onestep_val_k3{s}.json").read_text())
+                  .values()) for s in ("", "_s1", "_s2")]      # (chain seed, its start) each
+
+    def values(result, metric):   # per record; undefined (None) -> NaN
+        return np.array([np.nan if v is None else v for v in result["per_record"][metric]],
+                        dtype=np.float64)
+    rows = []
+    for metric, scale, digits, unit in (("mae", 1000, 2, " x 1e-3"), ("object_recall", 1, 3, ""),
+                                        ("action_response", 1, 3, "")):
+        d = np.stack([values(a, metric) - values(b, metric) for a, b in pairs])   # (seeds, n)
+        keep = np.isfinite(d).all(0)
+        ep = np.arange(d.shape[1]) // 15
+        zero = np.zeros_like(d[:, keep])
+        cells = [ci(paired_bootstrap(row[keep], zero[0], clusters=ep[keep]), scale, digits)
+                 for row in d]
+        rows.append([f"chains of 3 frames - the start: {metric}{unit}", *cells,
+                     ci(paired_bootstrap(d[:, keep], zero, clusters=ep[keep]), scale, digits)])
+    return table(["480 val transitions, greedy, one step", "seed 0", "seed 1", "seed 2",
+                  "3 seeds, seed-level CI"], rows)
 
 
 # -----------------------------------------------------------------------------
@@ -887,6 +920,7 @@ BLOCKS = {   # name -> (page, the function that makes it)
     "video_mirror4000_val": ("docs/downstream.md", lambda: gate_val(MIRROR_VAL)),
     "video_mirror4000_seeds": ("docs/downstream.md", lambda: video_seeds(MIRROR_SEEDS, False)),
     "chain_val": ("docs/downstream.md", chain_val),
+    "chain_onestep": ("docs/downstream.md", chain_onestep),
     "video_single_action": ("docs/video.md", lambda: video(
         "video_single_action", than=(("video_single", "RLVR without the action term"),))),
 }
