@@ -51,6 +51,7 @@ MIRROR_VAL_SEEDS = ("video_mirror4000_val", "video_mirror4000_val_s1", "video_mi
 MIRROR_SEEDS = ("video_mirror4000", "video_mirror4000_s1", "video_mirror4000_s2")
 # runs evaluated on experiments/mirror_data.py's transitions, written episode by episode: record k is
 # a transition of the 16-frame source episode k // 15, and the bootstrap resamples those episodes
+PER_EPISODE = 15
 TRANSITION_RUNS = {*MIRROR_VAL_SEEDS, *MIRROR_SEEDS, "video_mirror4000_val_placebo",
                    "chain_rlvr/control", "chain_rlvr/control_x0.1", "chain_rlvr/control_x0.03"}
 # the video single-step control's other rates tried on validation, beside its default (0.3x its
@@ -117,7 +118,7 @@ def episodes(rows, subset="all", run=None):
     carry no episode (the language tasks)."""
     pr = rows["mle"]["per_record"]
     if "windows" in pr:   # video: a window's episode
-        ep = np.asarray([w[0] for w in pr["windows"]]) // (15 if run in TRANSITION_RUNS else 1)
+        ep = np.asarray([w[0] for w in pr["windows"]]) // (PER_EPISODE if run in TRANSITION_RUNS else 1)
     elif "episode" in pr:   # k-step chains: a chain's episode
         ep = np.asarray(pr["episode"])
     else:
@@ -817,8 +818,8 @@ def chain_val():
 def chain_onestep():
     """eval.py --copy_gate=1 of each chain seed against its start, one step on the mirrored
     validation transitions (results/chain_rlvr/onestep_val_k3*.json: {checkpoint: result}, the
-    seed's first): the seed minus the start per seed and over the seeds, the source episodes (15
-    transitions each, TRANSITION_RUNS) resampled whole."""
+    seed's first): the seed minus the start per seed and over the seeds, the source episodes
+    (PER_EPISODE transitions each) resampled whole."""
     pairs = [list(json.loads((RESULTS / "chain_rlvr" / f"onestep_val_k3{s}.json").read_text())
                   .values()) for s in ("", "_s1", "_s2")]      # (chain seed, its start) each
 
@@ -830,7 +831,7 @@ def chain_onestep():
                                         ("action_response", 1, 3, "")):
         d = np.stack([values(a, metric) - values(b, metric) for a, b in pairs])   # (seeds, n)
         keep = np.isfinite(d).all(0)
-        ep = np.arange(d.shape[1]) // 15
+        ep = np.arange(d.shape[1]) // PER_EPISODE
         zero = np.zeros_like(d[:, keep])
         cells = [ci(paired_bootstrap(row[keep], zero[0], clusters=ep[keep]), scale, digits)
                  for row in d]
