@@ -157,9 +157,12 @@ def video_main(argv):
     try:
         check_device(args.device)
         # every model and the LPIPS weights first: a bad file stops before any data is generated
-        models = {ck: load_video_model(ck, args.device)
+        models = {ck: load_video_model(ck, args.device, args.copy_gate)
                   for ck in [args.ckpt] + ([args.compare] if args.compare else [])}
-        set_copy_gate(models, args.copy_gate)
+        for ck, (_, vq, _) in models.items() if args.copy_gate == 1 else ():
+            if isinstance(vq, CondVQVAE):
+                raise ValueError(f"--copy_gate=1: {ck} has the context-conditioned tokenizer, which "
+                                 "gates its own decoding")
         lpips_net = load_lpips(args.lpips, args.device)
         ensure_data(args.data)
         for ck, loaded in models.items():
@@ -189,16 +192,6 @@ def video_main(argv):
         print("lpips: null (no --lpips weights given; see tools/convert_lpips.py)")
     if args.json:
         write_json(args.json, rows[args.ckpt] if not args.compare else rows)
-
-
-def set_copy_gate(models, gate):
-    """--copy_gate: every loaded model's tokenizer (path -> load_video_model's triple) decodes with
-    the copy gate (1) or without (0); -1 leaves each as its checkpoint says."""
-    for ck, (_, vq, _) in models.items() if gate >= 0 else ():
-        if gate and isinstance(vq, CondVQVAE):
-            raise ValueError(f"--copy_gate=1: {ck} has the context-conditioned tokenizer, which gates "
-                             "its own decoding")
-        vq.copy_gate = bool(gate)
 
 
 def ensure_data(data):

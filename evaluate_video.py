@@ -57,9 +57,10 @@ OFFICIAL = dict(temperature=1.0, top_k=100)
 EFFECTS = ("object_recall", "action_response")
 
 
-def load_video_model(path, device="cpu"):
+def load_video_model(path, device="cpu", copy_gate=-1):
     """A world-model checkpoint of train_video.py -> (GPT, tokenizer, meta). The tokenizer is named
-    in the meta, relative to the checkpoint's folder."""
+    in the meta, relative to the checkpoint's folder. copy_gate 1 / 0: the tokenizer decodes with /
+    without its copy gate; -1: as the model was trained."""
     path = Path(path)
     model, meta = load_model(path, device)
     a = meta["args"]
@@ -67,7 +68,8 @@ def load_video_model(path, device="cpu"):
         raise ValueError(f"{path}: not a video world-model checkpoint "
                          "(no tokenizer or action bins in its metadata)")
     vq, _ = load_vq(path.parent / a["vq"], device)
-    vq.copy_gate = bool(a.get("copy_gate", 0))   # the decoding the model was trained with
+    # the decoding the model was trained with, unless forced
+    vq.copy_gate = bool(a.get("copy_gate", 0) if copy_gate < 0 else copy_gate)
     return model, vq, meta
 
 

@@ -112,12 +112,10 @@ def load_world_model(path, device="cpu", copy_gate=-1, mirrored=False):
     model was trained)."""
     if not Path(path).is_file():
         raise ValueError(f"{path}: no such checkpoint")
-    model, vq, meta = load_video_model(path, device)
+    model, vq, meta = load_video_model(path, device, copy_gate)
     a = meta["args"]
     if len(a["action_lo"]) != 2 or vq.config.size != sim.H:
         raise ValueError(f"{path}: not a model of the embedded robot data (2-dim actions, 64x64)")
-    if copy_gate >= 0:
-        vq.copy_gate = bool(copy_gate)
     lo, hi = np.array(a["action_lo"], np.float32), np.array(a["action_hi"], np.float32)
     return WorldModel(model.eval(), vq.eval(), lo, hi, bool(mirrored)), a
 

@@ -159,17 +159,16 @@ def test_grpo_with_the_multi_step_sampler_keeps_injected_actions_out_of_the_loss
     assert np.isfinite(stats["loss"]) and stats["response_len"] == K * L + D
 
 
-def test_eval_copy_gate_flag_sets_every_models_decoding():
-    # eval.py --copy_gate: 1 / 0 for every model; -1 as each checkpoint was trained
+def test_copy_gate_forced_for_every_model_or_as_trained():
+    # load_video_model(copy_gate=): 1 / 0 for every model; -1 as each checkpoint was trained
     ck = Path(__file__).resolve().parents[1] / "checkpoints"
-    models = {p: load_video_model(ck / p) for p in ("video_mle_4000.safetensors", "video_mle.safetensors")}
-    trained = {p: m[1].copy_gate for p, m in models.items()}
-    ev.set_copy_gate(models, -1)
-    assert {p: m[1].copy_gate for p, m in models.items()} == trained
+    names = ("video_mle_4000.safetensors", "video_mle.safetensors")
+    trained = {p: load_video_model(ck / p)[2]["args"].get("copy_gate", 0) for p in names}
+    assert {p: load_video_model(ck / p, copy_gate=-1)[1].copy_gate for p in names} == \
+        {p: bool(g) for p, g in trained.items()}
     for gate in (1, 0):
-        ev.set_copy_gate(models, gate)
-        assert all(m[1].copy_gate is bool(gate) for m in models.values())
-    cond = {"video_cond_mle.safetensors": load_video_model(ck / "video_cond_mle.safetensors")}
-    ev.set_copy_gate(cond, 0)
-    with pytest.raises(ValueError, match="--copy_gate=1: video_cond_mle.safetensors has the context"):
-        ev.set_copy_gate(cond, 1)
+        assert all(load_video_model(ck / p, copy_gate=gate)[1].copy_gate is bool(gate) for p in names)
+    # eval.py --copy_gate=1 refuses the context-conditioned tokenizer, before any data is made
+    assert load_video_model(ck / "video_cond_mle.safetensors", copy_gate=0)[1].copy_gate is False
+    with pytest.raises(SystemExit, match="--copy_gate=1: .*video_cond_mle.safetensors has the context"):
+        ev.video_main(["--ckpt", str(ck / "video_cond_mle.safetensors"), "--copy_gate=1"])

@@ -795,20 +795,21 @@ def chain_val():
     32 validation episodes, whole (frames 1-15 from frame 0): the mean chain reward, minus the
     start's (paired over the episodes), the MAE of frame 15; for the controls, their one-step
     validation MAE minus the start's (their eval.json)."""
-    def last_eval(name):
+    last = {}   # name -> its log's last validation row
+    for _, name, _ in CHAIN_VAL:
         rows = (RESULTS / "chain_rlvr" / "val15" / f"{name}.jsonl").read_text().splitlines()
-        return [r for r in map(json.loads, rows) if "val_rewards" in r][-1]
-    start = last_eval("start")["val_rewards"]
+        last[name] = [r for r in map(json.loads, rows) if "val_rewards" in r][-1]
+    start = last["start"]["val_rewards"]
     rows = []
     for label, name, control in CHAIN_VAL:
-        r = last_eval(name)
+        r = last[name]
         rows.append([label, f"{r['val_reward']:.4f}",
                      "" if name == "start" else ci(paired_bootstrap(r["val_rewards"], start), 1, 4),
                      f"{r['val_mae_last']:.5f}",
                      ci(diff([control], "mle_more", "mle", "mae"), 1000, 2) if control else ""])
-    seeds = np.array([last_eval(name)["val_rewards"] for name in ("k3", "k3_s1", "k3_s2")])  # (3, 32)
+    seeds = np.array([last[name]["val_rewards"] for name in ("k3", "k3_s1", "k3_s2")])   # (3, 32)
     for label, ref in (("the start's", "start"), ("the control's at 0.1x", "control_x0.1")):
-        base = np.broadcast_to(last_eval(ref)["val_rewards"], seeds.shape)   # the same each seed
+        base = np.broadcast_to(last[ref]["val_rewards"], seeds.shape)   # the same each seed
         rows.append([f"chains of 3 frames, 3 seeds (resampled too), minus {label}", "",
                      ci(paired_bootstrap(seeds, base), 1, 4), "", ""])
     return table(["world model", "chain reward, 32 val episodes", "- the start's",
@@ -820,16 +821,13 @@ def chain_onestep():
     validation transitions (results/chain_rlvr/onestep_val_k3*.json: {checkpoint: result}, the
     seed's first): the seed minus the start per seed and over the seeds, the source episodes
     (PER_EPISODE transitions each) resampled whole."""
-    pairs = [list(json.loads((RESULTS / "chain_rlvr" / f"onestep_val_k3{s}.json").read_text())
-                  .values()) for s in ("", "_s1", "_s2")]      # (chain seed, its start) each
-
-    def values(result, metric):   # per record; undefined (None) -> NaN
-        return np.array([np.nan if v is None else v for v in result["per_record"][metric]],
-                        dtype=np.float64)
+    runs = [json.loads((RESULTS / "chain_rlvr" / f"onestep_val_k3{s}.json").read_text())
+            for s in ("", "_s1", "_s2")]      # {chain seed's checkpoint: result, its start's: result}
     rows = []
     for metric, scale, digits, unit in (("mae", 1000, 2, " x 1e-3"), ("object_recall", 1, 3, ""),
                                         ("action_response", 1, 3, "")):
-        d = np.stack([values(a, metric) - values(b, metric) for a, b in pairs])   # (seeds, n)
+        d = np.stack([per_record(r, a, metric) - per_record(r, b, metric)
+                      for r in runs for a, b in [list(r)]])                  # (seeds, n)
         keep = np.isfinite(d).all(0)
         ep = np.arange(d.shape[1]) // PER_EPISODE
         zero = np.zeros_like(d[:, keep])
