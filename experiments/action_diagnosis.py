@@ -15,7 +15,8 @@ Rows, each one layer further from the truth:
   (b) tokenizer: each tokenizer's reconstruction of the true next frame (encoded against the context frame, decoded
       with it): can 64 codes show a 3 px gripper move at all?
   (c) GPT: the greedy prediction with the true action (policy_eval.predict_frames), for each shipped world model
-      (--temperature=T: one sample at T instead, seeded, for every GPT prediction of the table).
+      (--temperature=T: one sample at T instead, seeded, for every GPT prediction of the table;
+      --guidance=W,...: a row more per model and weight, greedy with the action's contrast, guided_frames).
 Columns:
   gripper / push: policy_eval's one-step checks (policy_eval.move_checks): response = the predicted displacement
       projected on the true one, over the true (1: right; 0: no motion or a wrong direction), end-position error in
@@ -42,7 +43,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root
 from checkpoint import write_json  # noqa: E402
 from data.robot import sim  # noqa: E402
-from data.robot.task import Layout, still_cells, tokenize_split, windows  # noqa: E402
+from data.robot.task import Layout, action_bins, frame_codes, still_cells, tokenize_split, windows  # noqa: E402
+from engine import decode_step, prefill  # noqa: E402
 from experiments.policy_eval import (MOVED_PX, SCENE_STREAM, decode, load_world_model, locate_gripper,  # noqa: E402
                                      move_checks, parse_policy, predict_frames, real_episodes)
 from stats import paired_bootstrap  # noqa: E402
@@ -87,13 +89,41 @@ def reconstruct(vq, frames, ctx):
     return decode(vq, codes, ctx)
 
 
-def predict_commands(wm, ctx, batch_size, temperature=0.0, generator=None):
-    """The GPT's next frame (greedy, or sampled at temperature) of every context under each commanded direction
-    -> (N, 8, H, W, 3) uint8."""
-    acts = np.broadcast_to(DIRECTIONS, (len(ctx), N_DIRECTIONS, 2)).reshape(-1, 1, 2)
-    pred = predict_frames(wm, np.repeat(ctx, N_DIRECTIONS, 0), np.ascontiguousarray(acts), temperature, generator,
-                          batch_size)
-    return pred[:, 0].reshape(len(ctx), N_DIRECTIONS, *ctx.shape[1:])
+@torch.no_grad()
+def guided_frames(wm, ctx, actions, weight, batch_size):
+    """Greedy next frames, each code the argmax of log p(code | action) + weight x (log p(code | action) -
+    log p(code | no motion)): the same context with the zero action (in the same bins) is decoded beside it, fed
+    the same codes. weight 0 is the plain greedy frame; a larger weight moves every code further toward what the
+    commanded action changes, so a GPT that knows where a pushed block goes but doubts that it moves puts it there.
+    ctx (N, H, W, 3) uint8, actions (N, D) -> (N, H, W, 3) uint8."""
+    model, vq, lo, hi, _ = wm
+    layout = Layout.of(vq, actions.shape[1])
+    ids = [torch.from_numpy(layout.action_tokens(action_bins(a[:, None], lo, hi)))[:, 0]    # (N, D) each
+           for a in (actions, np.zeros_like(actions))]
+    frames = []
+    for s in range(0, len(ctx), batch_size):
+        c = vq.tokenize_context(ctx[s:s + batch_size]).cpu()
+        runs = [prefill(model, torch.cat([c, a[s:s + batch_size]], 1).tolist(), layout.L, 1) for a in ids]
+        logits, codes = [lg for lg, _, _ in runs], []
+        for t in range(layout.L):
+            act, still = (F.log_softmax(lg.float(), -1) for lg in logits)
+            tok = (act + weight * (act - still)).argmax(-1)                              # (B,)
+            codes.append(tok)
+            if t < layout.L - 1:                         # both prompts continue with the chosen code
+                logits = [decode_step(model, tok, lens + t, cache) for _, lens, cache in runs]
+        codes = frame_codes(torch.stack(codes, 1).cpu(), layout, 1)[:, 0]                # (B, L)
+        frames.append(decode(vq, codes, ctx[s:s + batch_size]))
+    return np.concatenate(frames)
+
+
+def predict_commands(wm, ctx, batch_size, temperature=0.0, generator=None, guidance=0.0):
+    """The GPT's next frame (greedy, sampled at temperature, or with guidance > 0 guided_frames's) of every context
+    under each commanded direction -> (N, 8, H, W, 3) uint8."""
+    acts = np.ascontiguousarray(np.broadcast_to(DIRECTIONS, (len(ctx), N_DIRECTIONS, 2)).reshape(-1, 2))
+    ctxs = np.repeat(ctx, N_DIRECTIONS, 0)
+    pred = (guided_frames(wm, ctxs, acts, guidance, batch_size) if guidance > 0 else
+            predict_frames(wm, ctxs, acts[:, None], temperature, generator, batch_size)[:, 0])
+    return pred.reshape(len(ctx), N_DIRECTIONS, *ctx.shape[1:])
 
 
 def follow(ctx, nxt):
@@ -169,11 +199,13 @@ def action_loss(wm, eps, seed, batch_size, still_code=None):
 # -----------------------------------------------------------------------------
 # the table
 
-def diagnose(tokenizers, models, eps, backgrounds, states, batch_size, seed, log=print, temperature=0.0):
+def diagnose(tokenizers, models, eps, backgrounds, states, batch_size, seed, log=print, temperature=0.0,
+             guidance=()):
     """tokenizers: name -> tokenizer; models: name -> (policy_eval.WorldModel, the still code it was
-    trained with or None); temperature: 0 greedy GPT predictions, else one sample each (seeded). -> rows: name ->
-    dict(layer, checks (policy_eval.move_checks), counterfactual (follow), codes (code_stats; tokenizer rows), loss
-    (action_loss; GPT rows))."""
+    trained with or None); temperature: 0 greedy GPT predictions, else one sample each (seeded); guidance: weights
+    of guided_frames, a row more per model and weight ("<name>, guided W": its checks and counterfactual). -> rows:
+    name -> dict(layer, checks (policy_eval.move_checks), counterfactual (follow), codes (code_stats; tokenizer
+    rows), loss (action_loss; GPT rows but the guided ones: decoding leaves the loss as it is))."""
     ctx = np.concatenate([ep["image"][:-1] for ep in eps])
     nxt = np.concatenate([ep["image"][1:] for ep in eps])
     t0 = time.time()
@@ -195,6 +227,13 @@ def diagnose(tokenizers, models, eps, backgrounds, states, batch_size, seed, log
                           counterfactual=follow(ctx, predict_commands(wm, ctx, batch_size, temperature, gen)),
                           loss=action_loss(wm, eps, seed, batch_size, still_code))
         log(f"(c) {name} ({time.time() - t0:.0f}s)")
+        for w in guidance:
+            t0 = time.time()
+            pred = guided_frames(wm, ctx, np.concatenate([ep["action"][:-1] for ep in eps]), w, batch_size)
+            rows[f"{name}, guided {w:g}"] = dict(
+                layer="c", checks=move_checks(eps, pred),
+                counterfactual=follow(ctx, predict_commands(wm, ctx, batch_size, guidance=w)))
+            log(f"(c) {name}, guided {w:g} ({time.time() - t0:.0f}s)")
     return rows
 
 
@@ -255,6 +294,9 @@ def main(argv=None):
                         "run); 0: without")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="0: the GPTs' greedy predictions (policy_eval's checks); T > 0: one sample at T each")
+    p.add_argument("--guidance", default="",
+                   help="comma-separated weights W > 0: per model a row more for each, greedy with log p(a) + "
+                        "W x (log p(a) - log p(no motion)) (guided_frames); needs --temperature=0")
     add_transition_args(p)
     p.add_argument("--json", default=str(ROOT / "results" / "action_diagnosis" / "diagnosis.json"))
     args = p.parse_args(argv)
@@ -263,6 +305,12 @@ def main(argv=None):
         policies = transition_policies(args)
         if args.temperature < 0:
             raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+        try:
+            guidance = [float(w) for w in args.guidance.split(",") if w.strip()]
+        except ValueError:
+            raise ValueError(f"--guidance: not comma-separated numbers: {args.guidance!r}") from None
+        if any(w <= 0 for w in guidance) or (guidance and args.temperature > 0):
+            raise ValueError(f"--guidance: weights must be > 0, with --temperature=0 (got {args.guidance!r})")
         for path in args.tokenizers:
             if not Path(path).is_file():
                 raise ValueError(f"{path}: no such checkpoint")
@@ -283,7 +331,7 @@ def main(argv=None):
     t0 = time.time()
     eps, backgrounds, states = transitions(policies, args.limit, args.length, args.seed)
     rows = diagnose(tokenizers, models, eps, backgrounds, states, args.batch_size, args.seed,
-                    temperature=args.temperature)
+                    temperature=args.temperature, guidance=guidance)
     print(f"\n{len(eps)} held-out episodes ({args.limit} scenes x {len(policies)} policies), "
           f"{len(backgrounds)} transitions ({(time.time() - t0) / 60:.1f} min)")
     print_table(rows)
@@ -291,7 +339,7 @@ def main(argv=None):
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         write_json(args.json, dict(rows=rows, directions=DIRECTIONS.tolist(), policies=args.policies,
                                    scenes=args.limit, length=args.length, seed=args.seed, copy_gate=args.copy_gate,
-                                   temperature=args.temperature,
+                                   temperature=args.temperature, guidance=guidance,
                                    checkpoints=dict(tokenizers=args.tokenizers, models=args.models)))
         print(f"wrote {args.json}")
 

@@ -76,7 +76,7 @@ def test_eval_video_keeps_per_window_effects_and_their_paired_differences():
     assert "action_effect" not in plain and paired_effects({"a": plain, "b": plain}, [("a", "b")]) == []
 
 
-def test_diagnosis_follow_and_loss():
+def test_diagnosis_follow_and_loss(monkeypatch):
     eps, bgs, states = ad.transitions([0.0, "random"], 1, 4, seed=0)
     ctx = np.concatenate([ep["image"][:-1] for ep in eps])
     assert len(bgs) == len(states) == len(ctx) == 6
@@ -101,6 +101,22 @@ def test_diagnosis_follow_and_loss():
     # sampled (--temperature): the same seed, the same frames; not the greedy ones
     sampled = [ad.predict_commands(wm, ctx[:2], 8, 1.0, torch.Generator().manual_seed(0)) for _ in range(2)]
     assert np.array_equal(*sampled) and not np.array_equal(sampled[0], pred)
+    # --guidance: weight 0 is the greedy frame; against the zero action itself every weight is
+    acts = np.concatenate([ep["action"][:-1] for ep in eps])
+    for a in (acts, np.zeros_like(acts)):
+        greedy = pe.predict_frames(wm, ctx, a[:, None], batch_size=4)[:, 0]
+        assert np.array_equal(ad.guided_frames(wm, ctx, a, 0.0, 4), greedy)
+    assert np.array_equal(ad.guided_frames(wm, ctx, np.zeros_like(acts), 5.0, 4), greedy)
+    # a large weight writes other codes than greedy's (a GPT whose logits only frame codes can win)
+    gpt = GPT(GPTConfig.llama(vocab_size=lay.vocab_size, block_size=2 * lay.frame_len, n_layer=1, n_head=2,
+                              n_embd=16, tie_embeddings=False)).eval()
+    with torch.no_grad():
+        gpt.lm_head.weight[lay.K:] = 0
+    codes = []
+    monkeypatch.setattr(ad, "decode", lambda vq, c, context: codes.append(c) or context)
+    for w in (0.0, 50.0):
+        ad.guided_frames((gpt, *wm[1:]), ctx, acts, w, 8)
+    assert not torch.equal(*codes)
 
 
 def test_still_code_marks_every_unchanged_cell():
