@@ -20,7 +20,7 @@ Writes out_dir/video_rlvr.safetensors (with the start's tokenizer beside it, so 
 log.jsonl (a row per step; greedy chains of the validation episodes every --eval_every steps, with each chain's
 reward) and run.log's lines on stdout. Not resumable: a finished out_dir is refused. --steps=0 --val_chain=15 only
 scores --init (any train_video.py checkpoint) on the validation episodes imagined whole, the yardstick on which the
-chain length and the control's rate were chosen (docs/downstream.md).
+chain length and the control's rate were chosen (docs/downstream.md); with --eval_split=test, on the test episodes.
 """
 import argparse
 import copy
@@ -115,6 +115,9 @@ def main(argv=None):
     g.add_argument("--eval_every", type=int, default=20, help="greedy validation chains every N steps")
     g.add_argument("--val_episodes", type=int, default=32,
                    help="validation episodes (a chain from a random frame of each)")
+    g.add_argument("--eval_split", default="val", choices=["val", "test"],
+                   help="the episodes of the greedy chains: val (every choice), or test with --steps=0 (the "
+                        "finished models, once per claim)")
     g.add_argument("--val_chain", type=int, default=0,
                    help="frames of the validation chains; 0: --chain (15 with 16-frame episodes: whole "
                         "episodes from their first frame, as policy_eval.py imagines them)")
@@ -131,12 +134,14 @@ def main(argv=None):
         sys.exit("error: --steps and --val_chain must be >= 0")
     if args.group < 2 or args.temperature <= 0:
         sys.exit("error: GRPO needs --group >= 2 and --temperature > 0")
+    if args.eval_split == "test" and args.steps:
+        sys.exit("error: --eval_split=test scores a finished model only: it needs --steps=0")
     try:
         wm, margs = load_world_model(args.init, copy_gate=args.copy_gate, mirrored=args.mirror)
-        files = {s: episode_files(args.data, s) for s in ("train", "val")}
-        if not files["train"] or not files["val"]:
-            raise ValueError(f"--data={args.data}: no train or val episodes")
-        val = [read_npz(f) for f in files["val"][:args.val_episodes]]
+        files = {s: episode_files(args.data, s) for s in ("train", args.eval_split)}
+        if not files["train"] or not files[args.eval_split]:
+            raise ValueError(f"--data={args.data}: no train or {args.eval_split} episodes")
+        val = [read_npz(f) for f in files[args.eval_split][:args.val_episodes]]
     except ValueError as e:
         sys.exit(f"error: {e}")
     T, vk = len(val[0]["image"]), args.val_chain or args.chain

@@ -78,3 +78,8 @@ def test_end_to_end_writes_a_world_model_policy_eval_loads(tmp_path, capsys):
     cr.main([*flags, "--steps=0", "--val_chain=4", f"--out_dir={tmp_path / 'w'}"])
     longer = json.loads((tmp_path / "w" / "log.jsonl").read_text())
     assert longer["val_rewards"] != row["val_rewards"]
+    # --eval_split=test: the test split's episodes (1 here), for a finished model only
+    cr.main([*flags, "--steps=0", "--eval_split=test", f"--out_dir={tmp_path / 't'}"])
+    assert len(json.loads((tmp_path / "t" / "log.jsonl").read_text())["val_rewards"]) == 1
+    with pytest.raises(SystemExit, match="--eval_split=test scores a finished model only"):
+        cr.main([*flags, "--eval_split=test", f"--out_dir={tmp_path / 'u'}"])

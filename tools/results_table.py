@@ -776,6 +776,7 @@ MIRROR_VAL = (("mirrored, on all 4000 episodes (`out/ft_mirror4k`), mirrored tra
     *((f"the default reward, seed {s}", run) for s, run in zip(SEED_NAMES, MIRROR_VAL_SEEDS)),
     ("the same, `--placebo=1`", "video_mirror4000_val_placebo"))),)
 
+CHAIN_SEEDS = ("k3", "k3_s1", "k3_s2")   # chain RLVR's three seeds, chains of 3 frames
 CHAIN_VAL = (   # (row, results/chain_rlvr/val15/<file>.jsonl, its one-step control run or None)
     ("the start, `ft_mirror4k`", "start", None),
     ("chains of 3 frames, 100 GRPO steps, seed 0", "k3", None),
@@ -795,10 +796,7 @@ def chain_val():
     32 validation episodes, whole (frames 1-15 from frame 0): the mean chain reward, minus the
     start's (paired over the episodes), the MAE of frame 15; for the controls, their one-step
     validation MAE minus the start's (their eval.json)."""
-    last = {}   # name -> its log's last validation row
-    for _, name, _ in CHAIN_VAL:
-        rows = (RESULTS / "chain_rlvr" / "val15" / f"{name}.jsonl").read_text().splitlines()
-        last[name] = [r for r in map(json.loads, rows) if "val_rewards" in r][-1]
+    last = chain_scores("val15", [name for _, name, _ in CHAIN_VAL])
     start = last["start"]["val_rewards"]
     rows = []
     for label, name, control in CHAIN_VAL:
@@ -807,13 +805,49 @@ def chain_val():
                      "" if name == "start" else ci(paired_bootstrap(r["val_rewards"], start), 1, 4),
                      f"{r['val_mae_last']:.5f}",
                      ci(diff([control], "mle_more", "mle", "mae"), 1000, 2) if control else ""])
-    seeds = np.array([last[name]["val_rewards"] for name in ("k3", "k3_s1", "k3_s2")])   # (3, 32)
-    for label, ref in (("the start's", "start"), ("the control's at 0.1x", "control_x0.1")):
-        base = np.broadcast_to(last[ref]["val_rewards"], seeds.shape)   # the same each seed
-        rows.append([f"chains of 3 frames, 3 seeds (resampled too), minus {label}", "",
-                     ci(paired_bootstrap(seeds, base), 1, 4), "", ""])
+    rows += [[label, "", d, "", ""] for label, d in chain_seeds(last)]
     return table(["world model", "chain reward, 32 val episodes", "- the start's",
                   "MAE of frame 15", "one-step val MAE - the start's, x 1e-3"], rows, right=(1, 3))
+
+
+def chain_scores(folder, names):
+    """results/chain_rlvr/<folder>/<name>.jsonl (chain_rlvr.py --steps=0 --val_chain=15) -> name ->
+    its log's last row with the chains' rewards."""
+    last = {}
+    for name in names:
+        rows = (RESULTS / "chain_rlvr" / folder / f"{name}.jsonl").read_text().splitlines()
+        last[name] = [r for r in map(json.loads, rows) if "val_rewards" in r][-1]
+    return last
+
+
+def chain_seeds(last):
+    """The three chain seeds minus the start and minus the 0.1x control, paired over the episodes,
+    seeds resampled too -> [(label, CI)]."""
+    seeds = np.array([last[name]["val_rewards"] for name in CHAIN_SEEDS])   # (3, episodes)
+    out = []
+    for label, ref in (("the start's", "start"), ("the control's at 0.1x", "control_x0.1")):
+        base = np.broadcast_to(last[ref]["val_rewards"], seeds.shape)   # the same each seed
+        out.append((f"chains of 3 frames, 3 seeds (resampled too), minus {label}",
+                    ci(paired_bootstrap(seeds, base), 1, 4)))
+    return out
+
+
+def chain_test():
+    """The same chains on the 64 test episodes (--eval_split=test), the start, the three chain seeds
+    and the control chosen on validation: each one's chain reward and MAE of frame 15, minus the
+    start's, then chain_seeds."""
+    names = ("start", *CHAIN_SEEDS, "control_x0.1")
+    last = chain_scores("test15", names)
+    labels = {name: label for label, name, _ in CHAIN_VAL}
+    labels["control_x0.1"] = "MLE continued for the chain run's compute, at 0.1x (chosen on validation)"
+    rows = [[labels[name], f"{last[name]['val_reward']:.4f}",
+             "" if name == "start" else ci(paired_bootstrap(last[name]["val_rewards"],
+                                                            last["start"]["val_rewards"]), 1, 4),
+             f"{last[name]['val_mae_last']:.5f}"] for name in names]
+    rows += [[label, "", d, ""] for label, d in chain_seeds(last)]
+    n = len(last["start"]["val_rewards"])
+    return table(["world model", f"chain reward, {n} test episodes", "- the start's",
+                  "MAE of frame 15"], rows, right=(1, 3))
 
 
 def chain_onestep():
@@ -1037,6 +1071,7 @@ BLOCKS = {   # name -> (page, the function that makes it)
     "video_mirror4000_seeds": ("docs/downstream.md", lambda: video_seeds(MIRROR_SEEDS, False)),
     "chain_val": ("docs/downstream.md", chain_val),
     "chain_onestep": ("docs/downstream.md", chain_onestep),
+    "chain_test": ("docs/downstream.md", chain_test),
     "video_single_action": ("docs/video.md", lambda: video(
         "video_single_action", than=(("video_single", "RLVR without the action term"),))),
 }
