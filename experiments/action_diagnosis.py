@@ -208,6 +208,7 @@ def diagnose(tokenizers, models, eps, backgrounds, states, batch_size, seed, log
     rows), loss (action_loss; GPT rows but the guided ones: decoding leaves the loss as it is))."""
     ctx = np.concatenate([ep["image"][:-1] for ep in eps])
     nxt = np.concatenate([ep["image"][1:] for ep in eps])
+    acts = np.concatenate([ep["action"][:-1] for ep in eps])                       # (N, D) the true actions
     t0 = time.time()
     commanded = simulate_commands(backgrounds, states)                           # (N, 8, H, W, 3)
     rows = {"simulator": dict(layer="a", checks=move_checks(eps, nxt), counterfactual=follow(ctx, commanded))}
@@ -221,15 +222,14 @@ def diagnose(tokenizers, models, eps, backgrounds, states, batch_size, seed, log
     for name, (wm, still_code) in models.items():
         t0 = time.time()
         gen = torch.Generator().manual_seed(seed)                  # each model samples the same stream
-        pred = predict_frames(wm, ctx, np.concatenate([ep["action"][:-1] for ep in eps])[:, None], temperature,
-                              gen, batch_size)[:, 0]
+        pred = predict_frames(wm, ctx, acts[:, None], temperature, gen, batch_size)[:, 0]
         rows[name] = dict(layer="c", checks=move_checks(eps, pred),
                           counterfactual=follow(ctx, predict_commands(wm, ctx, batch_size, temperature, gen)),
                           loss=action_loss(wm, eps, seed, batch_size, still_code))
         log(f"(c) {name} ({time.time() - t0:.0f}s)")
         for w in guidance:
             t0 = time.time()
-            pred = guided_frames(wm, ctx, np.concatenate([ep["action"][:-1] for ep in eps]), w, batch_size)
+            pred = guided_frames(wm, ctx, acts, w, batch_size)
             rows[f"{name}, guided {w:g}"] = dict(
                 layer="c", checks=move_checks(eps, pred),
                 counterfactual=follow(ctx, predict_commands(wm, ctx, batch_size, guidance=w)))

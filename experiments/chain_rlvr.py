@@ -205,12 +205,11 @@ def main(argv=None):
 
     # --- the checkpoint, loadable as the start is (its tokenizer beside it)
     out.mkdir(parents=True, exist_ok=True)
+    write_jsonl(out / "log.jsonl", log)
     if args.steps == 0:                                              # the start's validation chains only
-        write_jsonl(out / "log.jsonl", log)
         print(f"wrote {out / 'log.jsonl'}")
         return
     shutil.copyfile(Path(args.init).parent / margs["vq"], out / margs["vq"])
-    write_jsonl(out / "log.jsonl", log)
     save_checkpoint(out / "video_rlvr.safetensors", policy, args=margs, step=args.steps,
                     metrics=dict(chain_rlvr=vars(args), **log[-1]))
     print(f"wrote {out / 'video_rlvr.safetensors'} ({(time.time() - t0) / 60:.1f} min)")

@@ -101,7 +101,7 @@ def test_diagnosis_follow_and_loss(monkeypatch):
     # sampled (--temperature): the same seed, the same frames; not the greedy ones
     sampled = [ad.predict_commands(wm, ctx[:2], 8, 1.0, torch.Generator().manual_seed(0)) for _ in range(2)]
     assert np.array_equal(*sampled) and not np.array_equal(sampled[0], pred)
-    # --guidance: weight 0 is the greedy frame; against the zero action itself every weight is
+    # --guidance: weight 0 gives the greedy frame; against the zero action itself every weight does
     acts = np.concatenate([ep["action"][:-1] for ep in eps])
     for a in (acts, np.zeros_like(acts)):
         greedy = pe.predict_frames(wm, ctx, a[:, None], batch_size=4)[:, 0]
