@@ -164,14 +164,15 @@ def prefill(model, prompts, max_new_tokens, samples):
 
 @torch.inference_mode()
 def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-             eos_id=None, generator=None, num_samples=1):
+             eos_id=None, generator=None, num_samples=1, vocab=None):
     """Sample continuations of a batch of prompts with a KV cache.
 
     prompts: list of B token-id lists (lengths may differ; each >= 1); results do not depend on
     the batch. num_samples: continuations per prompt; each prompt is prefilled once and its keys
     and values shared by its samples (rows b*num_samples .. b*num_samples+num_samples-1 of the
     output belong to prompt b). temperature 0 means greedy; top_k / top_p filter the distribution
-    before sampling (model.sample_next).
+    before sampling (model.sample_next). vocab: draw only ids below it, the ones the tokenizer
+    decodes (Qwen2 pads its embedding past its tokenizer); None: every id of the model.
     Returns (tokens, logprobs), both (B*num_samples, N) with N <= max_new_tokens (decoding stops
     once every row is done): tokens is long, the sampled ids, with -1 after a row's eos_id (the
     eos itself is kept); logprobs is float32, each sampled token's log-prob under the sampling
@@ -183,7 +184,7 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=
     # per decoding row: its prompt length (lens) and whether it has drawn eos_id (done)
     done = torch.zeros(N, dtype=torch.bool, device=device)
     for t in range(max_new_tokens):
-        tok, lp = sample_next(logits.float(), temperature, top_k, top_p, generator)
+        tok, lp = sample_next(logits[:, :vocab].float(), temperature, top_k, top_p, generator)
         # cache.live: the output rows still decoding; a finished row's draws are not kept
         rows = cache.live
         tokens[rows, t], logprobs[rows, t] = tok.masked_fill(done, -1), lp.masked_fill(done, 0.0)

@@ -53,11 +53,15 @@ class GRPOConfig:
     # the update: ppo_epochs x minibatches optimizer steps, in micro-batches
     ppo_epochs: int = knob(1, "passes over each rollout batch")
     minibatches: int = knob(2, "optimizer steps per pass")
-    micro_batch: int = knob(64, "sequences per forward/backward")
+    micro_batch: int = knob(64, "sequences per forward/backward (the GRPO update, MLE and its "
+                                "validation)")
     grad_clip: float = 1.0
     # sampling; skip_zero_std: drop groups without reward spread; the placebo permutes rewards
     temperature: float = knob(1.0, "sampling temperature of the rollouts")
     max_new_tokens: int = knob(200, "longest answer sampled")
+    # ids the tokenizer can decode (0: all the model's): Qwen2 pads its embedding past its
+    # tokenizer, and those ids are never sampled nor given probability in the update
+    vocab: int = 0
     skip_zero_std: bool = True
     shuffle_rewards: bool = knob(False, "1: the placebo: each kept group's rewards permuted",
                                  "placebo", research=True)
@@ -129,21 +133,25 @@ def grpo_loss(logp, old_logp, ref_logp, entropy, adv, mask, cfg, n_tokens=None, 
 # steps 1-3: rollouts, rewards, dynamic sampling
 
 @torch.no_grad()
-def rollout(model, prompts, items, reward_fn, cfg, eos_id, generator, sampler=None):
+def rollout(model, prompts, items, reward_fn, cfg, eos_id, generator, sampler=None,
+            autocast=nullcontext()):
     """Steps 1-2. G samples per prompt, scored -> N = P * G rows grouped by prompt: tokens (N, T)
     (-1 after EOS), old_logp (N, T), mask (N, T) (the sampled tokens), rewards (N,), completions.
     sampler: None (engine.generate), or (model, prompts, items, cfg, generator) -> tokens,
-    logprobs, sampled (N, T) when the task injects tokens (video's true actions: sampled False)."""
+    logprobs, sampled (N, T) when the task injects tokens (video's true actions: sampled False).
+    The sampling runs under `autocast`, the reward outside it."""
     G = cfg.group_size
     model.eval()
-    if sampler is None:  # each prompt is prefilled once; its G samples share its KV cache
-        tokens, old_lp = generate(model, prompts, cfg.max_new_tokens, temperature=cfg.temperature,
-                                  eos_id=eos_id, generator=generator, num_samples=G)
-        sampled = None
-    else:
-        reps = [(p, it) for p, it in zip(prompts, items) for _ in range(G)]
-        tokens, old_lp, sampled = sampler(model, [p for p, _ in reps], [it for _, it in reps],
-                                          cfg, generator)
+    with autocast:
+        if sampler is None:  # each prompt is prefilled once; its G samples share its KV cache
+            tokens, old_lp = generate(model, prompts, cfg.max_new_tokens,
+                                      temperature=cfg.temperature, eos_id=eos_id,
+                                      generator=generator, num_samples=G, vocab=cfg.vocab or None)
+            sampled = None
+        else:
+            reps = [(p, it) for p, it in zip(prompts, items) for _ in range(G)]
+            tokens, old_lp, sampled = sampler(model, [p for p, _ in reps],
+                                              [it for _, it in reps], cfg, generator)
     model.train()
     # plain CPU tensors (generate's are inference-mode tensors)
     tokens, old_lp = tokens.cpu().clone(), old_lp.float().cpu().clone()
@@ -173,7 +181,7 @@ def keep_spread(prompts, out, cfg, placebo):
 
 
 def sample_groups(model, prompts, items, reward_fn, cfg, eos_id, generator, sampler, next_prompts,
-                  step=0):
+                  step=0, autocast=nullcontext()):
     """Steps 1-3: rounds of rollouts until cfg.prompts_per_step groups have reward spread (DAPO's
     dynamic sampling), at most cfg.max_rounds -> (at most that many kept groups, every rollout)."""
     G, want = cfg.group_size, cfg.prompts_per_step or len(prompts)
@@ -183,7 +191,7 @@ def sample_groups(model, prompts, items, reward_fn, cfg, eos_id, generator, samp
     placebo = (torch.Generator().manual_seed(generator.initial_seed() + 7919 * step)
                if cfg.shuffle_rewards else None)
     while True:
-        out = rollout(model, prompts, items, reward_fn, cfg, eos_id, generator, sampler)
+        out = rollout(model, prompts, items, reward_fn, cfg, eos_id, generator, sampler, autocast)
         rounds.append(out)
         kept += keep_spread(prompts, out, cfg, placebo)
         if len(kept) >= want or len(rounds) >= cfg.max_rounds or next_prompts is None:
@@ -230,25 +238,36 @@ def pack(prompts, tokens, mask=None):
 
 # Each prompt runs once for its G rows, not once per row as in a plain forward of prompt +
 # completion: measured 1.7x faster updates on the text game's defaults (1 CPU thread).
-def logprobs_shared_prompts(model, b, sel, temperature):
-    """Log-probs (n, T) of the targets and entropies (n, T) of the rows `sel` of `update_batch`."""
+def logprobs_shared_prompts(model, b, sel, cfg):
+    """Log-probs (n, T) of the targets and entropies (n, T) of the rows `sel` of `update_batch`,
+    0 where a row has no target. Only the target positions get logits (no vocabulary-wide
+    tensors for padding), and only over the ids the tokenizer decodes (cfg.vocab)."""
     used, rows = torch.unique(b["rows"][sel], return_inverse=True)
-    prompts = (b["prompt_idx"][used], b["prompt_len"][used], rows)
+    # the chunk's prompts, their padding cut to the longest of them
+    L = int(b["prompt_len"][used].max()) if len(used) else 0
+    prompts = (b["prompt_idx"][used, :L], b["prompt_len"][used], rows)
+    targets = b["targets"][sel]
+    at = targets >= 0                                # (n, T) the positions with a target
     # 1-token prompts: nothing to share, the prompt is idx's first token
-    logits, _ = model(b["idx"][sel], prompts=prompts if b["prompt_idx"].size(1) else None)
-    logp_all = F.log_softmax(logits.float() / temperature, dim=-1)  # (n, T, vocab) the sampler's
-    logp = logp_all.gather(-1, b["targets"][sel].clamp(min=0).unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)  # H = -sum_v p(v) log p(v), whole vocabulary
+    logits, _ = model(b["idx"][sel], prompts=prompts if L else None, at=at)   # (k, vocab)
+    if cfg.vocab:
+        logits = logits[:, :cfg.vocab]
+    logp_all = F.log_softmax(logits.float() / cfg.temperature, dim=-1)   # the sampler's
+    zeros = torch.zeros(at.shape, device=logits.device)
+    logp = zeros.masked_scatter(at, logp_all.gather(-1, targets[at].unsqueeze(-1)).squeeze(-1))
+    # H = -sum_v p(v) log p(v), over the whole vocabulary
+    entropy = zeros.masked_scatter(at, -(logp_all.exp() * logp_all).sum(-1))
     return logp, entropy
 
 
 @torch.no_grad()
-def reference_logprobs(ref_model, b, chunks, cfg):
+def reference_logprobs(ref_model, b, chunks, cfg, autocast):
     """The reference's log-probs (N, T), on the update's own micro-batches `chunks`; beta 0 (no
     reference model): the sampler's, so the logged KL is to the sampler."""
     ref_logp = b["old_logp"].clone()
     for chunk in chunks if cfg.beta > 0 else ():
-        ref_logp[chunk] = logprobs_shared_prompts(ref_model, b, chunk, cfg.temperature)[0]
+        with autocast:
+            ref_logp[chunk] = logprobs_shared_prompts(ref_model, b, chunk, cfg)[0]
     return ref_logp
 
 
@@ -260,11 +279,12 @@ def low_precision(model, device):
 
 
 @torch.no_grad()
-def maybe_recompute_old_logp(model, b, chunks, cfg, device):
-    """In bf16 / fp16 the sampler's log-probs are not the update's: recompute them on its path
-    before the weights move (as verl does), so the first minibatch's ratio is exactly 1."""
-    for chunk in chunks if low_precision(model, device) else ():
-        b["old_logp"][chunk] = logprobs_shared_prompts(model, b, chunk, cfg.temperature)[0]
+def maybe_recompute_old_logp(model, b, chunks, cfg, autocast, low):
+    """In bf16 / fp16 (`low`) the sampler's log-probs are not the update's: recompute them on its
+    path before the weights move (as verl does), so the first minibatch's ratio is exactly 1."""
+    for chunk in chunks if low else ():
+        with autocast:
+            b["old_logp"][chunk] = logprobs_shared_prompts(model, b, chunk, cfg)[0]
 
 
 # -----------------------------------------------------------------------------
@@ -272,12 +292,16 @@ def maybe_recompute_old_logp(model, b, chunks, cfg, device):
 
 def minibatch_plan(N, cfg, generator):
     """Each epoch a fresh order of the N rows, cut into cfg.minibatches minibatches, each cut into
-    micro-batches ("chunks") of cfg.micro_batch rows -> (minibatches, their chunks)."""
+    micro-batches ("chunks") of cfg.micro_batch rows -> (minibatches, their chunks). A minibatch
+    cut into several chunks is cut in row order, so that a prompt's samples sit together (rows are
+    grouped by prompt) and its prompt runs once for all of them (logprobs_shared_prompts); one
+    that fits a chunk keeps its drawn order (the same rows: no memory to save)."""
     per_mb = math.ceil(N / cfg.minibatches)
     orders = [torch.randperm(N, generator=generator).tolist() for _ in range(cfg.ppo_epochs)]
     plan = [order[m * per_mb:(m + 1) * per_mb] for order in orders for m in range(cfg.minibatches)]
     mu = cfg.micro_batch
-    chunks = [[mb[s:s + mu] for s in range(0, len(mb), mu)] for mb in plan]
+    chunks = [[(mb if len(mb) <= mu else sorted(mb))[s:s + mu] for s in range(0, len(mb), mu)]
+              for mb in plan]
     return plan, chunks
 
 
@@ -301,10 +325,12 @@ def join_with_zero_gradient(policy):
     (policy(torch.zeros(1, 1, dtype=torch.long, device=device))[0].sum() * 0.0).backward()
 
 
-def micro_step(policy, b, chunk, n_tok, n_seqs, cfg, step, sums, first):
+def micro_step(policy, b, chunk, n_tok, n_seqs, cfg, step, sums, first, autocast):
     """Forward and backward one chunk: its share of its minibatch's loss (n_tok tokens, n_seqs
-    rows), so the chunks' gradients add up to the minibatch's; its share of the logged means."""
-    logp, ent = logprobs_shared_prompts(policy, b, chunk, cfg.temperature)   # (n, T) each
+    rows), so the chunks' gradients add up to the minibatch's; its share of the logged means.
+    The forward runs under `autocast`, the backward outside it."""
+    with autocast:
+        logp, ent = logprobs_shared_prompts(policy, b, chunk, cfg)   # (n, T) each, float32
     mask = b["mask"][chunk]
     loss, parts = grpo_loss(logp, b["old_logp"][chunk], b["ref_logp"][chunk], ent, b["adv"][chunk],
                             mask, cfg, n_tok, n_seqs)
@@ -318,8 +344,11 @@ def micro_step(policy, b, chunk, n_tok, n_seqs, cfg, step, sums, first):
         sums["ratio"] += parts["ratio"].detach()[mask].sum().item()
 
 
-def update(policy, optimizer, b, plan, chunks, cfg, step):
-    """Steps 5-7: an optimizer step per minibatch -> (the stats' sums, minibatches with rows)."""
+def update(policy, optimizer, b, plan, chunks, cfg, step, autocast):
+    """Steps 5-7: an optimizer step per minibatch -> (the stats' sums, minibatches with rows).
+    Only the forwards run under `autocast`: it keeps a low-precision copy of each weight for its
+    whole region, so a forward after an optimizer step inside the same region would still see the
+    weights from before the step."""
     sums, n_mb = dict(loss=0.0, kl=0.0, entropy=0.0, clip=0.0, grad_norm=0.0, ratio=0.0), 0
     sizes = rows_on_all_ranks(policy, plan)
     for m, mb in enumerate(plan):
@@ -331,7 +360,7 @@ def update(policy, optimizer, b, plan, chunks, cfg, step):
         n_tok = int(b["mask"][mb].sum()) if mb else 0   # the minibatch's loss tokens
         for c, chunk in enumerate(chunks[m]):
             with no_sync_unless_last(policy, c == len(chunks[m]) - 1):
-                micro_step(policy, b, chunk, n_tok, len(mb), cfg, step, sums, first=m == 0)
+                micro_step(policy, b, chunk, n_tok, len(mb), cfg, step, sums, m == 0, autocast)
         gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
         if not torch.isfinite(gn):
             raise FloatingPointError(f"non-finite gradient norm at step {step}")
@@ -372,30 +401,37 @@ def step_stats(step, rounds, kept, sums, n_mb, ratio_tokens, cfg, eos_id, t0, t_
 
 
 def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_id, generator,
-              step=0, sampler=None, next_prompts=None):
+              step=0, sampler=None, next_prompts=None, autocast=nullcontext()):
     """The seven steps -> a dict of stats. policy: the GPT, maybe DDP-wrapped; ref_model: frozen
     (None if beta == 0); prompts, items: the first round's P token-id lists and task objects,
     scored by reward_fn(items, completions); next_prompts(n) -> a further round's (None: one
-    round); sampler: see `rollout`. A non-finite weight, reward, loss or gradient norm raises
+    round); sampler: see `rollout`; autocast: the mixed-precision context of the forwards (e.g.
+    torch.autocast("cuda", torch.bfloat16)), entered here around each forward, never around an
+    optimizer step. A non-finite weight, reward, loss or gradient norm raises
     FloatingPointError before the optimizer step it would corrupt."""
     t0 = time.time()
     raw = getattr(policy, "module", policy)   # the GPT itself
     device = raw.wte.weight.device
+    if torch.is_autocast_enabled(device.type):
+        raise ValueError("grpo_step: called inside an autocast region, where its optimizer steps "
+                         "would leave the forwards on stale weights; pass autocast= instead")
     if not torch.stack([torch.isfinite(p).all() for p in raw.parameters()]).all():
         raise FloatingPointError(f"non-finite weights in the policy at step {step}")
+    with autocast:   # the forwards' precision: bf16 / fp16 log-probs are recomputed (step 4)
+        low = low_precision(raw, device)
     # 1-3. rollouts, rewards, and more prompts until enough groups have reward spread
     kept, rounds = sample_groups(raw, prompts, items, reward_fn, cfg, eos_id, generator, sampler,
-                                 next_prompts, step)
+                                 next_prompts, step, autocast)
     t_rollout = time.time() - t0
     # 4. advantages, and the rows of the update (none if no group had spread)
     b = update_batch(kept, cfg, device) if kept else None
     plan, chunks = minibatch_plan(len(kept) * cfg.group_size, cfg, generator)
     if b is not None:   # the fixed log-probs, on the first epoch's chunks: every row once
         first_epoch = [c for mb in chunks[:cfg.minibatches] for c in mb]
-        b["ref_logp"] = reference_logprobs(ref_model, b, first_epoch, cfg)
-        maybe_recompute_old_logp(raw, b, first_epoch, cfg, device)
+        b["ref_logp"] = reference_logprobs(ref_model, b, first_epoch, cfg, autocast)
+        maybe_recompute_old_logp(raw, b, first_epoch, cfg, autocast, low)
     # 5-7. PPO-clip + KL - entropy, token-mean, an optimizer step per minibatch
-    sums, n_mb = update(policy, optimizer, b, plan, chunks, cfg, step)
+    sums, n_mb = update(policy, optimizer, b, plan, chunks, cfg, step, autocast)
     ratio_tokens = int(b["mask"][plan[0]].sum()) if b is not None else 0
     stats = step_stats(step, rounds, kept, sums, n_mb, ratio_tokens, cfg, eos_id, t0, t_rollout)
-    return {**stats, **compute_used(rounds, kept, cfg, low_precision(raw, device))}
+    return {**stats, **compute_used(rounds, kept, cfg, low)}

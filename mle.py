@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from checkpoint import read_checkpoint, read_meta
+from grpo import no_sync_unless_last
 from runtime import lr_at
 
 
@@ -64,7 +65,8 @@ def train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, minut
     (the same object, on the device). Reads --weight_decay, --seed and --eval_every from
     run.args. desc: the progress bar's label (default: name). compile: torch.compile it."""
     args = run.args
-    model, trained = run.wrap(model, compile=compile)   # trained: compiled and/or DDP-wrapped
+    # trained: compiled and/or DDP-wrapped
+    model, trained = run.wrap(model, compile=compile, grad_ckpt=args.grad_ckpt)
     opt = torch.optim.AdamW(model.parameters(), lr=lr_of_step(0), betas=(0.9, 0.95),
                             weight_decay=args.weight_decay)
     gen = torch.Generator().manual_seed(args.seed + run.rank)   # each rank its own batches
@@ -83,16 +85,9 @@ def train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, minut
         for group in opt.param_groups:
             group["lr"] = lr_of_step(step)   # MLE: warm-up then cosine; the control: constant
         idx, tgt, *weight = next_batch(gen)  # (B, T) inputs and targets, and maybe weights
-        with run.autocast:                   # the mean cross-entropy over the scored tokens, or
-            logits, loss = trained(idx, None if weight else tgt)   # with weights, only the logits
-        if weight:                           # (B, T) weights: their mean (--change_weight)
-            ce = F.cross_entropy(logits.float().flatten(0, 1), tgt.flatten(), ignore_index=-1,
-                                 reduction="none")
-            w = weight[0].flatten() * (tgt.flatten() != -1)
-            loss = (ce * w).sum() / w.sum()
-        # the optimizer step, guarded: a NaN/inf loss or gradient never reaches the weights
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = micro_steps(run, trained, idx, tgt, weight[0] if weight else None)
+        # the optimizer step, guarded: a NaN/inf loss or gradient never reaches the weights
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)   # rescale to norm <= 1
         if run.finite(name, step, model, loss, norm):   # else: stop, or skip the step (--on_nan)
             opt.step()                                  # AdamW: the weights change here
@@ -116,6 +111,30 @@ def train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, minut
     bar.close()
     run.barrier()
     return model
+
+
+def micro_steps(run, trained, idx, tgt, weight=None):
+    """Forward and backward the batch idx, tgt (B, T) in micro-batches of --micro_batch rows,
+    each its share of the batch's mean loss, so their gradients add up to the whole batch's
+    -> that mean loss. Logits are computed at the scored positions only (tgt >= 0). weight (B, T):
+    a weighted mean instead (--change_weight)."""
+    scored = tgt >= 0
+    w = scored.float() if weight is None else weight * scored   # each scored token's weight
+    total, loss = w.sum(), 0.0
+    chunks = torch.arange(len(idx)).split(run.args.micro_batch)
+    for c, rows in enumerate(chunks):
+        # DDP all-reduces the gradients on the last micro-batch only
+        with no_sync_unless_last(trained, c == len(chunks) - 1):
+            with run.autocast:   # the forward only: the backward runs in the weights' dtype
+                logits, mean = trained(idx[rows], tgt[rows], at=scored[rows])   # (k, vocab)
+            if weight is None:   # the chunk's mean cross-entropy, weighed by its share of tokens
+                part = mean if len(chunks) == 1 else mean * (w[rows].sum() / total)
+            else:
+                ce = F.cross_entropy(logits.float(), tgt[rows][scored[rows]], reduction="none")
+                part = (ce * w[rows][scored[rows]]).sum() / total
+            part.backward()
+        loss = loss + part.detach()
+    return loss
 
 
 def validate(run, model, name, step, loss, t_start, val_loss, val_metrics, compute):

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -193,6 +194,7 @@ class GPT(nn.Module):
             cos, sin = rope_tables(config.head_dim, config.block_size, config.rope_theta)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
+        self.grad_ckpt = False   # activation checkpointing per block (run_block), a run's choice
         self.apply(self._init_weights)
         # GPT-2's scaled init of the residual projections
         for name, p in self.named_parameters():
@@ -231,16 +233,17 @@ class GPT(nn.Module):
         cos, sin = self.rope_cos[pos].unsqueeze(1), self.rope_sin[pos].unsqueeze(1)  # (B, 1, T, hd)
         return x, (cos.to(x.dtype), sin.to(x.dtype))
 
-    def forward(self, idx, targets=None, prompts=None):
+    def forward(self, idx, targets=None, prompts=None, at=None):
         """idx (N, T) -> logits (N, T, vocab); with targets (N, T) also the mean cross-entropy
         (targets -1 are ignored).
 
         prompts: None, or (prompt_idx (B, L) right-padded, prompt_len (B,), rows (N,)): row n of idx
         continues prompt rows[n] (its first prompt_len tokens), so idx holds only the continuations;
-        see forward_shared_prompts."""
+        see forward_shared_prompts. at: None, or a bool (N, T): the logits of those positions only,
+        (k, vocab), and the loss over them (a vocabulary-wide tensor only where it is used)."""
         if prompts is not None:
             # the fast path (below): each prompt runs once for all the rows continuing it
-            logits = forward_shared_prompts(self, idx, prompts)
+            logits = forward_shared_prompts(self, idx, prompts, at)
         else:
             N, T = idx.size()
             assert T <= self.config.block_size, \
@@ -248,14 +251,25 @@ class GPT(nn.Module):
             pos = torch.arange(T, device=idx.device).expand(N, T)
             x, rope = self.embed(idx, pos)            # (N, T, C)
             for block in self.h:
-                x = block(x, rope)
-            logits = self.lm_head(self.ln_f(x))       # (N, T, vocab)
+                x = self.run_block(block, x, rope)
+            if at is not None:
+                x = x[at]                             # (k, C)
+            logits = self.lm_head(self.ln_f(x))       # (N, T, vocab) or (k, vocab)
         loss = None
         # float32 cross-entropy even under autocast; -1 marks tokens nobody scores
         if targets is not None:
+            targets = targets if at is None else targets[at]
             flat = logits.float().view(-1, logits.size(-1))
-            loss = F.cross_entropy(flat, targets.view(-1), ignore_index=-1)
+            loss = F.cross_entropy(flat, targets.reshape(-1), ignore_index=-1)
         return logits, loss
+
+    def run_block(self, fn, *inputs):
+        """fn(*inputs), a block's forward; with grad_ckpt set while training, its activations are
+        not kept but recomputed in the backward pass (activation checkpointing: memory for
+        compute)."""
+        if self.grad_ckpt and self.training and torch.is_grad_enabled():
+            return checkpoint(fn, *inputs, use_reentrant=False)
+        return fn(*inputs)
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_id=None,
@@ -304,9 +318,12 @@ def sample_next(logits, temperature, top_k, top_p, generator):
     logp = torch.log_softmax(logits, -1)
     # inverse-CDF sampling: one uniform per row (multinomial draws one exponential per vocabulary
     # entry). The CDF is summed in float64 and u kept below its total, so the first entry above u
-    # is a token of non-zero probability.
+    # is a token of non-zero probability. u is drawn where the generator lives (a CPU generator
+    # cannot draw on a GPU), then moved: the same stream on every device.
     cdf = logp.exp().cumsum(-1, dtype=torch.float64)
-    u = torch.rand(len(cdf), 1, generator=generator, dtype=torch.float64, device=logits.device)
+    where = generator.device if generator is not None else logits.device
+    u = torch.rand(len(cdf), 1, generator=generator, dtype=torch.float64, device=where)
+    u = u.to(logits.device)
     tok = torch.searchsorted(cdf, u * cdf[:, -1:] * (1 - 1e-9), right=True).squeeze(-1)
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
@@ -324,15 +341,15 @@ class PromptCache:
     def __init__(self, n_layer):
         self.k, self.v, self.rows = [None] * n_layer, [None] * n_layer, None
 
-    def keys_values(self, layer, k, v):
+    def keys_values(self, layer, k, v, rows):
         """The keys and values a pass's queries attend to in `layer`, given its own k, v
-        (n, nkv, T, hd): a prompt pass keeps and returns its own; a continuation pass puts each
-        row's prompt's first: (N, nkv, P + T, hd)."""
-        if self.rows is None:
+        (n, nkv, T, hd): a prompt pass (rows None) keeps and returns its own; a continuation pass
+        puts each row's prompt's first: (N, nkv, P + T, hd)."""
+        if rows is None:
             self.k[layer], self.v[layer] = k.contiguous(), v.contiguous()
             return k, v
-        k = torch.cat([self.k[layer][self.rows], k], dim=2)
-        v = torch.cat([self.v[layer][self.rows], v], dim=2)
+        k = torch.cat([self.k[layer][rows], k], dim=2)
+        v = torch.cat([self.v[layer][rows], v], dim=2)
         return k, v
 
 
@@ -342,23 +359,32 @@ def additive(allowed, dtype):
     return mask.masked_fill_(~allowed, float("-inf"))
 
 
-def run_cached(model, idx, pos, mask, cache, last=False):
+def cached_block(block, x, rope, mask, cache, layer, rows):
+    """Block.forward with its keys and values passed through cache (see run_cached)."""
+    q, k, v = block.attn.qkv(block.ln_1(x), rope)
+    k, v = cache.keys_values(layer, k, v, rows)
+    x = x + block.attn.attend(q, k, v, mask)
+    return x + block.mlp(block.ln_2(x))
+
+
+def run_cached(model, idx, pos, mask, cache, last=False, at=None):
     """GPT.forward's layers on idx (B, T) at positions pos (B, T), each attention's keys and values
     passed through cache (a PromptCache). mask: None (causal) or (B, 1, T, T_all) added to the
-    scores. last: the logits of the last position only, (B, 1, vocab)."""
+    scores. last: the logits of the last position only, (B, 1, vocab); at: a bool (B, T), the
+    logits of those positions only, (k, vocab)."""
     x, rope = model.embed(idx, pos)
     for layer, block in enumerate(model.h):
-        q, k, v = block.attn.qkv(block.ln_1(x), rope)
-        k, v = cache.keys_values(layer, k, v)
-        x = x + block.attn.attend(q, k, v, mask)
-        x = x + block.mlp(block.ln_2(x))
+        # rows passed as they are now: a checkpointed block recomputes the same pass
+        x = model.run_block(cached_block, block, x, rope, mask, cache, layer, cache.rows)
     # a prefill needs only the next token's logits
     if last:
         x = x[:, -1:]
+    if at is not None:
+        x = x[at]
     return model.lm_head(model.ln_f(x))
 
 
-def forward_shared_prompts(model, idx, prompts):
+def forward_shared_prompts(model, idx, prompts, at=None):
     """GPT.forward(idx, prompts=(prompt_idx, prompt_len, rows)) -> logits (N, T, vocab).
 
     Each of the B prompts runs once, however many rows continue it (GRPO's G samples of a prompt),
@@ -380,4 +406,4 @@ def forward_shared_prompts(model, idx, prompts):
     mask = additive(allowed.unsqueeze(1), model.wte.weight.dtype)             # (N, 1, T, L + T)
     # a row's tokens go on from its prompt's length
     pos = prompt_len[rows].unsqueeze(1) + torch.arange(T, device=device)      # (N, T)
-    return run_cached(model, idx, pos, mask, cache)
+    return run_cached(model, idx, pos, mask, cache, at=at)

@@ -63,13 +63,13 @@ from checkpoint import read_checkpoint, recorded_path, relative_path, resume, sa
 MAX_SKIPS = 10   # --on_nan=skip stops the run after this many skipped steps in a row
 CONFIG = "config.json"   # in out_dir: the flags of the run that trains there
 # flags that cannot change the trained weights: where and how the run executes (device, CPU threads, compilation,
-# the evaluation's worker processes, whether the control trains beside RLVR or after it), how often it checkpoints
+# activation checkpointing, the evaluation's worker processes, whether the control trains beside RLVR or after it), how often it checkpoints
 # (a resumed run ends bit-identical) and what it does on a NaN (the message on a NaN suggests --on_nan=skip), what
 # it logs along the way (validation and probe checks draw no random numbers), which stages this invocation runs
 # (--stage, and --control: whether the control trains), where it writes and whether it resumes. (The control trains
 # for RLVR's counted compute, ComputeBudget, beside RLVR or after it alike; its own flags, e.g. --control_lr, are
 # checked.)
-FREE_FLAGS = {"device", "threads", "compile", "eval_workers", "control_alongside", "ckpt_every", "on_nan",
+FREE_FLAGS = {"device", "threads", "compile", "grad_ckpt", "eval_workers", "control_alongside", "ckpt_every", "on_nan",
               "eval_every", "val_n", "probe_every", "stage", "control", "out_dir", "resume"}
 # flags of the final evaluation alone: a re-run with other values evaluates the same trained models again
 EVAL_FLAGS = {"final_eval", "val_limit", "test_limit"}
@@ -106,6 +106,11 @@ class Run:
             self.fail("--on_nan=skip is for single-process runs (under torchrun use --on_nan=stop)")
         torch.set_num_threads(args.threads)
         torch.manual_seed(args.seed)
+        # float16 trains only with a gradient scaler (its gradients underflow), which the loops
+        # do not have; bfloat16 has float32's range and needs none
+        if args.dtype == "float16":
+            self.fail("--dtype=float16: training in float16 needs a gradient scaler, which nanoRLVR "
+                      "does not have; use --dtype=bfloat16")
         device_type = "cuda" if args.device.startswith("cuda") else "cpu"
         self.autocast = torch.autocast(device_type, dtype=getattr(torch, args.dtype), enabled=args.dtype != "float32")
 
@@ -202,9 +207,12 @@ class Run:
             dist.barrier()   # no rank tears the group down while another still talks to it
             dist.destroy_process_group()
 
-    def wrap(self, model, compile=False):
-        """-> (model on the device, the module to train: compiled and/or DDP-wrapped around it)."""
+    def wrap(self, model, compile=False, grad_ckpt=False):
+        """-> (model on the device, the module to train: compiled and/or DDP-wrapped around it).
+        grad_ckpt: a GPT recomputes each block's activations in the backward pass."""
         model = model.to(self.args.device)
+        if grad_ckpt:
+            model.grad_ckpt = True
         trained = torch.compile(model) if compile else model
         if self.ddp:
             trained = torch.nn.parallel.DistributedDataParallel(trained)

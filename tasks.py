@@ -164,7 +164,8 @@ def generate_texts(model, tok, prompts, max_new_tokens, temperature=0.0, batch_s
         ids = order[s:s + batch_size]
         room = model.config.block_size - max(len(prompts[i]) for i in ids)
         tokens, _ = generate(model, [prompts[i] for i in ids], min(max_new_tokens, room),
-                             temperature=temperature, eos_id=tok.eos_id, generator=generator)
+                             temperature=temperature, eos_id=tok.eos_id, generator=generator,
+                             vocab=tok.n_vocab)
         # generate pads finished rows with -1; the text stops before the end-of-sequence token
         for i, row in zip(ids, tokens.tolist()):
             out[i] = tok.decode([t for t in row if t >= 0 and t != tok.eos_id])
@@ -315,7 +316,8 @@ def sample_chains(task, model, tok, chains, max_new_tokens, temperature, room, g
         if not fit:
             return out
         tokens, logp = generate(model, [prompts[i] for i in fit], max_new_tokens,
-                                temperature=temperature, eos_id=tok.eos_id, generator=generator)
+                                temperature=temperature, eos_id=tok.eos_id, generator=generator,
+                                vocab=tok.n_vocab)
         for i, row, lp in zip(fit, tokens.tolist(), logp.tolist()):
             ids = [t for t in row if t >= 0]   # -1 pads after EOS
             out[i] = (tok.decode([t for t in ids if t != tok.eos_id]), (prompts[i], ids,

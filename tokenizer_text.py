@@ -57,8 +57,9 @@ class Tokenizer:
 
     def decode(self, ids):
         """Ids -> text; byte sequences that are not valid UTF-8 (a cut-off character) become
-        U+FFFD."""
-        return self.enc.decode(list(ids), errors="replace")
+        U+FFFD, and ids that are no token (a model's embedding padded past its tokenizer, as
+        Qwen2's is) are dropped: decoding never raises on model output."""
+        return self.enc.decode([t for t in ids if 0 <= t < self.n_vocab], errors="replace")
 
     def save(self, path):
         """Write the ranks as a `.tiktoken` file, atomically (temp file, then rename)."""

@@ -155,6 +155,9 @@ g.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
 g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                help="autocast dtype")
 g.add_argument("--compile", type=int, default=0, help="1: torch.compile the trained model")
+g.add_argument("--grad_ckpt", type=int, default=0,
+               help="1: activation checkpointing, each block's activations recomputed in the "
+                    "backward pass (a large model's memory for about a third more compute)")
 g.add_argument("--threads", type=int, default=1,
                help="torch CPU threads; 1 is fastest for tiny models on 2 cores")
 g.add_argument("--seed", type=int, default=1337,
@@ -338,9 +341,11 @@ def run_mle(model, name, pairs, steps, minutes, lr_of_step, budget=None):
         ids = torch.randint(len(keep), (args.batch_size,), generator=gen).tolist()
         return batch_from([keep[i] for i in ids])
 
-    def val_loss(model):   # the mean loss of the chunks of 64 validation pairs
-        vl = [model(*batch_from(val_pairs[i:i + 64]))[1].item()
-              for i in range(0, len(val_pairs), 64)]
+    def val_loss(model):   # the mean loss of the chunks of --micro_batch validation pairs
+        vl = []
+        for i in range(0, len(val_pairs), args.micro_batch):
+            idx, tgt = batch_from(val_pairs[i:i + args.micro_batch])
+            vl.append(model(idx, tgt, at=tgt >= 0)[1].item())   # logits of the answers only
         return sum(vl) / len(vl)
 
     def val_metrics(model):   # rank 0: greedy decoding of the first --val_n validation records
@@ -399,8 +404,9 @@ def run_rlvr(model, budget):
     ckpt = out_dir / "rlvr.safetensors"   # resumable while it runs, the RLVR model once done
     # the frozen MLE start, the KL's reference
     ref = copy.deepcopy(model).eval().requires_grad_(False) if args.beta > 0 else None
-    model, trained = run.wrap(model, compile=args.compile)
-    cfg = from_flags(args, GRPOConfig)   # the GRPO flags, --placebo included
+    model, trained = run.wrap(model, compile=args.compile, grad_ckpt=args.grad_ckpt)
+    # the GRPO flags, --placebo included; only ids the tokenizer decodes are sampled
+    cfg = dataclasses.replace(from_flags(args, GRPOConfig), vocab=tok.n_vocab)
     opt = make_optimizer(model, cfg)     # AdamW, betas (0.9, 0.999), weight decay --rl_weight_decay
     gen = torch.Generator().manual_seed(args.seed + 1000 + rank)   # prompts, samples, minibatches
     # the prompt pool: every train prompt that leaves room for the longest answer, split into
@@ -461,9 +467,8 @@ def run_rlvr(model, budget):
         # the first round's prompts; grpo_step draws more if groups lack spread
         prompts, recs = draw_groups(args.prompts_per_step)
         try:   # rollout -> reward -> advantages -> PPO-clip + KL updates, all in grpo.py
-            with autocast:
-                stats = grpo_step(trained, ref, opt, prompts, recs, score, cfg, tok.eos_id, gen,
-                                  step, sampler=sampler, next_prompts=draw_groups)
+            stats = grpo_step(trained, ref, opt, prompts, recs, score, cfg, tok.eos_id, gen, step,
+                              sampler=sampler, next_prompts=draw_groups, autocast=autocast)
         except FloatingPointError as e:   # grpo.py checks rewards, loss, gradient norm and weights
             run.nonfinite("rlvr", step, model, str(e))   # stops, or logs a skipped step
             stats = {}

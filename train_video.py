@@ -186,7 +186,11 @@ p.add_argument("--rl_lr", type=float, default=1e-4, help="GRPO learning rate")
 p.add_argument("--beta", type=float, default=0.02, help="KL coefficient")
 p.add_argument("--clip_eps", type=float, default=0.2, help="PPO ratio clip")
 p.add_argument("--minibatches", type=int, default=2, help="optimizer steps per GRPO batch")
-p.add_argument("--micro_batch", type=int, default=32, help="sequences per forward pass")
+p.add_argument("--micro_batch", type=int, default=32,
+               help="sequences per forward/backward (the GRPO update and MLE)")
+p.add_argument("--grad_ckpt", type=int, default=0,
+               help="1: activation checkpointing, each block's activations recomputed in the "
+                    "backward pass (memory for about a third more compute)")
 p.add_argument("--temperature", type=float, default=1.0,
                help="sampling temperature of the rollouts")
 p.add_argument("--reward", default="auto", help="auto | mae+ssim | mae+lpips")
@@ -446,7 +450,7 @@ def run_rlvr(run, model, ckpt, vq, layout, tokens, splits, lo, hi, horizon, lpip
     FL, L = layout.frame_len, layout.L   # tokens per predicted frame + its action; codes per frame
     # the KL anchor
     ref = copy.deepcopy(model).eval().requires_grad_(False) if args.beta > 0 else None
-    model, trained = run.wrap(model)
+    model, trained = run.wrap(model, grad_ckpt=args.grad_ckpt)
     # a completion is every predicted frame's codes, with the injected true actions between frames
     # grpo.GRPOConfig holds the RL defaults; video differs from the language tasks where set here:
     # every kept group is used (prompts_per_step 0), no entropy bonus, and AdamW with betas
@@ -552,9 +556,8 @@ def run_rlvr(run, model, ckpt, vq, layout, tokens, splits, lo, hi, horizon, lpip
         # one GRPO step (grpo.py): G samples per prompt, rewards, group advantages, PPO-clip + KL
         # update(s)
         try:
-            with autocast:
-                stats = grpo_step(trained, ref, opt, prompts, items, reward_fn, cfg, None, g, step,
-                                  sampler if horizon > 1 else None)
+            stats = grpo_step(trained, ref, opt, prompts, items, reward_fn, cfg, None, g, step,
+                              sampler if horizon > 1 else None, autocast=autocast)
         except FloatingPointError as e:   # grpo.py checks rewards, loss, gradient norm and weights
             run.nonfinite("rlvr", step, model, str(e))   # stops, or logs a skipped step
             stats = {}

@@ -261,7 +261,7 @@ def packed(prompts, tokens):
 
 def mean_entropy(model, prompts, tokens):
     with torch.no_grad():
-        _, ent = logprobs_shared_prompts(model, packed(prompts, tokens), list(range(len(tokens))), 1.0)
+        _, ent = logprobs_shared_prompts(model, packed(prompts, tokens), list(range(len(tokens))), config())
     return ent.mean().item()
 
 
@@ -285,10 +285,10 @@ def test_bf16_recomputes_old_logprobs_so_the_first_ratio_is_one(monkeypatch, min
     def step(model):
         cfg = config(group_size=4, max_new_tokens=6, beta=0.1, minibatches=minibatches, micro_batch=3,
                          entropy_coef=0.01)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            return grpo_step(model, copy.deepcopy(model).eval(), torch.optim.AdamW(model.parameters(), lr=1e-2),
-                             [[1, 2], [4], [5, 6, 7]], [None] * 3, count_threes, cfg, eos_id=0,
-                             generator=torch.Generator().manual_seed(0))
+        return grpo_step(model, copy.deepcopy(model).eval(), torch.optim.AdamW(model.parameters(), lr=1e-2),
+                         [[1, 2], [4], [5, 6, 7]], [None] * 3, count_threes, cfg, eos_id=0,
+                         generator=torch.Generator().manual_seed(0),
+                         autocast=torch.autocast("cpu", dtype=torch.bfloat16))
 
     assert grpo.low_precision(tiny_model(), torch.device("cpu")) is False   # fp32, no autocast: the sampler's kept
     assert grpo.low_precision(tiny_model().to(torch.bfloat16), torch.device("cpu")) is True
@@ -304,7 +304,7 @@ def test_shared_prompt_logprobs_equal_the_plain_forward_of_prompt_and_completion
     model = tiny_model()
     prompts, tokens = [[1, 2, 3], [4]], torch.tensor([[5, 6, 0], [7, -1, -1], [3, 3, 3], [2, 0, -1]])
     b = packed(prompts, tokens)
-    logp, ent = logprobs_shared_prompts(model, b, [0, 1, 2, 3], 0.7)
+    logp, ent = logprobs_shared_prompts(model, b, [0, 1, 2, 3], config(temperature=0.7))
     for n, (p, row) in enumerate(zip([prompts[0]] * 2 + [prompts[1]] * 2, tokens.tolist())):
         done = [t for t in row if t >= 0]
         logits, _ = model(torch.tensor([p + done[:-1]]))   # the whole sequence, prompt and completion

@@ -19,8 +19,9 @@ torch.set_num_threads(1)
 
 def make_run(tmp_path, **kw):
     tmp_path.mkdir(exist_ok=True)
-    args = argparse.Namespace(device="cpu", dtype="float32", threads=1, seed=0, resume=1,
-                              ckpt_every=4, weight_decay=0.1, eval_every=3, **kw)
+    args = argparse.Namespace(**{**dict(device="cpu", dtype="float32", threads=1, seed=0, resume=1,
+                                        ckpt_every=4, weight_decay=0.1, eval_every=3,
+                                        micro_batch=64, grad_ckpt=0), **kw})
     return Run(args, tmp_path)
 
 
@@ -169,3 +170,20 @@ def test_weighted_batches_train_on_the_weighted_mean(tmp_path):
                       lambda g: weighted(1.0)(g)[:2], val_loss, lr)
     for a, b in zip(ones.parameters(), plain.parameters()):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("weighted_batch", [False, True])
+def test_micro_batches_train_as_the_whole_batch(tmp_path, weighted_batch):
+    """--micro_batch: the batch in pieces (rows with different numbers of scored tokens), each its share of the
+    batch's mean, trains as the whole batch does (only the order of sums differs)."""
+    def batch(gen):
+        idx, tgt = next_batch(gen)
+        tgt[0, :5] = -1                                      # row 0 scores fewer tokens than the others
+        return (idx, tgt, torch.rand(tgt.shape, generator=gen) + 0.5) if weighted_batch else (idx, tgt)
+    models = [mle.train(make_run(tmp_path / str(mb), micro_batch=mb), tiny(), "mle", tmp_path / str(mb) / "m.safetensors",
+                        5, batch, val_loss, lr) for mb in (64, 1, 3)]
+    losses = [[r["loss"] for r in logged(tmp_path / str(mb) / "log.jsonl")] for mb in (64, 1, 3)]
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5) and losses[2] == pytest.approx(losses[0], rel=1e-5)
+    for other in models[1:]:
+        for a, b in zip(models[0].parameters(), other.parameters()):
+            assert torch.allclose(a, b, atol=1e-5)
