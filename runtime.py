@@ -112,7 +112,8 @@ class Run:
             self.fail("--dtype=float16: training in float16 needs a gradient scaler, which nanoRLVR "
                       "does not have; use --dtype=bfloat16")
         device_type = "cuda" if args.device.startswith("cuda") else "cpu"
-        self.autocast = torch.autocast(device_type, dtype=getattr(torch, args.dtype), enabled=args.dtype != "float32")
+        self.dtype = getattr(torch, args.dtype)   # of the forwards: autocast's, and a frozen reference's
+        self.autocast = torch.autocast(device_type, dtype=self.dtype, enabled=args.dtype != "float32")
 
     def print0(self, *a, **k):
         if self.master:
@@ -299,7 +300,7 @@ class WeightPath:
     direction ~ 1."""
 
     def __init__(self, model):
-        self.start = flat_weights(model)   # where the stage started (before any resume)
+        self.start = flat_weights(model)   # where the stage started (before any resume), on the CPU
 
     def resume(self, model, length):
         """Walk on from the current weights, `length` already walked (0 for a fresh stage)."""
@@ -315,8 +316,9 @@ class WeightPath:
 
 
 def flat_weights(model):
-    """Every parameter, detached and flattened into one vector."""
-    return torch.cat([q.detach().flatten() for q in model.parameters()])
+    """Every parameter, detached and flattened into one float32 vector on the CPU (a GPU's memory
+    holds no copy of the weights for the log)."""
+    return torch.cat([q.detach().float().flatten().cpu() for q in model.parameters()])
 
 
 def check_device(device):
@@ -440,3 +442,53 @@ _fork_fn = None
 
 def _call_fork_fn(job):
     return _fork_fn(job)
+
+
+# -----------------------------------------------------------------------------
+# memory: what a run needs, estimated before it runs (printed at the start; --estimate_memory=1
+# prints it and exits), so a run is sized before GPUs are rented. tests/test_memory.py holds the
+# estimate to a measured peak.
+
+def n_params(config):
+    """The parameters of a GPT of `config` (built on the meta device: no memory, no time)."""
+    from model import GPT   # model imports nothing of this file; imported here to stay light
+    with torch.device("meta"):
+        return sum(p.numel() for p in GPT(config).parameters())
+
+
+def memory_estimate(config, low_precision, reference, grad_ckpt, prompt_len, new_tokens, prompts,
+                    samples, micro_batch, prompts_per_chunk):
+    """Bytes of one RLVR step's peak, by part -> dict (name -> bytes, "peak" their sum at the
+    worst moment). The policy keeps float32 weights, gradients and AdamW's two moments; the
+    forwards run in bf16 under autocast when `low_precision` (2-byte activations, a bf16 copy of
+    the weights per forward region, a bf16 reference); `prompts` x `samples` rows are sampled
+    with a KV cache holding each prompt once; a micro-batch of the update holds `micro_batch`
+    rows of `new_tokens` and `prompts_per_chunk` prompts of `prompt_len` tokens."""
+    c, P = config, n_params(config)
+    act = 2 if low_precision else 4                         # bytes of an activation
+    kv = c.n_layer * 2 * c.n_kv_head * c.head_dim * act     # bytes of one token's keys and values
+    tokens = prompts_per_chunk * prompt_len + micro_batch * new_tokens   # one update forward's
+    scored = micro_batch * new_tokens                       # positions with logits
+    # per token and layer, what the backward keeps: the float32 residual and norms, q, k, v, the
+    # attention output, the MLP's gate, up and their product (checkpointing: the residual only)
+    per_layer = (4 * 3 * c.n_embd + act * ((c.n_head + 2 * c.n_kv_head) * c.head_dim
+                                           + 2 * c.n_embd + 4 * c.mlp_hidden))
+    kept = 4 * c.n_embd if grad_ckpt else per_layer
+    parts = dict(
+        weights=4 * P, grads=4 * P, adamw=8 * P, reference=act * P if reference else 0,
+        autocast_copy=2 * P if low_precision else 0,
+        kv_cache=kv * prompts * (prompt_len + samples * new_tokens),
+        # the activations one micro-batch keeps for its backward (+ one block recomputed)
+        activations=tokens * (c.n_layer * kept + (per_layer if grad_ckpt else 0)),
+        # the logits of its targets: the forward's, a float32 copy, the log-softmax, its exp and
+        # their product for the entropy, and the gradient of one of them
+        logits=scored * c.vocab_size * (act + 4 * 5))
+    static = sum(parts[k] for k in ("weights", "grads", "adamw", "reference", "autocast_copy"))
+    # the rollout and the update do not overlap: the peak is the larger of the two
+    parts["peak"] = static + max(parts["kv_cache"], parts["activations"] + parts["logits"])
+    return parts
+
+
+def print_memory(parts, print0):
+    """One line per part of memory_estimate's dict, in GB."""
+    print0("memory estimate (GB): " + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in parts.items()))

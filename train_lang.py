@@ -403,7 +403,9 @@ def run_rlvr(model, budget):
     control's, runtime.ComputeBudget), which is closed at the end -> the checkpoint."""
     ckpt = out_dir / "rlvr.safetensors"   # resumable while it runs, the RLVR model once done
     # the frozen MLE start, the KL's reference
-    ref = copy.deepcopy(model).eval().requires_grad_(False) if args.beta > 0 else None
+    # the frozen MLE start, the KL's reference, kept in the forwards' dtype (bf16 under autocast)
+    ref = (copy.deepcopy(model).eval().requires_grad_(False).to(run.dtype) if args.beta > 0
+           else None)
     model, trained = run.wrap(model, compile=args.compile, grad_ckpt=args.grad_ckpt)
     # the GRPO flags, --placebo included; only ids the tokenizer decodes are sampled
     cfg = dataclasses.replace(from_flags(args, GRPOConfig), vocab=tok.n_vocab)
@@ -447,7 +449,8 @@ def run_rlvr(model, budget):
            f"rounds) x {args.group_size} samples x {world} ranks; reward {args.reward}"
            f"{'; PLACEBO: rewards permuted within each kept group' if args.placebo else ''}"
            f"{f'; chains of {args.horizon} steps' if args.horizon > 1 else ''}")
-    moved = WeightPath(model)   # the MLE start, for the log's weight movement
+    # the MLE start, for the log's weight movement (rank 0 logs: only it keeps the CPU copies)
+    moved = WeightPath(model) if master else None
     step, done = run.resume_stage(ckpt, model, opt, gen, "rlvr")   # as in run_mle
     if done:
         return ckpt
@@ -455,7 +458,8 @@ def run_rlvr(model, budget):
     rl_seconds = prev.get("rl_seconds", 0.0)   # time in GRPO steps so far (logged beside compute)
     rl_compute = prev.get("rl_compute", 0)     # forward-token units so far: the control's budget
     budget.add(rl_compute)
-    moved.resume(model, prev.get("w_path", 0.0))
+    if master:
+        moved.resume(model, prev.get("w_path", 0.0))
     if not finite_weights(model):   # a poisoned start stops here, before any sampling from it
         run.nonfinite("rlvr", step, model, "non-finite weights in the policy")
     if step == 0 and master:
@@ -480,7 +484,7 @@ def run_rlvr(model, budget):
             rl_compute += stats["compute"]   # counted by grpo.compute_used
             budget.add(stats["compute"])
             stats.update(rl_seconds=rl_seconds, rl_compute=rl_compute,
-                         **moved.step(model))   # w_path, w_rms, straightness
+                         **(moved.step(model) if master else {}))   # w_path, w_rms, straightness
             bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", kept=stats["groups_kept"],
                             kl=f"{stats['kl']:.4f}")
             if master and (step % args.probe_every == 0 or step == args.rl_steps):
@@ -516,6 +520,7 @@ if args.stage == "mle" or (args.stage == "all" and not init_is_ckpt):
         n_head=args.n_head, n_embd=args.n_embd))
     start = str(run_mle(model, "mle", pairs, args.mle_steps, args.mle_minutes,
                         lambda s: lr_at(s, args.mle_steps, args.mle_lr, args.warmup)))
+    start_model = model = None   # RLVR and the control start from the checkpoint: free its memory
 
 
 def control(budget):
@@ -562,8 +567,10 @@ if args.stage in ("all", "rlvr"):
         child = fork_alongside(lambda: control(budget), out_dir / "control.log")
         print0(f"control: MLE continues from the start in process {child.pid} while RLVR runs "
                f"(progress: {out_dir / 'control.log'})")
-    # a fresh copy of the start, whatever trained it
-    rl_ckpt = run_rlvr(load_lang_model(start, args.device)[0], budget)
+    # the start: the model loaded from --init, or a fresh copy of the MLE checkpoint (one copy
+    # in memory: the name start_model lets go of it)
+    model, start_model = start_model or load_lang_model(start, args.device)[0], None
+    rl_ckpt, model = run_rlvr(model, budget), None
     ckpts = {"mle": start, "rlvr": str(rl_ckpt)}
     if alongside:
         child.join()   # it stops at RLVR's compute, saves mle_more.safetensors and exits
