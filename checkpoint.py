@@ -19,7 +19,7 @@ checkpoint (a pickle named .safetensors, a truncated file, another model's weigh
 """
 import json
 import os
-from dataclasses import asdict
+from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 
 from safetensors import safe_open
@@ -165,9 +165,12 @@ def resume(path, model, optimizer=None):
     tensors, meta = read_checkpoint(path)
     model = getattr(model, "module", model)
     ours = json.loads(json.dumps(asdict(model.config)))  # tuples become lists, as in the file
-    if meta["config"] != ours:
-        diff = ", ".join(f"{k}={meta['config'].get(k)!r} there, {ours.get(k)!r} here"
-                         for k in sorted(meta["config"].keys() | ours.keys()) if meta["config"].get(k) != ours.get(k))
+    # a field newer than the file (GPTConfig.rope_scaling) is there at its default
+    defaults = {f.name: f.default for f in fields(model.config) if f.default is not MISSING}
+    saved = json.loads(json.dumps(defaults)) | meta["config"]
+    if saved != ours:
+        diff = ", ".join(f"{k}={saved.get(k)!r} there, {ours.get(k)!r} here"
+                         for k in sorted(saved.keys() | ours.keys()) if saved.get(k) != ours.get(k))
         raise ValueError(f"{path}: saved by a run with another model config ({diff})")
     load_weights(model, tensors, path)
     if optimizer is not None:

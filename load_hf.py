@@ -6,7 +6,10 @@ byte-level BPE tokenizer.json into tokenizer_text.py's Tokenizer, apart from the
 The model. `load_pretrained` reads the config (`config_from_hf`: HF's names -> GPTConfig) and the
 tensors, and `hf_to_ours` renames them to ours, explicitly: GPT-2's Conv1D weights are transposed,
 and Qwen2 / Llama's separate q, k, v (and SwiGLU's gate and up) are concatenated into our fused
-Linears. `GPT.from_pretrained(path)` calls it; tools/export_hf.py writes the other way.
+Linears. The model is built on the meta device and the tensors are read one at a time, onto the
+device and into the dtype they are kept in: no full float32 copy on the host. Llama 3.1's
+RoPE scaling (and "linear") becomes GPTConfig.rope_scaling. `GPT.from_pretrained(path)` calls it;
+tools/export_hf.py writes the other way.
 
 The tokenizer and the bytes<->unicode mapping. HF `tokenizers` (GPT-2, Qwen2, ...) store the
 vocabulary as JSON strings, and raw bytes such as 0x0A or 0xE4 are not printable. GPT-2 therefore
@@ -19,21 +22,24 @@ with HF on varied text. `load_tokenizer` reads a checkpoint's tokenizer in eithe
 tokenizer.json or our .tiktoken file.
 """
 import json
+from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 
 import tiktoken
 import torch
 
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, rope_tables
 from tokenizer_text import EOT, GPT2_PAT, Tokenizer, check_bytes
 
 # =============================================================================
 # the model
 
-def load_pretrained(path, dtype=torch.float32):
-    """An HF model directory (config.json + safetensors, sharded or not) -> GPT in `dtype`;
-    ValueError naming the file on anything we cannot read or map."""
-    from safetensors.torch import load_file
+def load_pretrained(path, dtype=torch.float32, device="cpu"):
+    """An HF model directory (config.json + safetensors, sharded or not) -> GPT in `dtype` on
+    `device`; ValueError naming the file on anything we cannot read or map. Each tensor is read
+    alone, straight to `device` in `dtype`: no full float32 copy of the model on the host."""
+    from safetensors import safe_open
     path = Path(path)
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
@@ -46,17 +52,22 @@ def load_pretrained(path, dtype=torch.float32):
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
     else:
         files = ["model.safetensors"]
-    sd = {}
-    for f in files:
+    # the model's shapes without memory: its weights are the tensors read below
+    with torch.device("meta"):
+        model = GPT(config)
+    with ExitStack() as stack:
+        # each HF name -> its reader, which hf_to_ours calls when it takes that tensor
+        sd = {}
+        for f in files:
+            try:
+                st = stack.enter_context(safe_open(str(path / f), "pt", device=str(device)))
+            except Exception as e:
+                raise ValueError(f"{path / f}: cannot read safetensors weights ({e})") from None
+            sd.update({k: partial(read_as, st, k, dtype, path / f) for k in st.keys()})
         try:
-            sd.update(load_file(str(path / f)))
-        except Exception as e:
-            raise ValueError(f"{path / f}: cannot read safetensors weights ({e})") from None
-    model = GPT(config)
-    try:
-        mapped = hf_to_ours(sd, config, hf["model_type"])
-    except ValueError as e:
-        raise ValueError(f"{path}: {e}") from None
+            mapped = hf_to_ours(sd, config, hf["model_type"])
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
     ours = model.state_dict()
     if config.tie_embeddings:
         ours.pop("lm_head.weight")
@@ -67,8 +78,25 @@ def load_pretrained(path, dtype=torch.float32):
         if v.shape != ours[k].shape:
             raise ValueError(f"{path}: tensor {k} has shape {tuple(v.shape)}, "
                              f"expected {tuple(ours[k].shape)}")
-    model.load_state_dict(mapped, strict=not config.tie_embeddings)
-    return model.to(dtype)
+    # the read tensors become the parameters, uncopied
+    model.load_state_dict(mapped, strict=not config.tie_embeddings, assign=True)
+    if config.tie_embeddings:
+        model.lm_head.weight = model.wte.weight   # assign replaced wte's parameter: tie them again
+    if config.pos == "rope":
+        # the RoPE tables are not in the files: computed again, off the meta device
+        tables = rope_tables(config.head_dim, config.block_size, config.rope_theta,
+                             config.rope_scaling)
+        model.rope_cos, model.rope_sin = (t.to(device, dtype) for t in tables)
+    return model
+
+
+def read_as(st, name, dtype, file):
+    """Tensor `name` of `file`, open as `st`, in `dtype` on the device it was opened for."""
+    try:
+        t = st.get_tensor(name)
+    except Exception as e:
+        raise ValueError(f"{file.name}: cannot read tensor {name!r} ({e})") from None
+    return t.to(dtype)
 
 
 def config_from_hf(hf, where):
@@ -86,11 +114,8 @@ def config_from_hf(hf, where):
         if hf.get("hidden_act", "silu") != "silu":
             raise ValueError(f"{where}: hidden_act {hf['hidden_act']!r} unsupported "
                              f"(expected silu)")
-        unsupported = (hf.get("use_sliding_window") or hf.get("mlp_bias")
-                       or (hf.get("rope_scaling") or {}).get("rope_type", "default") != "default")
-        if unsupported:
-            msg = "sliding window, mlp_bias and rope scaling are not supported"
-            raise ValueError(f"{where}: {msg}")
+        if hf.get("use_sliding_window") or hf.get("mlp_bias"):
+            raise ValueError(f"{where}: sliding window and mlp_bias are not supported")
         theta = hf.get("rope_theta") or (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0)
         return GPTConfig.llama(vocab_size=hf["vocab_size"],
                                block_size=hf["max_position_embeddings"],
@@ -98,14 +123,39 @@ def config_from_hf(hf, where):
                                n_kv_head=hf.get("num_key_value_heads") or hf["num_attention_heads"],
                                n_embd=hf["hidden_size"], head_dim=hf.get("head_dim"),
                                mlp_hidden=hf["intermediate_size"], norm_eps=hf["rms_norm_eps"],
-                               rope_theta=float(theta),
+                               rope_theta=float(theta), rope_scaling=rope_scaling(hf, where),
                                qkv_bias=kind == "qwen2" or bool(hf.get("attention_bias")),
                                tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
     raise ValueError(f"{where}: model_type {kind!r} unsupported (gpt2, qwen2, llama)")
 
 
+def rope_scaling(hf, where):
+    """HF's RoPE scaling -> GPTConfig.rope_scaling: None, or the parameters of "linear" or
+    "llama3" (Llama 3.1+); refused if another kind."""
+    # "rope_scaling" in transformers 4 (older files say "type"), "rope_parameters" in 5
+    rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    keys = dict(default=(), linear=("factor",),
+                llama3=("factor", "low_freq_factor", "high_freq_factor"))
+    if kind not in keys:
+        raise ValueError(f"{where}: rope scaling {kind!r} unsupported (default, linear, llama3)")
+    if kind == "default":
+        return None
+    try:
+        out = {"rope_type": kind, **{k: float(rope[k]) for k in keys[kind]}}
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"{where}: rope scaling {kind!r} needs numbers {keys[kind]}") from None
+    if kind == "llama3":
+        # the context the model was pretrained on, before scaling
+        original = rope.get("original_max_position_embeddings", hf["max_position_embeddings"])
+        out["original_max_position_embeddings"] = int(original)
+    return out
+
+
 def hf_to_ours(sd, config, kind):
-    """Rename HF tensors to ours, explicitly. GPT-2's Conv1D stores (in, out): transposed here."""
+    """Rename HF tensors to ours, explicitly. GPT-2's Conv1D stores (in, out): transposed here.
+    sd: HF name -> a function reading that tensor; out: our name -> tensor (an unknown HF tensor
+    appears as "unused:<name>", unread)."""
     # GPT-2: names with or without the "transformer." prefix; attn.bias buffers are causal masks
     if kind == "gpt2":
         sd = {k.removeprefix("transformer."): v for k, v in sd.items()
@@ -115,7 +165,7 @@ def hf_to_ours(sd, config, kind):
     def take(k):
         if k not in sd:
             raise ValueError(f"missing tensor {k!r}")
-        return sd.pop(k)
+        return sd.pop(k)()   # read now, one tensor at a time
 
     if kind == "gpt2":
         out["wte.weight"], out["wpe.weight"] = take("wte.weight"), take("wpe.weight")

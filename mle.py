@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from checkpoint import read_checkpoint, read_meta
+from checkpoint import read_meta
 from grpo import no_sync_unless_last
 from runtime import lr_at
 
@@ -77,7 +77,7 @@ def train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, minut
     t_start = time.time()
     metrics = {}   # the last validation check, saved in each checkpoint
     # the compute of the steps so far (forward-token units), continued by a resumed run
-    compute = read_checkpoint(ckpt)[1]["metrics"].get("compute", 0) if step else 0
+    compute = read_meta(ckpt)["metrics"].get("compute", 0) if step else 0
     # a compute budget: the number of steps is known at the end only
     bar = tqdm(total=None if budget else steps, initial=step, desc=desc or name,
                disable=not run.master)

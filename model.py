@@ -40,6 +40,7 @@ class GPTConfig:
     norm_eps: float = 1e-5
     pos: str = "rope"               # "learned" | "rope"
     rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # RoPE stretched to longer contexts, HF's {"rope_type": ...}
     mlp: str = "swiglu"             # "gelu" | "swiglu"
     bias: bool = False              # bias on every Linear and LayerNorm (GPT-2)
     qkv_bias: bool = False          # bias on q, k, v only (Qwen2)
@@ -50,6 +51,9 @@ class GPTConfig:
             f"norm must be layernorm|rmsnorm, got {self.norm!r}"
         assert self.pos in ("learned", "rope"), f"pos must be learned|rope, got {self.pos!r}"
         assert self.mlp in ("gelu", "swiglu"), f"mlp must be gelu|swiglu, got {self.mlp!r}"
+        scaled = self.rope_scaling and self.rope_scaling.get("rope_type")
+        assert scaled in (None, "linear", "llama3"), \
+            f"rope_scaling's rope_type must be linear|llama3, got {self.rope_scaling!r}"
         self.n_kv_head = self.n_kv_head or self.n_head
         assert self.n_head % self.n_kv_head == 0, "n_head must be a multiple of n_kv_head"
         self.head_dim = self.head_dim or self.n_embd // self.n_head
@@ -88,12 +92,28 @@ def make_norm(config):
     return nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
 
 
-def rope_tables(head_dim, length, theta):
-    """cos and sin (length, head_dim) of RoPE's angles: position x one frequency per dim pair."""
+def rope_tables(head_dim, length, theta, scaling=None):
+    """cos and sin (length, head_dim) of RoPE's angles: position x one frequency per dim pair.
+    scaling: None, or GPTConfig.rope_scaling (see scale_frequencies)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    if scaling is not None:
+        inv_freq = scale_frequencies(inv_freq, scaling)
     angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)  # (length, hd/2)
     angles = torch.cat([angles, angles], dim=-1)                               # (length, hd)
     return angles.cos(), angles.sin()
+
+
+def scale_frequencies(inv_freq, s):
+    """RoPE's frequencies stretched to a context longer than the one trained on, as HF computes
+    them: rope_type "linear" slows all of them by s["factor"], "llama3" (Llama 3.1+) only the slow
+    ones, whose wavelength spans much of the original context."""
+    if s["rope_type"] == "linear":
+        return inv_freq / s["factor"]   # position p reads as p / factor
+    old, lo, hi = s["original_max_position_embeddings"], s["low_freq_factor"], s["high_freq_factor"]
+    wavelen = 2 * math.pi / inv_freq
+    # 0: wavelength over old / lo, slowed by factor; 1: under old / hi, kept; in between: blended
+    smooth = ((old / wavelen - lo) / (hi - lo)).clamp(0, 1)
+    return (1 - smooth) * inv_freq / s["factor"] + smooth * inv_freq
 
 
 def apply_rope(x, cos, sin):
@@ -191,7 +211,8 @@ class GPT(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         if config.pos == "rope":
-            cos, sin = rope_tables(config.head_dim, config.block_size, config.rope_theta)
+            cos, sin = rope_tables(config.head_dim, config.block_size, config.rope_theta,
+                                   config.rope_scaling)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.grad_ckpt = False   # activation checkpointing per block (run_block), a run's choice
@@ -291,10 +312,11 @@ class GPT(nn.Module):
         return idx
 
     @classmethod
-    def from_pretrained(cls, path, dtype=torch.float32):
-        """An HF GPT-2 / Qwen2 / Llama directory -> GPT (the loader: load_hf.py)."""
+    def from_pretrained(cls, path, dtype=torch.float32, device="cpu"):
+        """An HF GPT-2 / Qwen2 / Llama directory -> GPT in `dtype` on `device` (the loader:
+        load_hf.py)."""
         from load_hf import load_pretrained   # load_hf imports this file: imported on use
-        return load_pretrained(path, dtype)
+        return load_pretrained(path, dtype, device)
 
 
 def sample_next(logits, temperature, top_k, top_p, generator):

@@ -58,7 +58,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from checkpoint import read_checkpoint, recorded_path, relative_path, resume, save_checkpoint, write_json
+from checkpoint import read_meta, recorded_path, relative_path, resume, save_checkpoint, write_json
 
 MAX_SKIPS = 10   # --on_nan=skip stops the run after this many skipped steps in a row
 CONFIG = "config.json"   # in out_dir: the flags of the run that trains there
@@ -238,7 +238,7 @@ class Run:
         if not (self.args.resume and ckpt.is_file()):
             return 0, False
         try:
-            done = read_checkpoint(ckpt)[1]["metrics"].get("done")
+            done = read_meta(ckpt)["metrics"].get("done")
             meta, state = resume(ckpt, model, None if done else opt)
         except ValueError as e:
             self.fail(f"{e} (pass --resume=0 or another --out_dir to start over)")

@@ -113,7 +113,7 @@ def load_lang_model(path, device="cpu"):
     path = Path(path)
     if path.is_dir():
         meta = {"args": {"tokenizer": str(path)}}
-        return GPT.from_pretrained(path).to(device), load_tokenizer(path), meta
+        return GPT.from_pretrained(path, device=device), load_tokenizer(path), meta
     model, meta = load_model(path, device)
     tok = meta["args"].get("tokenizer")
     if not tok:

@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from checkpoint import read_checkpoint, read_meta, write_json
+from checkpoint import read_meta, write_json
 from evaluate_lang import evaluate, evaluate_checkpoints, print_comparison
 from grpo import GRPOConfig, grpo_step, make_optimizer, set_lr
 import mle
@@ -454,7 +454,7 @@ def run_rlvr(model, budget):
     step, done = run.resume_stage(ckpt, model, opt, gen, "rlvr")   # as in run_mle
     if done:
         return ckpt
-    prev = read_checkpoint(ckpt)[1]["metrics"] if step else {}   # the interrupted run's last log
+    prev = read_meta(ckpt)["metrics"] if step else {}   # the interrupted run's last log
     rl_seconds = prev.get("rl_seconds", 0.0)   # time in GRPO steps so far (logged beside compute)
     rl_compute = prev.get("rl_compute", 0)     # forward-token units so far: the control's budget
     budget.add(rl_compute)
@@ -553,7 +553,7 @@ if args.stage == "control":   # the control alone, for a given compute (the lr s
 if args.stage in ("all", "rlvr"):
     rl_file = out_dir / "rlvr.safetensors"
     rl_done = (args.resume and rl_file.is_file()
-               and read_checkpoint(rl_file)[1]["metrics"].get("done"))
+               and read_meta(rl_file)["metrics"].get("done"))
     # The control, MLE continued from the same start, gets RLVR's compute (ComputeBudget: counted
     # in tokens, the same on any machine). On a CPU it runs in a forked process on the second core
     # *while* RLVR runs, waiting whenever it is ahead: the demo takes half as long. Otherwise (GPU,
@@ -579,7 +579,7 @@ if args.stage in ("all", "rlvr"):
                  f"see {out_dir / 'control.log'}")
         ckpts["mle_more"] = str(out_dir / "mle_more.safetensors")
     elif args.control:   # after RLVR, for the compute its checkpoint records
-        rl_compute = read_checkpoint(rl_ckpt)[1]["metrics"].get("rl_compute", 0)
+        rl_compute = read_meta(rl_ckpt)["metrics"].get("rl_compute", 0)
         ckpts["mle_more"] = str(control(ComputeBudget(rl_compute)))
 if args.stage != "mle":
     # every model, loaded from its checkpoint, greedy on the same records: differences are paired

@@ -75,7 +75,7 @@ from tqdm import tqdm
 
 import mle
 import train_vq
-from checkpoint import atomic_write, atomic_write_text, read_checkpoint, read_meta, recorded_path
+from checkpoint import atomic_write, atomic_write_text, read_meta, recorded_path
 from data.robot import sim
 from data.robot.detect import blocks_moved, locate_blocks, locate_gripper
 from data.robot.prepare import DATA_DIR, split_episodes
@@ -493,7 +493,7 @@ def run_rlvr(run, model, ckpt, vq, layout, tokens, splits, lo, hi, horizon, lpip
         return model
     # wall-clock of the GRPO steps so far (rollouts + updates, not the validation evals), and
     # their compute in forward-token units (grpo.compute_used): the control's budget
-    prev = read_checkpoint(ckpt)[1]["metrics"] if step else {}
+    prev = read_meta(ckpt)["metrics"] if step else {}
     rl_seconds, rl_compute = prev.get("rl_seconds", 0.0), prev.get("rl_compute", 0)
     budget.add(rl_compute)
 
@@ -845,7 +845,7 @@ if args.stage in ("all", "rlvr"):
     mle_model = copy.deepcopy(start_model)   # kept for the comparison; RLVR updates start_model
     models = {"mle": (mle_model, mle_path)}  # name -> (model, its checkpoint file), evaluated below
     rl_done = (args.resume and FILES["rlvr"].is_file()
-               and read_checkpoint(FILES["rlvr"])[1]["metrics"].get("done"))
+               and read_meta(FILES["rlvr"])["metrics"].get("done"))
     # The control, the same start trained further by MLE, gets RLVR's compute (ComputeBudget:
     # counted in tokens, the same on any machine). On a CPU it runs in a forked process on the
     # second core *while* RLVR runs, waiting whenever it is ahead (runtime.fork_alongside): the
@@ -873,7 +873,7 @@ if args.stage in ("all", "rlvr"):
         models["mle_more"] = (load_video_model(FILES["mle_more"], args.device)[0],
                               FILES["mle_more"])
     elif args.control:   # after RLVR, for the compute its checkpoint records
-        rl_compute = read_checkpoint(FILES["rlvr"])[1]["metrics"].get("rl_compute", 0)
+        rl_compute = read_meta(FILES["rlvr"])["metrics"].get("rl_compute", 0)
         models["mle_more"] = (control(run, mle_model, mle_path, FILES["mle_more"], layout, tokens,
                                       horizon, ComputeBudget(rl_compute)), FILES["mle_more"])
     if master:                                   # rank 0 evaluates; the other ranks are done

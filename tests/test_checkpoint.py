@@ -141,3 +141,58 @@ def test_read_meta_reads_the_header_only(tmp_path):
     path.write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match=r"ckpt\.safetensors: not a readable safetensors checkpoint"):
         read_meta(path)
+
+
+def test_checkpoint_from_before_a_config_field_loads_and_resumes(tmp_path):
+    """A checkpoint written before GPTConfig.rope_scaling existed (its config lacks the key) still loads, and resumes
+    a run of today's code: the missing field counts as its default, not as another config."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    m, opt, _ = trained(GPTConfig.llama(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_embd=16))
+    path = tmp_path / "old.safetensors"
+    save_checkpoint(path, m, step=2, optimizer=opt)
+    with safe_open(str(path), framework="pt") as f:
+        tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, json.loads(f.metadata()["nanorlvr"])
+    del meta["config"]["rope_scaling"]
+    save_file(tensors, str(path), metadata={"nanorlvr": json.dumps(meta)})
+    assert torch.equal(load_model(path)[0].rope_cos, m.rope_cos)
+    m2 = GPT(m.config)
+    assert resume(path, m2, torch.optim.AdamW(m2.parameters(), lr=1e-2))[0]["step"] == 2
+    assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), m2.state_dict().values()))
+
+
+def test_metadata_is_read_without_the_tensors(tmp_path, monkeypatch):
+    """read_meta reads the header only (a file's tensors cannot be read here), and the scripts that only want a
+    checkpoint's metrics call it rather than read_checkpoint."""
+    import checkpoint
+    from safetensors import safe_open
+
+    class HeaderOnly:   # safe_open whose tensors cannot be read
+        def __init__(self, *a, **k):
+            self.f = safe_open(*a, **k)
+
+        def __enter__(self):
+            self.f.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.f.__exit__(*exc)
+
+        def metadata(self):
+            return self.f.metadata()
+
+        def keys(self):
+            return self.f.keys()
+
+        def get_tensor(self, name):
+            raise AssertionError(f"read tensor {name}")
+
+    m, _, _ = trained(GPTConfig.llama(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_embd=16))
+    path = tmp_path / "ckpt.safetensors"
+    save_checkpoint(path, m, step=3, metrics={"done": True})
+    monkeypatch.setattr(checkpoint, "safe_open", HeaderOnly)
+    assert read_meta(path)["metrics"] == {"done": True}
+    with pytest.raises(ValueError, match="read tensor"):
+        read_checkpoint(path)
+    for script in ("runtime.py", "train_lang.py", "train_video.py", "mle.py"):   # they want metrics only
+        assert "read_checkpoint" not in (ROOT / script).read_text(), f"{script}: read_meta reads the metadata"

@@ -68,6 +68,12 @@ TINY = {   # vocab 452 > the tokenizer's 449 ids: padded embeddings, as an HF ba
                              tie_embeddings=False),
     "qwen2": GPTConfig.llama(vocab_size=452, block_size=64, n_layer=2, n_head=4, n_kv_head=2,
                              n_embd=32, qkv_bias=True),
+    # Llama 3.1's RoPE scaling, its frequencies in all three bands (kept, blended, slowed)
+    "llama_scaled": GPTConfig.llama(vocab_size=452, block_size=64, n_layer=2, n_head=4, n_embd=32,
+                                    head_dim=16, rope_theta=500.0, tie_embeddings=False,
+                                    rope_scaling={"rope_type": "llama3", "factor": 4.0,
+                                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                  "original_max_position_embeddings": 32}),
 }
 
 
@@ -143,7 +149,8 @@ def test_tiny_models(family, tmp_path, records):
     out = export(ckpt, tmp_path / "hf")
     ours, tok, _ = load_lang_model(ckpt)
     hf = assert_hf_matches_ours(ours.eval(), tok, out, texts(records) + UNICODE[:1])
-    assert hf.config.model_type == family
+    assert hf.config.model_type == family.removesuffix("_scaled")
+    assert load_lang_model(out)[0].config == ours.config   # rope_scaling written and read back
 
 
 def test_errors(tmp_path):

@@ -106,3 +106,67 @@ def test_sharded_checkpoint_loads(tmp_path):
     idx = torch.randint(0, 90, (2, 9), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         assert torch.allclose(ours(idx)[0], hf(idx).logits, atol=1e-4, rtol=0)
+
+
+LLAMA3 = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 32}
+
+
+def hf_llama(tmp_path, rope_scaling):
+    """A tiny Llama whose RoPE is stretched from 32 to 128 positions: with head_dim 16 its frequencies fall in all
+    three bands of llama3's scaling (kept, blended, slowed)."""
+    cfg = transformers.LlamaConfig(vocab_size=101, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+                                   rms_norm_eps=1e-6, rope_scaling=dict(rope_scaling))  # HF writes into it
+    torch.manual_seed(0)
+    m = transformers.LlamaForCausalLM(cfg).eval()
+    m.save_pretrained(tmp_path, safe_serialization=True)
+    return m
+
+
+@pytest.mark.parametrize("rope_scaling", [LLAMA3, {"rope_type": "linear", "factor": 4.0}])
+def test_rope_scaling_matches_hf(tmp_path, rope_scaling):
+    hf = hf_llama(tmp_path, rope_scaling)
+    ours = GPT.from_pretrained(tmp_path).eval()
+    assert ours.config.rope_scaling == rope_scaling
+    idx = torch.randint(0, 101, (2, 100), generator=torch.Generator().manual_seed(3))   # past the original 32
+    with torch.no_grad():
+        ref, got = hf(idx).logits, ours(idx)[0]
+    assert torch.allclose(got, ref, atol=1e-4, rtol=0), (got - ref).abs().max()
+    plain = GPT(GPTConfig(**{**vars(ours.config), "rope_scaling": None}))   # the scaling changes the tables
+    assert not torch.allclose(plain.rope_cos, ours.rope_cos, atol=1e-3)
+
+
+def test_rope_scaling_spellings_and_refusals():
+    from load_hf import config_from_hf
+    base = dict(model_type="llama", vocab_size=16, max_position_embeddings=64, num_hidden_layers=1,
+                num_attention_heads=2, hidden_size=16, intermediate_size=32, rms_norm_eps=1e-6)
+    old = {k: v for k, v in LLAMA3.items() if k != "rope_type"}
+    for hf in ({"rope_scaling": LLAMA3},                                       # transformers 4
+               {"rope_scaling": {"type": "llama3", **old}},                    # older files
+               {"rope_parameters": {**LLAMA3, "rope_theta": 500.0}}):          # transformers 5
+        assert config_from_hf({**base, **hf}, "config.json").rope_scaling == LLAMA3
+    assert config_from_hf({**base, "rope_scaling": {"type": "linear", "factor": 2}}, "c").rope_scaling \
+        == {"rope_type": "linear", "factor": 2.0}
+    assert config_from_hf({**base, "rope_parameters": {"rope_type": "default"}}, "c").rope_scaling is None
+    with pytest.raises(ValueError, match=r"^config\.json: rope scaling 'yarn' unsupported") as e:
+        config_from_hf({**base, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "config.json")
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match=r"^config\.json: rope scaling 'llama3' needs numbers"):
+        config_from_hf({**base, "rope_scaling": {"rope_type": "llama3", "factor": 4.0}}, "config.json")
+
+
+def test_loaded_model_is_whole_in_its_dtype(pair, tmp_path):
+    """The loader builds the model on the meta device and reads the tensors into it: nothing is left on meta, tied
+    embeddings stay one parameter, the RoPE tables are a fresh model's, and a bfloat16 load holds bfloat16 tensors."""
+    _, ours = pair
+    tensors = dict(ours.named_parameters()) | dict(ours.named_buffers())
+    assert not any(t.is_meta for t in tensors.values())
+    assert (ours.lm_head.weight is ours.wte.weight) == ours.config.tie_embeddings
+    fresh = GPT(ours.config)
+    for name, t in fresh.named_buffers():
+        assert torch.equal(t, tensors[name]), name
+    half = GPT.from_pretrained(tmp_path, dtype=torch.bfloat16, device="cpu")
+    assert all(t.dtype == torch.bfloat16 for t in half.state_dict().values())
+    for name, t in ours.state_dict().items():
+        assert torch.equal(half.state_dict()[name], t.to(torch.bfloat16)), name

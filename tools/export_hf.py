@@ -97,9 +97,10 @@ def hf_config(c, kind, eos_id, dtype):
                 intermediate_size=c.mlp_hidden, num_hidden_layers=c.n_layer,
                 num_attention_heads=c.n_head, num_key_value_heads=c.n_kv_head, head_dim=c.head_dim,
                 max_position_embeddings=c.block_size, hidden_act="silu", rms_norm_eps=c.norm_eps,
-                # transformers 4 reads rope_theta, transformers 5 rope_parameters
-                rope_theta=c.rope_theta,
-                rope_parameters=dict(rope_type="default", rope_theta=c.rope_theta),
+                # transformers 4 reads rope_theta and rope_scaling, transformers 5 rope_parameters
+                rope_theta=c.rope_theta, rope_scaling=c.rope_scaling,
+                rope_parameters={"rope_type": "default", **(c.rope_scaling or {}),
+                                 "rope_theta": c.rope_theta},
                 attention_dropout=0.0, **extra, **common)
 
 
