@@ -36,10 +36,11 @@ def summarize(per_record, changed):
 
 
 def evaluate(task, model, tok, records, max_new_tokens=256, batch_size=64, sampled=False, pass_k=0,
-             seed=0, desc="eval"):
+             seed=0, desc="eval", share=None):
     """Score a language world model on records -> summary metrics (greedy) with `per_record` lists,
     the always-no-change baseline, and optionally "sampled" (T=1) and "pass@k" (best of k samples
-    at T=1)."""
+    at T=1). share: who decodes the greedy batches (tasks.generate_texts; runtime.rank_map: the
+    torchrun ranks, each a share of them)."""
     T = TASKS[task]
     prompts = [tok.encode(T.data.prompt_text(r)) for r in records]
     changed = [T.data.is_changed(r) for r in records]
@@ -52,7 +53,7 @@ def evaluate(task, model, tok, records, max_new_tokens=256, batch_size=64, sampl
 
     # greedy: the headline numbers, with the "nothing changes" answer scored by the same reward
     greedy = generate_texts(model, tok, prompts, max_new_tokens, 0.0, batch_size,
-                            desc=label("greedy"))
+                            desc=label("greedy"), share=share)
     scores = score(greedy)
     res = dict(summarize(scores, changed), n=len(records), n_changed=sum(changed),
                n_cropped=crop(prompts, model.config.block_size, max_new_tokens)[1],
@@ -76,7 +77,7 @@ def evaluate(task, model, tok, records, max_new_tokens=256, batch_size=64, sampl
     return res
 
 
-def evaluate_chains(task, model, tok, chains, max_new_tokens=256):
+def evaluate_chains(task, model, tok, chains, max_new_tokens=256, share=None):
     """Score K-step imagination greedily on chains of K recorded steps (tasks.episode_chains), one
     result per chain, shaped as `evaluate`'s: per chain the first step's metrics (its answer from
     the recorded state) and `<headline>_k`, the last answer's headline metric scored as
@@ -85,7 +86,7 @@ def evaluate_chains(task, model, tok, chains, max_new_tokens=256):
     in n_ended). A chain is "changed" when any of its steps changes something; the baseline answers
     "nothing changes" at every step. per_record["episode"] numbers the chains' episodes (chains
     of one episode overlap: the next starts at this one's second record), so that a bootstrap can
-    resample an episode's chains together."""
+    resample an episode's chains together. share: as evaluate's."""
     T = TASKS[task]
     h_k = T.headline + "_k"
     changed = [any(map(T.data.is_changed, c)) for c in chains]
@@ -98,7 +99,7 @@ def evaluate_chains(task, model, tok, chains, max_new_tokens=256):
             out.append(T.score(s[0][1], c[0]) | {h_k: T.score(*j)[T.headline] if j else 0.0})
         return out, steps
 
-    scores, steps = score(text_predictor(model, tok, task, max_new_tokens))
+    scores, steps = score(text_predictor(model, tok, task, max_new_tokens, share=share))
     no_change = score(lambda records: [(T.no_change, None)] * len(records))[0]
     prompts = [tok.encode(T.data.prompt_text(c[0])) for c in chains]
     res = dict(summarize(scores, changed), n=len(chains), n_changed=sum(changed),
@@ -117,12 +118,14 @@ def evaluate_chains(task, model, tok, chains, max_new_tokens=256):
 
 
 def evaluate_checkpoints(task, ckpts, tok, splits, max_new_tokens, device="cpu", autocast=None,
-                         workers=1, horizon=1):
+                         workers=1, horizon=1, share=None):
     """Each checkpoint of {name: path} greedy on every split's records {split: records} (under
     `autocast`), so differences are paired per record -> {split: {name: evaluate's result}}.
     workers > 1 (CPU only): that many forked processes share the (checkpoint, split) jobs, largest
     first; every job computes what it would alone. horizon K > 1: each split's records are
-    chains of K steps (tasks.episode_chains) and the result is evaluate_chains'."""
+    chains of K steps (tasks.episode_chains) and the result is evaluate_chains'. share
+    (runtime.rank_map, with workers 1): every torchrun rank runs every job, decoding its share of
+    each job's batches, and gets every result, the same as one process's."""
     jobs = sorted(((name, split) for name in ckpts for split in splits),
                   key=lambda j: -len(splits[j[1]]))
 
@@ -131,9 +134,12 @@ def evaluate_checkpoints(task, ckpts, tok, splits, max_new_tokens, device="cpu",
         with autocast or nullcontext():
             model = load_lang_model(ckpts[name], device)[0]
             if horizon > 1:
-                return evaluate_chains(task, model, tok, splits[split], max_new_tokens)
+                return evaluate_chains(task, model, tok, splits[split], max_new_tokens,
+                                       share=share)
+            # forked or shared: no bars
             return evaluate(task, model, tok, splits[split], max_new_tokens,
-                            desc=f"{split} {name}" if workers <= 1 else None)   # forked: no bars
+                            desc=f"{split} {name}" if workers <= 1 and not share else None,
+                            share=share)
 
     outs = fork_map(run, jobs, workers)
     results = {split: {} for split in splits}

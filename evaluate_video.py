@@ -88,22 +88,35 @@ def metrics(pred, true, lpips_net):
     return row
 
 
+def frame_scores(x, true, mask, lpips_net):
+    """Score frames x against the true frames -> (their metrics, their absolute error on the
+    moving pixels (mask: (N, 1, H, W)), the count of those pixel values), the last two summed over
+    batches for mae_moving = error / count."""
+    return (metrics(x, true, lpips_net), float(((x - true).abs() * mask).sum()),
+            float(mask.sum() * 3))
+
+
 def add_frames(acc, moving, name, x, true, mask, lpips_net):
-    """Score frames x of row `name` against the true frames: their metrics go to acc[name], their
-    absolute error on the moving pixels (mask: (N, 1, H, W)) and the count of those pixel values to
-    moving[name] (for mae_moving = error / count)."""
-    acc[name].append(metrics(x, true, lpips_net))
-    moving[name][0] += float(((x - true).abs() * mask).sum())
-    moving[name][1] += float(mask.sum() * 3)
+    """Score frames x of row `name` against the true frames (frame_scores): their metrics go to
+    acc[name], the error on the moving pixels and their count to moving[name]."""
+    m, error, count = frame_scores(x, true, mask, lpips_net)
+    acc[name].append(m)
+    moving[name][0] += error
+    moving[name][1] += count
 
 
 @torch.no_grad()
 def eval_video(model, vq, episodes, tokens, lo, hi, context, horizon, lpips_net=None,
-               batch_size=64, temperature=0.0, top_k=None, seed=0, grid_path=None, desc="eval"):
+               batch_size=64, temperature=0.0, top_k=None, seed=0, grid_path=None, desc="eval",
+               share=None):
     """Evaluate on windows starting every `horizon` frames of each clip. tokens: the split's tokens
     (data/robot/task.tokenize_split, with at least `horizon` future frames), or None to compute
     them here. temperature 0 is greedy; else sampled (top_k: only the k likeliest codes), from a
-    generator seeded by `seed`."""
+    generator seeded by `seed`. share (greedy only; e.g. runtime.rank_map: the torchrun ranks):
+    computes the batches, as map(score, batches) would; they are summed up in order, so the result
+    is the same whoever computed them."""
+    if share and temperature > 0:
+        raise ValueError("eval_video: sampled batches draw from one stream, in order; not shared")
     model.eval()
     layout = Layout.of(vq, episodes[0]["action"].shape[1])
     tokens = tokens or tokenize_split(vq, episodes, horizon, layout, lo, hi)
@@ -112,13 +125,9 @@ def eval_video(model, vq, episodes, tokens, lo, hi, context, horizon, lpips_net=
     # the windows: (clip, first context frame), every `horizon` frames
     wins = [(e, t) for e in range(E) for t in range(0, T - context - horizon + 1, horizon)]
     g = torch.Generator().manual_seed(seed)
-    # three rows scored alike: the model's prediction, copy-last-frame, the tokenizer's ceiling
-    acc = {k: [] for k in ("pred", "copy", "ceiling")}
-    moving = {k: [0.0, 0.0] for k in acc}
-    objects = dict(truth=0.0, pred=0.0, hit=0.0, n=0)
-    reps, changed, grid = [], [], []
-    effects = {k: [] for k in EFFECTS}                    # per window, with the objects
-    for s in tqdm(range(0, len(wins), batch_size), desc=desc, leave=False, disable=desc is None):
+
+    def score(s):
+        """The windows wins[s:s + batch_size], rolled out and scored -> their part of the sums."""
         batch = wins[s:s + batch_size]
         B = len(batch)
         seq = windows(tokens, layout, [e for e, _ in batch], [t for _, t in batch], context,
@@ -137,27 +146,46 @@ def eval_video(model, vq, episodes, tokens, lo, hi, context, horizon, lpips_net=
         pred = vq.detokenize(pc.flatten(0, 1).to(pc.device), cf).cpu()
         ceil = vq.detokenize(tc.flatten(0, 1).to(pc.device), cf).cpu()
         mask = ((tf - cf).abs().amax(1, keepdim=True) > MOVE_TOL).float()     # (B*K, 1, H, W)
-        changed.append(mask.view(B, -1).amax(1) > 0)                           # (B,) window moves
-        for name, x in (("pred", pred), ("copy", cf), ("ceiling", ceil)):
-            add_frames(acc, moving, name, x, tf, mask, lpips_net)
+        part = dict(changed=mask.view(B, -1).amax(1) > 0, effects={k: [] for k in EFFECTS},
+                    rows={name: frame_scores(x, tf, mask, lpips_net)
+                          for name, x in (("pred", pred), ("copy", cf), ("ceiling", ceil))})
         # objects: pixels away from the bare table, in the truth, the prediction and both
         if episodes[0]["background"] is not None:
             bg = torch.stack([to_float(episodes[e]["background"]) for e, _ in batch])[:, None]
             bg = bg.expand_as(true).flatten(0, 1)
             ot = (tf - bg).abs().amax(1) > OBJECT_TOL
             op = (pred - bg).abs().amax(1) > OBJECT_TOL
-            objects["truth"] += float(ot.sum())
-            objects["pred"] += float(op.sum())
-            objects["hit"] += float((ot & op).sum())
-            objects["n"] += ot.numel()
-            add_effects(effects, episodes, batch, context, horizon, ot.view(B, -1),
+            part["objects"] = dict(truth=float(ot.sum()), pred=float(op.sum()),
+                                   hit=float((ot & op).sum()), n=ot.numel())
+            add_effects(part["effects"], episodes, batch, context, horizon, ot.view(B, -1),
                         op.view(B, -1), pred.view(B, horizon, *pred.shape[1:]))
         # the codes of "nothing changed" (per frame: the context's)
         still_codes = vq.tokenize(ctx, ctx).cpu()
-        reps.append(repetition_rate(pc.cpu(), still_codes, true, ctx))
-        if len(grid) < 6:   # the first 6 windows make the picture
-            grid += [(ctx[i], true[i], pred.view(B, horizon, *pred.shape[1:])[i])
-                     for i in range(min(6 - len(grid), B))]
+        part["reps"] = repetition_rate(pc.cpu(), still_codes, true, ctx)
+        # the first 6 windows make the picture
+        part["grid"] = [(ctx[i], true[i], pred.view(B, horizon, *pred.shape[1:])[i])
+                        for i in range(min(6 - s, B))]
+        return part
+
+    # three rows scored alike: the model's prediction, copy-last-frame, the tokenizer's ceiling
+    acc = {k: [] for k in ("pred", "copy", "ceiling")}
+    moving = {k: [0.0, 0.0] for k in acc}
+    objects = dict(truth=0.0, pred=0.0, hit=0.0, n=0)
+    reps, changed, grid = [], [], []
+    effects = {k: [] for k in EFFECTS}                    # per window, with the objects
+    bar = tqdm(range(0, len(wins), batch_size), desc=desc, leave=False, disable=desc is None)
+    for part in (share or map)(score, bar):               # the batches' parts, summed in order
+        for name, (m, error, count) in part["rows"].items():
+            acc[name].append(m)
+            moving[name][0] += error
+            moving[name][1] += count
+        for k, v in part.get("objects", {}).items():
+            objects[k] += v
+        for k in EFFECTS:
+            effects[k] += part["effects"][k]
+        reps.append(part["reps"])
+        changed.append(part["changed"])
+        grid += part["grid"]
 
     def per_window(name, key):
         """One value per window (the mean over its `horizon` frames), in window order."""

@@ -12,6 +12,7 @@ trains. The scripts stay straight-line nanoGPT style; this module only removes t
     run.save_stage(ckpt, model, opt, step, metrics, g, done=step == total)
     child = fork_alongside(train_control, out_dir / "control.log")   # a second process on the second core
     results = fork_map(evaluate_one, jobs, workers=2)                        # jobs shared by 2 forked processes
+    results = rank_map(evaluate_batch, batches)     # under torchrun: shared by the ranks, every rank gets all
 
 Design choices:
 - torchrun is detected from its RANK environment variable, as in nanoGPT; without it there is one rank and no
@@ -43,6 +44,7 @@ Design choices:
   MAX_SKIPS steps in a row were dropped. Skipping is refused under torchrun (ranks would disagree on which steps
   to drop and deadlock in the all-reduce).
 """
+import datetime
 import json
 import math
 import multiprocessing as mp
@@ -60,6 +62,10 @@ from tqdm import tqdm
 
 from checkpoint import read_meta, recorded_path, relative_path, resume, save_checkpoint, write_json
 
+# how long a rank waits at a collective (a barrier, an all-reduce) for the others before the run fails:
+# NCCL's own default, 10 minutes, is shorter than what rank 0 may do alone at real sizes (generating the
+# data, a validation pass, writing a checkpoint); a rank that is truly gone still ends the run within the hour
+DIST_TIMEOUT = datetime.timedelta(minutes=60)
 MAX_SKIPS = 10   # --on_nan=skip stops the run after this many skipped steps in a row
 CONFIG = "config.json"   # in out_dir: the flags of the run that trains there
 # flags that cannot change the trained weights: where and how the run executes (device, CPU threads, compilation,
@@ -93,7 +99,7 @@ class Run:
             store, rank, world = next(dist.rendezvous("env://"))
             store = dist.PrefixStore(f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
             dist.init_process_group(backend="nccl" if args.device.startswith("cuda") else "gloo", store=store,
-                                    rank=rank, world_size=world)
+                                    rank=rank, world_size=world, timeout=DIST_TIMEOUT)
             self.rank, self.world = dist.get_rank(), dist.get_world_size()
             if args.device.startswith("cuda"):
                 args.device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
@@ -442,6 +448,22 @@ _fork_fn = None
 
 def _call_fork_fn(job):
     return _fork_fn(job)
+
+
+# -----------------------------------------------------------------------------
+# torchrun ranks: jobs shared by every rank (the final evaluations' batches)
+
+def rank_map(fn, jobs):
+    """[fn(job) for job in jobs] on every rank, in order; under torchrun rank r computes jobs r, r + world, ...
+    and the ranks exchange their results (all_gather_object), so each job runs once. Every rank must call it
+    with the same jobs. Without a process group one process computes them all."""
+    jobs = list(jobs)
+    if not dist.is_initialized():
+        return [fn(job) for job in jobs]
+    rank, world = dist.get_rank(), dist.get_world_size()
+    parts = [None] * world
+    dist.all_gather_object(parts, [fn(job) for job in jobs[rank::world]])
+    return [parts[i % world][i // world] for i in range(len(jobs))]
 
 
 # -----------------------------------------------------------------------------

@@ -152,23 +152,30 @@ def crop(prompts, block_size, max_new_tokens):
 
 
 def generate_texts(model, tok, prompts, max_new_tokens, temperature=0.0, batch_size=64,
-                   generator=None, desc=None):
+                   generator=None, desc=None, share=None):
     """Decode completions of token-id prompts, in batches sorted by length (less padding).
     -> list of strings. A batch gets min(max_new_tokens, the room its longest prompt leaves in
-    block_size) new tokens; see `crop`."""
+    block_size) new tokens; see `crop`. share (greedy only; e.g. runtime.rank_map): computes the
+    batches, as map(decode, batches) would; the batches are the same whoever computes them."""
     model.eval()
     prompts = crop(prompts, model.config.block_size, max_new_tokens)[0]
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    out = [None] * len(prompts)
-    for s in tqdm(range(0, len(order), batch_size), desc=desc, leave=False, disable=desc is None):
-        ids = order[s:s + batch_size]
+    batches = [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
+
+    def decode(ids):   # one batch's texts
         room = model.config.block_size - max(len(prompts[i]) for i in ids)
         tokens, _ = generate(model, [prompts[i] for i in ids], min(max_new_tokens, room),
                              temperature=temperature, eos_id=tok.eos_id, generator=generator,
                              vocab=tok.n_vocab)
         # generate pads finished rows with -1; the text stops before the end-of-sequence token
-        for i, row in zip(ids, tokens.tolist()):
-            out[i] = tok.decode([t for t in row if t >= 0 and t != tok.eos_id])
+        return [tok.decode([t for t in row if t >= 0 and t != tok.eos_id])
+                for row in tokens.tolist()]
+
+    out = [None] * len(prompts)
+    bar = tqdm(batches, desc=desc, leave=False, disable=desc is None)
+    for ids, texts in zip(batches, (share or map)(decode, bar)):
+        for i, text in zip(ids, texts):
+            out[i] = text
     return out
 
 
@@ -271,14 +278,16 @@ def rewards_to_go(rewards):
     return [sum(rewards[k:]) / (K - k) for k in range(K)]
 
 
-def text_predictor(model, tok, task, max_new_tokens, temperature=0.0, generator=None):
-    """predict for imagine_chains: generate_texts on the records' prompts (cropped as there)."""
+def text_predictor(model, tok, task, max_new_tokens, temperature=0.0, generator=None,
+                   share=None):
+    """predict for imagine_chains: generate_texts on the records' prompts (cropped as there;
+    share: as there)."""
     data = TASKS[task].data
 
     def predict(records):
         prompts = [tok.encode(data.prompt_text(r)) for r in records]
         texts = generate_texts(model, tok, prompts, max_new_tokens, temperature,
-                               generator=generator)
+                               generator=generator, share=share)
         return [(t, None) for t in texts]
     return predict
 

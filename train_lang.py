@@ -49,7 +49,7 @@ from grpo import GRPOConfig, grpo_step, make_optimizer, set_lr
 import mle
 from model import GPT, GPTConfig
 from runtime import (ComputeBudget, Run, WeightPath, add_flags, check_ranges, finite_weights,
-                     fork_alongside, from_flags, lr_at)
+                     fork_alongside, from_flags, lr_at, rank_map)
 from tasks import (CHAINING, TASKS, chain_hooks, episode_chains, imagined_pairs, keep_tokenizer,
                    load_lang_model, probe_chain_rewards, probe_rewards)
 from tokenizer_text import Tokenizer
@@ -583,16 +583,18 @@ if args.stage in ("all", "rlvr"):
         ckpts["mle_more"] = str(control(ComputeBudget(rl_compute)))
 if args.stage != "mle":
     # every model, loaded from its checkpoint, greedy on the same records: differences are paired
+    def scored(recs):   # what one result scores: a record, or a chain's start (--horizon)
+        return recs if args.horizon == 1 else episode_chains(args.task, recs, args.horizon)
+    splits = {split: scored(recs)[:limit or None] for split, recs, limit in
+              (("val", val_recs, args.val_limit), ("test", test_recs, args.test_limit))
+              if split in args.final_eval.split(",")}
+    # one process on a CPU: the jobs split over the cores; under torchrun every rank decodes its
+    # share of each job's batches (runtime.rank_map), and every rank gets the same results
+    workers = args.eval_workers if args.device == "cpu" and world == 1 else 1
+    results = evaluate_checkpoints(args.task, ckpts, tok, splits, args.max_new_tokens,
+                                   args.device, autocast, workers, args.horizon,
+                                   rank_map if world > 1 else None)
     if master:
-        def scored(recs):   # what one result scores: a record, or a chain's start (--horizon)
-            return recs if args.horizon == 1 else episode_chains(args.task, recs, args.horizon)
-        splits = {split: scored(recs)[:limit or None] for split, recs, limit in
-                  (("val", val_recs, args.val_limit), ("test", test_recs, args.test_limit))
-                  if split in args.final_eval.split(",")}
-        # CPU: split the jobs over the cores
-        workers = args.eval_workers if args.device == "cpu" else 1
-        results = evaluate_checkpoints(args.task, ckpts, tok, splits, args.max_new_tokens,
-                                       args.device, autocast, workers, args.horizon)
         for split, r in results.items():
             write_json(out_dir / ("eval.json" if split == "test" else "eval_val.json"), r)
             # the table, RLVR - MLE start, RLVR - control: paired 95% CIs

@@ -60,6 +60,7 @@ the simulator renders (docs/video.md, "Paying RLVR for the action's effect").
 """
 import argparse
 import copy
+import itertools
 import json
 import shutil
 import sys
@@ -87,7 +88,7 @@ from grpo import GRPOConfig, grpo_step, make_optimizer
 from model import GPT, GPTConfig
 from rewards_video import load_lpips, pick_reward, video_reward
 from runtime import (ComputeBudget, Run, add_flags, check_ranges, fork_alongside, fork_map,
-                     lr_at)
+                     lr_at, rank_map)
 from tokenizer_vq import CondVQVAE, load_vq
 
 ROOT = Path(__file__).resolve().parent
@@ -331,7 +332,8 @@ if D != len(lo):
          f"delete it to recompute")
 args.action_lo, args.action_hi = lo.tolist(), hi.tolist()     # saved in every checkpoint's args
 print0(f"data: {len(train_eps)} train / {len(val_eps)} val / {len(test_eps)} test clips of {T} "
-       f"frames, {D}-dim actions, frames resized to {args.size}x{args.size}")
+       f"frames, {D}-dim actions, frames resized to {args.size}x{args.size}"
+       + (f" (train: rank 0's share; each of {world} ranks reads its own)" if world > 1 else ""))
 
 
 # -----------------------------------------------------------------------------
@@ -339,16 +341,20 @@ print0(f"data: {len(train_eps)} train / {len(val_eps)} val / {len(test_eps)} tes
 
 def cached_tokens(run, vq_path, vq, layout, splits, horizon, lo, hi, still_code=None):
     """{split: tokenize_split(...)} of every split (name -> clips), each cached in out_dir per
-    tokenizer file, data, horizon, split and still code (--still_code)."""
+    tokenizer file, data, horizon, split and still code (--still_code). Under torchrun each rank
+    caches its own share of the train clips in a file of its own; the held-out splits, whole on
+    every rank, are written by rank 0."""
     args, tokens = run.args, {}
     for split, episodes in splits.items():
+        own = run.ddp and split == "train"   # this rank's share (train_vq.load_clips)
         # the cache is valid only for the same tokenizer bytes, data folder, frame size, clip
         # count and horizon
         key = (f"{zlib.crc32(Path(vq_path).read_bytes())}-{Path(args.data).resolve()}-"
                f"{args.size}-{len(episodes)}-{horizon}")
         if still_code is not None:
             key += f"-still{still_code}"
-        cache = run.out_dir / f"tokens_{split}.safetensors"
+        cache = run.out_dir / (f"tokens_{split}_rank{run.rank}of{run.world}.safetensors" if own
+                               else f"tokens_{split}.safetensors")
         try:
             with safe_open(str(cache), framework="pt") as f:
                 if (f.metadata() or {}).get("key") == key:   # a hit: the tensors as saved
@@ -359,7 +365,7 @@ def cached_tokens(run, vq_path, vq, layout, splits, horizon, lo, hi, still_code=
         t0 = time.time()
         # context, future and action tokens per clip
         tokens[split] = tokenize_split(vq, episodes, horizon, layout, lo, hi, still_code)
-        if run.master:
+        if run.master or own:
             atomic_write(cache, lambda tmp: save_file(tokens[split], str(tmp),
                                                       metadata={"key": key}))
         run.print0(f"tokenized {split}: {len(episodes)} clips in {time.time() - t0:.0f}s")
@@ -597,13 +603,16 @@ def replay_scenes(run, episodes):
     -> [(background float (H, W, 3), the state of each frame, the actions)]. A replayed frame
     that differs from the stored one stops the run (other data, --size or --clip_len)."""
     scenes = []
-    # each episode again, as prepare.generate_split drew it, with the stream where it begins
-    drawn = split_episodes("train", length=len(episodes[0]["image"]))
+    # each episode again, as prepare.generate_split drew it, with the stream where it begins; under
+    # torchrun only this rank's share (train_vq.load_clips: every world-th from its rank's)
+    drawn = itertools.islice(split_episodes("train", length=len(episodes[0]["image"])), run.rank,
+                             None, run.world)
     for i, (ep, (start, again)) in enumerate(zip(episodes, drawn)):
         if again["image"].shape != ep["image"].shape or (again["image"] != ep["image"]).any():
             run.fail(f"--counterfactual_frac needs the embedded robot data as "
                      f"data/robot/prepare.py writes it (--size={sim.W}, --clip_len: its episodes' "
-                     f"length); train clip {i} of {run.args.data} is not the simulator's")
+                     f"length); train clip {run.rank + i * run.world} of {run.args.data} is not "
+                     f"the simulator's")
         scenes.append((*sim.replay(start, again["action"]), again["action"]))
     return scenes
 
@@ -637,30 +646,40 @@ def evaluate_models(run, models, vq, episodes, ep_tokens, lo, hi, horizon, lpips
     `episodes` (the --final_eval split's clips; ep_tokens: their tokens), greedy (the table) and
     sampled at T=1 with top-k 100 (OFFICIAL, the paper's protocol; one seed for all models, so
     their samples pair up), write eval.json = {name: eval_video result +
-    "sampled" + "checkpoint"} and print the paired differences."""
+    "sampled" + "checkpoint"} and print the paired differences. Called on every rank: under
+    torchrun the ranks share the work (rank 0 writes), and eval.json is one process's."""
     args, print0 = run.args, run.print0
 
-    def evaluate(job):
-        """One model under one protocol: greedy (with a grid of predictions) or the paper's
-        sampling."""
+    def evaluate(job, share=None):
+        """One model under one protocol: greedy (with a grid of predictions; share: who scores
+        its batches, eval_video's) or the paper's sampling."""
         name, official = job
         m, desc = models[name][0], f"{args.final_eval} {name}"
         with run.autocast:
             if official:
                 return eval_video(m, vq, episodes, ep_tokens, lo, hi, args.context, horizon,
                                   lpips_net, **OFFICIAL, seed=args.seed,
-                                  desc=None if workers > 1 else f"{desc} T=1 top-k")
+                                  desc=None if workers > 1 or run.ddp else f"{desc} T=1 top-k")
             grid = run.out_dir / f"grid_{name}.{'gif' if horizon > 1 else 'png'}"
             return eval_video(m, vq, episodes, ep_tokens, lo, hi, args.context, horizon,
-                              lpips_net, grid_path=grid,
-                              desc=None if workers > 1 else desc)
+                              lpips_net, grid_path=grid if run.master else None,
+                              desc=None if workers > 1 or run.ddp else desc, share=share)
 
-    # CPU: the jobs shared by forked processes
-    workers = args.eval_workers if args.device == "cpu" else 1
+    # one process on a CPU: the jobs shared by forked processes. Under torchrun the ranks share
+    # each greedy job's batches (runtime.rank_map), and the sampled jobs go to the ranks whole
+    # (each draws one random stream through its batches in order: split, its numbers would change)
+    workers = args.eval_workers if args.device == "cpu" and run.world == 1 else 1
     jobs = [(name, official) for name in models for official in (False, True)]
     print0(f"evaluating {len(models)} models greedy and sampled on the {args.final_eval} windows "
-           f"({workers} processes)")
-    outs = dict(zip(jobs, fork_map(evaluate, jobs, workers)))
+           f"({run.world if run.ddp else workers} processes)")
+    if run.ddp:
+        outs = {job: evaluate(job, rank_map) for job in jobs if not job[1]}
+        whole = [job for job in jobs if job[1]]
+        outs |= dict(zip(whole, rank_map(evaluate, whole)))
+    else:
+        outs = dict(zip(jobs, fork_map(evaluate, jobs, workers)))
+    if not run.master:                            # every rank holds the results; rank 0 reports
+        return
     rows = {}                                     # name -> eval_video dict, written as eval.json
     for name, (m, path) in models.items():
         rows[name], sampled = outs[name, False], outs[name, True]
@@ -808,9 +827,9 @@ if args.stage == "control":   # the control alone, for a given compute (the lr s
               "mle_more": (control(run, start_model, mle_path, FILES["mle_more"], layout, tokens,
                                    horizon, ComputeBudget(args.control_compute)),
                            FILES["mle_more"])}
-    if master:
-        evaluate_models(run, models, vq, splits[args.final_eval], tokens[args.final_eval], lo, hi,
-                        horizon, lpips_net)
+    # every rank evaluates its share; rank 0 writes
+    evaluate_models(run, models, vq, splits[args.final_eval], tokens[args.final_eval], lo, hi,
+                    horizon, lpips_net)
 # RLVR, then the equal-compute control, then the held-out comparison of the three
 if args.stage in ("all", "rlvr"):
     try:
@@ -876,9 +895,9 @@ if args.stage in ("all", "rlvr"):
         rl_compute = read_meta(FILES["rlvr"])["metrics"].get("rl_compute", 0)
         models["mle_more"] = (control(run, mle_model, mle_path, FILES["mle_more"], layout, tokens,
                                       horizon, ComputeBudget(rl_compute)), FILES["mle_more"])
-    if master:                                   # rank 0 evaluates; the other ranks are done
-        # the final comparison: on the test split, or (--final_eval=val) the validation split
-        evaluate_models(run, models, vq, splits[args.final_eval], tokens[args.final_eval], lo, hi,
-                        horizon, lpips_net)
-        print0(f"total {(time.time() - t_start) / 60:.1f} min")
+    # the final comparison: on the test split, or (--final_eval=val) the validation split; every
+    # rank evaluates its share, rank 0 writes
+    evaluate_models(run, models, vq, splits[args.final_eval], tokens[args.final_eval], lo, hi,
+                    horizon, lpips_net)
+    print0(f"total {(time.time() - t_start) / 60:.1f} min")
 run.finish()

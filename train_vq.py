@@ -147,11 +147,14 @@ def ensure_data(run):
 def load_clips(run, limits):
     """Each split's episodes (the first limits[split], 0 = all) from --data, resized to --size
     and cut into clips of --clip_len frames: dicts of image (T, H, W, 3) uint8, action (T, D)
-    float and background (H, W, 3) or None -> [train, val, test] clips. A bad episode file or
-    an empty split stops the run with one line."""
+    float and background (H, W, 3) or None -> [train, val, test] clips. Under torchrun each rank
+    reads its share of the train episodes only (every world-th from its rank's), the held-out
+    splits whole. A bad episode file or an empty split stops the run with one line."""
     args = run.args
     try:
-        splits = [clips(load_split(args.data, split, args.size, n), args.clip_len)
+        splits = [clips(load_split(args.data, split, args.size, n,
+                                   *((run.rank, run.world) if split == "train" else (0, 1))),
+                        args.clip_len)
                   for split, n in limits.items()]
     except ValueError as e:   # a bad episode file: one line naming it
         run.fail(str(e))

@@ -1,11 +1,15 @@
 """The shared run plumbing on one process: the learning-rate schedule by hand, stage checkpoints that resume the exact
 generator streams (and shrink to weights once done), one-line failures, NaN handling (--on_nan), the JSONL log, and the
-flags recorded in out_dir/config.json that a re-run must match."""
+flags recorded in out_dir/config.json that a re-run must match; and on two gloo ranks, rank_map and greedy decoding
+shared by them."""
 import argparse
+import datetime
 import json
 import math
 import os
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,8 +17,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from model import GPT, GPTConfig
+import runtime
 from runtime import (MAX_SKIPS, ComputeBudget, Run, WeightPath, check_device, check_ranges, checksum, fork_alongside,
-                     fork_map, lr_at)
+                     fork_map, lr_at, rank_map)
+from tasks import generate_texts
 
 torch.set_num_threads(1)
 
@@ -253,3 +259,48 @@ def test_device_is_checked_first(tmp_path, capsys):
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match=r"--device cuda: this torch \(.*\) sees no CUDA GPU; use --device=cpu"):
             check_device("cuda")
+
+
+def test_process_group_waits_longer_than_nccls_default(tmp_path, monkeypatch):
+    """Rank 0 may work alone for more than NCCL's default 10 minutes while the others wait at a barrier."""
+    seen = {}
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(runtime.dist, "rendezvous", lambda url: iter([(runtime.dist.HashStore(), 0, 1)]))
+    monkeypatch.setattr(runtime.dist, "init_process_group", lambda **kw: seen.update(kw))
+    monkeypatch.setattr(runtime.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(runtime.dist, "get_world_size", lambda: 1)
+    make_run(tmp_path)
+    assert seen["timeout"] == runtime.DIST_TIMEOUT >= datetime.timedelta(minutes=30)
+
+
+# -----------------------------------------------------------------------------
+# two gloo ranks: jobs shared by rank_map, greedy decoding shared batch by batch
+
+def rank_worker(rank, world, init_file, out_dir):
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    jobs = list(range(7))                                   # not a multiple of the ranks
+    done = rank_map(lambda j: (j * j, rank), jobs)
+    tok = SimpleNamespace(eos_id=0, decode=lambda ids: " ".join(map(str, ids)))
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(1, 32, (n,), generator=g).tolist() for n in (3, 9, 1, 5, 7, 2, 4)]
+    model = tiny()                                          # the same weights on every rank
+    shared = generate_texts(model, tok, prompts, 6, batch_size=2, share=rank_map)
+    Path(f"{out_dir}/rank{rank}.json").write_text(json.dumps(dict(done=done, shared=shared)))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_rank_map_and_shared_greedy_decoding_on_two_ranks(tmp_path):
+    torch.multiprocessing.spawn(rank_worker, args=(2, tmp_path / "init", tmp_path), nprocs=2)
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    # every rank gets every result, in the jobs' order; job i ran once, on rank i % 2
+    assert r0["done"] == r1["done"] == [[j * j, j % 2] for j in range(7)]
+    # the batches (2 prompts each, by length) decoded by two ranks: the texts of one process
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(1, 32, (n,), generator=g).tolist() for n in (3, 9, 1, 5, 7, 2, 4)]
+    tok = SimpleNamespace(eos_id=0, decode=lambda ids: " ".join(map(str, ids)))
+    alone = generate_texts(tiny(), tok, prompts, 6, batch_size=2)
+    assert r0["shared"] == r1["shared"] == alone and len(set(alone)) > 1

@@ -1,6 +1,7 @@
 """End-to-end runs of train_lang.py and eval.py on tiny settings (slow: subprocesses, but well under a minute each)."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -92,6 +93,22 @@ def test_torchrun_two_ranks_end_identical(tiny_run):
     sums = [row["rank_checksums"] for row in map(json.loads, (out / "log.jsonl").read_text().splitlines())
             if "rank_checksums" in row][0]
     assert len(sums) == 2 and sums[0] == sums[1]
+
+
+def test_torchrun_final_eval_equals_one_process(tiny_run, tmp_path):
+    """Under torchrun the ranks share the final evaluation, batch by batch (runtime.rank_map): eval.json is the one
+    process's, here the same command again in a copy of the run (the trained stage reused, forked workers)."""
+    tmp, _ = tiny_run
+    run(["data/textgame/prepare.py", "--n_train=100", "--n_val=4", "--n_test=140", f"--out_dir={tmp_path / 'data'}"])
+    flags = ["train_lang.py", "--stage=rlvr", f"--init={tmp / 'out' / 'mle.safetensors'}", "--rl_steps=1",
+             f"--data_dir={tmp_path / 'data'}", "--control=0", *TINY, "--test_limit=0", "--final_eval=test"]
+    run(["-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", *flags, f"--out_dir={tmp_path / 'ddp'}"])
+    shared = json.loads((tmp_path / "ddp" / "eval.json").read_text())
+    assert shared["rlvr"]["n"] == 140                                  # three batches of 64: both ranks decode
+    shutil.copytree(tmp_path / "ddp", tmp_path / "one")
+    p = run([*flags, f"--out_dir={tmp_path / 'one'}"])
+    assert "rlvr.safetensors is complete, reusing it" in p.stdout
+    assert json.loads((tmp_path / "one" / "eval.json").read_text()) == shared
 
 
 def test_rlvr_from_a_tiny_qwen2_hf_directory(tiny_run, tmp_path):

@@ -6,6 +6,7 @@ import ast
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -263,6 +264,34 @@ def test_torchrun_two_ranks_rlvr_identical_weights(trained):
     gate = {f: json.loads((f.parent / f"{f.stem}.json").read_text())["args"]["copy_gate"]
             for f in (start / "video_mle.safetensors", tmp / "ddp" / "video_rlvr.safetensors")}
     assert list(gate.values()) == [0, 1]
+
+
+@pytest.mark.slow
+def test_torchrun_shards_train_clips_and_final_eval_equals_one_process(trained):
+    """Under torchrun each rank reads and tokenizes its share of the train clips (every other one), cached in a file
+    of its own, and the ranks share the final evaluation (greedy: batch by batch; sampled: a job each): eval.json is
+    the one process's, here the same command again in a copy of the run (the trained stage reused)."""
+    tmp, _ = trained
+    data = tmp / "data12"                                   # 12 test clips: 84 single-step windows, two batches
+    for split, n in (("train", 6), ("val", 2), ("test", 12)):
+        generate_split(data, split, n, length=8)
+    write_action_stats(data)
+    flags = ["train_video.py", "--data", str(data), "--stage=rlvr", "--init", str(tmp / "out" / "video_mle.safetensors"),
+             "--mode=single", "--control=0", *TINY]
+    out = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+               *flags, "--out_dir", str(tmp / "ddp12")], timeout=180)
+    assert "data: 3 train / 2 val / 12 test clips" in out and "rank 0's share; each of 2 ranks" in out
+    shutil.copytree(tmp / "ddp12", tmp / "one12")
+    assert "is complete, reusing it" in run([sys.executable, *flags, "--out_dir", str(tmp / "one12")])
+    shared, alone = (json.loads((tmp / d / "eval.json").read_text()) for d in ("ddp12", "one12"))
+    for r in (*shared.values(), *alone.values()):          # the checkpoints' paths name their folders
+        r.pop("checkpoint")
+    assert shared["rlvr"]["n_windows"] == 84 and shared == alone
+    # the ranks' train tokens: every other clip of the one process's
+    whole = load_file(str(tmp / "one12" / "tokens_train.safetensors"))
+    for r in (0, 1):
+        part = load_file(str(tmp / "ddp12" / f"tokens_train_rank{r}of2.safetensors"))
+        assert all(torch.equal(part[k], whole[k][r::2]) for k in whole)
 
 
 @pytest.mark.slow

@@ -87,10 +87,15 @@ def load_episode(path, size):
                 background=None if bg is None else resize_frames(bg[None], size)[0])
 
 
-def load_split(data_dir, split, size, limit=0):
+def load_split(data_dir, split, size, limit=0, rank=0, world=1):
+    """The first `limit` episodes of a split (0: all), resized; of them only every world-th from the rank-th
+    (a torchrun rank's share; the others are never read)."""
     files = episode_files(data_dir, split)[:limit or None]
     if not files:
         raise ValueError(f"{data_dir}: no .npz episodes for the {split} split")
+    if len(files) < world:
+        raise ValueError(f"{data_dir}: {len(files)} {split} episodes for {world} ranks; each needs one")
+    files = files[rank::world]
     episodes = [load_episode(f, size) for f in files]
     for f, ep in zip(files, episodes):
         if ep["action"].shape[1] != episodes[0]["action"].shape[1]:
