@@ -75,7 +75,7 @@ CONFIG = "config.json"   # in out_dir: the flags of the run that trains there
 # (--stage, and --control: whether the control trains), where it writes and whether it resumes. (The control trains
 # for RLVR's counted compute, ComputeBudget, beside RLVR or after it alike; its own flags, e.g. --control_lr, are
 # checked.)
-FREE_FLAGS = {"device", "threads", "compile", "grad_ckpt", "eval_workers", "control_alongside", "ckpt_every", "on_nan",
+FREE_FLAGS = {"device", "threads", "compile", "grad_ckpt", "estimate_memory", "eval_workers", "control_alongside", "ckpt_every", "on_nan",
               "eval_every", "val_n", "probe_every", "stage", "control", "out_dir", "resume"}
 # flags of the final evaluation alone: a re-run with other values evaluates the same trained models again
 EVAL_FLAGS = {"final_eval", "val_limit", "test_limit"}

@@ -49,7 +49,7 @@ from grpo import GRPOConfig, grpo_step, make_optimizer, set_lr
 import mle
 from model import GPT, GPTConfig
 from runtime import (ComputeBudget, Run, WeightPath, add_flags, check_ranges, finite_weights,
-                     fork_alongside, from_flags, lr_at, rank_map)
+                     fork_alongside, from_flags, lr_at, memory_estimate, print_memory, rank_map)
 from tasks import (CHAINING, TASKS, chain_hooks, episode_chains, imagined_pairs, keep_tokenizer,
                    load_lang_model, probe_chain_rewards, probe_rewards)
 from tokenizer_text import Tokenizer
@@ -155,6 +155,9 @@ g.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
 g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                help="autocast dtype")
 g.add_argument("--compile", type=int, default=0, help="1: torch.compile the trained model")
+g.add_argument("--estimate_memory", type=int, default=0,
+               help="1: print the RLVR step's memory estimate (weights, optimizer, reference, KV "
+                    "cache, activations, logits, peak) and exit")
 g.add_argument("--grad_ckpt", type=int, default=0,
                help="1: activation checkpointing, each block's activations recomputed in the "
                     "backward pass (a large model's memory for about a third more compute)")
@@ -509,6 +512,24 @@ def run_rlvr(model, budget):
 t0 = time.time()
 all_pairs = [encode(r) for r in train_recs]   # every train record as (prompt ids, answer ids + EOS)
 pairs = all_pairs   # what MLE learns from
+if args.stage in ("all", "rlvr") or args.estimate_memory:
+    # RLVR's memory at its longest prompt, per rank: a micro-batch of the update holds a few
+    # prompts' samples (all its minibatch's prompts when the minibatch fits one micro-batch)
+    config = start_model.config if start_model else GPTConfig.llama(
+        vocab_size=tok.n_vocab, block_size=args.block_size, n_layer=args.n_layer,
+        n_head=args.n_head, n_embd=args.n_embd)
+    room = config.block_size - args.max_new_tokens
+    longest = max([len(p) for p, _ in all_pairs if len(p) <= room] or [room])
+    rows = args.prompts_per_step * args.group_size // args.minibatches   # a minibatch's rows
+    chunk_prompts = (min(args.prompts_per_step, rows) if rows <= args.micro_batch
+                     else -(-args.micro_batch // args.group_size) + 1)
+    memory = memory_estimate(config, args.dtype != "float32", args.beta > 0, args.grad_ckpt,
+                             longest, args.max_new_tokens, args.prompts_per_step, args.group_size,
+                             args.micro_batch, min(chunk_prompts, args.prompts_per_step))
+    print_memory(memory, print0)
+    if args.estimate_memory:
+        run.finish()
+        raise SystemExit(0)
 # the regime study: MLE on a fraction of the labels; RLVR and the control see every record
 if args.label_frac < 1:
     order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(args.seed)).tolist()

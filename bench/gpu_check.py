@@ -31,14 +31,11 @@ the others still run; the exit status is 1 if any row is FAIL):
    (1 process), and a 3-step train_video.py RLVR run from the shipped checkpoint.
 Memory: the step's peak of all the process holds (the models of earlier steps included):
 torch.cuda.max_memory_allocated on a GPU, on a CPU the peak RSS (VmHWM, reset before each step).
-Subprocess rows have no memory column. The loader and the sampler may gain arguments (dtype and
-device; a vocabulary limit): they are passed when the signature has them (`call_with_optional`),
-and so is grpo_step's `autocast=`.
+Subprocess rows have no memory column; the GRPO rows also give runtime.memory_estimate's peak.
 """
 import argparse
 import contextlib
 import copy
-import inspect
 import math
 import os
 import random
@@ -59,6 +56,7 @@ import engine  # noqa: E402
 import grpo  # noqa: E402
 import load_hf  # noqa: E402
 from model import GPT  # noqa: E402
+from runtime import memory_estimate  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # flags
@@ -249,17 +247,10 @@ def step_build():
 # -----------------------------------------------------------------------------
 # 2. our loader
 
-def call_with_optional(fn, *a, **optional):
-    """fn(*a, **the optional keywords its signature has): the loader and the sampler may gain
-    arguments (dtype, device, a vocabulary limit) while older versions lack them."""
-    params = inspect.signature(fn).parameters
-    return fn(*a, **{k: v for k, v in optional.items() if k in params})
-
-
 def step_load():
     hf_dir, = need("hf_dir")
     t0 = time.perf_counter()
-    ours = call_with_optional(GPT.from_pretrained, hf_dir, dtype=DTYPE, device=DEVICE)
+    ours = GPT.from_pretrained(hf_dir, dtype=DTYPE, device=DEVICE)
     ours = ours.to(DEVICE).eval()
     sync()
     sec = time.perf_counter() - t0
@@ -374,12 +365,11 @@ def step_sampler_ours(L):
     ours, tok = need("ours", "tok")
     B, G, _, new = S["sampler"]
     prompts = windows(B, L, seed=3)
-    limit = dict(vocab_size=tok.n_vocab, n_vocab=tok.n_vocab, vocab_limit=tok.n_vocab)
     gen = torch.Generator().manual_seed(0)   # a CPU generator, as train_lang.py passes it
 
     def run(ps, n, samples):
-        return call_with_optional(engine.generate, ours, ps, n, temperature=1.0, eos_id=None,
-                                  generator=gen, num_samples=samples, **limit)
+        return engine.generate(ours, ps, n, temperature=1.0, eos_id=None, generator=gen,
+                               num_samples=samples, vocab=tok.n_vocab)
     run(prompts[:2], 4, 2)   # warm-up (kernels, allocator)
     sync()
     t0 = time.perf_counter()
@@ -463,44 +453,43 @@ def policy_and_ref():
 
 
 def run_grpo_step(label, prompts, G, new, micro, dtype):
-    """One grpo_step under `dtype` autocast, as train_lang.py calls it -> (stats, seconds, whether
-    grpo_step took the autocast context itself). A grpo_step with an `autocast=` parameter runs
-    its forwards under it and its optimizer steps outside: it is passed that way when it has one."""
+    """One grpo_step under `dtype` autocast, as train_lang.py calls it -> (stats, seconds). Its
+    forwards run under the autocast context it is given, its optimizer steps outside."""
     policy, ref = policy_and_ref()
     cfg = grpo.GRPOConfig(prompts_per_step=len(prompts), group_size=G, max_new_tokens=new,
-                          micro_batch=micro, minibatches=2, max_rounds=1, lr=1e-6, warmup=0)
+                          micro_batch=micro, minibatches=2, max_rounds=1, lr=1e-6, warmup=0,
+                          vocab=need("tok")[0].n_vocab)
     opt = grpo.make_optimizer(policy, cfg)
     ac = torch.autocast(DEVICE.type, dtype=dtype, enabled=dtype != torch.float32)
     gen = torch.Generator().manual_seed(0)   # CPU, as train_lang.py's
     reward_fn, items = random_rewards(G, seed=4), [None] * len(prompts)
-    takes = "autocast" in inspect.signature(grpo.grpo_step).parameters
     STATE["label"] = label
     sync()
     t0 = time.perf_counter()
     try:
-        if takes:
-            stats = grpo.grpo_step(policy, ref, opt, prompts, items, reward_fn, cfg, None, gen,
-                                   autocast=ac)
-        else:
-            with ac:
-                stats = grpo.grpo_step(policy, ref, opt, prompts, items, reward_fn, cfg, None, gen)
+        stats = grpo.grpo_step(policy, ref, opt, prompts, items, reward_fn, cfg, None, gen,
+                               autocast=ac)
         sync()
     finally:
         STATE["label"] = None
         del opt   # AdamW's state: 2 float32 copies of the weights
-    return stats, time.perf_counter() - t0, takes
+    return stats, time.perf_counter() - t0
 
 
 def step_grpo(L, micro):
     P, G, _, new, _ = S["grpo"]
     STATE.pop("hf", None)   # HF's model is done with (steps 3-4): its memory is not counted here
     label = f"grpo {L} mb{micro}"
-    stats, sec, _ = run_grpo_step(label, windows(P, L, seed=5), G, new, micro, DTYPE)
+    stats, sec = run_grpo_step(label, windows(P, L, seed=5), G, new, micro, DTYPE)
     n_steps = sum(lab == label for lab, _ in STEPS_SEEN)
     ok = math.isfinite(stats["loss"]) and stats["groups_kept"] == P and n_steps > 0
+    # what the run would have been told before it started (a micro-batch holds G-row groups)
+    ours, = need("ours")
+    est = memory_estimate(ours.config, DTYPE != torch.float32, True, False, L, new, P, G, micro,
+                          -(-micro // G) + 1)["peak"]
     return (f"rollout {stats['t_rollout']:.1f} s + update {sec - stats['t_rollout']:.1f} s, "
             f"loss {stats['loss']:.4f}, {n_steps} optimizer steps, {stats['groups_kept']} groups "
-            f"kept", "PASS" if ok else "FAIL")
+            f"kept; estimated peak {est / 2**30:.2f} GiB", "PASS" if ok else "FAIL")
 
 
 def step_stale_grpo():
@@ -510,10 +499,8 @@ def step_stale_grpo():
     run_grpo_step("stale", windows(P, min(L, 32), seed=6), G, min(new, 16), 8, torch.bfloat16)
     here = [on for lab, on in STEPS_SEEN if lab == "stale"]
     before = [on for lab, on in STEPS_SEEN if lab not in (None, "stale")]
-    takes = "autocast" in inspect.signature(grpo.grpo_step).parameters
-    how = "grpo_step(autocast=)" if takes else "with autocast: grpo_step() (no autocast= param)"
     return (f"{sum(here)} of {len(here)} optimizer steps inside autocast (step 5, {args.dtype}: "
-            f"{sum(before)} of {len(before)}); {how}",
+            f"{sum(before)} of {len(before)})",
             "PASS" if here and not any(here + before) else "FAIL")
 
 
