@@ -27,6 +27,7 @@ import copy
 import shutil
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -193,8 +194,8 @@ def main(argv=None):
                  old_logp=torch.stack(lp), adv=adv.repeat(args.chain), rows=torch.arange(N))
         b["mask"] = b["targets"] >= 0
         plan, chunks = minibatch_plan(N, cfg, gen)
-        b["ref_logp"] = reference_logprobs(ref, b, [c for mb in chunks for c in mb], cfg)
-        sums, n_mb = update(policy, opt, b, plan, chunks, cfg, step)
+        b["ref_logp"] = reference_logprobs(ref, b, [c for mb in chunks for c in mb], cfg, nullcontext())
+        sums, n_mb = update(policy, opt, b, plan, chunks, cfg, step, nullcontext())
         row = dict(step=step + 1, reward_mean=reward.mean().item(), kl=sums["kl"] / n_mb,
                    grad_norm=sums["grad_norm"] / n_mb, minutes=(time.time() - t0) / 60)
         log.append(row)

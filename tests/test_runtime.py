@@ -282,7 +282,7 @@ def rank_worker(rank, world, init_file, out_dir):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     jobs = list(range(7))                                   # not a multiple of the ranks
     done = rank_map(lambda j: (j * j, rank), jobs)
-    tok = SimpleNamespace(eos_id=0, decode=lambda ids: " ".join(map(str, ids)))
+    tok = SimpleNamespace(eos_id=0, n_vocab=None, decode=lambda ids: " ".join(map(str, ids)))
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(1, 32, (n,), generator=g).tolist() for n in (3, 9, 1, 5, 7, 2, 4)]
     model = tiny()                                          # the same weights on every rank
@@ -301,6 +301,6 @@ def test_rank_map_and_shared_greedy_decoding_on_two_ranks(tmp_path):
     # the batches (2 prompts each, by length) decoded by two ranks: the texts of one process
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(1, 32, (n,), generator=g).tolist() for n in (3, 9, 1, 5, 7, 2, 4)]
-    tok = SimpleNamespace(eos_id=0, decode=lambda ids: " ".join(map(str, ids)))
+    tok = SimpleNamespace(eos_id=0, n_vocab=None, decode=lambda ids: " ".join(map(str, ids)))
     alone = generate_texts(tiny(), tok, prompts, 6, batch_size=2)
     assert r0["shared"] == r1["shared"] == alone and len(set(alone)) > 1
