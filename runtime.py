@@ -511,6 +511,7 @@ def memory_estimate(config, low_precision, reference, grad_ckpt, prompt_len, new
     return parts
 
 
-def print_memory(parts, print0):
-    """One line per part of memory_estimate's dict, in GB."""
-    print0("memory estimate (GB): " + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in parts.items()))
+def print_memory(stage, parts, print0):
+    """memory_estimate's dict as one line, in GB."""
+    print0(f"{stage} memory estimate (GB): "
+           + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in parts.items() if v))

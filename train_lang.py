@@ -512,24 +512,34 @@ def run_rlvr(model, budget):
 t0 = time.time()
 all_pairs = [encode(r) for r in train_recs]   # every train record as (prompt ids, answer ids + EOS)
 pairs = all_pairs   # what MLE learns from
-if args.stage in ("all", "rlvr") or args.estimate_memory:
-    # RLVR's memory at its longest prompt, per rank: a micro-batch of the update holds a few
-    # prompts' samples (all its minibatch's prompts when the minibatch fits one micro-batch)
-    config = start_model.config if start_model else GPTConfig.llama(
-        vocab_size=tok.n_vocab, block_size=args.block_size, n_layer=args.n_layer,
-        n_head=args.n_head, n_embd=args.n_embd)
+# the memory of a step, per rank, printed before the stages run (--estimate_memory=1: only that)
+config = start_model.config if start_model else GPTConfig.llama(
+    vocab_size=tok.n_vocab, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
+    n_embd=args.n_embd)
+low = args.dtype != "float32"
+if args.stage == "mle" or (args.stage == "all" and not init_is_ckpt):
+    # MLE: a micro-batch of the longest pair that fits, logits on its answer (no reference, no
+    # sampling)
+    fit = [(len(p), len(a)) for p, a in all_pairs if len(p) + len(a) <= config.block_size + 1]
+    p_len, a_len = max(fit or [(config.block_size // 2, config.block_size // 2)], key=sum)
+    mb = min(args.micro_batch, args.batch_size)
+    print_memory("mle", memory_estimate(config, low, False, args.grad_ckpt, p_len, a_len, 0, 1,
+                                        mb, mb), print0)
+if args.stage in ("all", "rlvr"):
+    # RLVR at its longest prompt: a micro-batch of the update holds a few prompts' samples (all
+    # its minibatch's prompts when the minibatch fits one micro-batch)
     room = config.block_size - args.max_new_tokens
     longest = max([len(p) for p, _ in all_pairs if len(p) <= room] or [room])
     rows = args.prompts_per_step * args.group_size // args.minibatches   # a minibatch's rows
     chunk_prompts = (min(args.prompts_per_step, rows) if rows <= args.micro_batch
                      else -(-args.micro_batch // args.group_size) + 1)
-    memory = memory_estimate(config, args.dtype != "float32", args.beta > 0, args.grad_ckpt,
-                             longest, args.max_new_tokens, args.prompts_per_step, args.group_size,
-                             args.micro_batch, min(chunk_prompts, args.prompts_per_step))
-    print_memory(memory, print0)
-    if args.estimate_memory:
-        run.finish()
-        raise SystemExit(0)
+    print_memory("rlvr", memory_estimate(config, low, args.beta > 0, args.grad_ckpt, longest,
+                                         args.max_new_tokens, args.prompts_per_step,
+                                         args.group_size, args.micro_batch,
+                                         min(chunk_prompts, args.prompts_per_step)), print0)
+if args.estimate_memory:
+    run.finish()
+    raise SystemExit(0)
 # the regime study: MLE on a fraction of the labels; RLVR and the control see every record
 if args.label_frac < 1:
     order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(args.seed)).tolist()

@@ -162,3 +162,32 @@ def test_plot_rl_draws_the_run(tiny_run, tmp_path):
     bad = subprocess.run([sys.executable, "experiments/plot_rl.py", str(log), "--labels=a,b"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1] == "error: --labels names 2 runs, 1 logs given"
+
+
+def test_estimate_memory_prints_and_stops(tiny_run, tmp_path):
+    """--estimate_memory=1: the step's memory by part, and no stage runs."""
+    tmp, _ = tiny_run
+    p = run(["train_lang.py", "--stage=rlvr", f"--init={tmp / 'out' / 'mle.safetensors'}", f"--data_dir={tmp / 'data'}",
+             f"--out_dir={tmp_path}", "--estimate_memory=1", "--dtype=bfloat16", "--grad_ckpt=1", *TINY])
+    line = [x for x in p.stdout.splitlines() if x.startswith("rlvr memory estimate (GB):")]
+    assert len(line) == 1 and all(k in line[0] for k in ("weights", "adamw", "kv_cache", "logits", "peak"))
+    assert not (tmp_path / "rlvr.safetensors").exists() and not (tmp_path / "eval.json").exists()
+
+
+def test_bfloat16_run_takes_no_optimizer_step_inside_autocast(tiny_run, tmp_path):
+    """A global optimizer-step hook over a --dtype=bfloat16 RLVR run: every step runs outside autocast (inside it,
+    autocast's cached bf16 weights would keep the forwards after the step on the old weights)."""
+    tmp, _ = tiny_run
+    shipped = ROOT / "checkpoints" / "textgame" / "mle.safetensors"   # right often enough for reward spread
+    argv = ["train_lang.py", "--stage=rlvr", f"--init={shipped}", f"--data_dir={tmp / 'data'}", f"--out_dir={tmp_path}",
+            "--rl_steps=2", "--dtype=bfloat16", "--control=0", "--final_eval=val", *TINY]
+    code = ("import runpy, sys, torch\n"
+            "from torch.optim.optimizer import register_optimizer_step_pre_hook\n"
+            "seen = []\n"
+            "register_optimizer_step_pre_hook(lambda o, a, k: seen.append(torch.is_autocast_enabled('cpu')))\n"
+            f"sys.argv = {argv!r}\n"
+            "try:\n    runpy.run_path('train_lang.py', run_name='__main__')\n"
+            "finally:\n    print('STEPS', len(seen), sum(seen))\n")
+    p = run(["-c", code])
+    n, inside = map(int, p.stdout.strip().splitlines()[-1].split()[1:])
+    assert n >= 2 and inside == 0, p.stdout[-500:]
