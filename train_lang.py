@@ -156,8 +156,8 @@ g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "fl
                help="autocast dtype")
 g.add_argument("--compile", type=int, default=0, help="1: torch.compile the trained model")
 g.add_argument("--estimate_memory", type=int, default=0,
-               help="1: print the RLVR step's memory estimate (weights, optimizer, reference, KV "
-                    "cache, activations, logits, peak) and exit")
+               help="1: print the memory estimate of the run's MLE and RLVR steps (weights, "
+                    "optimizer, reference, KV cache, activations, logits, peak) and exit")
 g.add_argument("--grad_ckpt", type=int, default=0,
                help="1: activation checkpointing, each block's activations recomputed in the "
                     "backward pass (a large model's memory for about a third more compute)")
