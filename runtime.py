@@ -69,14 +69,14 @@ DIST_TIMEOUT = datetime.timedelta(minutes=60)
 MAX_SKIPS = 10   # --on_nan=skip stops the run after this many skipped steps in a row
 CONFIG = "config.json"   # in out_dir: the flags of the run that trains there
 # flags that cannot change the trained weights: where and how the run executes (device, CPU threads, compilation,
-# activation checkpointing, the evaluation's worker processes, whether the control trains beside RLVR or after it), how often it checkpoints
-# (a resumed run ends bit-identical) and what it does on a NaN (the message on a NaN suggests --on_nan=skip), what
-# it logs along the way (validation and probe checks draw no random numbers), which stages this invocation runs
-# (--stage, and --control: whether the control trains), where it writes and whether it resumes. (The control trains
-# for RLVR's counted compute, ComputeBudget, beside RLVR or after it alike; its own flags, e.g. --control_lr, are
-# checked.)
-FREE_FLAGS = {"device", "threads", "compile", "grad_ckpt", "estimate_memory", "eval_workers", "control_alongside", "ckpt_every", "on_nan",
-              "eval_every", "val_n", "probe_every", "stage", "control", "out_dir", "resume"}
+# activation checkpointing, the evaluation's worker processes, whether the control trains beside RLVR or after it),
+# how often it checkpoints (a resumed run ends bit-identical) and what it does on a NaN (the message on a NaN suggests
+# --on_nan=skip), what it logs along the way (validation and probe checks draw no random numbers, the memory
+# estimate), which stages this invocation runs (--stage, and --control: whether the control trains), where it writes
+# and whether it resumes. (The control trains for RLVR's counted compute, ComputeBudget, beside RLVR or after it
+# alike; its own flags, e.g. --control_lr, are checked.)
+FREE_FLAGS = {"device", "threads", "compile", "grad_ckpt", "estimate_memory", "eval_workers", "control_alongside",
+              "ckpt_every", "on_nan", "eval_every", "val_n", "probe_every", "stage", "control", "out_dir", "resume"}
 # flags of the final evaluation alone: a re-run with other values evaluates the same trained models again
 EVAL_FLAGS = {"final_eval", "val_limit", "test_limit"}
 
@@ -476,6 +476,14 @@ def n_params(config):
     from model import GPT   # model imports nothing of this file; imported here to stay light
     with torch.device("meta"):
         return sum(p.numel() for p in GPT(config).parameters())
+
+
+def prompts_per_chunk(prompts, samples, minibatches, micro_batch):
+    """The prompts one micro-batch of the GRPO update holds (grpo.minibatch_plan): a minibatch
+    that fits one micro-batch holds its rows as drawn, from up to all the prompts; one cut into
+    several is cut in row order, so a micro-batch spans the prompts of its rows and one more."""
+    rows = prompts * samples // minibatches   # a minibatch's rows
+    return min(prompts, rows if rows <= micro_batch else -(-micro_batch // samples) + 1)
 
 
 def memory_estimate(config, low_precision, reference, grad_ckpt, prompt_len, new_tokens, prompts,

@@ -49,7 +49,8 @@ from grpo import GRPOConfig, grpo_step, make_optimizer, set_lr
 import mle
 from model import GPT, GPTConfig
 from runtime import (ComputeBudget, Run, WeightPath, add_flags, check_ranges, finite_weights,
-                     fork_alongside, from_flags, lr_at, memory_estimate, print_memory, rank_map)
+                     fork_alongside, from_flags, lr_at, memory_estimate, print_memory,
+                     prompts_per_chunk, rank_map)
 from tasks import (CHAINING, TASKS, chain_hooks, episode_chains, imagined_pairs, keep_tokenizer,
                    load_lang_model, probe_chain_rewards, probe_rewards)
 from tokenizer_text import Tokenizer
@@ -526,17 +527,14 @@ if args.stage == "mle" or (args.stage == "all" and not init_is_ckpt):
     print_memory("mle", memory_estimate(config, low, False, args.grad_ckpt, p_len, a_len, 0, 1,
                                         mb, mb), print0)
 if args.stage in ("all", "rlvr"):
-    # RLVR at its longest prompt: a micro-batch of the update holds a few prompts' samples (all
-    # its minibatch's prompts when the minibatch fits one micro-batch)
+    # RLVR at its longest prompt
     room = config.block_size - args.max_new_tokens
     longest = max([len(p) for p, _ in all_pairs if len(p) <= room] or [room])
-    rows = args.prompts_per_step * args.group_size // args.minibatches   # a minibatch's rows
-    chunk_prompts = (min(args.prompts_per_step, rows) if rows <= args.micro_batch
-                     else -(-args.micro_batch // args.group_size) + 1)
+    chunk_prompts = prompts_per_chunk(args.prompts_per_step, args.group_size, args.minibatches,
+                                      args.micro_batch)
     print_memory("rlvr", memory_estimate(config, low, args.beta > 0, args.grad_ckpt, longest,
                                          args.max_new_tokens, args.prompts_per_step,
-                                         args.group_size, args.micro_batch,
-                                         min(chunk_prompts, args.prompts_per_step)), print0)
+                                         args.group_size, args.micro_batch, chunk_prompts), print0)
 if args.estimate_memory:
     run.finish()
     raise SystemExit(0)

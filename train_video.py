@@ -88,7 +88,7 @@ from grpo import GRPOConfig, grpo_step, make_optimizer
 from model import GPT, GPTConfig
 from rewards_video import load_lpips, pick_reward, video_reward
 from runtime import (ComputeBudget, Run, add_flags, check_ranges, fork_alongside, fork_map,
-                     lr_at, memory_estimate, print_memory, rank_map)
+                     lr_at, memory_estimate, print_memory, prompts_per_chunk, rank_map)
 from tokenizer_vq import CondVQVAE, load_vq
 
 ROOT = Path(__file__).resolve().parent
@@ -468,10 +468,9 @@ def run_rlvr(run, model, ckpt, vq, layout, tokens, splits, lo, hi, horizon, lpip
                      prompts_per_step=0, entropy_coef=0.0, lr=args.rl_lr, warmup=0,
                      betas=(0.9, 0.99), weight_decay=0.0, shuffle_rewards=bool(args.placebo))
     opt = make_optimizer(model, cfg)
-    # the step's memory, per rank (a micro-batch of the update: its rows' prompts, at most all)
-    rows = args.prompts_per_step * args.group_size // args.minibatches   # a minibatch's rows
-    chunk_prompts = min(args.prompts_per_step, rows if rows <= args.micro_batch
-                        else -(-args.micro_batch // args.group_size) + 1)
+    # the step's memory, per rank
+    chunk_prompts = prompts_per_chunk(args.prompts_per_step, args.group_size, args.minibatches,
+                                      args.micro_batch)
     print_memory("rlvr", memory_estimate(model.config, args.dtype != "float32", args.beta > 0,
                                          args.grad_ckpt, P, cfg.max_new_tokens,
                                          args.prompts_per_step, args.group_size, args.micro_batch,

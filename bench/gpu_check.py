@@ -56,7 +56,7 @@ import engine  # noqa: E402
 import grpo  # noqa: E402
 import load_hf  # noqa: E402
 from model import GPT  # noqa: E402
-from runtime import memory_estimate  # noqa: E402
+from runtime import memory_estimate, prompts_per_chunk  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # flags
@@ -486,7 +486,7 @@ def step_grpo(L, micro):
     # what the run would have been told before it started (a micro-batch holds G-row groups)
     ours, = need("ours")
     est = memory_estimate(ours.config, DTYPE != torch.float32, True, False, L, new, P, G, micro,
-                          -(-micro // G) + 1)["peak"]
+                          prompts_per_chunk(P, G, 2, micro))["peak"]   # run_grpo_step's cfg
     return (f"rollout {stats['t_rollout']:.1f} s + update {sec - stats['t_rollout']:.1f} s, "
             f"loss {stats['loss']:.4f}, {n_steps} optimizer steps, {stats['groups_kept']} groups "
             f"kept; estimated peak {est / 2**30:.2f} GiB", "PASS" if ok else "FAIL")
