@@ -1,40 +1,54 @@
 """
-Checkpoints: one safetensors file per checkpoint, never pickle.
+Checkpoints: one safetensors file per checkpoint, never pickle; and `load_model`, the one loader of
+a GPT, from our checkpoint or from an HF model directory.
 
-`<name>.safetensors` holds the model weights (keys `model.*`), optionally the optimizer's tensors (`optim.<i>.<name>`)
-and any extra state tensors such as RNG states (`state.<name>`), and in its header, as JSON, everything else: the model
-config, the script's `vars(args)`, the step, metrics and the optimizer's hyper-parameters. Because it is one file written
-to a temp name and renamed over the old one (`os.replace` is atomic on POSIX), a crash while saving leaves the previous
-checkpoint intact, and weights and metadata can never disagree. A `<name>.json` sidecar repeats the metadata for humans
-(and `jq`); loading reads only the safetensors file. Any module whose `.config` is a dataclass can be saved and resumed
-(the GPT, and the video tokenizer while it trains); `load_model` builds GPTs only.
+`<name>.safetensors` holds the model weights (keys `model.*`), optionally the optimizer's tensors
+(`optim.<i>.<name>`) and extra state tensors such as RNG states (`state.<name>`), and in its header,
+as JSON, everything else: the model config, the script's `vars(args)`, the step, metrics and the
+optimizer's hyper-parameters. It is written to a temp name and renamed over the old one
+(`os.replace` is atomic on POSIX): a crash while saving leaves the previous checkpoint intact, and
+weights and metadata can never disagree. A `<name>.json` sidecar repeats the metadata for humans.
+Any module whose `.config` is a dataclass can be saved and resumed (the GPT, and the video
+tokenizer while it trains). Paths in the metadata (data folder, --init, tokenizer file) are
+recorded relative to the checkpoint's folder when both lie in the repository (`relative_path`), so
+a moved clone still finds them; `recorded_path` joins them back.
 
-Paths in the metadata (the run's data folder, its --init, its tokenizer file) are written relative to the checkpoint's
-folder when both lie inside the repository or the path lies inside that folder (`relative_path`), so a moved or cloned
-repository still finds them; loading joins them to that folder (`recorded_path`; an absolute path, as older sidecars
-hold, stays as it is).
+HF model directories (GPT2LMHeadModel, Qwen2ForCausalLM, LlamaForCausalLM; config.json and
+safetensors, sharded or not): `config_from_hf` maps HF's config names to GPTConfig (Llama 3.1's
+RoPE scaling, and "linear", included), and `hf_to_ours` renames the tensors, explicitly: GPT-2's
+Conv1D weights are transposed, and Qwen2 / Llama's separate q, k, v (and SwiGLU's gate and up) are
+concatenated into our fused Linears. The model is built on the meta device and each tensor is read
+alone, onto the device in the dtype it is kept in: no full float32 copy on the host.
+tools/export_hf.py writes the other way.
 
-No code runs from a file: tensors come through safetensors and everything else through JSON; a file that is not such a
-checkpoint (a pickle named .safetensors, a truncated file, another model's weights) is one ValueError naming the file.
+No code runs from a file: tensors come through safetensors and everything else through JSON; a
+file that is not such a checkpoint (a pickle named .safetensors, a truncated file, another model's
+weights) is one ValueError naming the file.
 """
 import json
 import os
+from contextlib import ExitStack
 from dataclasses import MISSING, asdict, fields
+from functools import partial
 from pathlib import Path
 
+import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, rope_tables
 
 FORMAT = "nanorlvr-1"
 ROOT = Path(__file__).resolve().parent   # the repository: paths inside it are recorded relative
 
 
+# -----------------------------------------------------------------------------
+# files written whole or not at all, and the paths they record
+
 def atomic_write(path, write):
-    """Write `path` all or nothing: `write(tmp)` fills a temp file beside it, which is then renamed over `path`
-    (os.replace is atomic on POSIX), so a crash leaves the old file (or none), never half a file; the debris of a crashed
-    write (`<name>.tmp`) is overwritten by the next one. One process writes a given file (rank 0 under torchrun)."""
+    """Write `path` all or nothing: `write(tmp)` fills a temp file beside it, then renamed over
+    `path`, so a crash leaves the old file (or none), never half a file; the debris of a crashed
+    write (`<name>.tmp`) is overwritten by the next one. One process writes a given file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -57,13 +71,14 @@ def write_json(path, obj):
 
 def write_jsonl(path, records):
     """One compact JSON object per line, atomically: data splits."""
-    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in records))
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n"
+                                    for r in records))
 
 
 def relative_path(path, folder):
-    """`path` (absolute, or relative to the working directory) as a file in `folder` records it: relative to
-    `folder` when it lies inside `folder`, or when both lie inside the repository (they move together); else
-    absolute."""
+    """`path` (absolute, or relative to the working directory) as a file in `folder` records it:
+    relative to `folder` when it lies inside `folder`, or when both lie inside the repository
+    (they move together); else absolute."""
     path, folder = Path(path).resolve(), Path(folder).resolve()
     if path.is_relative_to(folder) or (path.is_relative_to(ROOT) and folder.is_relative_to(ROOT)):
         return os.path.relpath(path, folder)
@@ -71,43 +86,45 @@ def relative_path(path, folder):
 
 
 def recorded_path(value, folder):
-    """A path that a file in `folder` records -> a path to open: a relative one is relative to `folder`, an absolute
-    one is used as it is."""
+    """A path that a file in `folder` records -> a path to open: a relative one is relative to
+    `folder`, an absolute one is used as it is."""
     return Path(folder) / value
 
 
+# -----------------------------------------------------------------------------
+# our checkpoints
+
 def save_checkpoint(path, model, *, args=None, step=0, metrics=None, optimizer=None, state=None):
-    """Write `path` (a .safetensors file) atomically. state: dict name -> tensor (e.g. generator.get_state())."""
+    """Write `path` (a .safetensors file) atomically. state: name -> tensor (generator states)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     model = getattr(model, "module", model)  # unwrap DDP
     sd = model.state_dict()
     if getattr(model.config, "tie_embeddings", False):
-        sd.pop("lm_head.weight")  # the same storage as wte.weight; safetensors refuses shared tensors
-    tensors = {"model." + k: v.detach().contiguous().cpu() for k, v in sd.items()}
+        sd.pop("lm_head.weight")  # the same storage as wte.weight; safetensors refuses shared ones
+    tensors = {"model." + k: v for k, v in sd.items()}
     groups = None
     if optimizer is not None:
         osd = optimizer.state_dict()
         for i, st in osd["state"].items():
-            for name, t in st.items():
-                tensors[f"optim.{i}.{name}"] = t.detach().contiguous().cpu()
+            tensors.update({f"optim.{i}.{name}": t for name, t in st.items()})
         groups = osd["param_groups"]
-    for name, t in (state or {}).items():
-        tensors["state." + name] = t.detach().contiguous().cpu()
+    tensors.update({"state." + name: t for name, t in (state or {}).items()})
+    tensors = {k: t.detach().contiguous().cpu() for k, t in tensors.items()}
     meta = {"format": FORMAT, "config": asdict(model.config), "args": args or {}, "step": step,
             "metrics": metrics or {}, "optimizer_groups": groups}
-    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata={"nanorlvr": json.dumps(meta)}))
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp),
+                                             metadata={"nanorlvr": json.dumps(meta)}))
     write_json(path.with_suffix(".json"), meta)
 
 
 def read_checkpoint(path):
-    """-> (tensors: dict name -> tensor, meta: dict). A clear ValueError naming the file on any problem."""
+    """-> (tensors: name -> tensor, meta: dict). A ValueError naming the file on any problem."""
     return _read(path, with_tensors=True)
 
 
 def read_meta(path):
-    """-> the metadata of a checkpoint, without reading its tensors (a quick check of a file before a run starts).
-    The same ValueErrors as read_checkpoint."""
+    """-> the metadata of a checkpoint, its tensors unread (a quick check of a file before a run
+    starts). The same ValueErrors as read_checkpoint."""
     return _read(path, with_tensors=False)[1]
 
 
@@ -122,46 +139,60 @@ def _read(path, with_tensors):
     except Exception as e:
         raise ValueError(f"{path}: not a readable safetensors checkpoint ({e})") from None
     if "nanorlvr" not in header:
-        raise ValueError(f"{path}: safetensors file without nanoRLVR metadata (an HF model? pass its directory)")
+        raise ValueError(f"{path}: safetensors file without nanoRLVR metadata "
+                         f"(an HF model? pass its directory)")
     try:
         meta = json.loads(header["nanorlvr"])
     except ValueError as e:
         raise ValueError(f"{path}: unreadable nanoRLVR metadata ({e})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise ValueError(f"{path}: checkpoint format {meta.get('format') if isinstance(meta, dict) else meta!r}, "
-                         f"expected {FORMAT!r}")
-    missing = [k for k in ("config", "args", "step", "metrics", "optimizer_groups") if k not in meta]
+        found = meta.get("format") if isinstance(meta, dict) else meta
+        raise ValueError(f"{path}: checkpoint format {found!r}, expected {FORMAT!r}")
+    missing = [k for k in ("config", "args", "step", "metrics", "optimizer_groups")
+               if k not in meta]
     if missing:
         raise ValueError(f"{path}: checkpoint metadata lacks {missing}")
     return tensors, meta
 
 
-def _model_state(tensors):
-    return {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
-
-
-def load_model(path, device="cpu"):
-    """Build the model a checkpoint describes and load its weights -> (model, meta)."""
+def load_model(path, device="cpu", dtype=None):
+    """Our checkpoint (a .safetensors file) or an HF model directory -> (GPT on `device`, meta).
+    dtype: the weights' (None: as saved in ours, float32 from HF). An HF directory's meta names
+    the directory as the tokenizer (absolute), as our checkpoints name theirs in their args."""
+    path = Path(path)
+    if path.is_dir():
+        return load_hf(path, device, dtype or torch.float32)
     tensors, meta = read_checkpoint(path)
     try:
         model = GPT(GPTConfig(**meta["config"]))
     except (TypeError, ValueError, AssertionError) as e:
         raise ValueError(f"{path}: not a GPT checkpoint (config {meta['config']}: {e})") from None
-    load_weights(model, tensors, path)
-    return model.to(device), meta
+    load_weights(model, model_state(tensors), path)
+    return model.to(device=device, dtype=dtype), meta
 
 
-def load_weights(model, tensors, path):
-    sd = _model_state(tensors)
-    result = model.load_state_dict(sd, strict=False)
-    allowed = {"lm_head.weight"} if getattr(model.config, "tie_embeddings", False) else set()
-    if set(result.missing_keys) - allowed or result.unexpected_keys:
-        raise ValueError(f"{path}: weights do not fit this model (missing {result.missing_keys[:4]}, "
-                         f"unexpected {result.unexpected_keys[:4]}); was it saved with another config?")
+def model_state(tensors):
+    return {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
+
+
+def load_weights(model, sd, path, assign=False):
+    """Put the state dict `sd` into `model` (assign: sd's tensors become the parameters, uncopied);
+    a ValueError naming `path` unless its names and shapes are the model's."""
+    ours = model.state_dict()
+    if getattr(model.config, "tie_embeddings", False):
+        ours.pop("lm_head.weight")   # wte.weight's
+    missing, unused = sorted(ours.keys() - sd.keys()), sorted(sd.keys() - ours.keys())
+    shapes = [f"{k} {tuple(sd[k].shape)} != {tuple(t.shape)}" for k, t in ours.items()
+              if k in sd and sd[k].shape != t.shape]
+    if missing or unused or shapes:
+        raise ValueError(f"{path}: weights do not fit the model (missing {missing[:4]}, unused "
+                         f"{unused[:4]}, shapes {shapes[:4]}); saved with another config?")
+    model.load_state_dict(sd, strict=False, assign=assign)
 
 
 def resume(path, model, optimizer=None):
-    """Load weights, optimizer and extra state from `path` into existing objects -> (meta, state tensors)."""
+    """Load weights, optimizer and extra state from `path` into existing objects
+    -> (meta, state tensors)."""
     tensors, meta = read_checkpoint(path)
     model = getattr(model, "module", model)
     ours = json.loads(json.dumps(asdict(model.config)))  # tuples become lists, as in the file
@@ -172,7 +203,7 @@ def resume(path, model, optimizer=None):
         diff = ", ".join(f"{k}={saved.get(k)!r} there, {ours.get(k)!r} here"
                          for k in sorted(saved.keys() | ours.keys()) if saved.get(k) != ours.get(k))
         raise ValueError(f"{path}: saved by a run with another model config ({diff})")
-    load_weights(model, tensors, path)
+    load_weights(model, model_state(tensors), path)
     if optimizer is not None:
         if meta["optimizer_groups"] is None:
             raise ValueError(f"{path}: no optimizer state to resume from")
@@ -185,5 +216,157 @@ def resume(path, model, optimizer=None):
             optimizer.load_state_dict({"state": state, "param_groups": meta["optimizer_groups"]})
         except (ValueError, KeyError, TypeError, RuntimeError) as e:
             raise ValueError(f"{path}: optimizer state does not fit this model ({e})") from None
-    extra = {k[len("state."):]: v for k, v in tensors.items() if k.startswith("state.")}
+    extra = {k.removeprefix("state."): v for k, v in tensors.items() if k.startswith("state.")}
     return meta, extra
+
+
+# -----------------------------------------------------------------------------
+# HF model directories
+
+def load_hf(path, device, dtype):
+    """An HF model directory -> (GPT in `dtype` on `device`, meta); see load_model."""
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise ValueError(f"{cfg_file}: missing (expected an HF model directory with config.json "
+                         f"+ safetensors)")
+    hf = json.loads(cfg_file.read_text())
+    config = config_from_hf(hf, cfg_file)
+    index = path / "model.safetensors.index.json"
+    files = ["model.safetensors"] if not index.is_file() else \
+        sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    # the model's shapes without memory: its weights are the tensors read below
+    with torch.device("meta"):
+        model = GPT(config)
+    with ExitStack() as stack:
+        # each HF name -> its reader, which hf_to_ours calls when it takes that tensor
+        readers = {}
+        for f in files:
+            try:
+                st = stack.enter_context(safe_open(str(path / f), "pt", device=str(device)))
+            except Exception as e:
+                raise ValueError(f"{path / f}: cannot read safetensors weights ({e})") from None
+            readers.update({k: partial(read_as, st, k, dtype, path / f) for k in st.keys()})
+        try:
+            sd = hf_to_ours(readers, config, hf["model_type"])
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
+    load_weights(model, sd, path, assign=True)
+    if config.tie_embeddings:
+        model.lm_head.weight = model.wte.weight   # assign replaced wte's parameter: tie them again
+    if config.pos == "rope":
+        # the RoPE tables are not in the files: computed again, off the meta device
+        tables = rope_tables(config.head_dim, config.block_size, config.rope_theta,
+                             config.rope_scaling)
+        model.rope_cos, model.rope_sin = (t.to(device, dtype) for t in tables)
+    return model, {"config": asdict(config), "args": {"tokenizer": str(path.resolve())}}
+
+
+def read_as(st, name, dtype, file):
+    """Tensor `name` of `file`, open as `st`, in `dtype` on the device it was opened for."""
+    try:
+        return st.get_tensor(name).to(dtype)
+    except Exception as e:
+        raise ValueError(f"{file.name}: cannot read tensor {name!r} ({e})") from None
+
+
+def config_from_hf(hf, where):
+    """HF's config.json (a dict) -> GPTConfig; a ValueError naming `where` if unsupported."""
+    kind = hf.get("model_type")
+    if kind == "gpt2":
+        act = hf.get("activation_function", "gelu_new")
+        if act not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise ValueError(f"{where}: activation_function {act!r} unsupported "
+                             f"(GPT-2 uses gelu_new)")
+        return GPTConfig.gpt2(vocab_size=hf["vocab_size"], block_size=hf["n_positions"],
+                              n_layer=hf["n_layer"], n_head=hf["n_head"], n_kv_head=hf["n_head"],
+                              n_embd=hf["n_embd"], mlp_hidden=hf.get("n_inner") or 4 * hf["n_embd"],
+                              norm_eps=hf["layer_norm_epsilon"])
+    if kind not in ("qwen2", "llama"):
+        raise ValueError(f"{where}: model_type {kind!r} unsupported (gpt2, qwen2, llama)")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"{where}: hidden_act {hf['hidden_act']!r} unsupported (expected silu)")
+    if hf.get("use_sliding_window") or hf.get("mlp_bias"):
+        raise ValueError(f"{where}: sliding window and mlp_bias are not supported")
+    theta = hf.get("rope_theta") or (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+    return GPTConfig.llama(vocab_size=hf["vocab_size"], block_size=hf["max_position_embeddings"],
+                           n_layer=hf["num_hidden_layers"], n_head=hf["num_attention_heads"],
+                           n_kv_head=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+                           n_embd=hf["hidden_size"], head_dim=hf.get("head_dim"),
+                           mlp_hidden=hf["intermediate_size"], norm_eps=hf["rms_norm_eps"],
+                           rope_theta=float(theta), rope_scaling=rope_scaling(hf, where),
+                           qkv_bias=kind == "qwen2" or bool(hf.get("attention_bias")),
+                           tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
+
+
+def rope_scaling(hf, where):
+    """HF's RoPE scaling -> GPTConfig.rope_scaling: None, or the parameters of "linear" or
+    "llama3" (Llama 3.1+); refused if another kind."""
+    # "rope_scaling" in transformers 4 (older files say "type"), "rope_parameters" in 5
+    rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    keys = dict(default=(), linear=("factor",),
+                llama3=("factor", "low_freq_factor", "high_freq_factor"))
+    if kind not in keys:
+        raise ValueError(f"{where}: rope scaling {kind!r} unsupported (default, linear, llama3)")
+    if kind == "default":
+        return None
+    try:
+        out = {"rope_type": kind, **{k: float(rope[k]) for k in keys[kind]}}
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"{where}: rope scaling {kind!r} needs numbers {keys[kind]}") from None
+    if kind == "llama3":
+        # the context the model was pretrained on, before scaling
+        original = rope.get("original_max_position_embeddings", hf["max_position_embeddings"])
+        out["original_max_position_embeddings"] = int(original)
+    return out
+
+
+def hf_to_ours(sd, config, kind):
+    """Rename HF tensors to ours, explicitly. sd: HF name -> a function reading that tensor; out:
+    our name -> tensor (an HF tensor we do not use appears as "unused:<name>", unread)."""
+    # GPT-2: names with or without the "transformer." prefix; attn.bias buffers are causal masks
+    if kind == "gpt2":
+        sd = {k.removeprefix("transformer."): v for k, v in sd.items()
+              if not k.endswith((".attn.bias", ".attn.masked_bias"))}
+    out = {}
+
+    def take(k):
+        if k not in sd:
+            raise ValueError(f"missing tensor {k!r}")
+        return sd.pop(k)()   # read now, one tensor at a time
+
+    if kind == "gpt2":
+        for name in ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"):
+            out[name] = take(name)
+        for i in range(config.n_layer):
+            p = f"h.{i}."
+            for name in ("ln_1.weight", "ln_1.bias", "ln_2.weight", "ln_2.bias", "attn.c_attn.bias",
+                         "attn.c_proj.bias", "mlp.c_fc.bias", "mlp.c_proj.bias"):
+                out[p + name] = take(p + name)
+            # Conv1D stores (in, out), nn.Linear (out, in)
+            for name in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"):
+                out[p + name + ".weight"] = take(p + name + ".weight").t().contiguous()
+        sd.pop("lm_head.weight", None)  # tied to wte
+    else:
+        out["wte.weight"] = take("model.embed_tokens.weight")
+        for i in range(config.n_layer):
+            p, q = f"model.layers.{i}.", f"h.{i}."
+            out[q + "ln_1.weight"] = take(p + "input_layernorm.weight")
+            out[q + "ln_2.weight"] = take(p + "post_attention_layernorm.weight")
+            qkv = [take(p + f"self_attn.{x}_proj.weight") for x in "qkv"]
+            out[q + "attn.c_attn.weight"] = torch.cat(qkv)
+            if config.qkv_bias:
+                qkv = [take(p + f"self_attn.{x}_proj.bias") for x in "qkv"]
+                out[q + "attn.c_attn.bias"] = torch.cat(qkv)
+            out[q + "attn.c_proj.weight"] = take(p + "self_attn.o_proj.weight")
+            gate_up = [take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]
+            out[q + "mlp.c_fc.weight"] = torch.cat(gate_up)
+            out[q + "mlp.c_proj.weight"] = take(p + "mlp.down_proj.weight")
+        out["ln_f.weight"] = take("model.norm.weight")
+        if config.tie_embeddings:
+            sd.pop("lm_head.weight", None)
+        else:
+            out["lm_head.weight"] = take("lm_head.weight")
+    # anything left over is a tensor we do not understand
+    out.update({"unused:" + k: v for k, v in sd.items()})
+    return out

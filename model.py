@@ -5,17 +5,15 @@ One GPT for every task in nanoRLVR: a decoder-only transformer in two families.
 - Llama / Qwen2: RMSNorm, rotary positions (RoPE), SwiGLU MLP, grouped-query attention
   (n_kv_head < n_head), optional q/k/v bias (Qwen2 has it, Llama does not), tied or untied output.
 q, k and v share one Linear (`c_attn`), as do SwiGLU's gate and up (`c_fc`): fewer matmuls, which
-matters on small CPUs (`from_pretrained` concatenates HF's separate tensors).
+matters on small CPUs (checkpoint.py's HF loader concatenates HF's separate tensors).
 
 Read it top down: the config, the building blocks bottom up, then `GPT` with its plain
-`forward(idx, targets)` and a plain `generate` (one full forward pass per new token), and
-`sample_next`, the sampling rule. Training batches are right-padded, so they need no attention mask.
-The fast path follows the plain model: the GRPO update's `forward(idx, prompts=)` runs each prompt
-once for all the rows that continue it (`forward_shared_prompts`), with the logits of the
-concatenated sequences; most of a text-game sequence is its prompt. engine.py's prefill uses the
-same `run_cached`. Loading HF weights (`GPT.from_pretrained`) is load_hf.py's job.
-The sampler the runs use is engine.py (KV cache, shared prefill): it samples with `sample_next` too,
-and tests/test_engine.py holds it equal to `GPT.generate`.
+`forward(idx, targets)` (training batches are right-padded: no attention mask), a plain
+`generate` (one full forward pass per new token) and `sample_next`, the sampling rule. Then the
+fast path: `forward(idx, prompts=)` runs each prompt once for all the rows continuing it (the GRPO
+update: most of a text-game sequence is its prompt); engine.py, the KV-cache sampler the runs use,
+prefills with the same `run_cached` and samples with `sample_next` (tests/test_engine.py holds it
+equal to `GPT.generate`). This file imports nothing of the project: checkpoint.py loads weights.
 """
 import math
 from dataclasses import dataclass
@@ -134,8 +132,7 @@ class Attention(nn.Module):
         self.c_proj = nn.Linear(config.n_head * config.head_dim, config.n_embd, bias=config.bias)
 
     def forward(self, x, rope):
-        q, k, v = self.qkv(x, rope)
-        return self.attend(q, k, v)
+        return self.attend(*self.qkv(x, rope))
 
     def qkv(self, x, rope):
         """x (B, T, C) -> q (B, nh, T, hd), k and v (B, nkv, T, hd); rope None: no rotation."""
@@ -216,25 +213,22 @@ class GPT(nn.Module):
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.grad_ckpt = False   # activation checkpointing per block (run_block), a run's choice
-        self.apply(self._init_weights)
-        # GPT-2's scaled init of the residual projections
+        # GPT-2's init: N(0, 0.02) weights, zero biases, ...
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, mean=0.0, std=0.02)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+        # ... and the residual projections scaled down by the depth
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
-    def _init_weights(self, module):
-        # GPT-2's N(0, 0.02) weights, zero biases
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
-
     def num_params(self, non_embedding=True):
-        n = sum(p.numel() for p in self.parameters())
         # the convention of scaling laws: embeddings are lookups, not compute
-        if non_embedding:
-            n -= self.wte.weight.numel() + (self.wpe.weight.numel() if self.wpe is not None else 0)
-        return n
+        embeddings = [self.wte] + ([self.wpe] if self.wpe is not None else [])
+        skip = sum(e.weight.numel() for e in embeddings) if non_embedding else 0
+        return sum(p.numel() for p in self.parameters()) - skip
 
     def flops_per_token(self, T):
         """Training FLOPs per token (forward + backward) at sequence length T, as in the PaLM
@@ -311,13 +305,6 @@ class GPT(nn.Module):
                 break
         return idx
 
-    @classmethod
-    def from_pretrained(cls, path, dtype=torch.float32, device="cpu"):
-        """An HF GPT-2 / Qwen2 / Llama directory -> GPT in `dtype` on `device` (the loader:
-        load_hf.py)."""
-        from load_hf import load_pretrained   # load_hf imports this file: imported on use
-        return load_pretrained(path, dtype, device)
-
 
 def sample_next(logits, temperature, top_k, top_p, generator):
     """logits (R, V) -> (token (R,), its log-prob (R,) under the distribution sampled from).
@@ -363,17 +350,6 @@ class PromptCache:
     def __init__(self, n_layer):
         self.k, self.v, self.rows = [None] * n_layer, [None] * n_layer, None
 
-    def keys_values(self, layer, k, v, rows):
-        """The keys and values a pass's queries attend to in `layer`, given its own k, v
-        (n, nkv, T, hd): a prompt pass (rows None) keeps and returns its own; a continuation pass
-        puts each row's prompt's first: (N, nkv, P + T, hd)."""
-        if rows is None:
-            self.k[layer], self.v[layer] = k.contiguous(), v.contiguous()
-            return k, v
-        k = torch.cat([self.k[layer][rows], k], dim=2)
-        v = torch.cat([self.v[layer][rows], v], dim=2)
-        return k, v
-
 
 def additive(allowed, dtype):
     """A bool mask (True = may attend) as the float mask added to attention scores: 0 or -inf."""
@@ -383,8 +359,14 @@ def additive(allowed, dtype):
 
 def cached_block(block, x, rope, mask, cache, layer, rows):
     """Block.forward with its keys and values passed through cache (see run_cached)."""
-    q, k, v = block.attn.qkv(block.ln_1(x), rope)
-    k, v = cache.keys_values(layer, k, v, rows)
+    q, k, v = block.attn.qkv(block.ln_1(x), rope)   # (n, nkv, T, hd) for k and v
+    if rows is None:
+        # a prompt pass keeps its keys and values
+        cache.k[layer], cache.v[layer] = k.contiguous(), v.contiguous()
+    else:
+        # a continuation pass puts each row's prompt's first: (N, nkv, P + T, hd)
+        k = torch.cat([cache.k[layer][rows], k], dim=2)
+        v = torch.cat([cache.v[layer][rows], v], dim=2)
     x = x + block.attn.attend(q, k, v, mask)
     return x + block.mlp(block.ln_2(x))
 

@@ -7,7 +7,7 @@ GRPO step time: our grpo.py against TRL's GRPOTrainer, same tiny GPT-2, prompts,
 
 Setup, identical on both sides: a random GPT-2 (4 x 128 by default) and a byte-level BPE tokenizer trained here on
 text-game prompts are saved to a temporary directory; TRL loads its policy and its reference model from it, we load
-ours with `GPT.from_pretrained` plus a frozen copy as the reference. Each step takes 4 text-game prompts (the real
+ours with `checkpoint.load_model` plus a frozen copy as the reference. Each step takes 4 text-game prompts (the real
 `data/textgame` prompts, ~150-220 tokens) x G=8 samples at T=1, up to 64 completion tokens (both stop at EOS), scores
 them with the same Python reward on the decoded text, and makes one AdamW update on all of them with a KL penalty
 (beta > 0, so both run the reference model). Our dynamic sampling is off (`skip_zero_std=False`, no prompt source:
@@ -35,7 +35,7 @@ from common import machine, median, print_table, thread_list  # noqa: E402
 from data.textgame.prepare import generate_split  # noqa: E402
 from data.textgame.task import prompt_text  # noqa: E402
 from grpo import GRPOConfig, grpo_step  # noqa: E402
-from model import GPT  # noqa: E402
+from checkpoint import load_model  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # flags
@@ -120,7 +120,7 @@ def bench(threads, path, tok, texts):
                             dataloader_num_workers=0)
     trainer = trl.GRPOTrainer(model=path, reward_funcs=trl_reward, args=config, train_dataset=dataset,
                               processing_class=tok)
-    ours = GPT.from_pretrained(path)
+    ours = load_model(path)[0]
     ref = copy.deepcopy(ours).eval()
     opt = torch.optim.AdamW(ours.parameters(), lr=args.lr)
     cfg = GRPOConfig(group_size=G, prompts_per_step=P, max_new_tokens=args.max_new_tokens, temperature=1.0,

@@ -7,7 +7,7 @@ side by side with HF transformers training the same model on the same batch.
 
 Peak: the median speed of a float32 square matmul (--peak_n, default 1024) at each thread count, the best this machine
 does on dense math. One training step = forward, cross-entropy, backward, gradient clipping, AdamW. Our model and HF's
-LlamaForCausalLM get the same weights (saved as safetensors, loaded into ours with `GPT.from_pretrained`) and the same
+LlamaForCausalLM get the same weights (saved as safetensors, loaded into ours with `checkpoint.load_model`) and the same
 batch; they run in turn after a warm-up and the median of the repeats is reported. Model FLOPs per token follow
 `GPT.flops_per_token` (6 N + attention, PaLM appendix B), the same count for both.
 """
@@ -19,7 +19,7 @@ import torch
 
 from common import interleaved, machine, median, print_table, thread_list
 
-from model import GPT  # noqa: E402
+from checkpoint import load_model  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # flags
@@ -63,7 +63,7 @@ def models(path):
                                    eos_token_id=0, pad_token_id=0)
     hf = transformers.LlamaForCausalLM(cfg)
     hf.save_pretrained(path, safe_serialization=True)
-    return GPT.from_pretrained(path).train(), hf.train()
+    return load_model(path)[0].train(), hf.train()
 
 
 def trainer(model, step_loss):

@@ -14,7 +14,7 @@ Shapes (one row each):
   RL step) of 120-226 tokens (the range of data/textgame/test.jsonl's prompts), 200 new tokens;
 - video: the video default model's config (checkpoints/video_mle.json), 64 rows of one frame plus its action (66
   tokens), one frame (64 tokens) each, as video GRPO samples a frame.
-A random HF model with the shape's config is saved as safetensors and loaded into ours with `GPT.from_pretrained`, so
+A random HF model with the shape's config is saved as safetensors and loaded into ours with `checkpoint.load_model`, so
 both sample from the same weights; both sample at T=1, no top-k/top-p, no EOS, so both produce exactly rows x new
 tokens. Ours, HF and a large matmul (the peak) run in turn, after a warm-up, and medians are reported.
 Roofline: the model FLOPs of the new tokens (2 x the matmul weights incl. the LM head, plus 4 x n_layer x n_head x
@@ -31,7 +31,7 @@ import torch
 from common import ROOT, interleaved, machine, matmul_run, median, print_table, thread_list
 
 import engine  # noqa: E402
-from model import GPT  # noqa: E402
+from checkpoint import load_model  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # flags
@@ -88,7 +88,7 @@ def both_models(spec):
     hf = (transformers.GPT2LMHeadModel if isinstance(spec, dict) else transformers.LlamaForCausalLM)(cfg).eval()
     with tempfile.TemporaryDirectory() as d:
         hf.save_pretrained(d, safe_serialization=True)
-        ours = GPT.from_pretrained(d).eval()
+        ours = load_model(d)[0].eval()
     return hf, ours
 
 

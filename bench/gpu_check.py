@@ -15,7 +15,7 @@ the others still run; the exit status is 1 if any row is FAIL):
    on text-game records) whose vocabulary is smaller than the embedding, as Qwen2's is: the rows
    past it are zero, "untrained", so their logit is 0 and a sampler that does not stop at the
    tokenizer's vocabulary draws them.
-2. load: GPT.from_pretrained (load_hf.py), its seconds and memory.
+2. load: checkpoint.load_model on the HF directory, its seconds and memory.
 3. parity: logits against transformers on a batch of text prompts, and 64 greedy tokens of
    engine.generate against HF generate(do_sample=False).
 4. sampler: engine.generate at T=1 with a CPU torch.Generator (as the training scripts pass it),
@@ -54,9 +54,9 @@ from common import ROOT, cpu_name, machine, print_table
 
 import engine  # noqa: E402
 import grpo  # noqa: E402
-import load_hf  # noqa: E402
-from model import GPT  # noqa: E402
+from checkpoint import load_model  # noqa: E402
 from runtime import memory_estimate, prompts_per_chunk  # noqa: E402
+from tokenizer_text import load_tokenizer  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # flags
@@ -250,11 +250,11 @@ def step_build():
 def step_load():
     hf_dir, = need("hf_dir")
     t0 = time.perf_counter()
-    ours = GPT.from_pretrained(hf_dir, dtype=DTYPE, device=DEVICE)
+    ours, _ = load_model(hf_dir, device=DEVICE, dtype=DTYPE)
     ours = ours.to(DEVICE).eval()
     sync()
     sec = time.perf_counter() - t0
-    tok = load_hf.load_tokenizer(hf_dir)
+    tok = load_tokenizer(hf_dir)
     STATE.update(ours=ours, tok=tok)
     # the prompts of steps 3-6: the text game's records, encoded, one stream cut into windows
     stream = [t for text in STATE["texts"] for t in tok.encode(text)]

@@ -21,13 +21,13 @@ def one_thread():
 @pytest.fixture(params=["gpt2", "qwen2", "qwen2_tied"])
 def pair(request, tmp_path):
     pytest.importorskip("transformers")
-    from model import GPT
+    from checkpoint import load_model
     from test_model import hf_gpt2, hf_qwen2
     if request.param == "gpt2":
         hf = hf_gpt2(tmp_path)
     else:
         hf = hf_qwen2(tmp_path, tie=request.param == "qwen2_tied")
-    return hf, GPT.from_pretrained(tmp_path).eval()
+    return hf, load_model(tmp_path)[0].eval()
 
 
 def from_script(script, *names):

@@ -201,7 +201,7 @@ def test_generate_equals_plain_generate_shipped_checkpoint():
     from checkpoint import load_model
     from data.textgame.simulator import generate_split
     from data.textgame.task import prompt_text
-    from load_hf import load_tokenizer
+    from tokenizer_text import load_tokenizer
     m = load_model(ROOT / "checkpoints" / "textgame" / "mle.safetensors")[0].eval()
     tok = load_tokenizer(ROOT / "checkpoints" / "textgame" / "tokenizer.tiktoken")
     prompts = [tok.encode(prompt_text(r)) for r in generate_split("val", 3, 0)]

@@ -18,8 +18,7 @@ from data.textgame import task  # noqa: E402
 from data.textgame.simulator import generate_split  # noqa: E402
 from engine import generate  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from load_hf import load_hf_tokenizer, load_tokenizer  # noqa: E402
-from tokenizer_text import EOT, Tokenizer  # noqa: E402
+from tokenizer_text import EOT, Tokenizer, load_hf_tokenizer, load_tokenizer  # noqa: E402
 from tools.export_hf import export, save_hf_tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,6 +3,7 @@ the plain GPT.generate. engine.py's sampler, held equal to GPT.generate, is test
 import pytest
 import torch
 
+from checkpoint import config_from_hf, load_model
 from model import GPT, GPTConfig
 
 torch.set_num_threads(1)
@@ -87,7 +88,7 @@ def test_missing_tensor_is_a_clear_error(tmp_path):
     sd.pop("model.layers.1.mlp.up_proj.weight")
     save_file(sd, tmp_path / "model.safetensors")
     with pytest.raises(ValueError, match="up_proj"):
-        GPT.from_pretrained(tmp_path)
+        load_model(tmp_path)
 
 
 def test_truncated_weights_name_the_file(tmp_path):
@@ -95,14 +96,14 @@ def test_truncated_weights_name_the_file(tmp_path):
     f = tmp_path / "model.safetensors"
     f.write_bytes(f.read_bytes()[:1000])
     with pytest.raises(ValueError, match="model.safetensors"):
-        GPT.from_pretrained(tmp_path)
+        load_model(tmp_path)
 
 
 def test_sharded_checkpoint_loads(tmp_path):
     hf = hf_qwen2(tmp_path / "src")
     hf.save_pretrained(tmp_path / "sharded", safe_serialization=True, max_shard_size="20KB")
     assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
-    ours = GPT.from_pretrained(tmp_path / "sharded").eval()
+    ours = load_model(tmp_path / "sharded")[0].eval()
     idx = torch.randint(0, 90, (2, 9), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         assert torch.allclose(ours(idx)[0], hf(idx).logits, atol=1e-4, rtol=0)
@@ -127,7 +128,7 @@ def hf_llama(tmp_path, rope_scaling):
 @pytest.mark.parametrize("rope_scaling", [LLAMA3, {"rope_type": "linear", "factor": 4.0}])
 def test_rope_scaling_matches_hf(tmp_path, rope_scaling):
     hf = hf_llama(tmp_path, rope_scaling)
-    ours = GPT.from_pretrained(tmp_path).eval()
+    ours = load_model(tmp_path)[0].eval()
     assert ours.config.rope_scaling == rope_scaling
     idx = torch.randint(0, 101, (2, 100), generator=torch.Generator().manual_seed(3))   # past the original 32
     with torch.no_grad():
@@ -138,7 +139,6 @@ def test_rope_scaling_matches_hf(tmp_path, rope_scaling):
 
 
 def test_rope_scaling_spellings_and_refusals():
-    from load_hf import config_from_hf
     base = dict(model_type="llama", vocab_size=16, max_position_embeddings=64, num_hidden_layers=1,
                 num_attention_heads=2, hidden_size=16, intermediate_size=32, rms_norm_eps=1e-6)
     old = {k: v for k, v in LLAMA3.items() if k != "rope_type"}
@@ -166,7 +166,7 @@ def test_loaded_model_is_whole_in_its_dtype(pair, tmp_path):
     fresh = GPT(ours.config)
     for name, t in fresh.named_buffers():
         assert torch.equal(t, tensors[name]), name
-    half = GPT.from_pretrained(tmp_path, dtype=torch.bfloat16, device="cpu")
+    half = load_model(tmp_path, device="cpu", dtype=torch.bfloat16)[0]
     assert all(t.dtype == torch.bfloat16 for t in half.state_dict().values())
     for name, t in ours.state_dict().items():
         assert torch.equal(half.state_dict()[name], t.to(torch.bfloat16)), name

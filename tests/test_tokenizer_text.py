@@ -1,4 +1,4 @@
-"""Tests for tokenizer_text, bpe.py and load_hf.py's tokenizer loading: id parity with HF `tokenizers` (the oracle)
+"""Tests for tokenizer_text.py (BPE training, .tiktoken files, HF tokenizer loading): id parity with HF `tokenizers` (the oracle)
 on GPT-2- and Qwen2-style byte-level BPE files built offline, .tiktoken round trips, the trainer (against a naive
 reference trainer), and clear errors."""
 
@@ -12,8 +12,7 @@ from hypothesis import given, settings, strategies as st
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
-from load_hf import load_hf_tokenizer, load_tokenizer
-from tokenizer_text import GPT2_PAT, Tokenizer
+from tokenizer_text import GPT2_PAT, Tokenizer, load_hf_tokenizer, load_tokenizer
 
 QWEN2_PAT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
              r"|\s+(?!\S)|\s+")

@@ -8,7 +8,7 @@ m, t = M.from_pretrained('out/textgame_hf'), T.from_pretrained('out/textgame_hf'
 OUT_DIR gets config.json, model.safetensors, tokenizer.json, tokenizer_config.json and
 generation_config.json. Our RMSNorm / RoPE / SwiGLU family becomes a `llama` model (`qwen2` when q,
 k and v have biases: Llama's attention_bias would put one on the output projection too), the GPT-2
-family a `gpt2` one. The tensor names are load_hf.py's `hf_to_ours` run backwards: the fused q|k|v
+family a `gpt2` one. The tensor names are checkpoint.py's `hf_to_ours` run backwards: the fused q|k|v
 projection (`c_attn`) and SwiGLU's gate|up (`c_fc`) are split into HF's separate Linears, and
 GPT-2's weights are transposed into its Conv1D's (in, out) layout. RoPE needs no reordering:
 model.py rotates HF's way ("rotate half"). `save_hf_tokenizer` writes the tiktoken ranks as HF
@@ -23,7 +23,7 @@ the same token side by side (ab|a|ba) fuse left first in tiktoken and list first
 the tests meets it. HF also finds special tokens such as "<|endoftext|>" in the text it encodes,
 where `encode` never does.
 
-`GPT.from_pretrained(OUT_DIR)` and `load_tokenizer(OUT_DIR)` read the directory back, as
+`checkpoint.load_model(OUT_DIR)` and `load_tokenizer(OUT_DIR)` read the directory back, as
 `train_lang.py --init=OUT_DIR` and `eval.py` do; the export reads it back that way and checks every
 tensor before moving it into place. It is written whole or not at all (a temp directory beside
 OUT_DIR, then a rename); an OUT_DIR that holds anything is replaced only with --force.
@@ -39,8 +39,8 @@ import torch
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from checkpoint import atomic_write_text, load_model, write_json  # noqa: E402
-from load_hf import bytes_to_unicode, load_pretrained, load_tokenizer  # noqa: E402
+from checkpoint import atomic_write_text, load_model, recorded_path, write_json  # noqa: E402
+from tokenizer_text import bytes_to_unicode, load_tokenizer  # noqa: E402
 
 
 def load_language_checkpoint(path):
@@ -55,8 +55,7 @@ def load_language_checkpoint(path):
                          f"only language checkpoints export")
     if not args.get("tokenizer"):
         raise ValueError(f"{path}: checkpoint names no tokenizer")
-    tok_path = Path(args["tokenizer"])
-    tok = load_tokenizer(tok_path if tok_path.is_absolute() else path.parent / tok_path)
+    tok = load_tokenizer(recorded_path(args["tokenizer"], path.parent))
     if tok.n_vocab > model.config.vocab_size:
         raise ValueError(f"{path}: tokenizer has {tok.n_vocab} ids, the model only "
                          f"{model.config.vocab_size}")
@@ -163,7 +162,7 @@ def save_hf_tokenizer(tok, directory):
     """Write the Tokenizer `tok` as HF byte-level BPE into `directory`: tokenizer.json (vocab,
     merges derived from the ranks as the module docstring explains, the split regex, the specials)
     and tokenizer_config.json (the eos token), for HF `tokenizers`, `transformers.AutoTokenizer`
-    and load_hf.py's `load_tokenizer`."""
+    and tokenizer_text.py's `load_tokenizer`."""
     directory = Path(directory)
     to_char = bytes_to_unicode()
 
@@ -211,7 +210,7 @@ def save_hf_tokenizer(tok, directory):
 
 def check_round_trip(model, directory):
     """Read `directory` back with our HF loader: every tensor must equal the checkpoint's."""
-    back = load_pretrained(directory, dtype=model.wte.weight.dtype).state_dict()
+    back = load_model(directory, dtype=model.wte.weight.dtype)[0].state_dict()
     for name, t in model.state_dict().items():
         if not torch.equal(back[name], t):
             raise ValueError(f"{directory}: tensor {name} does not read back as written")
