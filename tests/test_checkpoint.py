@@ -41,6 +41,8 @@ def test_round_trip_is_bit_exact(tmp_path, config):
     for (k, a), (_, b) in zip(m.state_dict().items(), m2.state_dict().items()):
         assert torch.equal(a, b), k
     assert meta["step"] == 3 and meta["args"] == {"lr": 0.01} and meta["metrics"] == {"loss": 1.5}
+    half = load_model(path, dtype=torch.bfloat16)[0]
+    assert all(t.dtype == torch.bfloat16 for t in half.state_dict().values())
     assert json.loads(path.with_suffix(".json").read_text())["step"] == 3
     # resume into fresh objects, then one more identical step on both sides
     opt2 = torch.optim.AdamW(m2.parameters(), lr=1e-2)
@@ -64,6 +66,20 @@ def test_truncated_file_is_one_clear_error(tmp_path):
     with pytest.raises(ValueError, match="ckpt.safetensors") as e:
         load_model(path)
     assert "\n" not in str(e.value)
+
+
+def test_weights_of_another_shape_are_one_clear_error(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    m, _, _ = trained(GPTConfig.llama(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_embd=16))
+    path = tmp_path / "ckpt.safetensors"
+    save_checkpoint(path, m)
+    with safe_open(str(path), framework="pt") as f:
+        tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, json.loads(f.metadata()["nanorlvr"])
+    meta["config"]["vocab_size"] = 40   # the header says another model than the tensors hold
+    save_file(tensors, str(path), metadata={"nanorlvr": json.dumps(meta)})
+    with pytest.raises(ValueError, match=r"ckpt\.safetensors: weights do not fit the model .*wte\.weight \(32, 16\)"):
+        load_model(path)
 
 
 def test_other_config_is_refused(tmp_path):

@@ -1,5 +1,6 @@
-"""model.py against HF transformers (the oracle): logits of both families, the shared-prompt pass, loading errors;
-the plain GPT.generate. engine.py's sampler, held equal to GPT.generate, is tested in test_engine.py."""
+"""model.py against HF transformers (the oracle), loaded by checkpoint.load_model: logits of both families, the
+shared-prompt pass, loading errors, RoPE scaling; the plain GPT.generate; no import circle in the core. engine.py's
+sampler, held equal to GPT.generate, is tested in test_engine.py."""
 import pytest
 import torch
 
@@ -103,7 +104,9 @@ def test_sharded_checkpoint_loads(tmp_path):
     hf = hf_qwen2(tmp_path / "src")
     hf.save_pretrained(tmp_path / "sharded", safe_serialization=True, max_shard_size="20KB")
     assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
-    ours = load_model(tmp_path / "sharded")[0].eval()
+    ours, meta = load_model(tmp_path / "sharded")
+    assert meta["args"]["tokenizer"] == str((tmp_path / "sharded").resolve())   # as our checkpoints name theirs
+    ours.eval()
     idx = torch.randint(0, 90, (2, 9), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         assert torch.allclose(ours(idx)[0], hf(idx).logits, atol=1e-4, rtol=0)
@@ -170,3 +173,35 @@ def test_loaded_model_is_whole_in_its_dtype(pair, tmp_path):
     assert all(t.dtype == torch.bfloat16 for t in half.state_dict().values())
     for name, t in ours.state_dict().items():
         assert torch.equal(half.state_dict()[name], t.to(torch.bfloat16)), name
+
+
+def test_core_imports_form_no_circle():
+    """model.py imports nothing of the project, and the top-level files' imports (those inside functions too) form no
+    circle: checkpoint.py loads models, tokenizer_text.py tokenizers, and neither needs the other's importer."""
+    import ast
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    core = {p.stem: p for p in root.glob("*.py")}
+    deps = {}
+    for name, path in core.items():
+        found = set()
+        for n in ast.walk(ast.parse(path.read_text())):
+            if isinstance(n, ast.Import):
+                found |= {a.name.split(".")[0] for a in n.names}
+            elif isinstance(n, ast.ImportFrom) and n.level == 0 and n.module:
+                found.add(n.module.split(".")[0])
+        assert "research" not in found, f"{name}.py imports research/"
+        deps[name] = found & core.keys() - {name}
+    assert deps["model"] == set()
+    done, path = set(), []
+
+    def visit(name):   # depth first; a module met again on the current path closes a circle
+        assert name not in path, "import circle: " + " -> ".join(path[path.index(name):] + [name])
+        if name not in done:
+            path.append(name)
+            for d in sorted(deps[name]):
+                visit(d)
+            path.pop()
+            done.add(name)
+    for name in sorted(deps):
+        visit(name)

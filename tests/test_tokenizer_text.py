@@ -1,6 +1,6 @@
-"""Tests for tokenizer_text.py (BPE training, .tiktoken files, HF tokenizer loading): id parity with HF `tokenizers` (the oracle)
-on GPT-2- and Qwen2-style byte-level BPE files built offline, .tiktoken round trips, the trainer (against a naive
-reference trainer), and clear errors."""
+"""Tests for tokenizer_text.py (its BPE trainer, .tiktoken files, HF tokenizer loading): id parity with HF `tokenizers`
+(the oracle) on GPT-2- and Qwen2-style byte-level BPE files built offline, .tiktoken round trips, the trainer (against
+a naive reference trainer), and clear errors."""
 
 import json
 import random
