@@ -280,8 +280,7 @@ class GPT(nn.Module):
 
     def run_block(self, fn, *inputs):
         """fn(*inputs), a block's forward; with grad_ckpt set while training, its activations are
-        not kept but recomputed in the backward pass (activation checkpointing: memory for
-        compute)."""
+        recomputed in the backward pass instead of kept (activation checkpointing)."""
         if self.grad_ckpt and self.training and torch.is_grad_enabled():
             return checkpoint(fn, *inputs, use_reentrant=False)
         return fn(*inputs)
