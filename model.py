@@ -225,10 +225,11 @@ class GPT(nn.Module):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     def num_params(self, non_embedding=True):
+        n = sum(p.numel() for p in self.parameters())
         # the convention of scaling laws: embeddings are lookups, not compute
-        embeddings = [self.wte] + ([self.wpe] if self.wpe is not None else [])
-        skip = sum(e.weight.numel() for e in embeddings) if non_embedding else 0
-        return sum(p.numel() for p in self.parameters()) - skip
+        if non_embedding:
+            n -= self.wte.weight.numel() + (self.wpe.weight.numel() if self.wpe is not None else 0)
+        return n
 
     def flops_per_token(self, T):
         """Training FLOPs per token (forward + backward) at sequence length T, as in the PaLM
