@@ -10,8 +10,8 @@ optimizer's hyper-parameters. It is written to a temp name and renamed over the 
 weights and metadata can never disagree. A `<name>.json` sidecar repeats the metadata for humans.
 Any module whose `.config` is a dataclass can be saved and resumed (the GPT, and the video
 tokenizer while it trains). Paths in the metadata (data folder, --init, tokenizer file) are
-recorded relative to the checkpoint's folder when both lie in the repository (`relative_path`), so
-a moved clone still finds them; `recorded_path` joins them back.
+recorded relative to the checkpoint's folder when both lie in the repository or the path in that
+folder (`relative_path`), so a moved clone still finds them; `recorded_path` joins them back.
 
 HF model directories (GPT2LMHeadModel, Qwen2ForCausalLM, LlamaForCausalLM; config.json and
 safetensors, sharded or not): `config_from_hf` maps HF's config names to GPTConfig (Llama 3.1's
