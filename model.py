@@ -231,13 +231,6 @@ class GPT(nn.Module):
             n -= self.wte.weight.numel() + (self.wpe.weight.numel() if self.wpe is not None else 0)
         return n
 
-    def flops_per_token(self, T):
-        """Training FLOPs per token (forward + backward) at sequence length T, as in the PaLM
-        paper's appendix B."""
-        c = self.config
-        attention = 12 * c.n_layer * c.n_head * c.head_dim * T
-        return 6 * self.num_params(non_embedding=True) + 6 * c.vocab_size * c.n_embd + attention
-
     def embed(self, idx, pos):
         """Token ids idx at positions pos (same shape) -> (their embeddings, RoPE's cos and sin for
         the attention or None)."""
@@ -289,11 +282,10 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_id=None,
                  generator=None):
-        """Continue the rows of idx (B, T) by up to max_new_tokens tokens -> (B, T + n).
-
-        One full forward pass per new token, no cache. The tokens are drawn by sample_next, the rule
-        engine.generate samples with, so that for one row (or several without eos_id) a seeded call
-        draws engine.generate's tokens. Stops early once every row has drawn eos_id."""
+        """Continue the rows of idx (B, T) by up to max_new_tokens tokens -> (B, T + n), one full
+        forward pass per new token, no cache, stopping once every row has drawn eos_id. Tokens are
+        drawn by sample_next, as engine.generate draws them: for one row (or several without
+        eos_id) a seeded call draws engine.generate's tokens."""
         T = idx.size(1)
         for _ in range(max_new_tokens):
             # the model sees at most block_size tokens: crop the oldest ones
@@ -342,9 +334,8 @@ def sample_next(logits, temperature, top_k, top_p, generator):
 # GPT.forward(prompts=) in the GRPO update, engine.py's prefill and decode steps.
 
 class PromptCache:
-    """Keys and values of a batch of prompts, k[layer] and v[layer] (B, n_kv_head, P, head_dim).
-
-    A prompt pass (`rows` None) keeps them; then `rows` (N,) long makes later passes continuation
+    """Keys and values of a batch of prompts, k[layer] and v[layer] (B, n_kv_head, P, head_dim),
+    kept by a prompt pass (`rows` None); then `rows` (N,) long makes the passes continuation
     passes, row n continuing prompt rows[n]. engine.py's decode steps read k and v directly."""
 
     def __init__(self, n_layer):

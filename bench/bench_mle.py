@@ -9,7 +9,7 @@ Peak: the median speed of a float32 square matmul (--peak_n, default 1024) at ea
 does on dense math. One training step = forward, cross-entropy, backward, gradient clipping, AdamW. Our model and HF's
 LlamaForCausalLM get the same weights (saved as safetensors, loaded into ours with `checkpoint.load_model`) and the same
 batch; they run in turn after a warm-up and the median of the repeats is reported. Model FLOPs per token follow
-`GPT.flops_per_token` (6 N + attention, PaLM appendix B), the same count for both.
+`flops_per_token` (6 N + attention, PaLM appendix B), the same count for both.
 """
 import argparse
 import tempfile
@@ -66,6 +66,14 @@ def models(path):
     return load_model(path)[0].train(), hf.train()
 
 
+def flops_per_token(model, T):
+    """Training FLOPs per token (forward + backward) of our GPT at sequence length T, as in the PaLM paper's
+    appendix B: 6 x the non-embedding weights, the LM head (tied: its matrix is the embedding's), the attention."""
+    c = model.config
+    attention = 12 * c.n_layer * c.n_head * c.head_dim * T
+    return 6 * model.num_params(non_embedding=True) + 6 * c.vocab_size * c.n_embd + attention
+
+
 def trainer(model, step_loss):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
@@ -87,7 +95,7 @@ with tempfile.TemporaryDirectory() as d:
 g = torch.Generator().manual_seed(0)
 x = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g)
 y = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g)
-flops = ours.flops_per_token(args.seq) * args.batch * args.seq
+flops = flops_per_token(ours, args.seq) * args.batch * args.seq
 rows = []
 for threads in thread_list(args.threads):
     torch.set_num_threads(threads)
