@@ -74,6 +74,7 @@ class Tokenizer:
 
     @classmethod
     def from_tiktoken_file(cls, path):
+        """Our `.tiktoken` file (see `save`) -> Tokenizer, eos <|endoftext|> after the ranks."""
         path = Path(path)
         try:
             lines = [line.split() for line in path.read_bytes().splitlines() if line.strip()]
