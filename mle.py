@@ -1,27 +1,20 @@
 """
-The MLE stage both training scripts share: next-token cross-entropy on the tokens a world
-model must predict (train_lang.py: the answer of each (prompt, answer) pair; train_video.py:
-the predicted frames' codes). The same loop trains the control, the MLE start trained further
-for RLVR's compute.
+The MLE stage both training scripts share: next-token cross-entropy on the tokens a world model
+must predict (train_lang.py: each (prompt, answer) pair's answer, `pair_batches`; train_video.py:
+the predicted frames' codes). The same loop trains the control, the MLE start trained further for
+RLVR's compute.
 
     model = train(run, model, "mle", ckpt, steps, next_batch, val_loss, lr_of_step)
 
-A task brings three small functions:
-- next_batch(gen) -> (idx, tgt) on the device: one training batch drawn with the generator
-  `gen` (tgt is -1 where no token is scored);
-- val_loss(model) -> float: the mean validation loss (the loop calls it in eval mode, under
-  no_grad and autocast);
-- val_metrics(model) -> (dict, str), optional: more validation numbers for the log, and the
-  words the progress line prints for them.
-
-Each step: set the learning rate, draw a batch, forward under autocast, backward, clip the
-gradient norm to 1, and step AdamW only when the loss and the norm are finite (a NaN/inf stops
-the run or skips the step, --on_nan). Every --eval_every steps and at the end: the validation
-check, one line printed and one in log.jsonl. Every --ckpt_every steps: weights, optimizer and
-generators (runtime.Run), so a re-run resumes exactly. The stage ends after `steps` steps, after
-`minutes` of wall-clock (0: no limit) or once its compute reaches `budget` (the control: RLVR's
-compute, runtime.ComputeBudget). Compute is counted in forward-token units as grpo.compute_used
-counts RLVR's: each input token up to a row's last scored one, forward and backward, counts 3.
+next_batch(gen) -> (idx, tgt) on the device (tgt -1 where no token is scored), val_loss(model) ->
+float (called in eval mode, under no_grad and autocast), and optionally val_metrics(model) ->
+(dict, words) for the log and the progress line. Each step: set the learning rate, draw a batch,
+forward under autocast, backward, clip the gradient norm to 1, and step AdamW only when the loss
+and the norm are finite (--on_nan). Every eval_every steps and at the end a validation line; every
+--ckpt_every steps a resumable checkpoint (runtime.Run). The stage ends after `steps` steps,
+`minutes` of wall-clock or once its compute reaches `budget` (runtime.ComputeBudget), counted in
+forward-token units as grpo.compute_used counts RLVR's: each input token up to a row's last scored
+one, forward and backward, counts 3.
 """
 import time
 from pathlib import Path
