@@ -65,7 +65,7 @@ def imagine_webpage(text, record):
     return webpage_task.apply_changes(record["observation"], parse_sections(text))
 
 
-# the tasks with k-step imagination (train_lang.py --horizon): how a state follows from an answer
+# the tasks with k-step imagination (--horizon): how a state follows from an answer
 CHAINING = {
     "textgame": Chaining("state", "next_state", imagine_textgame, judge_imagined=True),
     "webpage": Chaining("observation", "next_observation", imagine_webpage, judge_imagined=False),
@@ -83,7 +83,7 @@ def episode_chains(task, records, horizon):
     hold their episodes one after another, so these are exactly the episodes' runs
     (tests/test_imagination.py)."""
     if task not in CHAINING:
-        raise ValueError(f"the {task} task has no k-step imagination (tasks.CHAINING)")
+        raise ValueError(f"the {task} task has no k-step imagination (research/chains.py CHAINING)")
     c = CHAINING[task]
 
     def context(r):   # what must not change along an episode: all but the states and the action
@@ -168,7 +168,7 @@ def text_predictor(model, tok, task, max_new_tokens, temperature=0.0, generator=
 
 
 def imagined_pairs(task, model, tok, chains, max_new_tokens):
-    """The stronger control's data (train_lang.py --control_imagined): the start model imagines
+    """The stronger control's data (--control_imagined): the start model imagines
     each chain greedily, as the evaluation does, and every step after the first becomes an MLE
     pair: the prompt of the state it imagined, and the answer the chain's metric counts right
     there (scored_on: text game, the diff from the imagined state to the true next state, so
@@ -211,7 +211,7 @@ def sample_chains(task, model, tok, chains, max_new_tokens, temperature, room, g
 
 
 def chain_hooks(task, tok, draw, room, horizon, group_size, kind, per_step=False):
-    """grpo_step's hooks for RLVR on chains of K = `horizon` steps (train_lang.py --horizon=K > 1)
+    """grpo_step's hooks for RLVR on chains of K = `horizon` steps (--horizon=K > 1)
     -> (draw, sampler, reward_fn); `draw(n)` is the prompt pool's (first prompts, chains). Each
     chain start's G = `group_size` chains are sampled at the config's temperature (every step:
     sample_chains, no prompt over `room` tokens) and laid out as K x G rows: row = one step, its
@@ -292,10 +292,10 @@ def probe_chain_rewards(task, model, tok, chains, kind, max_new_tokens, samples=
 
 
 def evaluate_chains(task, model, tok, chains, max_new_tokens=256, share=None):
-    """Score K-step imagination greedily on chains of K recorded steps (tasks.episode_chains), one
+    """Score K-step imagination greedily on chains of K recorded steps (episode_chains), one
     result per chain, shaped as `evaluate`'s: per chain the first step's metrics (its answer from
     the recorded state) and `<headline>_k`, the last answer's headline metric scored as
-    tasks.judged says (text game: the imagined final state is exact; web page: the F1 of the K-th
+    judged says (text game: the imagined final state is exact; web page: the F1 of the K-th
     predicted changes against the true ones); 0 for a chain whose answer became unreadable (counted
     in n_ended). A chain is "changed" when any of its steps changes something; the baseline answers
     "nothing changes" at every step. per_record["episode"] numbers the chains' episodes (chains

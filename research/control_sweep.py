@@ -47,7 +47,9 @@ except (OSError, ValueError, KeyError) as e:
 compute = [r["rl_compute"] for r in rows if r.get("stage") == "rlvr" and "rl_compute" in r]
 if not compute:
     sys.exit(f"error: {run / 'log.jsonl'}: no RLVR step with rl_compute (a run of this code?)")
-init = Path(config["init"]) if Path(config["init"]).is_absolute() else run / config["init"]
+# the start: --init, or the run's own MLE stage (--init=scratch)
+init = run / ("mle.safetensors" if config["init"] == "scratch" else config["init"])
+data_dir = run / config["data_dir"]   # relative to the run folder, or absolute
 final_lr = start_final_lr(init)
 if final_lr is None:
     sys.exit(f"error: {init}: records no MLE schedule; this sweep is in multiples of its final rate")
@@ -62,6 +64,7 @@ for f in factors:
     out = Path(f"{run}_control_sweep") / f"x{f:g}"
     flags = common.parser(common.__doc__).parse_args([
         f"--task={config['task']}", f"--init={init}", f"--seed={config['seed']}",
+        f"--data_dir={data_dir}",
         f"--val_limit={args.val_limit}", f"--threads={args.threads}", f"--out_dir={out}"])
     print(f"x{f:g}: lr {f * final_lr:.3g} -> {out}", flush=True)
     r, (train, val, _), _, _, tok = common.setup(flags, ["mle_more.safetensors"])

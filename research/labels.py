@@ -20,7 +20,7 @@ import mle  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from research import common  # noqa: E402
 from runtime import lr_at  # noqa: E402
-from tasks import TASKS, encode  # noqa: E402
+from tasks import TASKS, encode, load_lang_model  # noqa: E402
 from tokenizer_text import Tokenizer  # noqa: E402
 
 
@@ -64,7 +64,7 @@ def main():
                                                                       "rlvr.safetensors"])
     if args.label_frac < 1:
         init, tok = mle_on_fraction(run, args, train, val)
-        model = common.load_lang_model(init, args.device)[0]
+        model = load_lang_model(init, args.device)[0]
     rl = common.rlvr(run, model, tok, args, train[:args.rl_pool or None],
                      unchanged_frac=args.rl_unchanged_frac)
     ckpts = {"mle": init, "rlvr": str(rl)}

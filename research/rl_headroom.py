@@ -7,7 +7,7 @@ new answer. A group whose G rewards are all equal gives no GRPO gradient. For on
 on changed / unchanged records: the greedy score, the mean sample score, the best-of-G score (pass@G for the text
 game), the share of records whose best sample beats greedy ("headroom"), and the share of zero-spread groups; for the
 text game also what the greedy answer gets wrong on changed transitions. With --horizon=K > 1 the same numbers for
-K-step imagination (train_lang.py --horizon): one "record" is a chain of K recorded steps of an episode
+K-step imagination (research/chains.py): one "record" is a chain of K recorded steps of an episode
 (research/chains.py's episode_chains), each step after the first prompted with the state the chain's previous answer leads to, every
 step greedy or every step sampled, and the reward is the chain's (chains.chain_reward: text game, the imagined final
 state is exact; web page, the F1 of the K-th predicted changes); --limit counts chains.
@@ -45,7 +45,7 @@ p.add_argument("--G", type=int, default=8, help="samples per record, as GRPO's g
 p.add_argument("--temperature", type=float, default=1.0)
 p.add_argument("--max_new_tokens", type=int, default=200)
 p.add_argument("--limit", type=int, default=0, help="first N records (chains) only (0 = all)")
-p.add_argument("--horizon", type=int, default=1, help="K > 1: chains of K imagined steps (train_lang.py --horizon)")
+p.add_argument("--horizon", type=int, default=1, help="K > 1: chains of K imagined steps (research/chains.py)")
 p.add_argument("--seed", type=int, default=0)
 p.add_argument("--threads", type=int, default=1)
 p.add_argument("--json", default=None, help="write the numbers here")
