@@ -14,7 +14,6 @@ evaluate_lang.evaluate_checkpoints.
     python research/chains.py --horizon=3 --out_dir=out/textgame_k3
     python research/chains.py --task=webpage --horizon=3 --out_dir=out/webpage_k3
 """
-import argparse
 import dataclasses
 import math
 import sys
@@ -26,15 +25,16 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a file: the repository root
-from checkpoint import read_meta, write_json  # noqa: E402
+from checkpoint import write_json  # noqa: E402
 from engine import generate  # noqa: E402
 from evaluate_lang import evaluate_checkpoints, print_comparison, summarize  # noqa: E402
 from grpo import GRPOConfig, Source, make_policy, train_loop  # noqa: E402
 import mle  # noqa: E402
 from rewards import apply_diff, parse_diff, parse_sections  # noqa: E402
-from runtime import ComputeBudget, Run, add_flags, from_flags  # noqa: E402
+from research import common  # noqa: E402
+from runtime import ComputeBudget, from_flags  # noqa: E402
 from tasks import (TASKS, PromptPool, crop, encode, encode_pair, generate_texts,  # noqa: E402
-                   keep_tokenizer, load_lang_model, load_splits)
+                   load_lang_model)
 from data.webpage import task as webpage_task  # noqa: E402
 
 
@@ -337,41 +337,23 @@ def evaluate_chains(task, model, tok, chains, max_new_tokens=256, share=None):
 # the study: RLVR on chains from an MLE checkpoint, the one-step control, chains evaluated
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip(), allow_abbrev=False)
-    p.add_argument("--task", default="textgame", choices=sorted(CHAINING))
-    p.add_argument("--init", default=None, help="MLE checkpoint (default: the shipped one)")
-    p.add_argument("--data_dir", default=None, help="default data/<task>")
-    p.add_argument("--out_dir", required=True)
+    p = common.parser(__doc__)
     p.add_argument("--horizon", type=int, default=3, help="K: steps per chain")
     p.add_argument("--chain_reward", default="to_go", choices=("last", "to_go"))
     p.add_argument("--control_imagined", type=int, default=0,
                    help="train chains whose imagined states the control also learns")
-    p.add_argument("--rl_steps", type=int, default=30)
-    add_flags(p, GRPOConfig)
-    p.add_argument("--reward", default=None)
-    p.add_argument("--control", type=int, default=1)
-    for flag, default in (("val_limit", 0), ("test_limit", 0), ("seed", 1337), ("resume", 1),
-                          ("ckpt_every", 50), ("grad_ckpt", 0), ("batch_size", 32)):
-        p.add_argument(f"--{flag}", type=int, default=default)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32")
     args = p.parse_args()
-    if args.horizon < 2:
-        p.error("--horizon must be >= 2 (one step is train_lang.py)")
+    if args.horizon < 2 or args.task not in CHAINING:
+        p.error(f"--horizon must be >= 2 (one step is train_lang.py), --task one of {set(CHAINING)}")
     task, K = TASKS[args.task], args.horizon
-    init = args.init or str(ROOT / "checkpoints" / args.task / "mle.safetensors")
     reward = args.reward or task.rewards[0]
-    out_dir = Path(args.out_dir)
-    run = Run(args, out_dir, path_flags=("init", "data_dir", "out_dir", "tokenizer"))
-    run.save_config(run.check_config(["rlvr.safetensors", "mle_more.safetensors"]))
-    train, val, test = load_splits(run, args.task, Path(args.data_dir or ROOT / "data" / args.task))
-    model, tok, meta = load_lang_model(init, args.device)
-    run.recorded["tokenizer"] = str(out_dir / keep_tokenizer(init, meta, out_dir))
+    run, (train, val, test), init, model, tok = common.setup(args)
+    out_dir = run.out_dir
     cfg = dataclasses.replace(from_flags(args, GRPOConfig), vocab=tok.n_vocab)
     rl = rlvr_on_chains(run, model, tok, args, cfg, train, reward)
     ckpts = {"mle": init, "rlvr": str(rl)}
     if args.control:   # for the compute RLVR's checkpoint records
-        budget = ComputeBudget(read_meta(rl)["metrics"].get("rl_compute", 0))
+        budget = ComputeBudget(common.rl_compute(rl))
         ckpts["mle_more"] = str(control(run, init, tok, args, train, val, budget))
     splits = {"val": episode_chains(args.task, val, K)[:args.val_limit or None],
               "test": episode_chains(args.task, test, K)[:args.test_limit or None]}
