@@ -6,8 +6,7 @@ train_lang.py print with them).
 overall, on the records that change something (`_changed`) and on those that do not
 (`_unchanged`), plus `per_record`: one value per record per metric, in file order, so two models
 evaluated on the same records can be compared *paired* (stats.paired_table: the mean difference
-with a bootstrap 95% interval over records). `evaluate_chains` scores K-step imagination the same
-way, one "record" per chain of K recorded steps (train_lang.py --horizon).
+with a bootstrap 95% interval over records).
 """
 from contextlib import nullcontext
 
@@ -15,8 +14,7 @@ import torch
 
 from runtime import fork_map
 from stats import paired_table
-from tasks import (TASKS, crop, generate_texts, imagine_chains, judged, load_lang_model,
-                   text_predictor)
+from tasks import TASKS, crop, generate_texts, load_lang_model
 
 
 # -----------------------------------------------------------------------------
@@ -77,55 +75,15 @@ def evaluate(task, model, tok, records, max_new_tokens=256, batch_size=64, sampl
     return res
 
 
-def evaluate_chains(task, model, tok, chains, max_new_tokens=256, share=None):
-    """Score K-step imagination greedily on chains of K recorded steps (tasks.episode_chains), one
-    result per chain, shaped as `evaluate`'s: per chain the first step's metrics (its answer from
-    the recorded state) and `<headline>_k`, the last answer's headline metric scored as
-    tasks.judged says (text game: the imagined final state is exact; web page: the F1 of the K-th
-    predicted changes against the true ones); 0 for a chain whose answer became unreadable (counted
-    in n_ended). A chain is "changed" when any of its steps changes something; the baseline answers
-    "nothing changes" at every step. per_record["episode"] numbers the chains' episodes (chains
-    of one episode overlap: the next starts at this one's second record), so that a bootstrap can
-    resample an episode's chains together. share: as evaluate's."""
-    T = TASKS[task]
-    h_k = T.headline + "_k"
-    changed = [any(map(T.data.is_changed, c)) for c in chains]
-
-    def score(predict):   # the per-chain metrics, the chains' steps
-        steps = imagine_chains(task, chains, predict)
-        out = []
-        for c, s in zip(chains, steps):
-            j = judged(task, c, s)
-            out.append(T.score(s[0][1], c[0]) | {h_k: T.score(*j)[T.headline] if j else 0.0})
-        return out, steps
-
-    scores, steps = score(text_predictor(model, tok, task, max_new_tokens, share=share))
-    no_change = score(lambda records: [(T.no_change, None)] * len(records))[0]
-    prompts = [tok.encode(T.data.prompt_text(c[0])) for c in chains]
-    res = dict(summarize(scores, changed), n=len(chains), n_changed=sum(changed),
-               n_cropped=crop(prompts, model.config.block_size, max_new_tokens)[1],
-               horizon=len(chains[0]), n_ended=sum(len(s) < len(c) for c, s in zip(chains, steps)),
-               baseline_no_change=summarize(no_change, changed))
-    res["examples"] = [dict(actions=[r["action"] for r in c], changed=ch,
-                            predictions=[text for _, text, _ in s])
-                       for c, ch, s in list(zip(chains, changed, steps))[:5]]
-    episode = [0]
-    for a, b in zip(chains, chains[1:]):   # a new episode where a chain does not continue the last
-        episode.append(episode[-1] + (len(a) < 2 or b[0] != a[1]))
-    res["per_record"] = ({k: [float(m[k]) for m in scores] for k in scores[0]}
-                         | {"changed": changed, "episode": episode})
-    return res
-
-
 def evaluate_checkpoints(task, ckpts, tok, splits, max_new_tokens, device="cpu", autocast=None,
-                         workers=1, horizon=1, share=None):
+                         workers=1, share=None, score=None):
     """Each checkpoint of {name: path} greedy on every split's records {split: records} (under
     `autocast`), so differences are paired per record -> {split: {name: evaluate's result}}.
     workers > 1 (CPU only): that many forked processes share the (checkpoint, split) jobs, largest
-    first; every job computes what it would alone. horizon K > 1: each split's records are
-    chains of K steps (tasks.episode_chains) and the result is evaluate_chains'. share
-    (runtime.rank_map, with workers 1): every torchrun rank runs every job, decoding its share of
-    each job's batches, and gets every result, the same as one process's."""
+    first; every job computes what it would alone. share (runtime.rank_map, with workers 1): every
+    torchrun rank runs every job, decoding its share of each job's batches, and gets every result,
+    the same as one process's. score(model, records, share) -> a result: another evaluation (a
+    research script's), in place of `evaluate`."""
     jobs = sorted(((name, split) for name in ckpts for split in splits),
                   key=lambda j: -len(splits[j[1]]))
 
@@ -133,9 +91,8 @@ def evaluate_checkpoints(task, ckpts, tok, splits, max_new_tokens, device="cpu",
         name, split = job
         with autocast or nullcontext():
             model = load_lang_model(ckpts[name], device)[0]
-            if horizon > 1:
-                return evaluate_chains(task, model, tok, splits[split], max_new_tokens,
-                                       share=share)
+            if score:
+                return score(model, splits[split], share)
             # forked or shared: no bars
             return evaluate(task, model, tok, splits[split], max_new_tokens,
                             desc=f"{split} {name}" if workers <= 1 and not share else None,
@@ -184,16 +141,11 @@ def print_paired(task, rows, against, file=None, metric=None):
                   f"[{100 * lo:+6.2f}, {100 * hi:+6.2f}]{sig}", file=file)
 
 
-def print_comparison(task, split, rows, file=None):
+def print_comparison(task, split, rows, file=None, metrics=None, what="transitions"):
     """train_lang.py's report of one split (rows: name -> evaluate result, "mle" among them): the
-    table, then the paired differences against the MLE start and, when the control ran, against the
-    control ("mle_more"). Chains (evaluate_chains' results): the table of `<headline>_k`, and the
-    paired differences in it and in the first step's headline metric."""
-    h, first = TASKS[task].headline, rows["mle"]
-    if "horizon" in first:
-        what, metrics = f"chains of {first['horizon']} steps", (h + "_k", h)
-    else:
-        what, metrics = "transitions", (h,)
+    table of metrics[0] (default: the headline metric), then the paired differences in each of
+    `metrics` against the MLE start and, when the control ran, against the control ("mle_more")."""
+    first, metrics = rows["mle"], metrics or (TASKS[task].headline,)
     print(f"\n{split} split ({first['n']} {what}, {first['n_changed']} changed), "
           f"{metrics[0]} % (greedy):", file=file, flush=True)
     print_table(task, rows, file, metrics[0])

@@ -11,63 +11,73 @@ Log-probs use logits / temperature, the sampler's distribution. Special cases si
 helpers: bf16 (`maybe_recompute_old_logp`) and DDP (`no_sync_unless_last`, `rows_on_all_ranks`,
 `join_with_zero_gradient`: each rank samples its own prompts, all take the same optimizer steps).
 GRPOConfig holds every default of the RL stage; runtime.add_flags turns its knobs into a script's
-flags.
+flags. `train_loop` runs grpo_step for a stage's steps (resume, NaN guard, compute, logs, saves).
 """
+import copy
 import math
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
+from tqdm import tqdm
 
+from checkpoint import read_meta
 from engine import generate
 
 
-def knob(default, help, flag=None, research=False, choices=None):
-    """A GRPOConfig field that is a flag: its help, its name if not the field's, its group."""
-    return field(default=default, metadata=dict(help=help, flag=flag, research=research,
-                                                choices=choices))
+def knob(default, help, flag=None):
+    """A GRPOConfig field that is a script's flag: its help, and its name if not the field's."""
+    return field(default=default, metadata=dict(help=help, flag=flag))
 
 
 @dataclass
 class GRPOConfig:
     # per step: prompts_per_step groups with reward spread (0: as many as the prompts given)
     prompts_per_step: int = knob(16, "groups WITH reward spread per step (DAPO refill)")
-    max_rounds: int = knob(4, "sampling rounds a step may take to collect them")
+    max_rounds: int = 4          # sampling rounds a step may take to collect them
     group_size: int = knob(8, "samples per prompt (G)")
     # the official recipe's AdamW (`make_optimizer`), a linear warm-up to a constant rate (`set_lr`)
-    lr: float = knob(1e-4, "AdamW learning rate, after --rl_warmup steps of warm-up", "rl_lr")
-    warmup: int = knob(10, "linear learning-rate warm-up steps of RLVR", "rl_warmup")
-    weight_decay: float = knob(0.01, "AdamW weight decay of RLVR (official: 0.01)",
-                               "rl_weight_decay")
+    lr: float = knob(1e-4, "AdamW learning rate of RLVR, after 10 steps of warm-up", "rl_lr")
+    warmup: int = 10
+    weight_decay: float = 0.01   # official: 0.01
     betas: tuple = (0.9, 0.999)
-    # the loss; beta 0: no reference model
-    beta: float = knob(0.001, "KL coefficient to the MLE start (official: 0.001)")
-    entropy_coef: float = knob(0.001, "entropy bonus (official: 0.001)")
-    clip_eps: float = knob(0.2, "PPO clip range")
-    loss_agg: str = knob("token-mean", "loss aggregation", choices=["token-mean", "seq-mean"])
-    std_norm: bool = knob(True, "1: divide advantages by the group's std")
+    # the loss (official: beta 0.001, entropy 0.001); beta 0: no reference model
+    beta: float = 0.001          # the KL's coefficient, to the frozen start
+    entropy_coef: float = 0.001
+    clip_eps: float = 0.2        # PPO's clip range
+    loss_agg: str = "token-mean"   # or "seq-mean"
+    std_norm: bool = True        # divide advantages by the group's std
     adv_eps: float = 1e-6
     # the update: ppo_epochs x minibatches optimizer steps, in micro-batches
-    ppo_epochs: int = knob(1, "passes over each rollout batch")
-    minibatches: int = knob(2, "optimizer steps per pass")
+    ppo_epochs: int = 1
+    minibatches: int = 2
     micro_batch: int = knob(64, "sequences per forward/backward (the GRPO update, MLE and its "
                                 "validation)")
     grad_clip: float = 1.0
-    # sampling; skip_zero_std: drop groups without reward spread; the placebo permutes rewards
-    temperature: float = knob(1.0, "sampling temperature of the rollouts")
+    # sampling; skip_zero_std: drop groups without reward spread
+    temperature: float = 1.0
     max_new_tokens: int = knob(200, "longest answer sampled")
     # ids the tokenizer can decode (0: all the model's): Qwen2 pads its embedding past its
     # tokenizer, and those ids are never sampled nor given probability in the update
     vocab: int = 0
     skip_zero_std: bool = True
-    shuffle_rewards: bool = knob(False, "1: the placebo: each kept group's rewards permuted",
-                                 "placebo", research=True)
 
     def __post_init__(self):
         assert self.loss_agg in ("token-mean", "seq-mean"), f"loss_agg: {self.loss_agg!r}"
+
+
+@dataclass
+class Group:
+    """A kept group (step 3): its prompt, the round's rollout holding its G rows, which rows those
+    are, and their rewards."""
+    prompt: list
+    rollout: dict
+    rows: slice
+    rewards: torch.Tensor
 
 
 def make_optimizer(model, cfg):
@@ -165,35 +175,25 @@ def rollout(model, prompts, items, reward_fn, cfg, eos_id, generator, sampler=No
                 prompt_tokens=sum(len(p) for p in prompts))
 
 
-def keep_spread(prompts, out, cfg, placebo):
-    """Step 3 on one round's rollout: the groups whose true rewards differ -> [(prompt, out, the
-    slice of its G rows in out, its G rewards as used)]. placebo: None, or the generator that
-    permutes each kept group's rewards among its samples (same prompts and groups as RLVR, no
-    information about which sample was right)."""
+def keep_spread(prompts, out, cfg):
+    """Step 3 on one round's rollout: the groups whose rewards differ -> [Group]."""
     G, r = cfg.group_size, out["rewards"].view(-1, cfg.group_size)  # (P, G) one row per group
     spread = (r.std(1, unbiased=False) > 0 if cfg.skip_zero_std
               else torch.ones(len(r), dtype=torch.bool))
-    kept = []
-    for g in spread.nonzero().flatten().tolist():
-        used = r[g] if placebo is None else r[g][torch.randperm(G, generator=placebo)]
-        kept.append((prompts[g], out, slice(g * G, (g + 1) * G), used))
-    return kept
+    return [Group(prompts[g], out, slice(g * G, (g + 1) * G), r[g])
+            for g in spread.nonzero().flatten().tolist()]
 
 
 def sample_groups(model, prompts, items, reward_fn, cfg, eos_id, generator, sampler, next_prompts,
-                  step=0, autocast=nullcontext()):
+                  autocast=nullcontext()):
     """Steps 1-3: rounds of rollouts until cfg.prompts_per_step groups have reward spread (DAPO's
-    dynamic sampling), at most cfg.max_rounds -> (at most that many kept groups, every rollout)."""
+    dynamic sampling), at most cfg.max_rounds -> (at most that many kept Groups, every rollout)."""
     G, want = cfg.group_size, cfg.prompts_per_step or len(prompts)
     kept, rounds = [], []
-    # the placebo's permutations draw from a stream of their own: the sampling stream, and so the
-    # prompts, samples and kept groups of the step, are the ones RLVR would have
-    placebo = (torch.Generator().manual_seed(generator.initial_seed() + 7919 * step)
-               if cfg.shuffle_rewards else None)
     while True:
         out = rollout(model, prompts, items, reward_fn, cfg, eos_id, generator, sampler, autocast)
         rounds.append(out)
-        kept += keep_spread(prompts, out, cfg, placebo)
+        kept += keep_spread(prompts, out, cfg)
         if len(kept) >= want or len(rounds) >= cfg.max_rounds or next_prompts is None:
             return kept[:want], rounds              # a fixed-size update, as DAPO's
         # enough prompts to fill the gap at the spread rate so far, at most the first round's number
@@ -206,13 +206,13 @@ def sample_groups(model, prompts, items, reward_fn, cfg, eos_id, generator, samp
 # step 4: the update's rows and their log-probs
 
 def update_batch(kept, cfg, device):
-    """Step 4: the kept groups as N = groups x G rows right-padded to T -> a dict: `pack`'s tensors,
+    """Step 4: the kept Groups as N = groups x G rows right-padded to T -> a dict: `pack`'s tensors,
     rows (N,) each row's group, old_logp (N, T), adv (N,), mask (N, T) the loss's tokens."""
-    tokens, old_logp, mask = (pad_sequence([row for _, out, sl, _ in kept for row in out[key][sl]],
+    tokens, old_logp, mask = (pad_sequence([row for k in kept for row in k.rollout[key][k.rows]],
                                            batch_first=True, padding_value=pad)
                               for key, pad in (("tokens", -1), ("old_logp", 0.0), ("mask", False)))
-    prompt_idx, prompt_len, idx, targets = pack([p for p, *_ in kept], tokens, mask)
-    adv = group_advantages(torch.stack([r for *_, r in kept]), cfg.std_norm, cfg.adv_eps)
+    prompt_idx, prompt_len, idx, targets = pack([k.prompt for k in kept], tokens, mask)
+    adv = group_advantages(torch.stack([k.rewards for k in kept]), cfg.std_norm, cfg.adv_eps)
     b = dict(prompt_idx=prompt_idx, prompt_len=prompt_len, idx=idx, targets=targets,
              old_logp=old_logp, adv=adv.view(-1))
     b = {k: t.to(device) for k, t in b.items()}
@@ -379,7 +379,7 @@ def compute_used(rounds, kept, cfg, recomputed):
     (each group's prompt once, every completion token), then per kept token the reference's and
     (bf16) the recomputed old log-probs' forward and each epoch's forward + backward."""
     sampled = sum(s["prompt_tokens"] + int((s["tokens"] >= 0).sum()) for s in rounds)
-    updated = sum(len(p) + int((out["tokens"][sl] >= 0).sum()) for p, out, sl, _ in kept)
+    updated = sum(len(k.prompt) + int((k.rollout["tokens"][k.rows] >= 0).sum()) for k in kept)
     passes = 3 * cfg.ppo_epochs + (cfg.beta > 0) + recomputed
     return dict(tokens_sampled=sampled, tokens_updated=updated, compute=sampled + passes * updated)
 
@@ -415,13 +415,13 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_
     if torch.is_autocast_enabled(device.type):
         raise ValueError("grpo_step: called inside an autocast region, where its optimizer steps "
                          "would leave the forwards on stale weights; pass autocast= instead")
-    if not torch.stack([torch.isfinite(p).all() for p in raw.parameters()]).all():
+    if not all_finite(raw):
         raise FloatingPointError(f"non-finite weights in the policy at step {step}")
     with autocast:   # the forwards' precision: bf16 / fp16 log-probs are recomputed (step 4)
         low = low_precision(raw, device)
     # 1-3. rollouts, rewards, and more prompts until enough groups have reward spread
     kept, rounds = sample_groups(raw, prompts, items, reward_fn, cfg, eos_id, generator, sampler,
-                                 next_prompts, step, autocast)
+                                 next_prompts, autocast)
     t_rollout = time.time() - t0
     # 4. advantages, and the rows of the update (none if no group had spread)
     b = update_batch(kept, cfg, device) if kept else None
@@ -435,3 +435,104 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_
     ratio_tokens = int(b["mask"][plan[0]].sum()) if b is not None else 0
     stats = step_stats(step, rounds, kept, sums, n_mb, ratio_tokens, cfg, eos_id, t0, t_rollout)
     return {**stats, **compute_used(rounds, kept, cfg, low)}
+
+
+# -----------------------------------------------------------------------------
+# the RL loop: grpo_step for a stage's steps (train_lang.py and the research scripts)
+
+@dataclass
+class Source:
+    """Where a step's groups come from and how they are scored (grpo_step's hooks)."""
+    draw: Callable               # draw(n) -> (n token-id prompts, their items): a round's prompts
+    reward_fn: Callable          # reward_fn(items, completions) -> a float per completion
+    eos_id: int = None
+    sampler: Callable = None     # see `rollout`; None: engine.generate
+
+
+@dataclass
+class Policy:
+    """What the RL stage trains: the GPT, the module that steps (compiled and/or DDP-wrapped
+    around it), the frozen reference (None when beta is 0) and the optimizer."""
+    model: torch.nn.Module
+    trained: torch.nn.Module
+    ref: torch.nn.Module
+    opt: torch.optim.Optimizer
+
+
+def make_policy(run, model, cfg, compile=False, grad_ckpt=False):
+    """The RL stage's Policy from `model` (runtime.Run.wrap: on the device, compiled, DDP)."""
+    # the frozen start, the KL's reference, kept in the forwards' dtype (bf16 under autocast)
+    ref = (copy.deepcopy(model).eval().requires_grad_(False).to(run.dtype) if cfg.beta > 0
+           else None)
+    model, trained = run.wrap(model, compile=compile, grad_ckpt=grad_ckpt)
+    return Policy(model, trained, ref, make_optimizer(model, cfg))
+
+
+def train_loop(run, policy, source, cfg, gen, ckpt, steps, budget=None, watch=None, every=10,
+               name="rlvr"):
+    """GRPO for `steps` steps, checkpointed to `ckpt` (resumed from it: runtime.Run.resume_stage).
+    Each step's compute is added to `budget` (runtime.ComputeBudget, the control's), closed at the
+    end. watch(step, stats) -> dict (rank 0, before the first step, every `every` steps and at the
+    last): more numbers for the log (train_lang.py: the probe). -> the last step's stats."""
+    step, done = run.resume_stage(ckpt, policy.model, policy.opt, gen, name)
+    if done:
+        return read_meta(ckpt)["metrics"]
+    prev = read_meta(ckpt)["metrics"] if step else {}   # the interrupted run's last log
+    # time in GRPO steps so far (logged beside compute), and their forward-token units
+    totals = dict(rl_seconds=prev.get("rl_seconds", 0.0), rl_compute=prev.get("rl_compute", 0))
+    if budget is not None:
+        budget.add(totals["rl_compute"])
+    if not all_finite(policy.model):   # a poisoned start stops here, before any sampling from it
+        run.nonfinite(name, step, policy.model, "non-finite weights in the policy")
+    if step == 0 and run.master and watch:
+        run.log({"stage": name, "step": 0, **watch(0, {})})   # before any update
+    bar = tqdm(total=steps, initial=step, desc=name, disable=not run.master)
+    stats = {}
+    while step < steps:
+        stats = guarded_step(run, policy, source, cfg, gen, step, name)
+        step += 1
+        bar.update(1)
+        if stats:
+            log_step(run, stats, step, totals, budget, bar)
+            if run.master and watch and (step % every == 0 or step == steps):
+                stats.update(watch(step, stats))
+            run.log({"stage": name, **stats})   # reward, KL, entropy, clip fraction, the watch's
+        # a checkpoint every --ckpt_every steps, and the last
+        run.save_stage(ckpt, policy.model, policy.opt, step, stats, gen, done=step == steps)
+    bar.close()
+    if budget is not None:
+        budget.close()   # RLVR's compute is final: the control may stop once it has used as much
+    run.check_ranks_in_sync(policy.model, name)   # under torchrun: the same weights on every rank
+    run.barrier()
+    return stats
+
+
+def guarded_step(run, policy, source, cfg, gen, step, name):
+    """One GRPO step at step's learning rate -> its stats; {} for a step a NaN/inf skipped."""
+    set_lr(policy.opt, cfg, step)   # linear warm-up, then constant
+    # the first round's prompts; grpo_step draws more if groups lack spread
+    prompts, items = source.draw(cfg.prompts_per_step)
+    try:   # rollout -> reward -> advantages -> PPO-clip + KL updates
+        return grpo_step(policy.trained, policy.ref, policy.opt, prompts, items, source.reward_fn,
+                         cfg, source.eos_id, gen, step, sampler=source.sampler,
+                         next_prompts=source.draw, autocast=run.autocast)
+    except FloatingPointError as e:   # grpo_step checks rewards, loss, gradient norm and weights
+        run.nonfinite(name, step, policy.model, str(e))   # stops, or logs a skipped step
+        return {}
+
+
+def log_step(run, stats, step, totals, budget, bar):
+    """A done step's stats: its number, the totals of time and compute (added to `budget`)."""
+    stats["step"] = step   # steps done: the log's step 0 is the watch before any update
+    totals["rl_seconds"] += stats["t_step"]
+    totals["rl_compute"] += stats["compute"]   # counted by compute_used
+    if budget is not None:
+        budget.add(stats["compute"])
+    stats.update(totals)
+    bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", kept=stats["groups_kept"],
+                    kl=f"{stats['kl']:.4f}")
+
+
+def all_finite(model):
+    """True when every weight of `model` is finite."""
+    return bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all())

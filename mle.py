@@ -1,27 +1,20 @@
 """
-The MLE stage both training scripts share: next-token cross-entropy on the tokens a world
-model must predict (train_lang.py: the answer of each (prompt, answer) pair; train_video.py:
-the predicted frames' codes). The same loop trains the control, the MLE start trained further
-for RLVR's compute.
+The MLE stage both training scripts share: next-token cross-entropy on the tokens a world model
+must predict (train_lang.py: each (prompt, answer) pair's answer, `pair_batches`; train_video.py:
+the predicted frames' codes). The same loop trains the control, the MLE start trained further for
+RLVR's compute.
 
     model = train(run, model, "mle", ckpt, steps, next_batch, val_loss, lr_of_step)
 
-A task brings three small functions:
-- next_batch(gen) -> (idx, tgt) on the device: one training batch drawn with the generator
-  `gen` (tgt is -1 where no token is scored);
-- val_loss(model) -> float: the mean validation loss (the loop calls it in eval mode, under
-  no_grad and autocast);
-- val_metrics(model) -> (dict, str), optional: more validation numbers for the log, and the
-  words the progress line prints for them.
-
-Each step: set the learning rate, draw a batch, forward under autocast, backward, clip the
-gradient norm to 1, and step AdamW only when the loss and the norm are finite (a NaN/inf stops
-the run or skips the step, --on_nan). Every --eval_every steps and at the end: the validation
-check, one line printed and one in log.jsonl. Every --ckpt_every steps: weights, optimizer and
-generators (runtime.Run), so a re-run resumes exactly. The stage ends after `steps` steps, after
-`minutes` of wall-clock (0: no limit) or once its compute reaches `budget` (the control: RLVR's
-compute, runtime.ComputeBudget). Compute is counted in forward-token units as grpo.compute_used
-counts RLVR's: each input token up to a row's last scored one, forward and backward, counts 3.
+next_batch(gen) -> (idx, tgt) on the device (tgt -1 where no token is scored), val_loss(model) ->
+float (called in eval mode, under no_grad and autocast), and optionally val_metrics(model) ->
+(dict, words) for the log and the progress line. Each step: set the learning rate, draw a batch,
+forward under autocast, backward, clip the gradient norm to 1, and step AdamW only when the loss
+and the norm are finite (--on_nan). Every eval_every steps and at the end a validation line; every
+--ckpt_every steps a resumable checkpoint (runtime.Run). The stage ends after `steps` steps,
+`minutes` of wall-clock or once its compute reaches `budget` (runtime.ComputeBudget), counted in
+forward-token units as grpo.compute_used counts RLVR's: each input token up to a row's last scored
+one, forward and backward, counts 3.
 """
 import time
 from pathlib import Path
@@ -35,6 +28,9 @@ from grpo import no_sync_unless_last
 from runtime import lr_at
 
 
+WARMUP = 100   # warm-up steps of the MLE schedule (runtime.lr_at) of train_lang.py
+
+
 def control_lr(lr, warmup=10):
     """The control's schedule: a linear warm-up over `warmup` steps, then `lr` (constant)."""
     return lambda step: lr * min(1.0, (step + 1) / warmup)
@@ -46,7 +42,8 @@ def final_lr(ckpt):
     if not Path(ckpt).is_file():
         return None
     meta = read_meta(ckpt)
-    schedule = [meta["args"].get(k) for k in ("mle_steps", "mle_lr", "warmup")]
+    schedule = [meta["args"].get(k, d) for k, d in (("mle_steps", None), ("mle_lr", None),
+                                                    ("warmup", WARMUP))]
     return None if None in schedule else lr_at(meta["step"] - 1, *schedule)
 
 
@@ -60,15 +57,18 @@ def batch_compute(tgt):
 
 
 def train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, minutes=0, budget=None,
-          val_metrics=None, desc=None, compile=False):
+          val_metrics=None, desc=None, compile=False, weight_decay=None, eval_every=None):
     """Train `model` by MLE as the stage `name`, checkpointing to `ckpt` -> the trained model
-    (the same object, on the device). Reads --weight_decay, --seed and --eval_every from
-    run.args. desc: the progress bar's label (default: name). compile: torch.compile it."""
+    (the same object, on the device). Reads --seed from run.args, and --weight_decay and
+    --eval_every when not given. desc: the progress bar's label (default: name). compile:
+    torch.compile it."""
     args = run.args
+    weight_decay = args.weight_decay if weight_decay is None else weight_decay
+    eval_every = eval_every or args.eval_every
     # trained: compiled and/or DDP-wrapped
     model, trained = run.wrap(model, compile=compile, grad_ckpt=args.grad_ckpt)
     opt = torch.optim.AdamW(model.parameters(), lr=lr_of_step(0), betas=(0.9, 0.95),
-                            weight_decay=args.weight_decay)
+                            weight_decay=weight_decay)
     gen = torch.Generator().manual_seed(args.seed + run.rank)   # each rank its own batches
     # weights, optimizer and generators of an unfinished run; a finished stage is reused as it is
     step, done = run.resume_stage(ckpt, model, opt, gen, name)
@@ -98,7 +98,7 @@ def train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, minut
         # the wall-clock or compute budget; the ranks agree, so all leave at the same step
         timed_out = run.any_rank(bool(minutes and time.time() - t_start > 60 * minutes)
                                  or (budget is not None and budget.reached(compute)))
-        if step % args.eval_every == 0 or step == steps or timed_out:
+        if step % eval_every == 0 or step == steps or timed_out:
             metrics = validate(run, model, name, step, loss, t_start, val_loss, val_metrics,
                                compute)
         # every --ckpt_every steps the resumable state; at the end the weights alone, marked done
@@ -150,3 +150,37 @@ def validate(run, model, name, step, loss, t_start, val_loss, val_metrics, compu
     run.print0(f"\n{name} step {step}: train loss {loss.item():.4f} val loss {vl:.4f}{words}")
     run.log(metrics)   # one JSON line in out_dir/log.jsonl
     return metrics
+
+
+# -----------------------------------------------------------------------------
+# (prompt, answer) pairs: train_lang.py's batches
+
+def batch_from(pairs, device):
+    """(prompt, answer) id lists -> right-padded idx (B, T) and targets (B, T) on the device,
+    -1 outside the answer tokens."""
+    T = max(len(a) + len(b) for a, b in pairs) - 1          # the longest sequence, but its last
+    idx = torch.zeros(len(pairs), T, dtype=torch.long)       # padding 0 is never a target
+    tgt = torch.full((len(pairs), T), -1, dtype=torch.long)  # -1 = ignored by the cross-entropy
+    for i, (a, b) in enumerate(pairs):
+        s = a + b                                            # prompt, answer (+ EOS): one sequence
+        idx[i, :len(s) - 1] = torch.tensor(s[:-1])           # input: all but the last token
+        tgt[i, len(a) - 1:len(s) - 1] = torch.tensor(b)      # target: the answer, shifted by one
+    return idx.to(device), tgt.to(device)
+
+
+def pair_batches(run, pairs, val_pairs, batch_size):
+    """mle.train's next_batch and val_loss for (prompt, answer) id pairs: `batch_size` pairs drawn
+    with replacement; the mean loss of the chunks of --micro_batch validation pairs."""
+    device, mb = run.args.device, run.args.micro_batch
+
+    def next_batch(gen):
+        ids = torch.randint(len(pairs), (batch_size,), generator=gen).tolist()
+        return batch_from([pairs[i] for i in ids], device)
+
+    def val_loss(model):
+        vl = []
+        for i in range(0, len(val_pairs), mb):
+            idx, tgt = batch_from(val_pairs[i:i + mb], device)
+            vl.append(model(idx, tgt, at=tgt >= 0)[1].item())   # logits of the answers only
+        return sum(vl) / len(vl)
+    return next_batch, val_loss

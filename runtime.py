@@ -88,6 +88,7 @@ class Run:
         """path_flags: the names of the flags that hold paths (relative to the working directory or absolute),
         recorded relative to out_dir in config.json and in checkpoints (`recorded_args`)."""
         self.args, self.out_dir, self.path_flags = args, Path(out_dir), path_flags
+        self.recorded = {}   # entries recorded beside the flags (train_lang.py: its tokenizer)
         try:
             check_device(args.device)
         except ValueError as e:
@@ -110,7 +111,7 @@ class Run:
         self.skips, self.last_skip = 0, None
         if self.ddp and getattr(args, "on_nan", "stop") == "skip":
             self.fail("--on_nan=skip is for single-process runs (under torchrun use --on_nan=stop)")
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(getattr(args, "threads", 1))   # a script without --threads: 1
         torch.manual_seed(args.seed)
         # float16 trains only with a gradient scaler (its gradients underflow), which the loops
         # do not have; bfloat16 has float32's range and needs none
@@ -132,9 +133,9 @@ class Run:
         sys.exit(1)
 
     def recorded_args(self):
-        """vars(args) as config.json and checkpoints record them: each path flag relative to out_dir where it can be
+        """vars(args) and `recorded` as config.json and checkpoints record them: each path flag relative to out_dir where it can be
         (checkpoint.relative_path); "auto" and "scratch" are words, not paths."""
-        record = dict(vars(self.args))
+        record = {**vars(self.args), **self.recorded}
         for name in self.path_flags:
             if record.get(name) not in (None, "auto", "scratch"):
                 record[name] = relative_path(record[name], self.out_dir)
@@ -300,33 +301,6 @@ class Run:
             self.fail(f"ranks diverged: weight checksums {sums}")
 
 
-class WeightPath:
-    """How RLVR moves the weights, for the log: their distance from the start (RMS per weight) and the straightness,
-    that distance over the length of the path walked. A random walk of n steps has straightness ~ 1 / sqrt(n), a steady
-    direction ~ 1."""
-
-    def __init__(self, model):
-        self.start = flat_weights(model)   # where the stage started (before any resume), on the CPU
-
-    def resume(self, model, length):
-        """Walk on from the current weights, `length` already walked (0 for a fresh stage)."""
-        self.last, self.length = flat_weights(model), length
-
-    def step(self, model):
-        """-> w_path, w_rms, w_straightness after one more optimizer step."""
-        w = flat_weights(model)
-        self.length += (w - self.last).norm().item()   # the length of this step's move
-        self.last = w
-        dist = (w - self.start).norm().item()           # straight-line distance from the start
-        return dict(w_path=self.length, w_rms=dist / math.sqrt(len(w)), w_straightness=dist / max(self.length, 1e-12))
-
-
-def flat_weights(model):
-    """Every parameter, detached and flattened into one float32 vector on the CPU (a GPU's memory
-    holds no copy of the weights for the log)."""
-    return torch.cat([q.detach().float().flatten().cpu() for q in model.parameters()])
-
-
 def check_device(device):
     """ValueError, in one line, when `device` is not one this torch can run on (cpu, cuda, cuda:N)."""
     try:
@@ -351,14 +325,14 @@ def check_ranges(parser, args, at_least_1=(), at_least_0=()):
             parser.error(f"--{name} must be >= 0, got {getattr(args, name)}")
 
 
-def add_flags(group, cls, research=False):
-    """The knobs (grpo.knob fields) of dataclass `cls`, its research ones or the others, as flags of
-    an argparse group; a bool is a 0/1 int. `from_flags` reads them back."""
+def add_flags(group, cls):
+    """The knobs (grpo.knob fields) of dataclass `cls` as flags of an argparse group; a bool is a
+    0/1 int. `from_flags` reads them back."""
     for f in fields(cls):
-        if f.metadata and f.metadata["research"] == research:
-            kind, m = int if f.type is bool else f.type, f.metadata
-            group.add_argument(f"--{m['flag'] or f.name}", type=kind, default=kind(f.default),
-                               choices=m["choices"], help=m["help"])
+        if f.metadata:
+            kind = int if f.type is bool else f.type
+            group.add_argument(f"--{f.metadata['flag'] or f.name}", type=kind,
+                               default=kind(f.default), help=f.metadata["help"])
 
 
 def from_flags(args, cls):

@@ -102,9 +102,8 @@ def test_exact_and_partial_credit():
 # -----------------------------------------------------------------------------
 # train_lang.py --task=lights, end to end on tiny settings
 
-TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--vocab_size=300", "--batch_size=8", "--val_n=4",
-        "--test_limit=12", "--val_limit=6", "--max_new_tokens=16", "--group_size=4", "--prompts_per_step=2",
-        "--probe_n=2", "--probe_every=2", "--threads=1"]
+TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--batch_size=8", "--test_limit=12", "--val_limit=6",
+        "--max_new_tokens=16", "--group_size=4", "--prompts_per_step=2"]
 
 
 @pytest.mark.slow
@@ -113,7 +112,7 @@ def test_train_lang_trains_and_evaluates_the_example(tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     p = subprocess.run([sys.executable, "train_lang.py", "--task=lights", "--init=scratch",
                         f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'out'}", "--mle_steps=30",
-                        "--eval_every=15", "--rl_steps=2", *TINY],
+                        "--rl_steps=2", *TINY],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     result = json.loads((tmp_path / "out" / "eval.json").read_text())

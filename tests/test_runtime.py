@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 
 from model import GPT, GPTConfig
 import runtime
-from runtime import (MAX_SKIPS, ComputeBudget, Run, WeightPath, check_device, check_ranges, checksum, fork_alongside,
+from runtime import (MAX_SKIPS, ComputeBudget, Run, check_device, check_ranges, checksum, fork_alongside,
                      fork_map, lr_at, rank_map)
 from tasks import generate_texts
 
@@ -150,25 +150,6 @@ def test_resume_restores_the_global_generator_and_refuses_another_world_size(tmp
     with pytest.raises(SystemExit):
         run.resume_stage(ckpt, model, opt, g, "mle")
     assert "another number of ranks" in capsys.readouterr().err
-
-
-def test_weight_path_measures_distance_over_path_by_hand():
-    model = torch.nn.Linear(2, 1, bias=False)                # 2 weights, starting at (0, 0)
-    with torch.no_grad():
-        model.weight.zero_()
-    path = WeightPath(model)
-    path.resume(model, 0.0)
-
-    def move(dx, dy):
-        with torch.no_grad():
-            model.weight += torch.tensor([[dx, dy]])
-        return path.step(model)
-
-    assert move(3.0, 4.0) == dict(w_path=5.0, w_rms=5.0 / math.sqrt(2), w_straightness=1.0)   # a straight step
-    back = move(-3.0, -4.0)                                  # straight back: 10 walked, 0 away from the start
-    assert back["w_path"] == 10.0 and back["w_rms"] == 0.0 and back["w_straightness"] == 0.0
-    path.resume(model, 7.0)                                  # a resumed run carries the length walked so far
-    assert move(0.0, 1.0) == dict(w_path=8.0, w_rms=1.0 / math.sqrt(2), w_straightness=1.0 / 8.0)
 
 
 def test_check_ranges_names_the_first_bad_flag(capsys):

@@ -112,25 +112,26 @@ def test_probe_rewards_is_the_mean_task_reward_greedy_and_sampled():
 
 def test_prompt_pool_fits_the_room_and_draws_the_unchanged_share():
     import torch
-    from conftest import from_script
-    PromptPool, = from_script("train_lang.py", "PromptPool")
+    from tasks import PromptPool
     from tokenizer_text import Tokenizer
     records = textgame_split("train", 60, 0)
     T = TASKS["textgame"]
     tok = Tokenizer.train([T.data.prompt_text(r) + T.data.target_text(r) for r in records], 300)
     lengths = sorted(len(tok.encode(T.data.prompt_text(r))) for r in records)
     room = lengths[len(lengths) // 2]                     # about half the prompts fit
-    pool = PromptPool("textgame", tok, records, room, 0.25, torch.Generator().manual_seed(0))
+    def pool_of(recs):
+        return PromptPool(recs, T.data.prompt_text, T.data.is_changed, tok, room, 0.25,
+                          torch.Generator().manual_seed(0))
+    pool = pool_of(records)
     fits = [r for r in records if len(tok.encode(T.data.prompt_text(r))) <= room]
     assert [r for r, _ in pool.changed] == [r for r in fits if T.data.is_changed(r)]
     assert [r for r, _ in pool.unchanged] == [r for r in fits if not T.data.is_changed(r)]
     prompts, recs = pool(8)
     assert [T.data.is_changed(r) for r in recs] == [True] * 6 + [False] * 2   # round(8 * 0.25) unchanged, last
     assert prompts == [tok.encode(T.data.prompt_text(r)) for r in recs]
-    again = PromptPool("textgame", tok, records, room, 0.25, torch.Generator().manual_seed(0))(8)
+    again = pool_of(records)(8)
     assert again == (prompts, recs)                       # the generator alone decides the draw
-    only_changed = PromptPool("textgame", tok, [r for r in fits if T.data.is_changed(r)], room, 0.25,
-                              torch.Generator().manual_seed(0))
+    only_changed = pool_of([r for r in fits if T.data.is_changed(r)])
     assert all(T.data.is_changed(r) for r in only_changed(8)[1])   # no unchanged records: all 8 changed
 
 

@@ -2,12 +2,12 @@
 The control's learning rate, chosen on validation. The control is the MLE start trained further by
 MLE for RLVR's compute; a control that damages its start is no control. For each rate (a multiple of
 the start's own final MLE rate, which the default --control_lr=0 continues) this trains the control
-alone for a finished RLVR run's compute (`train_lang.py --stage=control`), evaluates it on the
+alone for a finished RLVR run's compute (research/common.py's control), evaluates it on the
 validation split beside the start, and prints one row per rate: the control minus the start, paired,
 with its bootstrap 95% interval.
 
-    python experiments/control_sweep.py --run=out/textgame                 # the default text run
-    python experiments/control_sweep.py --run=out/webpage --factors=1,3,10
+    python research/control_sweep.py --run=out/textgame                 # the default text run
+    python research/control_sweep.py --run=out/webpage --factors=1,3,10
 
 The run folder's config.json names the task, the start (--init) and the seed; its log.jsonl the
 compute RLVR used (rl_compute). Controls go to <run>_control_sweep/x<factor>; --json writes the
@@ -15,7 +15,6 @@ rows.
 """
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a file: the repository root
 from checkpoint import write_json  # noqa: E402
 from mle import final_lr as start_final_lr  # noqa: E402
+from research import common  # noqa: E402
 from stats import paired_bootstrap  # noqa: E402
 from tasks import TASKS  # noqa: E402
 
@@ -47,7 +47,9 @@ except (OSError, ValueError, KeyError) as e:
 compute = [r["rl_compute"] for r in rows if r.get("stage") == "rlvr" and "rl_compute" in r]
 if not compute:
     sys.exit(f"error: {run / 'log.jsonl'}: no RLVR step with rl_compute (a run of this code?)")
-init = Path(config["init"]) if Path(config["init"]).is_absolute() else run / config["init"]
+# the start: --init, or the run's own MLE stage (--init=scratch)
+init = run / ("mle.safetensors" if config["init"] == "scratch" else config["init"])
+data_dir = run / config["data_dir"]   # relative to the run folder, or absolute
 final_lr = start_final_lr(init)
 if final_lr is None:
     sys.exit(f"error: {init}: records no MLE schedule; this sweep is in multiples of its final rate")
@@ -60,14 +62,14 @@ print(f"{config['task']}: start {init} (final MLE rate {final_lr:.3g}), RLVR com
 table = []
 for f in factors:
     out = Path(f"{run}_control_sweep") / f"x{f:g}"
-    cmd = [sys.executable, str(ROOT / "train_lang.py"), f"--task={config['task']}",
-           "--stage=control", f"--init={init}", f"--control_compute={compute[-1]}",
-           f"--control_lr={f * final_lr}", f"--seed={config['seed']}", "--final_eval=val",
-           f"--val_limit={args.val_limit}", f"--threads={args.threads}", f"--out_dir={out}"]
-    print(" ".join(cmd[1:]), flush=True)
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)   # progress bars too
-    if done.returncode:
-        sys.exit(f"error: the control at x{f:g} failed: {done.stderr.strip().splitlines()[-1]}")
+    flags = common.parser(common.__doc__).parse_args([
+        f"--task={config['task']}", f"--init={init}", f"--seed={config['seed']}",
+        f"--data_dir={data_dir}",
+        f"--val_limit={args.val_limit}", f"--threads={args.threads}", f"--out_dir={out}"])
+    print(f"x{f:g}: lr {f * final_lr:.3g} -> {out}", flush=True)
+    r, (train, val, _), _, _, tok = common.setup(flags, ["mle_more.safetensors"])
+    ckpt = common.control(r, str(init), tok, flags, train, val, compute[-1], f * final_lr)
+    common.evaluate(r, tok, flags, {"mle": str(init), "mle_more": str(ckpt)}, val)
     ev = json.loads((out / "eval_val.json").read_text())
     h = task.headline
     m, lo, hi = paired_bootstrap(ev["mle_more"]["per_record"][h], ev["mle"]["per_record"][h])

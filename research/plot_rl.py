@@ -1,7 +1,7 @@
 """
 Plot what an RLVR run did, from its log.jsonl: does the optimiser climb its own reward?
 
-    python experiments/plot_rl.py out/textgame/log.jsonl out/textgame_placebo/log.jsonl --labels=RLVR,placebo \
+    python research/plot_rl.py out/textgame/log.jsonl out/textgame_placebo/log.jsonl --labels=RLVR,placebo \
         --out=docs/img/textgame_rl.png
 
 Panels, against the GRPO step: the reward on the fixed probe set of training prompts (mean of 4 samples at T=1, and
@@ -31,7 +31,7 @@ if len(labels) != len(args.logs):
 try:   # a dev requirement, imported after the flags: --help needs only requirements.txt
     import matplotlib
 except ImportError:
-    sys.exit("error: experiments/plot_rl.py draws with matplotlib: pip install -r requirements-dev.txt")
+    sys.exit("error: research/plot_rl.py draws with matplotlib: pip install -r requirements-dev.txt")
 matplotlib.use("Agg")   # files only, no screen
 import matplotlib.pyplot as plt  # noqa: E402
 

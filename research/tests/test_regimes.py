@@ -1,4 +1,4 @@
-"""experiments/regimes.py: paired RLVR-minus-model rows from eval.json files, per seed and over all seeds."""
+"""research/regimes.py: paired RLVR-minus-model rows from eval.json files, per seed and over all seeds."""
 import json
 import subprocess
 import sys
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def fake_run(path, rlvr, mle, mle_more, changed):
@@ -18,7 +18,7 @@ def fake_run(path, rlvr, mle, mle_more, changed):
 
 
 def regimes(*argv):
-    return subprocess.run([sys.executable, "experiments/regimes.py", *argv], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "research/regimes.py", *argv], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
 
 

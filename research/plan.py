@@ -1,16 +1,16 @@
 """
 Planning with a language world model: model-predictive control (MPC) in the text game and on the web site.
 
-    python experiments/plan.py --task=textgame --planners=random,sim,checkpoints/textgame/mle.safetensors,out/textgame/rlvr.safetensors
-    python experiments/plan.py --task=webpage --planners=random,sim,checkpoints/webpage/mle.safetensors,out/webpage/rlvr.safetensors
-    python experiments/plan.py --task=textgame --planners=random,checkpoints/textgame/mle.safetensors --act=sim   (decisions only)
-    python experiments/plan.py --task=textgame --planners=sim --episodes=20 --split=val --json=plan.json      (a quick look)
-    python experiments/plan.py --task=webpage --planners=out/webpage/rlvr.safetensors --device=cuda --batch_size=256
-    python experiments/plan.py --task=webpage --planners=policy,checkpoints/webpage/mle.safetensors --propose=3
+    python research/plan.py --task=textgame --planners=random,sim,checkpoints/textgame/mle.safetensors,out/textgame/rlvr.safetensors
+    python research/plan.py --task=webpage --planners=random,sim,checkpoints/webpage/mle.safetensors,out/webpage/rlvr.safetensors
+    python research/plan.py --task=textgame --planners=random,checkpoints/textgame/mle.safetensors --act=sim   (decisions only)
+    python research/plan.py --task=textgame --planners=sim --episodes=20 --split=val --json=plan.json      (a quick look)
+    python research/plan.py --task=webpage --planners=out/webpage/rlvr.safetensors --device=cuda --batch_size=256
+    python research/plan.py --task=webpage --planners=policy,checkpoints/webpage/mle.safetensors --propose=3
 
 At every step the agent predicts the next state of each candidate action with the world model (all
 candidates of all running episodes in one batched greedy generate call), values each prediction with
-the fixed value function of its environment (experiments/envs.py), takes the best action in the real
+the fixed value function of its environment (research/envs.py), takes the best action in the real
 simulator and repeats. A planner is `random` (the floor), `sim` (the true simulator as the model:
 the ceiling), `policy` (the web's word-overlap policy) or a world-model checkpoint.
 docs/downstream.md explains the flags and the reported columns, with the results.
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: t
 from checkpoint import write_json  # noqa: E402
 from engine import generate  # noqa: E402
 from evaluate_lang import pct  # noqa: E402
-from experiments.envs import ENVS  # noqa: E402
+from research.envs import ENVS  # noqa: E402
 from stats import paired_bootstrap  # noqa: E402
 from tasks import crop, load_lang_model  # noqa: E402
 

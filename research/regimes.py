@@ -2,9 +2,9 @@
 The regime table and figure: RLVR against its MLE start and against equal-compute MLE, paired over the same records,
 for several train_lang.py or train_video.py runs (regimes, seeds, tasks), read from their eval.json / eval_val.json.
 
-    python experiments/regimes.py "default=out/textgame,out/textgame_s1,out/textgame_s2" \
+    python research/regimes.py "default=out/textgame,out/textgame_s1,out/textgame_s2" \
         "off-script prompts=out/textgame_cover" --split=test --out=docs/img/regimes_textgame.png
-    python experiments/regimes.py "video=out/video,out/video_s1,out/video_s2"    # MAE per test window, x 1e-3
+    python research/regimes.py "video=out/video,out/video_s1,out/video_s2"    # MAE per test window, x 1e-3
 
 Each positional argument is `label=dir[,dir...]`; several folders under one label are seeds of one regime. A seed
 row gives RLVR - model on the headline metric (exact accuracy or F1, in points) with a paired bootstrap 95% interval

@@ -7,17 +7,17 @@ new answer. A group whose G rewards are all equal gives no GRPO gradient. For on
 on changed / unchanged records: the greedy score, the mean sample score, the best-of-G score (pass@G for the text
 game), the share of records whose best sample beats greedy ("headroom"), and the share of zero-spread groups; for the
 text game also what the greedy answer gets wrong on changed transitions. With --horizon=K > 1 the same numbers for
-K-step imagination (train_lang.py --horizon): one "record" is a chain of K recorded steps of an episode
-(tasks.episode_chains), each step after the first prompted with the state the chain's previous answer leads to, every
-step greedy or every step sampled, and the reward is the chain's (tasks.chain_reward: text game, the imagined final
+K-step imagination (research/chains.py): one "record" is a chain of K recorded steps of an episode
+(research/chains.py's episode_chains), each step after the first prompted with the state the chain's previous answer leads to, every
+step greedy or every step sampled, and the reward is the chain's (chains.chain_reward: text game, the imagined final
 state is exact; web page, the F1 of the K-th predicted changes); --limit counts chains.
 
-    python experiments/rl_headroom.py --ckpt=checkpoints/textgame/mle.safetensors --data=data/textgame/val.jsonl   # 2 min
-    python experiments/rl_headroom.py --task=webpage --ckpt=checkpoints/webpage/mle.safetensors \
+    python research/rl_headroom.py --ckpt=checkpoints/textgame/mle.safetensors --data=data/textgame/val.jsonl   # 2 min
+    python research/rl_headroom.py --task=webpage --ckpt=checkpoints/webpage/mle.safetensors \
         --data=data/webpage/val.jsonl
-    python experiments/rl_headroom.py --ckpt=checkpoints/textgame/mle.safetensors --data=data/textgame/test.jsonl \
+    python research/rl_headroom.py --ckpt=checkpoints/textgame/mle.safetensors --data=data/textgame/test.jsonl \
         --horizon=3 --limit=150      # 150 chains of 3 steps
-    python experiments/rl_headroom.py --tiny      # a random tiny model on 8 generated records: the smoke test
+    python research/rl_headroom.py --tiny      # a random tiny model on 8 generated records: the smoke test
 """
 import argparse
 import json
@@ -32,8 +32,9 @@ from checkpoint import write_json  # noqa: E402
 from evaluate_lang import summarize  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from rewards import parse_diff  # noqa: E402
-from tasks import (CHAINING, TASKS, chain_reward, episode_chains, generate_texts, imagine_chains,  # noqa: E402
-                   load_lang_model, text_predictor)
+from research.chains import (CHAINING, chain_reward, episode_chains, imagine_chains,  # noqa: E402
+                             text_predictor)
+from tasks import TASKS, generate_texts, load_lang_model  # noqa: E402
 from tokenizer_text import Tokenizer  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[1].strip(), allow_abbrev=False)
@@ -44,7 +45,7 @@ p.add_argument("--G", type=int, default=8, help="samples per record, as GRPO's g
 p.add_argument("--temperature", type=float, default=1.0)
 p.add_argument("--max_new_tokens", type=int, default=200)
 p.add_argument("--limit", type=int, default=0, help="first N records (chains) only (0 = all)")
-p.add_argument("--horizon", type=int, default=1, help="K > 1: chains of K imagined steps (train_lang.py --horizon)")
+p.add_argument("--horizon", type=int, default=1, help="K > 1: chains of K imagined steps (research/chains.py)")
 p.add_argument("--seed", type=int, default=0)
 p.add_argument("--threads", type=int, default=1)
 p.add_argument("--json", default=None, help="write the numbers here")

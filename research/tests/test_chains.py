@@ -1,4 +1,4 @@
-"""k-step imagination (train_lang.py --horizon): chains are runs of the simulators' episodes, each
+"""k-step imagination (research/chains.py): chains are runs of the simulators' episodes, each
 step after the first reads the state its previous answer leads to, and the chain metrics score the
 right answer; a tiny --horizon=2 run writes eval.json of the usual shape (slow)."""
 import json
@@ -11,14 +11,15 @@ import torch
 
 from data.textgame.simulator import MAX_STEPS as TEXT_STEPS, generate_split as text_split
 from data.webpage.simulator import MAX_STEPS as WEB_STEPS, generate_split as web_split
-from evaluate_lang import evaluate_chains
 from model import GPT, GPTConfig
+from research import chains as chaining
+from research.chains import (chain_hooks, chain_reward, episode_chains, evaluate_chains,
+                             imagine_chains, judged, rewards_to_go, step_rewards)
 from rewards import apply_diff, parse_diff
-from tasks import (TASKS, chain_hooks, chain_reward, episode_chains, imagine_chains, judged,
-                   rewards_to_go, step_rewards)
+from tasks import TASKS, PromptPool
 from tokenizer_text import Tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def text_episode_starts(records):
@@ -169,13 +170,15 @@ def test_tiny_horizon_run_writes_chain_results(tmp_path):
     data = tmp_path / "data"
     subprocess.run([sys.executable, "data/textgame/prepare.py", "--n_train=300", "--n_val=30",
                     "--n_test=30", f"--out_dir={data}"], cwd=ROOT, check=True, capture_output=True)
-    p = subprocess.run([sys.executable, "train_lang.py", "--init=scratch", f"--data_dir={data}",
-                        f"--out_dir={tmp_path / 'out'}", "--horizon=2", "--mle_steps=20",
-                        "--eval_every=20", "--rl_steps=2", "--n_layer=1", "--n_head=2",
-                        "--n_embd=32", "--vocab_size=300", "--batch_size=8", "--val_n=4",
-                        "--test_limit=8", "--val_limit=4", "--max_new_tokens=64", "--group_size=4",
-                        "--prompts_per_step=2", "--probe_n=2", "--probe_every=2", "--threads=1",
-                        "--rl_unchanged_frac=0.5"],
+    tiny = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--batch_size=8", "--max_new_tokens=64"]
+    subprocess.run([sys.executable, "train_lang.py", "--stage=mle", "--init=scratch",
+                    f"--data_dir={data}", f"--out_dir={tmp_path / 'mle'}", "--mle_steps=20", *tiny],
+                   cwd=ROOT, check=True, capture_output=True)
+    init = tmp_path / "mle" / "mle.safetensors"
+    p = subprocess.run([sys.executable, "research/chains.py", f"--init={init}",
+                        f"--data_dir={data}", f"--out_dir={tmp_path / 'out'}", "--horizon=2",
+                        "--rl_steps=2", "--batch_size=8", "--test_limit=8", "--val_limit=4",
+                        "--max_new_tokens=64", "--group_size=4", "--prompts_per_step=2"],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     for name, n in (("eval.json", 8), ("eval_val.json", 4)):
@@ -195,12 +198,12 @@ def test_tiny_horizon_run_writes_chain_results(tmp_path):
 
 
 def test_prompt_pool_of_chains_draws_whole_chains_by_their_first_prompt():
-    from conftest import from_script
-    PromptPool, = from_script("train_lang.py", "PromptPool")
     T = TASKS["textgame"]
     records = text_split("val", 120)
     model, tok = tiny_model(records)
-    pool = PromptPool("textgame", tok, records, 10_000, 0.5, torch.Generator().manual_seed(0), 3)
+    pool = PromptPool(episode_chains("textgame", records, 3), lambda c: T.data.prompt_text(c[0]),
+                      lambda c: any(map(T.data.is_changed, c)), tok, 10_000, 0.5,
+                      torch.Generator().manual_seed(0))
     assert len(pool.changed) + len(pool.unchanged) == len(episode_chains("textgame", records, 3))
     prompts, chains = pool(6)
     assert all(len(c) == 3 for c in chains)
@@ -209,7 +212,7 @@ def test_prompt_pool_of_chains_draws_whole_chains_by_their_first_prompt():
 
 
 def test_sampled_chains_carry_each_steps_prompt_answer_and_log_probs():
-    from tasks import sample_chains
+    from research.chains import sample_chains
     T = TASKS["textgame"]
     records = text_split("val", 60)
     chains = episode_chains("textgame", records, 2)[:3]
@@ -233,7 +236,6 @@ def test_sampled_chains_carry_each_steps_prompt_answer_and_log_probs():
 def test_chain_hooks_lay_out_groups_and_rewards(per_step, monkeypatch):
     """Rows of a start: chain-major with the chain's reward (one group of K x G), or step-major
     with each step's reward to go (K groups of G)."""
-    import tasks
     records = text_split("val", 120)
     chains = episode_chains("textgame", records, 2)[:2]
     model, tok = tiny_model(records)
@@ -249,9 +251,9 @@ def test_chain_hooks_lay_out_groups_and_rewards(per_step, monkeypatch):
                         for k, (r, p) in enumerate(zip(c, prompts))])
             step_r[j] = [float((j + k) % 2) for k in range(K)]
         return out
-    monkeypatch.setattr(tasks, "sample_chains", fake_sample)
-    monkeypatch.setattr(tasks, "step_rewards", lambda t, c, s, kind: step_r[int(s[0][1][1:])])
-    monkeypatch.setattr(tasks, "chain_reward", lambda t, c, s, kind: step_r[int(s[0][1][1:])][-1])
+    monkeypatch.setattr(chaining, "sample_chains", fake_sample)
+    monkeypatch.setattr(chaining, "step_rewards", lambda t, c, s, kind: step_r[int(s[0][1][1:])])
+    monkeypatch.setattr(chaining, "chain_reward", lambda t, c, s, kind: step_r[int(s[0][1][1:])][-1])
 
     def draw(n):
         return [tok.encode(TASKS["textgame"].data.prompt_text(c[0])) for c in chains[:n]], chains[:n]
@@ -281,23 +283,22 @@ def test_chain_hooks_lay_out_groups_and_rewards(per_step, monkeypatch):
 def test_imagined_pairs_label_the_imagined_states_with_what_the_chain_metric_counts(monkeypatch):
     """The stronger control's pairs: every step after the first, prompted with the imagined state;
     text game: the answer leads the imagined state to the true next one; web: the recorded one."""
-    import tasks
     T = TASKS["textgame"]
     chain = next(c for c in episode_chains("textgame", text_split("val", 300), 2)
                  if all(map(T.data.is_changed, c)))
     model, tok = tiny_model(text_split("val", 60))
     # step 1 answers "nothing changes" (wrong): step 2 reads the start state with action 2
-    monkeypatch.setattr(tasks, "text_predictor",
+    monkeypatch.setattr(chaining, "text_predictor",
                         lambda *a, **k: answers([T.no_change, T.no_change])[0])
-    pairs, cost, ended = tasks.imagined_pairs("textgame", model, tok, [chain], 8)
+    pairs, cost, ended = chaining.imagined_pairs("textgame", model, tok, [chain], 8)
     assert len(pairs) == 1 and ended == 0 and cost > 0
     imagined = {**chain[1], "state": chain[0]["state"]}
     assert pairs[0][0] == T.data.prompt_text(imagined)
     assert apply_diff(imagined["state"], parse_diff(pairs[0][1])) == chain[1]["next_state"]
     W = TASKS["webpage"]
     web = episode_chains("webpage", web_split("val", 16), 2)[0]
-    monkeypatch.setattr(tasks, "text_predictor",
+    monkeypatch.setattr(chaining, "text_predictor",
                         lambda *a, **k: answers([W.no_change, W.no_change])[0])
-    pairs, _, _ = tasks.imagined_pairs("webpage", model, tok, [web], 8)
+    pairs, _, _ = chaining.imagined_pairs("webpage", model, tok, [web], 8)
     assert pairs == [(W.data.prompt_text({**web[1], "observation": web[0]["observation"]}),
                       W.data.target_text(web[1]))]

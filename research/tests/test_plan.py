@@ -1,4 +1,4 @@
-"""experiments/plan.py (model-predictive control with a world model), experiments/envs.py (the environments
+"""research/plan.py (model-predictive control with a world model), research/envs.py (the environments
 and their value functions) and the planning parts of the simulators: valid actions, held-out start states, web
 goals, the value functions, and the planner loop with the true simulator, an oracle text model (the truth written
 as a model would write it) and a tiny random GPT."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import envs, plan
+from research import envs, plan
 from checkpoint import save_checkpoint
 from data.textgame import simulator as tg_sim, task as tg_task
 from data.webpage import simulator as web_sim, task as web_task

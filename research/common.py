@@ -1,0 +1,115 @@
+"""
+What the text studies share: train_lang.py's stages as functions of their inputs, so a study
+changes the one piece it studies (the reward, the prompt pool, the MLE data) and keeps the rest.
+Built on the core only: tasks.py, mle.py, grpo.py, evaluate_lang.py, runtime.py.
+"""
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a file: the repository root
+from checkpoint import read_meta, write_json  # noqa: E402
+from evaluate_lang import evaluate_checkpoints, print_comparison  # noqa: E402
+from grpo import GRPOConfig, Source, make_policy, train_loop  # noqa: E402
+import mle  # noqa: E402
+from runtime import ComputeBudget, Run, add_flags, from_flags  # noqa: E402
+from tasks import (TASKS, PromptPool, encode, keep_tokenizer, load_lang_model,  # noqa: E402
+                   load_splits, probe_rewards, reward_fn)
+
+UNCHANGED_FRAC, PROBE_N = 0.3, 64   # train_lang.py's
+
+
+def parser(doc):
+    """The flags every text study takes: train_lang.py's, where the study keeps them."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0].strip(), allow_abbrev=False)
+    p.add_argument("--task", default="textgame", choices=sorted(TASKS))
+    p.add_argument("--init", default=None, help="MLE checkpoint (default: the shipped one)")
+    p.add_argument("--data_dir", default=None, help="default data/<task>")
+    p.add_argument("--out_dir", required=True)
+    p.add_argument("--rl_steps", type=int, default=30)
+    add_flags(p, GRPOConfig)
+    p.add_argument("--reward", default=None, help="default: the task's first")
+    p.add_argument("--control", type=int, default=1, help="1: the equal-compute MLE control")
+    for flag, default in (("val_limit", 0), ("test_limit", 0), ("seed", 1337), ("resume", 1),
+                          ("ckpt_every", 50), ("grad_ckpt", 0), ("batch_size", 32),
+                          ("threads", 1)):
+        p.add_argument(f"--{flag}", type=int, default=default)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    return p
+
+
+def setup(args, stage_files=("rlvr.safetensors", "mle_more.safetensors")):
+    """Run, splits and the start -> (run, (train, val, test), the start's path, model, tokenizer)."""
+    init = args.init or str(ROOT / "checkpoints" / args.task / "mle.safetensors")
+    out_dir = Path(args.out_dir)
+    run = Run(args, out_dir, path_flags=("init", "data_dir", "out_dir", "tokenizer"))
+    run.save_config(run.check_config(list(stage_files)))
+    splits = load_splits(run, args.task, Path(args.data_dir or ROOT / "data" / args.task))
+    model, tok, meta = load_lang_model(init, args.device)
+    run.recorded["tokenizer"] = str(out_dir / keep_tokenizer(init, meta, out_dir))
+    return run, splits, init, model, tok
+
+
+def rlvr(run, model, tok, args, records, score=None, unchanged_frac=UNCHANGED_FRAC):
+    """train_lang.py's RLVR stage on the prompt pool of `records`, rewarded by `score`
+    (default: the task's reward, as train_lang.py) -> the checkpoint."""
+    task = TASKS[args.task]
+    cfg = dataclasses.replace(from_flags(args, GRPOConfig), vocab=tok.n_vocab)
+    policy = make_policy(run, model, cfg, grad_ckpt=args.grad_ckpt)
+    gen = torch.Generator().manual_seed(args.seed + 1000)
+    room = model.config.block_size - cfg.max_new_tokens
+    draw = PromptPool(records, task.data.prompt_text, task.data.is_changed, tok, room,
+                      unchanged_frac, gen)
+    kind = args.reward or task.rewards[0]
+    probe_prompts, probe_recs = draw(PROBE_N)   # as train_lang.py draws them
+
+    def probe(step, stats):
+        with run.autocast:
+            return probe_rewards(args.task, policy.model, tok, probe_prompts, probe_recs, kind,
+                                 cfg.max_new_tokens)
+    ckpt = run.out_dir / "rlvr.safetensors"
+    source = Source(draw, score or reward_fn(args.task, tok, kind), tok.eos_id)
+    train_loop(run, policy, source, cfg, gen, ckpt, args.rl_steps, None, probe, 10)
+    return ckpt
+
+
+def rl_compute(ckpt):
+    """The compute an RLVR checkpoint records (forward-token units): the control's budget."""
+    return read_meta(ckpt)["metrics"].get("rl_compute", 0)
+
+
+def control(run, start, tok, args, train, val, compute, lr=None):
+    """MLE continued from `start` on every train record for `compute` (forward-token units), at
+    `lr` (default: the start's final MLE rate, as train_lang.py) -> the checkpoint."""
+    model = load_lang_model(start, args.device)[0]
+
+    def fits(pr):
+        return len(pr[0]) + len(pr[1]) <= model.config.block_size + 1
+    pairs = [pr for pr in (encode(args.task, tok, r) for r in train) if fits(pr)]
+    val_pairs = [pr for pr in (encode(args.task, tok, r) for r in val[:256]) if fits(pr)]
+    next_batch, val_loss = mle.pair_batches(run, pairs, val_pairs, args.batch_size)
+    final = mle.final_lr(start)
+    lr = lr or (args.rl_lr if final is None else final)
+    ckpt = run.out_dir / "mle_more.safetensors"
+    mle.train(run, model, "mle_more", ckpt, 10 ** 9, next_batch, val_loss, mle.control_lr(lr),
+              budget=ComputeBudget(compute), weight_decay=0.1, eval_every=500)
+    return ckpt
+
+
+def evaluate(run, tok, args, ckpts, val, test=None):
+    """train_lang.py's final comparison: eval_val.json and eval.json (test None: none) in out_dir,
+    and the tables."""
+    splits = {"val": val[:args.val_limit or None], "test": (test or [])[:args.test_limit or None]}
+    splits = {k: v for k, v in splits.items() if v}
+    results = evaluate_checkpoints(args.task, ckpts, tok, splits,
+                                   from_flags(args, GRPOConfig).max_new_tokens, args.device,
+                                   run.autocast, 2 if args.device == "cpu" else 1)
+    for split, r in results.items():
+        write_json(run.out_dir / ("eval.json" if split == "test" else "eval_val.json"), r)
+        print_comparison(args.task, split, r)
+    return results
