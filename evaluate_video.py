@@ -37,6 +37,7 @@ Sampling: greedy by default; `temperature` and `top_k` give the paper's protocol
 OFFICIAL below).
 """
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import imageio.v2 as imageio
@@ -57,10 +58,25 @@ OFFICIAL = dict(temperature=1.0, top_k=100)
 EFFECTS = ("object_recall", "action_response")
 
 
+@dataclass
+class EvalSpec:
+    """Which windows eval_video scores and how it samples: the action bins (lo, hi per dimension),
+    `context` true frames then `horizon` predicted ones, greedy (temperature 0) or sampled (top_k:
+    only the k likeliest codes) from a generator seeded by `seed`, `batch_size` windows at once."""
+    lo: np.ndarray
+    hi: np.ndarray
+    context: int = 1
+    horizon: int = 1
+    temperature: float = 0.0
+    top_k: int = None
+    seed: int = 0
+    batch_size: int = 64
+
+
 def load_video_model(path, device="cpu", copy_gate=-1):
     """A world-model checkpoint of train_video.py -> (GPT, tokenizer, meta). The tokenizer is named
     in the meta, relative to the checkpoint's folder. copy_gate 1 / 0: the tokenizer decodes with /
-    without its copy gate; -1: as the model was trained."""
+    without its copy gate; -1: as the model was trained (on where its record does not say)."""
     path = Path(path)
     model, meta = load_model(path, device)
     a = meta["args"]
@@ -69,7 +85,7 @@ def load_video_model(path, device="cpu", copy_gate=-1):
                          "(no tokenizer or action bins in its metadata)")
     vq, _ = load_vq(path.parent / a["vq"], device)
     # the decoding the model was trained with, unless forced
-    vq.copy_gate = bool(a.get("copy_gate", 0) if copy_gate < 0 else copy_gate)
+    vq.copy_gate = bool(a.get("copy_gate", 1) if copy_gate < 0 else copy_gate)
     return model, vq, meta
 
 
@@ -96,25 +112,16 @@ def frame_scores(x, true, mask, lpips_net):
             float(mask.sum() * 3))
 
 
-def add_frames(acc, moving, name, x, true, mask, lpips_net):
-    """Score frames x of row `name` against the true frames (frame_scores): their metrics go to
-    acc[name], the error on the moving pixels and their count to moving[name]."""
-    m, error, count = frame_scores(x, true, mask, lpips_net)
-    acc[name].append(m)
-    moving[name][0] += error
-    moving[name][1] += count
-
-
 @torch.no_grad()
-def eval_video(model, vq, episodes, tokens, lo, hi, context, horizon, lpips_net=None,
-               batch_size=64, temperature=0.0, top_k=None, seed=0, grid_path=None, desc="eval",
+def eval_video(model, vq, episodes, tokens, spec, lpips_net=None, grid_path=None, desc="eval",
                share=None):
-    """Evaluate on windows starting every `horizon` frames of each clip. tokens: the split's tokens
-    (data/robot/task.tokenize_split, with at least `horizon` future frames), or None to compute
-    them here. temperature 0 is greedy; else sampled (top_k: only the k likeliest codes), from a
-    generator seeded by `seed`. share (greedy only; e.g. runtime.rank_map: the torchrun ranks):
-    computes the batches, as map(score, batches) would; they are summed up in order, so the result
-    is the same whoever computed them."""
+    """Evaluate on windows starting every `horizon` frames of each clip, as EvalSpec `spec` says.
+    tokens: the split's tokens (data/robot/task.tokenize_split, with at least `horizon` future
+    frames), or None to compute them here. share (greedy only; e.g. runtime.rank_map: the torchrun
+    ranks): computes the batches, as map(score, batches) would; they are summed up in order, so the
+    result is the same whoever computed them."""
+    lo, hi, context, horizon = spec.lo, spec.hi, spec.context, spec.horizon
+    temperature, top_k, batch_size = spec.temperature, spec.top_k, spec.batch_size
     if share and temperature > 0:
         raise ValueError("eval_video: sampled batches draw from one stream, in order; not shared")
     model.eval()
@@ -124,7 +131,7 @@ def eval_video(model, vq, episodes, tokens, lo, hi, context, horizon, lpips_net=
     P, FL, L = layout.prompt_len(context), layout.frame_len, layout.L
     # the windows: (clip, first context frame), every `horizon` frames
     wins = [(e, t) for e in range(E) for t in range(0, T - context - horizon + 1, horizon)]
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(spec.seed)
 
     def score(s):
         """The windows wins[s:s + batch_size], rolled out and scored -> their part of the sums."""
@@ -328,30 +335,3 @@ def print_video_paired(diffs, file=sys.stdout):
             sig = "  *" if lo > 0 or hi < 0 else ""
             print(f"  {a + ' - ' + b:<18} {m:<5} {sub:<7} {mean:+.5f}  [{lo:+.5f}, {hi:+.5f}]{sig}",
                   file=file)
-
-
-@torch.no_grad()
-def tokenizer_ceiling(vq, episodes, context=1, horizon=1, batch_size=64):
-    """A tokenizer alone on the windows eval_video uses: the true future frames encoded and decoded
-    (with the last context frame) against copy-the-last-frame
-    -> {"tokenizer_ceiling": {...}, "copy_last_frame": {...}, "n": frames} with mae, mse, psnr, ssim
-    and mae_moving each."""
-    T = len(episodes[0]["image"])
-    pairs = [(e, t + context - 1, t + context + k)           # (clip, context frame, target frame)
-             for e in range(len(episodes))
-             for t in range(0, T - context - horizon + 1, horizon) for k in range(horizon)]
-    acc, moving = {"ceiling": [], "copy": []}, {"ceiling": [0.0, 0.0], "copy": [0.0, 0.0]}
-    for s in range(0, len(pairs), batch_size):
-        batch = pairs[s:s + batch_size]
-        ctx = torch.stack([to_float(episodes[e]["image"][c]) for e, c, _ in batch])  # (B, 3, H, W)
-        true = torch.stack([to_float(episodes[e]["image"][f]) for e, _, f in batch])
-        ceil = vq.detokenize(vq.tokenize(true, ctx), ctx).cpu()
-        mask = ((true - ctx).abs().amax(1, keepdim=True) > MOVE_TOL).float()  # the moving pixels
-        for name, x in (("ceiling", ceil), ("copy", ctx)):
-            add_frames(acc, moving, name, x, true, mask, None)
-    out = {"n": len(pairs)}
-    for name, key in (("ceiling", "tokenizer_ceiling"), ("copy", "copy_last_frame")):
-        out[key] = {k: float(torch.cat([r[k] for r in acc[name]]).mean())
-                    for k in ("mae", "mse", "psnr", "ssim")}
-        out[key]["mae_moving"] = moving[name][0] / max(moving[name][1], 1)
-    return out
