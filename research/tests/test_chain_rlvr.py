@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from data.robot import prepare, sim
-from experiments import chain_rlvr as cr
-from experiments import policy_eval as pe
+from research import chain_rlvr as cr
+from research import policy_eval as pe
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "checkpoints" / "video_mle_4000.safetensors"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from experiments import policy_eval as pe
+from research import policy_eval as pe
 from data.robot import sim
 from data.robot.task import Layout
 from model import GPT, GPTConfig
