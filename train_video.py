@@ -2,41 +2,26 @@
 Train a video world model: a VQ tokenizer (train_vq.py), an action-conditioned GPT by MLE (mle.py),
 then RLVR (GRPO whose reward is a metric of the decoded frames against the true ones), and compare
 on held-out episodes the MLE start, RLVR, and the control: the MLE start trained further by MLE for
-RLVR's compute ("mle_more"), so a gain is not just more compute.
-
-CPU, the default jobs (embedded robot-pushing data; docs/video.md): RLVR from the shipped
-per-frame world model trained on 4000 episodes (7-frame windows), which follows the gripper's
-action, checkpoints/video_mle_4000.safetensors (its tokenizer checkpoints/video_vq.safetensors):
+RLVR's compute ("mle_more"), so a gain is not just more compute. CPU, from the shipped world model
+checkpoints/video_mle_4000.safetensors (embedded robot-pushing data; docs/video.md):
     python train_video.py                      # single-step, 100 GRPO steps (~10 min on 2 cores)
     python train_video.py --mode=multi --out_dir=out/video_multi   # 7 frames, true actions injected
-Everything in one go (tokenizer, MLE, RLVR, eval): python train_video.py --init=scratch
-Converted RT-1 episodes (.npz with image (T, 256, 320, 3) and action (T, 13)), on GPUs:
-    torchrun --nproc_per_node=8 train_video.py --data=/path/rt1 --init=scratch --device=cuda \\
-        --dtype=bfloat16
+    python train_video.py --init=scratch       # tokenizer, MLE, RLVR and eval in one go
+    torchrun --nproc_per_node=8 train_video.py --data=/path/rt1 --init=scratch --device=cuda \
+        --dtype=bfloat16                       # converted RT-1 episodes, on GPUs
+--stage: tokenizer | mle | rlvr | all, or control (the control alone for --control_compute, to
+choose --control_lr on validation). --out_dir gets video_vq, video_mle, video_rlvr and
+video_mle_more .safetensors, cached tokens, config.json, log.jsonl and eval.json = {"mle", "rlvr",
+"mle_more"}: each eval.py --task=video's JSON of the test split (greedy, "per_record" per window,
+"sampled" at T=1 top-k 100), then paired bootstrap intervals of RLVR - MLE, RLVR - mle_more, ...
+A re-run resumes where it stopped (runtime.Run); a NaN/inf stops the run naming the step.
 
-Stages (--stage): tokenizer | mle | rlvr | all, and control: the control alone from --init for
---control_compute (an RLVR run's rl_compute), evaluated beside its start, to choose --control_lr
-on validation. Outputs in --out_dir: video_vq.safetensors (the tokenizer), video_mle, video_rlvr
-and video_mle_more (the control) .safetensors (+ .json sidecars), tokens_<split>.safetensors (the
-clips' tokens, cached), config.json, log.jsonl and eval.json = {"mle": M, "rlvr": M,
-"mle_more": M}, each M the eval.py --task=video JSON of the test split (--final_eval=val: the
-validation split): greedy summaries, copy-last-frame and the tokenizer ceiling, "per_record" (one
-entry per test window, for paired comparisons) and "sampled" (the paper's protocol: T=1, top-k
-100). The run ends by printing RLVR - MLE, RLVR - mle_more, RLVR - copy, MLE - copy and
-mle_more - MLE with paired bootstrap 95% intervals over the test windows. Every stage checkpoints
-every --ckpt_every steps with optimizer and RNG state, and a re-run of the same command resumes
-where it stopped (runtime.Run); a NaN/inf loss, reward or gradient stops the run naming the step.
-
-Design: the tokenizer is trained once and frozen; the clips of every split are tokenized once and
-cached, so MLE trains on token windows only (cheap). A predicted cell whose code is the context
-frame's code there is decoded as the context's pixels (the copy gate, tokenizer_vq.VQVAE). MLE
-trains on windows of 1 context frame + horizon frames (multi) or + 1 (single), loss on the
-predicted frames' codes only. RLVR (run_rlvr) is four pieces and a loop: `draw` picks the step's
-prompts (train windows where the scene moves), `reward_fn` decodes each completion and scores it
-(rewards_video.VideoReward: mae+ssim, or mae+lpips with --lpips weights, minus the moving, object
+RLVR (run_rlvr) is a loop over four pieces that a study may replace (research/video_terms.py):
+`draw` picks the step's prompts (train windows where the scene moves), `reward_fn` decodes each
+completion (a cell that keeps the context frame's code copies its pixels: the copy gate) and scores
+it (rewards_video.VideoReward: mae+ssim, or mae+lpips with --lpips, minus the mode's moving, object
 and push terms), `sampler` rolls out frame by frame injecting the true actions (multi-step), and
-`watch` scores the validation split every 20 steps. Studies pass their own pieces in
-(research/video_terms.py).
+`watch` scores the validation split every 20 steps.
 """
 import argparse
 import copy
@@ -44,21 +29,19 @@ import json
 import shutil
 import sys
 import time
-import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 from tqdm import tqdm
 
 import mle
 import train_vq
 from checkpoint import atomic_write, atomic_write_text, read_meta, recorded_path
 from data.robot.prepare import DATA_DIR
-from data.robot.task import Layout, frame_codes, read_action_stats, rollout, tokenize_split, windows
+from data.robot.task import (Layout, cached_tokens, frame_codes, read_action_stats, rollout,
+                             windows)
 from evaluate_video import (OFFICIAL, EvalSpec, eval_video, load_video_model, paired_effects,
                             paired_video, print_video_paired, print_video_table, to_float)
 from grpo import GRPOConfig, grpo_step, make_optimizer
@@ -94,74 +77,54 @@ MODES = dict(single=Mode(100, 8, VideoReward(moving=1.0, object=0.5, push=0.1), 
              multi=Mode(40, 4, VideoReward(moving=1.0, object=0.5, push=0.0), 1.0))
 
 # -----------------------------------------------------------------------------
-# flags
-# allow_abbrev=False: a prefix of a flag is an error, not that flag
+# flags (allow_abbrev=False: a prefix of a flag is an error, not that flag)
 p = argparse.ArgumentParser(description="tokenizer, MLE then RLVR for a video world model",
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                             allow_abbrev=False)
-p.add_argument("--data", default=str(DATA_DIR),
-               help="episode .npz directory (the embedded data is generated when its folder holds "
-                    "no split)")
-p.add_argument("--out_dir", default=train_vq.OUT_DIR,
-               help="checkpoints, token caches, log.jsonl and eval.json go here")
-p.add_argument("--stage", default="all", choices=["all", "tokenizer", "mle", "rlvr", "control"],
-               help="which stages to run (control: the control alone from --init for "
-                    "--control_compute, evaluated beside its start: the lr sweep)")
-p.add_argument("--mode", default="single", choices=["single", "multi"],
-               help="predict 1 frame, or --horizon frames with the true actions injected "
-                    "between them")
-p.add_argument("--init", default="auto",
-               help="auto (the shipped MLE checkpoint if it fits the data, else scratch) | "
-                    "scratch | a video_mle/video_rlvr .safetensors")
-p.add_argument("--vq", default="auto",
-               help="tokenizer file (train_vq.py) for a model from scratch (auto: train one, or "
-                    "for --stage=mle out_dir's, else the shipped one)")
-p.add_argument("--resume", type=int, default=train_vq.RESUME,
-               help="1: continue from out_dir's checkpoints (with the same flags); 0: start over")
-p.add_argument("--clip_len", type=int, default=16,
-               help="episodes are cut into clips of this many frames")
-# world model
-p.add_argument("--horizon", type=int, default=train_vq.HORIZON,
-               help="predicted frames in multi mode (paper: 7)")
-p.add_argument("--n_layer", type=int, default=4, help="GPT layers")
-p.add_argument("--n_embd", type=int, default=128, help="GPT width (heads of 32 channels)")
-# MLE
-p.add_argument("--mle_steps", type=int, default=1150, help="MLE optimizer steps")
-p.add_argument("--batch_size", type=int, default=16, help="MLE windows per step (per rank)")
-p.add_argument("--mle_lr", type=float, default=2e-3, help="MLE peak learning rate (cosine decay)")
-p.add_argument("--warmup", type=int, default=100, help="MLE warmup steps")
-p.add_argument("--weight_decay", type=float, default=0.1, help="AdamW weight decay for MLE")
-p.add_argument("--eval_every", type=int, default=500, help="MLE steps between validation losses")
-p.add_argument("--control_lr", type=float, default=0,
-               help="constant learning rate of the control; 0: the mode's scale (single 0.3, "
-                    "multi 1) x the start's own final MLE rate")
-p.add_argument("--control_compute", type=float, default=0,
-               help="--stage=control: the control's compute in forward-token units (an RLVR "
-                    "run's rl_compute, in its log.jsonl)")
-# RLVR
-p.add_argument("--rl_steps", type=int, default=None,
-               help="GRPO steps (default: 100 single-step, 40 multi-step)")
-p.add_argument("--prompts_per_step", type=int, default=None,
-               help="prompts (windows) per GRPO step and rank (default: 8 single-step, "
-                    "4 multi-step)")
-p.add_argument("--group_size", type=int, default=8, help="samples per prompt (G)")
-p.add_argument("--rl_lr", type=float, default=1e-4, help="GRPO learning rate")
-p.add_argument("--beta", type=float, default=0.02, help="KL coefficient")
-p.add_argument("--micro_batch", type=int, default=32,
-               help="sequences per forward/backward (the GRPO update and MLE)")
-p.add_argument("--grad_ckpt", type=int, default=0,
-               help="1: activation checkpointing (memory for about a third more compute)")
-p.add_argument("--lpips", default=None,
-               help="LPIPS-VGG weights (tools/convert_lpips.py): the reward is mae+lpips, and the "
-                    "evaluation reports lpips")
-# evaluation
-p.add_argument("--test_limit", type=int, default=0,
-               help="test episodes in the final eval (0 = all)")
-p.add_argument("--final_eval", default="test", choices=["val", "test"],
-               help="the split of the final comparison (eval.json): val to choose flags on, test "
-                    "once for the result")
-# train_limit and the system flags: one home, train_vq.add_run_flags
-train_vq.add_run_flags(p)
+add = p.add_argument
+add("--data", default=str(DATA_DIR), help="episode .npz directory (embedded data: made if empty)")
+add("--out_dir", default=train_vq.OUT_DIR, help="checkpoints, caches, logs and eval.json go here")
+add("--stage", default="all", choices=["all", "tokenizer", "mle", "rlvr", "control"],
+    help="the stages to run (control: the control alone for --control_compute: the lr sweep)")
+add("--mode", default="single", choices=["single", "multi"],
+    help="predict 1 frame, or --horizon frames with the true actions injected between them")
+add("--init", default="auto", help="auto (the shipped MLE model if it fits the data, else "
+    "scratch) | scratch | a video_mle/video_rlvr .safetensors")
+add("--vq", default="auto", help="tokenizer file (train_vq.py) of a model from scratch (auto: "
+    "train one; --stage=mle: out_dir's, else the shipped one)")
+add("--resume", type=int, default=train_vq.RESUME, help="1: continue from out_dir's checkpoints")
+add("--clip_len", type=int, default=16, help="episodes are cut into clips of this many frames")
+g = p.add_argument_group("world model and MLE")
+g.add_argument("--horizon", type=int, default=train_vq.HORIZON, help="multi mode's frames (paper: 7)")
+g.add_argument("--n_layer", type=int, default=4, help="GPT layers")
+g.add_argument("--n_embd", type=int, default=128, help="GPT width (heads of 32 channels)")
+g.add_argument("--mle_steps", type=int, default=1150, help="MLE optimizer steps")
+g.add_argument("--batch_size", type=int, default=16, help="MLE windows per step (per rank)")
+g.add_argument("--mle_lr", type=float, default=2e-3, help="MLE peak learning rate (cosine decay)")
+g.add_argument("--warmup", type=int, default=100, help="MLE warmup steps")
+g.add_argument("--weight_decay", type=float, default=0.1, help="AdamW weight decay of MLE")
+g.add_argument("--eval_every", type=int, default=500, help="MLE steps between validation losses")
+g.add_argument("--control_lr", type=float, default=0, help="the control's constant rate (0: the "
+               "mode's scale, single 0.3, multi 1, x the start's final MLE rate)")
+g.add_argument("--control_compute", type=float, default=0,
+               help="--stage=control: its compute (an RLVR run's rl_compute, in its log.jsonl)")
+g = p.add_argument_group("RLVR")
+g.add_argument("--rl_steps", type=int, default=None, help="GRPO steps (default: single 100, "
+               "multi 40)")
+g.add_argument("--prompts_per_step", type=int, default=None,
+               help="windows per GRPO step and rank (default: single 8, multi 4)")
+g.add_argument("--group_size", type=int, default=8, help="samples per prompt (G)")
+g.add_argument("--rl_lr", type=float, default=1e-4, help="GRPO learning rate")
+g.add_argument("--beta", type=float, default=0.02, help="KL coefficient")
+g.add_argument("--micro_batch", type=int, default=32, help="sequences per forward/backward")
+g.add_argument("--grad_ckpt", type=int, default=0, help="1: activation checkpointing")
+g.add_argument("--lpips", default=None, help="LPIPS-VGG weights (tools/convert_lpips.py): the "
+               "reward is mae+lpips, and the evaluation reports lpips")
+g = p.add_argument_group("evaluation and system")
+g.add_argument("--test_limit", type=int, default=0, help="test episodes in the final eval (0: all)")
+g.add_argument("--final_eval", default="test", choices=["val", "test"],
+               help="the split of eval.json: val to choose flags on, test once for the result")
+train_vq.add_run_flags(g)   # --train_limit and the system flags: one home
 args = p.parse_args()
 mode = MODES[args.mode]
 # the mode's defaults where a flag is not given
@@ -233,39 +196,6 @@ if D != len(lo):
 print0(f"data: {len(train_eps)} train / {len(val_eps)} val / {len(test_eps)} test clips of {T} "
        f"frames, {D}-dim actions, frames resized to {train_vq.SIZE}x{train_vq.SIZE}"
        + (f" (train: rank 0's share; each of {world} ranks reads its own)" if world > 1 else ""))
-
-
-# -----------------------------------------------------------------------------
-# stage 1: the tokenizer (train_vq.py), then every split's clips as tokens, cached
-
-def cached_tokens(run, vq_path, vq, layout, splits, horizon, lo, hi):
-    """{split: tokenize_split(...)} of every split (name -> clips), each cached in out_dir per
-    tokenizer file, data and horizon. Under torchrun each rank caches its own share of the train
-    clips in a file of its own; the held-out splits, whole on every rank, are written by rank 0."""
-    args, tokens = run.args, {}
-    for split, episodes in splits.items():
-        own = run.ddp and split == "train"   # this rank's share (train_vq.load_clips)
-        # the cache is valid only for the same tokenizer bytes, data folder, frame size, clip
-        # count and horizon
-        key = (f"{zlib.crc32(Path(vq_path).read_bytes())}-{Path(args.data).resolve()}-"
-               f"{train_vq.SIZE}-{len(episodes)}-{horizon}")
-        cache = run.out_dir / (f"tokens_{split}_rank{run.rank}of{run.world}.safetensors" if own
-                               else f"tokens_{split}.safetensors")
-        try:
-            with safe_open(str(cache), framework="pt") as f:
-                if (f.metadata() or {}).get("key") == key:   # a hit: the tensors as saved
-                    tokens[split] = {k: f.get_tensor(k) for k in f.keys()}
-                    continue
-        except Exception:   # missing or unreadable: computed again and rewritten below
-            pass
-        t0 = time.time()
-        # context, future and action tokens per clip
-        tokens[split] = tokenize_split(vq, episodes, horizon, layout, lo, hi)
-        if run.master or own:
-            atomic_write(cache, lambda tmp: save_file(tokens[split], str(tmp),
-                                                      metadata={"key": key}))
-        run.print0(f"tokenized {split}: {len(episodes)} clips in {time.time() - t0:.0f}s")
-    return tokens
 
 
 # -----------------------------------------------------------------------------
@@ -613,7 +543,7 @@ barrier()
 args.vq, args.action_lo, args.action_hi = str(FILES["vq"]), lo.tolist(), hi.tolist()
 splits = {"train": train_eps, "val": val_eps, "test": test_eps}
 # every split tokenized once (cached): per clip the context codes, future codes and action tokens
-tokens = cached_tokens(run, FILES["vq"], vq, layout, splits, horizon, lo, hi)
+tokens = cached_tokens(run, FILES["vq"], vq, layout, splits, horizon, lo, hi, train_vq.SIZE)
 spec = EvalSpec(lo, hi, CONTEXT, horizon)   # the greedy evaluation of these windows
 
 # MLE: on its own (--stage=mle, from scratch or continuing --init), or as the first stage of a run

@@ -18,14 +18,18 @@ The loss and the samples cover only the codes of frames after the `context` firs
 inputs, never predicted. Single-step prediction uses n = context + 1; multi-step uses n = context + K.
 """
 import json
+import time
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
 
-from checkpoint import atomic_write_text
+from checkpoint import atomic_write, atomic_write_text
 from engine import generate
 
 N_BINS = 256
@@ -235,6 +239,36 @@ def tokenize_split(vq, episodes, horizon, layout, lo, hi, still_code=None):
                 future[:, :T - 1 - k, k][still] = still_code
     bins = np.stack([layout.action_tokens(action_bins(ep["action"], lo, hi)) for ep in episodes])   # (E, T, D)
     return dict(context=context, future=future, actions=torch.from_numpy(bins))
+
+
+def cached_tokens(run, vq_path, vq, layout, splits, horizon, lo, hi, size):
+    """{split: tokenize_split(...)} of every split (name -> clips), each cached in out_dir per
+    tokenizer file, data and horizon. Under torchrun each rank caches its own share of the train
+    clips in a file of its own; the held-out splits, whole on every rank, are written by rank 0."""
+    args, tokens = run.args, {}
+    for split, episodes in splits.items():
+        own = run.ddp and split == "train"   # this rank's share (train_vq.load_clips)
+        # the cache is valid only for the same tokenizer bytes, data folder, frame size, clip
+        # count and horizon
+        key = (f"{zlib.crc32(Path(vq_path).read_bytes())}-{Path(args.data).resolve()}-"
+               f"{size}-{len(episodes)}-{horizon}")
+        cache = run.out_dir / (f"tokens_{split}_rank{run.rank}of{run.world}.safetensors" if own
+                               else f"tokens_{split}.safetensors")
+        try:
+            with safe_open(str(cache), framework="pt") as f:
+                if (f.metadata() or {}).get("key") == key:   # a hit: the tensors as saved
+                    tokens[split] = {k: f.get_tensor(k) for k in f.keys()}
+                    continue
+        except Exception:   # missing or unreadable: computed again and rewritten below
+            pass
+        t0 = time.time()
+        # context, future and action tokens per clip
+        tokens[split] = tokenize_split(vq, episodes, horizon, layout, lo, hi)
+        if run.master or own:
+            atomic_write(cache, lambda tmp: save_file(tokens[split], str(tmp),
+                                                      metadata={"key": key}))
+        run.print0(f"tokenized {split}: {len(episodes)} clips in {time.time() - t0:.0f}s")
+    return tokens
 
 
 def still_cells(frames, context, grid, tol=STILL_TOL):
