@@ -35,8 +35,6 @@ class CondVQConfig(VQConfig):
     per-frame VQ's config."""
     channels: tuple = (16, 32, 64)   # one stride-2 level each: 8x downsampling, an 8x8 code grid
     frame: dict = None               # the VQConfig (as a dict) of the per-frame VQ for context frames
-    quantizer: str = "vq"            # older files name it (the only one kept)
-    fsq_levels: tuple = ()           # unused (older files name it)
 
     def __post_init__(self):
         super().__post_init__()

@@ -13,7 +13,8 @@ from evaluate_video import EFFECTS, EvalSpec, add_effects, eval_video, paired_ef
 from research import action_diagnosis as ad
 from research import policy_eval as pe
 from model import GPT, GPTConfig
-from tokenizer_vq import CondVQConfig, CondVQVAE, VQConfig, VQVAE
+from research.cond_tokenizer import CondVQConfig, CondVQVAE
+from tokenizer_vq import VQConfig, VQVAE
 
 
 def test_replay_renders_the_policy_episode():
