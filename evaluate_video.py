@@ -47,7 +47,7 @@ from tqdm import tqdm
 
 from checkpoint import load_model
 from data.robot.detect import gripper_response
-from data.robot.task import Layout, frame_codes, rollout, tokenize_split, windows
+from data.robot.task import Layout, frame_codes, rollout, to_float, tokenize_split, windows
 from rewards_video import MOVE_TOL, OBJECT_TOL, mae, mse, psnr, repetition_rate, ssim, to_uint8
 from stats import paired_bootstrap, paired_table
 from tokenizer_vq import load_vq
@@ -87,11 +87,6 @@ def load_video_model(path, device="cpu", copy_gate=-1):
     # the decoding the model was trained with, unless forced
     vq.copy_gate = bool(a.get("copy_gate", 1) if copy_gate < 0 else copy_gate)
     return model, vq, meta
-
-
-def to_float(frames):
-    """uint8 (..., H, W, 3) array -> float tensor (..., 3, H, W) in [0, 1]."""
-    return torch.from_numpy(np.ascontiguousarray(frames)).movedim(-1, -3).float() / 255
 
 
 def metrics(pred, true, lpips_net):

@@ -40,13 +40,13 @@ import mle
 import train_vq
 from checkpoint import atomic_write, atomic_write_text, read_meta, recorded_path
 from data.robot.prepare import DATA_DIR
-from data.robot.task import (Layout, cached_tokens, frame_codes, read_action_stats, rollout,
-                             windows)
+from data.robot.task import (Clips, Layout, cached_tokens, make_draw, make_reward, make_sampler,
+                             moving_windows, read_action_stats, windows)
 from evaluate_video import (OFFICIAL, EvalSpec, eval_video, load_video_model, paired_effects,
-                            paired_video, print_video_paired, print_video_table, to_float)
+                            paired_video, print_video_paired, print_video_table)
 from grpo import GRPOConfig, grpo_step, make_optimizer
 from model import GPT, GPTConfig
-from rewards_video import VideoReward, load_lpips, pick_reward, video_reward
+from rewards_video import VideoReward, load_lpips, pick_reward
 from runtime import (ComputeBudget, Run, check_ranges, fork_alongside, fork_map, lr_at,
                      memory_estimate, print_memory, prompts_per_chunk, rank_map)
 from tokenizer_vq import load_vq
@@ -251,92 +251,8 @@ def control(run, start, start_path, ckpt, layout, tokens, horizon, budget):
 
 # -----------------------------------------------------------------------------
 # stage 3: RLVR with GRPO; the reward is a metric of the decoded frames against the true frames.
-# Four pieces (the prompt draw, the reward, the multi-step sampler, the validation watch) and the
-# loop that runs them.
-
-@dataclass
-class Clips:
-    """What RLVR draws its windows from: the train clips, their tokens and the token layout."""
-    episodes: list        # the clips: image (T, H, W, 3) uint8, action, background
-    tokens: dict          # their tokens (tokenize_split)
-    layout: Layout
-    horizon: int          # predicted frames per window
-
-
-def moving_windows(clips, tol=25):
-    """Every (clip, first frame) window of the train clips where some predicted frame differs from
-    the last context frame by more than `tol` (of 255) somewhere: a static window gives every
-    sample the same reward (copying is exact), so no advantage and no gradient."""
-    n, img = CONTEXT + clips.horizon, [ep["image"] for ep in clips.episodes]
-    return [(e, t) for e in range(len(img)) for t in range(len(img[e]) - n + 1)
-            if np.abs(img[e][t + CONTEXT:t + n].astype(np.int16) - img[e][t + CONTEXT - 1]).max()
-            > tol]
-
-
-def window_batch(clips, picks, seq=None, truths=None, background=True):
-    """The prompts and items of windows `picks` ((clip, first frame) each): seq (B, n_tokens)
-    token windows (default: cut from the cache) and truths (per window the true frames (K, H, W, 3)
-    uint8; default: the clips') -> (prompts: the context frames and their actions as token lists,
-    items: truth, context frame, the true later actions and (background) the bare scene)."""
-    L, FL, h, B = clips.layout.L, clips.layout.frame_len, clips.horizon, len(picks)
-    if seq is None:
-        seq = windows(clips.tokens, clips.layout, [e for e, _ in picks], [t for _, t in picks],
-                      CONTEXT, h)
-    if truths is None:
-        truths = [clips.episodes[e]["image"][t + CONTEXT:t + CONTEXT + h] for e, t in picks]
-    P = clips.layout.prompt_len(CONTEXT)
-    acts = seq[:, P:P + (h - 1) * FL].view(B, h - 1, FL)[:, :, L:]   # the true later actions
-    eps = clips.episodes
-    items = [dict(truth=to_float(truths[i]),                               # (K, 3, H, W)
-                  context=to_float(eps[e]["image"][t + CONTEXT - 1]),      # (3, H, W)
-                  actions=acts[i],
-                  background=to_float(eps[e]["background"]) if background else None)
-             for i, (e, t) in enumerate(picks)]
-    return seq[:, :P].tolist(), items
-
-
-def make_draw(clips, pool, n, background):
-    """The default prompt draw: n windows of `pool` at random -> draw(g) -> (prompts, items)."""
-    def draw(g):
-        picks = [pool[i] for i in torch.randint(len(pool), (n,), generator=g)]
-        return window_batch(clips, picks, background=background)
-    return draw
-
-
-def make_reward(vq, clips, cfg, lpips_net, device):
-    """reward_fn(items, completions) -> one reward per completion: its frames decoded against the
-    true last context frame and scored by video_reward under VideoReward `cfg`, averaged over the
-    predicted frames."""
-    layout, h = clips.layout, clips.horizon
-
-    def reward_fn(items, completions):
-        # completions hold h frames of L codes with D action tokens between them
-        codes = frame_codes([c[:h * layout.frame_len - layout.D] for c in completions], layout,
-                            h)                                               # (N, K, L)
-
-        def per_frame(key):   # items' (3, H, W) image, repeated per predicted frame: (N*K, ...)
-            return torch.stack([it[key] for it in items])[:, None].expand(
-                -1, h, -1, -1, -1).flatten(0, 1)
-
-        ctx = per_frame("context")                  # the last context frame
-        with torch.no_grad():                       # N*K frames decoded at once
-            pred = vq.detokenize(codes.flatten(0, 1).to(device), ctx.to(device)).cpu()
-        truth = torch.cat([it["truth"] for it in items])                   # (N*K, 3, H, W)
-        bg = per_frame("background") if cfg.object else None               # the bare scenes
-        r = video_reward(cfg, pred, truth, lpips_net, ctx, bg)
-        return r.view(-1, h).mean(1).tolist()       # a completion: its frames' mean
-
-    return reward_fn
-
-
-def make_sampler(horizon, L):
-    """Multi-step: sample frame by frame, injecting each window's true actions (single: None, the
-    plain sampler)."""
-    def sampler(m, prompts, items, cfg, gen):
-        actions = torch.stack([it["actions"] for it in items])
-        return rollout(m, prompts, actions, horizon, L, cfg.temperature, gen)
-    return sampler if horizon > 1 else None
-
+# Four pieces (the prompt draw, the reward and the multi-step sampler: data/robot/task.py's, as
+# tasks.py's for text; the validation watch) and the loop that runs them.
 
 def make_watch(run, model, vq, episodes, tokens, spec, steps):
     """watch(step, stats): every WATCH_EVERY steps and at the last, greedy on the validation split
@@ -609,7 +525,7 @@ if args.stage in ("all", "rlvr"):
             out_dir / "control.log")
         print0(f"control: MLE continues from the start in process {child.pid} while RLVR runs "
                f"(progress: {out_dir / 'control.log'})")
-    clips = Clips(train_eps, tokens["train"], layout, horizon)
+    clips = Clips(train_eps, tokens["train"], layout, horizon, CONTEXT)
     pool = moving_windows(clips)
     print0(f"rlvr: {len(pool)} train windows; per step {prompts_per_step} prompts x "
            f"{args.group_size} samples x {world} ranks, {horizon} predicted frame(s) each")
