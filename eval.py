@@ -22,13 +22,9 @@ differences (bootstrap 95% intervals over the same records) are printed too.
 data/textgame/compose.jsonl, the text game's composition split (records whose game, room objects and action never
 occur together in train; data/textgame/prepare.py), is made when it is missing.
 
-Video (evaluate_video.py): a window is `context` true frames with their actions, then `horizon` predicted frames
-(data/robot/task.rollout: the GPT samples a frame's codes, the next true action's tokens are injected, and so on;
-single-step is horizon 1), decoded with the true last context frame and scored by MAE, PSNR, SSIM, LPIPS (with
-weights), the error on moving pixels and object recall, against copy-last-frame and the tokenizer's own ceiling;
-greedy by default, and with --official=1 also the paper's protocol (sampled at T=1, top-k 100) in the next row and
-under "sampled" in the JSON. With --compare the paired differences over the same test windows are printed too
-(--ckpt - --compare, and each against copy-last-frame).
+Video (evaluate_video.py): rollouts on the split's windows (true actions injected between predicted frames), decoded
+with the true last context frame and scored against copy-last-frame and the tokenizer's ceiling; --official=1 adds
+the paper's protocol (T=1, top-k 100) under "sampled"; --compare prints paired differences over the same windows.
 """
 import argparse
 import sys

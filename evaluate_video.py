@@ -1,40 +1,19 @@
 """
-Held-out evaluation of a video world model: rollouts on test windows, pixel metrics, baselines and
-reward-hacking checks (train_video.py reports with it at the end of a run; `eval.py --task=video` is
-its command line).
-
-What is reported (`eval_video`), all on decoded pixels against the *true* frames, averaged over
-predicted frames:
-- mse, mae, psnr, ssim, lpips (null without LPIPS weights), and repetition_rate (rewards_video.py):
-  a predicted frame whose codes equal the previous frame's (for the first one: the codes of
-  "nothing changed", vq.tokenize(ctx, ctx)).
-- copy_last_frame: the same metrics for the baseline that repeats the last context frame. On a
-  mostly static scene it is strong on whole-frame metrics, so we also report every model on the
-  pixels that truly move: mae_moving = MAE over pixels where the true frame differs from the last
-  context frame by > 0.1 in some channel.
-- tokenizer_ceiling: the metrics of the tokenizer's own reconstruction of the true frame (decoded
-  with the true context frame), the best a model that predicts codes can do; differences below it
-  are the model's.
-- objects (when episodes carry their `background`): pixels differing from the bare table by > 0.15,
-  in the truth and in the prediction, and object_recall = share of the truth's object pixels where
-  the prediction also shows something. A reward-hacking model that erases objects to lower MAE shows
-  object pixels and recall falling.
-- action_effect (the embedded robot data: episodes with a `background`): does the prediction keep
-  the objects and move the gripper as commanded? object_recall, the mean over windows of each
-  window's own recall, and action_response, the mean over the windows where the true gripper moves
-  of data/robot/detect.gripper_response (the predicted displacement projected on the true one, over
-  the true: 1 is right, 0 no motion; the pixel detectors of experiments/policy_eval.py), with
-  response_windows, the count of those windows.
-- per_record: one entry per test window, in a fixed order (clip by clip, start by start; `windows`
-  names them): mae, ssim (averaged over the window's predicted frames), repetition, and `changed`
-  (some pixel of the window's truth moves by > MOVE_TOL); copy_last_frame has its own per_record mae
-  and ssim; with action_effect, object_recall and action_response per window too (null where the
-  window has no true object pixel, or no true gripper move). `paired_video` turns them into paired
-  differences between models with bootstrap 95% intervals (stats.paired_table), as the language
-  tasks, and `paired_effects` those of object_recall and action_response.
-
-Sampling: greedy by default; `temperature` and `top_k` give the paper's protocol (T=1, top-k 100,
-OFFICIAL below).
+Held-out evaluation of a video world model (train_video.py's final comparison; `eval.py --task=video`
+is its command line). `eval_video` rolls the model out on windows of the split (greedy, or sampled
+as EvalSpec says; OFFICIAL: the paper's T=1, top-k 100), decodes against the true last context frame
+and reports, averaged over predicted frames, against the *true* frames:
+- mse, mae, psnr, ssim, lpips (null without LPIPS weights), and repetition_rate (rewards_video.py);
+- mae_moving: MAE on the pixels that truly move (> MOVE_TOL from the last context frame), where
+  copy_last_frame, strong on whole frames of a mostly static scene, is weak;
+- copy_last_frame and tokenizer_ceiling (the true frames' own codes decoded): the baselines;
+- objects and action_effect (episodes with a `background`, the embedded robot data): object pixels
+  (> OBJECT_TOL from the bare table) and object_recall, which falls when a model erases objects to
+  lower MAE; action_response, how the predicted gripper follows the true move
+  (data/robot/detect.gripper_response: 1 right, 0 no motion);
+- per_record: one entry per window in a fixed order (mae, ssim, repetition, changed, and the action
+  effects), for `paired_video` / `paired_effects`: paired differences between models with bootstrap
+  95% intervals (stats.py), as the language tasks'.
 """
 import sys
 from dataclasses import dataclass

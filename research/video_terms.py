@@ -1,7 +1,7 @@
 """
 The extra video reward terms and prompt draws of the action studies (docs/video.md, "Paying RLVR
 for the action's effect"), as pieces that plug into train_video.py's RLVR loop (run_rlvr's draw and
-reward_fn) and MLE (next_batch), in place of the core's defaults:
+reward_fn, in place of data/robot/task.make_draw and make_reward) and MLE (next_batch):
 
 - `gripper_error` and `action_reward`: the core's VideoReward minus action_weight x how far from
   the true gripper the prediction draws it (data/robot/detect.locate_gripper). Finding: paid alone
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from data.robot import sim  # noqa: E402
 from data.robot.detect import blocks_moved, locate_gripper  # noqa: E402
 from data.robot.prepare import split_episodes  # noqa: E402
-from data.robot.task import N_BINS, action_bins, windows  # noqa: E402
+from data.robot.task import N_BINS, action_bins, window_batch, windows  # noqa: E402
 from rewards_video import WORST_VIDEO_REWARD, _check_frames, to_uint8, video_reward  # noqa: E402
 
 # gripper_error's scale in pixels: twice the embedded robot's step (sim.SPEED, 3 px per unit
@@ -102,11 +102,11 @@ def counterfactual(seq, truths, picks, n_cf, scenes, layout, lo, hi, context, g)
         truths[i] = np.stack(frames)
 
 
-def study_draw(window_batch, clips, pool, n, pushes=(), n_push=0, scenes=None, n_cf=0, lo=None,
-               hi=None, context=1):
+def study_draw(clips, pool, n, pushes=(), n_push=0, scenes=None, n_cf=0, lo=None, hi=None):
     """The old draw with --push_frac and --counterfactual_frac: n - n_cf - n_push windows of
     `pool`, n_push of `pushes`, and n_cf repeats of the first with a random action -> draw(g) ->
-    (prompts, items), built by train_video.window_batch (passed in)."""
+    (prompts, items), as data/robot/task.make_draw's (the core's draw: n windows of pool)."""
+    context = clips.context
     def draw(g):
         picks = [pool[i] for i in torch.randint(len(pool), (n - n_cf - n_push,), generator=g)]
         if n_push:
