@@ -14,7 +14,7 @@ from data.robot.task import Layout
 from model import GPT, GPTConfig
 from tokenizer_vq import VQConfig, VQVAE
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_policy_episode_replays_in_the_simulator():

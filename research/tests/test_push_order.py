@@ -1,4 +1,4 @@
-"""experiments/push_order.py: the renderer's transpose symmetry it rests on, the push check by direction, and a
+"""research/push_order.py: the renderer's transpose symmetry it rests on, the push check by direction, and a
 small end-to-end run on the shipped model."""
 import json
 from pathlib import Path
@@ -12,7 +12,7 @@ from research import mirror_data as md
 from research import policy_eval as pe
 from research import push_order as po
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def swapped(state):
