@@ -6,8 +6,7 @@ Evaluate world-model checkpoints on a held-out split: one entry point for every 
     python eval.py --task=webpage --ckpt=out/webpage/rlvr.safetensors --json=result.json
     python eval.py --task=textgame --ckpt=/path/to/hf_dir --data=my_test.jsonl --device=cuda
     python eval.py --task=textgame --ckpt=out/textgame/rlvr.safetensors --data=data/textgame/compose.jsonl
-    python eval.py --task=video --ckpt=out/video/video_rlvr.safetensors --grid=grid.gif   (flags: --task=video -h)
-    python eval.py --task=video --ckpt=out/video/video_rlvr.safetensors --official=1   (+ sampled, T=1, top-k 100)
+    python eval.py --task=video --ckpt=out/video/video_rlvr.safetensors --official=1 --grid=g.gif  (--task=video -h)
 
 Every language task writes "what changes" as text and is scored by its reward in rewards.py (tasks.py):
 - textgame: the state difference is merged into the current state and compared with the true next state;
@@ -22,9 +21,8 @@ differences (bootstrap 95% intervals over the same records) are printed too.
 data/textgame/compose.jsonl, the text game's composition split (records whose game, room objects and action never
 occur together in train; data/textgame/prepare.py), is made when it is missing.
 
-Video (evaluate_video.py): rollouts on the split's windows (true actions injected between predicted frames), decoded
-with the true last context frame and scored against copy-last-frame and the tokenizer's ceiling; --official=1 adds
-the paper's protocol (T=1, top-k 100) under "sampled"; --compare prints paired differences over the same windows.
+Video (evaluate_video.py): rollouts on the split's windows, decoded with the true last context frame, against
+copy-last-frame and the tokenizer's ceiling; --official=1 adds the paper's protocol (T=1, top-k 100) under "sampled".
 """
 import argparse
 import sys

@@ -39,11 +39,12 @@ PUSH_SCALE = 3.0
 @dataclass
 class VideoReward:
     """A video reward: the named metric (REWARDS) minus weighted terms (each in [0, 1]) that close
-    the holes whole-frame metrics leave (docs/rewards.md). train_video.py's default, per mode:
-    single-step moving 1, object 0.5, push 0.1; multi-step moving 1, object 0.5, push 0."""
+    the holes whole-frame metrics leave (docs/rewards.md); VideoReward() is the metric alone.
+    train_video.py's default, per mode: single-step moving 1, object 0.5, push 0.1; multi-step
+    moving 1, object 0.5, push 0."""
     name: str = "mae+ssim"   # "mae+ssim" | "mae+lpips"
-    moving: float = 1.0      # x moving_mae: copying the last frame, or a still scene, is not paid
-    object: float = 0.5      # x object_miss: erasing an object is not paid (needs backgrounds)
+    moving: float = 0.0      # x moving_mae: copying the last frame, or a still scene, is not paid
+    object: float = 0.0      # x object_miss: erasing an object is not paid (needs backgrounds)
     push: float = 0.0        # x push_error: a pushed block drawn where the push did not take it
 
 
