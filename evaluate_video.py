@@ -55,7 +55,7 @@ class EvalSpec:
 def load_video_model(path, device="cpu", copy_gate=-1):
     """A world-model checkpoint of train_video.py -> (GPT, tokenizer, meta). The tokenizer is named
     in the meta, relative to the checkpoint's folder. copy_gate 1 / 0: the tokenizer decodes with /
-    without its copy gate; -1: as the model was trained (on where its record does not say)."""
+    without its copy gate; -1: as the model was trained."""
     path = Path(path)
     model, meta = load_model(path, device)
     a = meta["args"]
@@ -64,7 +64,7 @@ def load_video_model(path, device="cpu", copy_gate=-1):
                          "(no tokenizer or action bins in its metadata)")
     vq, _ = load_vq(path.parent / a["vq"], device)
     # the decoding the model was trained with, unless forced
-    vq.copy_gate = bool(a.get("copy_gate", 1) if copy_gate < 0 else copy_gate)
+    vq.copy_gate = bool(a.get("copy_gate", 0) if copy_gate < 0 else copy_gate)
     return model, vq, meta
 
 

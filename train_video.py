@@ -455,8 +455,9 @@ if master and Path(vq_path).resolve() != FILES["vq"].resolve():
     atomic_write(FILES["vq"], lambda tmp: shutil.copyfile(vq_path, tmp))
 barrier()
 # what every world-model checkpoint records beside the flags: its tokenizer (relative, beside it),
-# and its action bins
-args.vq, args.action_lo, args.action_hi = str(FILES["vq"]), lo.tolist(), hi.tolist()
+# decoded with the copy gate, and its action bins
+args.vq, args.copy_gate = str(FILES["vq"]), 1
+args.action_lo, args.action_hi = lo.tolist(), hi.tolist()
 splits = {"train": train_eps, "val": val_eps, "test": test_eps}
 # every split tokenized once (cached): per clip the context codes, future codes and action tokens
 tokens = cached_tokens(run, FILES["vq"], vq, layout, splits, horizon, lo, hi, train_vq.SIZE)

@@ -130,7 +130,7 @@ def test_copy_gate_forced_for_every_model_or_as_trained():
     # load_video_model(copy_gate=): 1 / 0 for every model; -1 as each checkpoint was trained
     ck = Path(__file__).resolve().parents[1] / "checkpoints"
     names = ("video_mle_4000.safetensors", "video_mle.safetensors")
-    trained = {p: load_video_model(ck / p)[2]["args"].get("copy_gate", 1) for p in names}
+    trained = {p: load_video_model(ck / p)[2]["args"].get("copy_gate", 0) for p in names}
     assert {p: load_video_model(ck / p, copy_gate=-1)[1].copy_gate for p in names} == \
         {p: bool(g) for p, g in trained.items()}
     for gate in (1, 0):
