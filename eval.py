@@ -6,9 +6,7 @@ Evaluate world-model checkpoints on a held-out split: one entry point for every 
     python eval.py --task=webpage --ckpt=out/webpage/rlvr.safetensors --json=result.json
     python eval.py --task=textgame --ckpt=/path/to/hf_dir --data=my_test.jsonl --device=cuda
     python eval.py --task=textgame --ckpt=out/textgame/rlvr.safetensors --data=data/textgame/compose.jsonl
-    python eval.py --task=video --ckpt=out/video/video_rlvr.safetensors --grid=grid.gif   (flags: --task=video -h)
-    python eval.py --task=video --ckpt=out/video/video_rlvr.safetensors --official=1   (+ sampled, T=1, top-k 100)
-    python eval.py --task=video --tokenizer=checkpoints/video_cvq.safetensors [--mode=multi]   (a tokenizer's ceiling)
+    python eval.py --task=video --ckpt=out/video/video_rlvr.safetensors --official=1 --grid=g.gif  (--task=video -h)
 
 Every language task writes "what changes" as text and is scored by its reward in rewards.py (tasks.py):
 - textgame: the state difference is merged into the current state and compared with the true next state;
@@ -23,13 +21,8 @@ differences (bootstrap 95% intervals over the same records) are printed too.
 data/textgame/compose.jsonl, the text game's composition split (records whose game, room objects and action never
 occur together in train; data/textgame/prepare.py), is made when it is missing.
 
-Video (evaluate_video.py): a window is `context` true frames with their actions, then `horizon` predicted frames
-(data/robot/task.rollout: the GPT samples a frame's codes, the next true action's tokens are injected, and so on;
-single-step is horizon 1), decoded with the true last context frame and scored by MAE, PSNR, SSIM, LPIPS (with
-weights), the error on moving pixels and object recall, against copy-last-frame and the tokenizer's own ceiling;
-greedy by default, and with --official=1 also the paper's protocol (sampled at T=1, top-k 100) in the next row and
-under "sampled" in the JSON. With --compare the paired differences over the same test windows are printed too
-(--ckpt - --compare, and each against copy-last-frame).
+Video (evaluate_video.py): rollouts on the split's windows, decoded with the true last context frame, against
+copy-last-frame and the tokenizer's ceiling; --official=1 adds the paper's protocol (T=1, top-k 100) under "sampled".
 """
 import argparse
 import sys
@@ -43,12 +36,11 @@ from data.robot.prepare import DATA_DIR, ensure_splits
 from data.robot.task import clips, load_split
 from data.textgame.prepare import COMPOSE_PATH, ensure_compose
 from evaluate_lang import evaluate, pct, print_paired, print_table
-from evaluate_video import (OFFICIAL, eval_video, load_video_model, paired_video, print_video_paired,
-                            print_video_table, tokenizer_ceiling)
+from evaluate_video import (OFFICIAL, EvalSpec, eval_video, load_video_model, paired_video, print_video_paired,
+                            print_video_table)
 from rewards_video import load_lpips
 from runtime import check_device, check_ranges
 from tasks import TASKS, load_lang_model
-from tokenizer_vq import CondVQVAE, load_vq
 
 ROOT = Path(__file__).resolve().parent
 
@@ -121,10 +113,6 @@ def video_main(argv):
     p.add_argument("--ckpt", default=None, help="a world-model checkpoint of train_video.py")
     p.add_argument("--compare", default=None, help="a second world model on the same windows; paired differences "
                                                    "--ckpt minus --compare are printed")
-    p.add_argument("--tokenizer", default=None, help="instead of --ckpt: a tokenizer file alone; prints its ceiling "
-                                                     "(true frames encoded and decoded) against copy-last-frame")
-    p.add_argument("--clip_len", type=int, default=16, help="clip length for --tokenizer (--ckpt: the checkpoint's)")
-    p.add_argument("--horizon", type=int, default=7, help="predicted frames per window for --tokenizer --mode=multi")
     p.add_argument("--data", default=str(DATA_DIR), help="episode directory (default: the embedded robot data)")
     p.add_argument("--split", default="test")
     p.add_argument("--mode", default=None, choices=["single", "multi"], help="default: the checkpoint's")
@@ -143,26 +131,18 @@ def video_main(argv):
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
-    check_ranges(p, args, at_least_1=("horizon", "threads"), at_least_0=("limit",))
+    check_ranges(p, args, at_least_1=("threads",), at_least_0=("limit",))
     torch.set_num_threads(args.threads)
-    if (args.ckpt is None) == (args.tokenizer is None):
-        p.error("give one of --ckpt (a world model) or --tokenizer (a tokenizer file)")
+    if args.ckpt is None:
+        p.error("give --ckpt (a world model)")
     if args.temperature < 0 or args.top_k < 0:
         p.error(f"--temperature and --top_k must be >= 0, got {args.temperature} and {args.top_k}")
-    if args.clip_len < 2:
-        p.error(f"--clip_len must be >= 2, got {args.clip_len}")
-    if args.tokenizer:
-        return video_ceiling(args)
     rows = {}                    # row name -> eval_video result; the JSON keeps the --ckpt greedy one at the top
     try:
         check_device(args.device)
         # every model and the LPIPS weights first: a bad file stops before any data is generated
         models = {ck: load_video_model(ck, args.device, args.copy_gate)
                   for ck in [args.ckpt] + ([args.compare] if args.compare else [])}
-        for ck, (_, vq, _) in models.items() if args.copy_gate == 1 else ():
-            if isinstance(vq, CondVQVAE):
-                raise ValueError(f"--copy_gate=1: {ck} has the context-conditioned tokenizer, which "
-                                 "gates its own decoding")
         lpips_net = load_lpips(args.lpips, args.device)
         ensure_data(args.data)
         for ck, loaded in models.items():
@@ -210,29 +190,10 @@ def eval_one(args, ckpt, loaded, lpips_net, sampling, grid=True):
     if not episodes:
         raise ValueError(f"no {args.split} episode has {a.get('clip_len', 16)} frames")
     horizon = a["horizon"] if (args.mode or a["mode"]) == "multi" else 1
-    return eval_video(model, vq, episodes, None, np.array(a["action_lo"], np.float32),
-                      np.array(a["action_hi"], np.float32), a["context"], horizon, lpips_net, seed=args.seed,
-                      grid_path=args.grid if grid and ckpt == args.ckpt else None, **sampling)
-
-
-def video_ceiling(args):
-    """--tokenizer=FILE: the tokenizer's ceiling and copy-last-frame on the split, as a table (and --json)."""
-    try:
-        check_device(args.device)
-        vq, _ = load_vq(args.tokenizer, args.device)
-        ensure_data(args.data)
-        episodes = clips(load_split(args.data, args.split, vq.config.size, args.limit), args.clip_len)
-        if not episodes:
-            raise ValueError(f"no {args.split} episode has {args.clip_len} frames")
-    except ValueError as e:
-        sys.exit(f"error: {e}")
-    res = tokenizer_ceiling(vq, episodes, 1, args.horizon if args.mode == "multi" else 1)
-    print(f"{Path(args.tokenizer).name} on {res['n']} {args.split} frames ({args.mode or 'single'}-step windows):")
-    print(f"{'':<20}" + "".join(f"{c:>11}" for c in ("mae", "psnr", "ssim", "mae_moving")))
-    for name in ("tokenizer_ceiling", "copy_last_frame"):
-        print(f"{name:<20}" + "".join(f"{res[name][c]:>11.4f}" for c in ("mae", "psnr", "ssim", "mae_moving")))
-    if args.json:
-        write_json(args.json, res)
+    spec = EvalSpec(np.array(a["action_lo"], np.float32), np.array(a["action_hi"], np.float32),
+                    a.get("context", 1), horizon, seed=args.seed, **sampling)
+    return eval_video(model, vq, episodes, None, spec, lpips_net,
+                      grid_path=args.grid if grid and ckpt == args.ckpt else None)
 
 
 if __name__ == "__main__":

@@ -1,42 +1,22 @@
 """
-Held-out evaluation of a video world model: rollouts on test windows, pixel metrics, baselines and
-reward-hacking checks (train_video.py reports with it at the end of a run; `eval.py --task=video` is
-its command line).
-
-What is reported (`eval_video`), all on decoded pixels against the *true* frames, averaged over
-predicted frames:
-- mse, mae, psnr, ssim, lpips (null without LPIPS weights), and repetition_rate (rewards_video.py):
-  a predicted frame whose codes equal the previous frame's (for the first one: the codes of
-  "nothing changed", vq.tokenize(ctx, ctx)).
-- copy_last_frame: the same metrics for the baseline that repeats the last context frame. On a
-  mostly static scene it is strong on whole-frame metrics, so we also report every model on the
-  pixels that truly move: mae_moving = MAE over pixels where the true frame differs from the last
-  context frame by > 0.1 in some channel.
-- tokenizer_ceiling: the metrics of the tokenizer's own reconstruction of the true frame (decoded
-  with the true context frame), the best a model that predicts codes can do; differences below it
-  are the model's.
-- objects (when episodes carry their `background`): pixels differing from the bare table by > 0.15,
-  in the truth and in the prediction, and object_recall = share of the truth's object pixels where
-  the prediction also shows something. A reward-hacking model that erases objects to lower MAE shows
-  object pixels and recall falling.
-- action_effect (the embedded robot data: episodes with a `background`): does the prediction keep
-  the objects and move the gripper as commanded? object_recall, the mean over windows of each
-  window's own recall, and action_response, the mean over the windows where the true gripper moves
-  of data/robot/detect.gripper_response (the predicted displacement projected on the true one, over
-  the true: 1 is right, 0 no motion; the pixel detectors of experiments/policy_eval.py), with
-  response_windows, the count of those windows.
-- per_record: one entry per test window, in a fixed order (clip by clip, start by start; `windows`
-  names them): mae, ssim (averaged over the window's predicted frames), repetition, and `changed`
-  (some pixel of the window's truth moves by > MOVE_TOL); copy_last_frame has its own per_record mae
-  and ssim; with action_effect, object_recall and action_response per window too (null where the
-  window has no true object pixel, or no true gripper move). `paired_video` turns them into paired
-  differences between models with bootstrap 95% intervals (stats.paired_table), as the language
-  tasks, and `paired_effects` those of object_recall and action_response.
-
-Sampling: greedy by default; `temperature` and `top_k` give the paper's protocol (T=1, top-k 100,
-OFFICIAL below).
+Held-out evaluation of a video world model (train_video.py's final comparison; `eval.py --task=video`
+is its command line). `eval_video` rolls the model out on windows of the split (greedy, or sampled
+as EvalSpec says; OFFICIAL: the paper's T=1, top-k 100), decodes against the true last context frame
+and reports, averaged over predicted frames, against the *true* frames:
+- mse, mae, psnr, ssim, lpips (null without LPIPS weights), and repetition_rate (rewards_video.py);
+- mae_moving: MAE on the pixels that truly move (> MOVE_TOL from the last context frame), where
+  copy_last_frame, strong on whole frames of a mostly static scene, is weak;
+- copy_last_frame and tokenizer_ceiling (the true frames' own codes decoded): the baselines;
+- objects and action_effect (episodes with a `background`, the embedded robot data): object pixels
+  (> OBJECT_TOL from the bare table) and object_recall, which falls when a model erases objects to
+  lower MAE; action_response, how the predicted gripper follows the true move
+  (data/robot/detect.gripper_response: 1 right, 0 no motion);
+- per_record: one entry per window in a fixed order (mae, ssim, repetition, changed, and the action
+  effects), for `paired_video` / `paired_effects`: paired differences between models with bootstrap
+  95% intervals (stats.py), as the language tasks'.
 """
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import imageio.v2 as imageio
@@ -46,7 +26,7 @@ from tqdm import tqdm
 
 from checkpoint import load_model
 from data.robot.detect import gripper_response
-from data.robot.task import Layout, frame_codes, rollout, tokenize_split, windows
+from data.robot.task import Layout, frame_codes, rollout, to_float, tokenize_split, windows
 from rewards_video import MOVE_TOL, OBJECT_TOL, mae, mse, psnr, repetition_rate, ssim, to_uint8
 from stats import paired_bootstrap, paired_table
 from tokenizer_vq import load_vq
@@ -55,6 +35,21 @@ from tokenizer_vq import load_vq
 OFFICIAL = dict(temperature=1.0, top_k=100)
 # the per-window action-effect metrics (eval_video's per_record, with the embedded robot data)
 EFFECTS = ("object_recall", "action_response")
+
+
+@dataclass
+class EvalSpec:
+    """Which windows eval_video scores and how it samples: the action bins (lo, hi per dimension),
+    `context` true frames then `horizon` predicted ones, greedy (temperature 0) or sampled (top_k:
+    only the k likeliest codes) from a generator seeded by `seed`, `batch_size` windows at once."""
+    lo: np.ndarray
+    hi: np.ndarray
+    context: int = 1
+    horizon: int = 1
+    temperature: float = 0.0
+    top_k: int = None
+    seed: int = 0
+    batch_size: int = 64
 
 
 def load_video_model(path, device="cpu", copy_gate=-1):
@@ -71,11 +66,6 @@ def load_video_model(path, device="cpu", copy_gate=-1):
     # the decoding the model was trained with, unless forced
     vq.copy_gate = bool(a.get("copy_gate", 0) if copy_gate < 0 else copy_gate)
     return model, vq, meta
-
-
-def to_float(frames):
-    """uint8 (..., H, W, 3) array -> float tensor (..., 3, H, W) in [0, 1]."""
-    return torch.from_numpy(np.ascontiguousarray(frames)).movedim(-1, -3).float() / 255
 
 
 def metrics(pred, true, lpips_net):
@@ -96,25 +86,16 @@ def frame_scores(x, true, mask, lpips_net):
             float(mask.sum() * 3))
 
 
-def add_frames(acc, moving, name, x, true, mask, lpips_net):
-    """Score frames x of row `name` against the true frames (frame_scores): their metrics go to
-    acc[name], the error on the moving pixels and their count to moving[name]."""
-    m, error, count = frame_scores(x, true, mask, lpips_net)
-    acc[name].append(m)
-    moving[name][0] += error
-    moving[name][1] += count
-
-
 @torch.no_grad()
-def eval_video(model, vq, episodes, tokens, lo, hi, context, horizon, lpips_net=None,
-               batch_size=64, temperature=0.0, top_k=None, seed=0, grid_path=None, desc="eval",
+def eval_video(model, vq, episodes, tokens, spec, lpips_net=None, grid_path=None, desc="eval",
                share=None):
-    """Evaluate on windows starting every `horizon` frames of each clip. tokens: the split's tokens
-    (data/robot/task.tokenize_split, with at least `horizon` future frames), or None to compute
-    them here. temperature 0 is greedy; else sampled (top_k: only the k likeliest codes), from a
-    generator seeded by `seed`. share (greedy only; e.g. runtime.rank_map: the torchrun ranks):
-    computes the batches, as map(score, batches) would; they are summed up in order, so the result
-    is the same whoever computed them."""
+    """Evaluate on windows starting every `horizon` frames of each clip, as EvalSpec `spec` says.
+    tokens: the split's tokens (data/robot/task.tokenize_split, with at least `horizon` future
+    frames), or None to compute them here. share (greedy only; e.g. runtime.rank_map: the torchrun
+    ranks): computes the batches, as map(score, batches) would; they are summed up in order, so the
+    result is the same whoever computed them."""
+    lo, hi, context, horizon = spec.lo, spec.hi, spec.context, spec.horizon
+    temperature, top_k, batch_size = spec.temperature, spec.top_k, spec.batch_size
     if share and temperature > 0:
         raise ValueError("eval_video: sampled batches draw from one stream, in order; not shared")
     model.eval()
@@ -124,7 +105,7 @@ def eval_video(model, vq, episodes, tokens, lo, hi, context, horizon, lpips_net=
     P, FL, L = layout.prompt_len(context), layout.frame_len, layout.L
     # the windows: (clip, first context frame), every `horizon` frames
     wins = [(e, t) for e in range(E) for t in range(0, T - context - horizon + 1, horizon)]
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(spec.seed)
 
     def score(s):
         """The windows wins[s:s + batch_size], rolled out and scored -> their part of the sums."""
@@ -328,30 +309,3 @@ def print_video_paired(diffs, file=sys.stdout):
             sig = "  *" if lo > 0 or hi < 0 else ""
             print(f"  {a + ' - ' + b:<18} {m:<5} {sub:<7} {mean:+.5f}  [{lo:+.5f}, {hi:+.5f}]{sig}",
                   file=file)
-
-
-@torch.no_grad()
-def tokenizer_ceiling(vq, episodes, context=1, horizon=1, batch_size=64):
-    """A tokenizer alone on the windows eval_video uses: the true future frames encoded and decoded
-    (with the last context frame) against copy-the-last-frame
-    -> {"tokenizer_ceiling": {...}, "copy_last_frame": {...}, "n": frames} with mae, mse, psnr, ssim
-    and mae_moving each."""
-    T = len(episodes[0]["image"])
-    pairs = [(e, t + context - 1, t + context + k)           # (clip, context frame, target frame)
-             for e in range(len(episodes))
-             for t in range(0, T - context - horizon + 1, horizon) for k in range(horizon)]
-    acc, moving = {"ceiling": [], "copy": []}, {"ceiling": [0.0, 0.0], "copy": [0.0, 0.0]}
-    for s in range(0, len(pairs), batch_size):
-        batch = pairs[s:s + batch_size]
-        ctx = torch.stack([to_float(episodes[e]["image"][c]) for e, c, _ in batch])  # (B, 3, H, W)
-        true = torch.stack([to_float(episodes[e]["image"][f]) for e, _, f in batch])
-        ceil = vq.detokenize(vq.tokenize(true, ctx), ctx).cpu()
-        mask = ((true - ctx).abs().amax(1, keepdim=True) > MOVE_TOL).float()  # the moving pixels
-        for name, x in (("ceiling", ceil), ("copy", ctx)):
-            add_frames(acc, moving, name, x, true, mask, None)
-    out = {"n": len(pairs)}
-    for name, key in (("ceiling", "tokenizer_ceiling"), ("copy", "copy_last_frame")):
-        out[key] = {k: float(torch.cat([r[k] for r in acc[name]]).mean())
-                    for k in ("mae", "mse", "psnr", "ssim")}
-        out[key]["mae_moving"] = moving[name][0] / max(moving[name][1], 1)
-    return out

@@ -4,22 +4,24 @@ As for the text rewards (rewards.py), the reward is the metric itself, measured 
 drew, and never raises on model output: an unscorable frame gets the worst reward.
 
 The file, in reading order:
-- `video_reward(name, pred, true, ...)`, name "mae+ssim" = -(MAE + 1 - SSIM) (the default without
-  LPIPS weights) or "mae+lpips" = -(MAE + LPIPS), minus optional terms for the error on the pixels
-  that move, for erased objects, for a gripper drawn where the action did not take it and for
-  pushed blocks drawn where the push did not take them;
-  `pick_reward` resolves "auto".
-- the metrics: mae, mse, psnr, ssim, moving_mae, object_miss, gripper_error, push_error; then
-  LPIPS (VGG16) and load_lpips.
+- `VideoReward` and `video_reward(cfg, pred, true, ...)`: "mae+ssim" = -(MAE + 1 - SSIM) (the
+  default without LPIPS weights) or "mae+lpips" = -(MAE + LPIPS), minus weighted terms for the
+  error on the pixels that move, for erased objects and for pushed blocks drawn where the push did
+  not take them; `pick_reward` resolves "auto".
+- the metrics: mae, mse, psnr, ssim, moving_mae, object_miss, push_error; then LPIPS (VGG16) and
+  load_lpips.
 - multi-step video: `repetition_rate`, an evaluation metric (evaluate_video.py), not a reward.
 - the named rewards, REWARDS.
 
 docs/rewards.md holds where each formula comes from and the ranges.
 """
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+
+from data.robot.detect import locate_blocks
 
 # Every function takes float tensors (N, 3, H, W) in [0, 1], the *decoded* prediction and the true
 # frames, and returns a per-sample tensor (N,): a reward for a whole GRPO batch at once. Wrong
@@ -29,67 +31,50 @@ WORST_VIDEO_REWARD = -3.0   # the floor of -(MAE + (1 - SSIM)): MAE <= 1, SSIM >
 # a pixel moved: it differs from the context frame by more than MOVE_TOL; an object pixel differs
 # from the background by more than OBJECT_TOL
 MOVE_TOL, OBJECT_TOL = 0.1, 0.15
-# gripper_error's scale in pixels: twice the embedded robot's step (data/robot/sim.SPEED, 3 px per
-# unit action), so a gripper left where it was scores about 0.5, one moved a whole step the wrong
-# way about 1, as bad as none at all
-GRIPPER_SCALE = 6.0
 # push_error's scale in pixels: one step of the robot (sim.SPEED), so a pushed block left where it
 # was scores about 1 after a full-speed push (pushes move a block 1.9 px on average)
 PUSH_SCALE = 3.0
 
 
-def video_reward(name, pred, true, lpips_net=None, context=None, moving_weight=0.0, background=None,
-                 object_weight=0.0, action_weight=0.0, locate=None, push_weight=0.0,
-                 locate_blocks=None):
-    """Per-sample reward (N,) of decoded predictions against the true frames. Never raises on
-    model output.
+@dataclass
+class VideoReward:
+    """A video reward: the named metric (REWARDS) minus weighted terms (each in [0, 1]) that close
+    the holes whole-frame metrics leave (docs/rewards.md); VideoReward() is the metric alone.
+    train_video.py's default, per mode: single-step moving 1, object 0.5, push 0.1; multi-step
+    moving 1, object 0.5, push 0."""
+    name: str = "mae+ssim"   # "mae+ssim" | "mae+lpips"
+    moving: float = 0.0      # x moving_mae: copying the last frame, or a still scene, is not paid
+    object: float = 0.0      # x object_miss: erasing an object is not paid (needs backgrounds)
+    push: float = 0.0        # x push_error: a pushed block drawn where the push did not take it
 
-    Two optional terms close holes that the whole-frame metrics leave (docs/rewards.md), each frame
-    (N, 3, H, W):
-    - moving_weight x `moving_mae` (context: the last true context frame): the error on the pixels
-      where the truth differs from the context frame. Whole-frame metrics are ~99% static pixels, so
-      they pay for copying the last frame; this term is where copying is worst.
-    - object_weight x `object_miss` (background: the bare scene without objects): the share of the
-      truth's object pixels that the prediction leaves empty. Pixel errors pay for erasing an object
-      whose position is uncertain (the median pixel is the table); this term does not.
-    - action_weight x `gripper_error` (locate: a gripper detector, e.g. data/robot/detect.py's
-      locate_gripper): how far from the true gripper the prediction draws it. Pixel errors barely
-      tell a gripper that followed the commanded action from one that did not, or from a faded one;
-      this term, checked against the true frame, does.
-    - push_weight x `push_error` (context, and locate_blocks: a block detector, e.g.
-      data/robot/detect.py's locate_blocks): how far from the true blocks the prediction draws the
-      blocks that the true step moved. A pushed block is a few pixels of the frame; this term pays
-      for moving it as the action did.
 
-    The prediction is clamped to [0, 1] (+-inf pixels read as 1 and 0); a sample holding a NaN or
-    infinite pixel, or whose reward is still non-finite, gets the floor, WORST_VIDEO_REWARD (-3)
+def video_reward(cfg, pred, true, lpips_net=None, context=None, background=None):
+    """Per-sample reward (N,) of decoded predictions (N, 3, H, W) against the true frames, under
+    VideoReward `cfg`. context: the last true context frames (the moving and push terms);
+    background: the bare scenes without objects (the object term). Never raises on model output:
+    the prediction is clamped to [0, 1] (+-inf pixels read as 1 and 0), and a sample holding a NaN
+    or infinite pixel, or whose reward is still non-finite, gets the floor, WORST_VIDEO_REWARD (-3)
     minus the terms' weights, never a neutral value that RL could learn to reach."""
-    if name not in REWARDS:
-        raise ValueError(f"unknown video reward {name!r}; choose from {sorted(REWARDS)}")
+    if cfg.name not in REWARDS:
+        raise ValueError(f"unknown video reward {cfg.name!r}; choose from {sorted(REWARDS)}")
     _check_frames(pred, true, min_side=11)
     if not torch.isfinite(true).all():
         raise ValueError("video reward: the true frames hold non-finite values")
-    if ((moving_weight and context is None) or (object_weight and background is None)
-            or (action_weight and locate is None)
-            or (push_weight and (locate_blocks is None or context is None))):
-        raise ValueError("video reward: moving_weight needs the context frames, "
-                         "object_weight the backgrounds, action_weight a gripper locator, "
-                         "push_weight the context frames and a block locator")
+    if ((cfg.moving or cfg.push) and context is None) or (cfg.object and background is None):
+        raise ValueError("video reward: the moving and push terms need the context frames, "
+                         "the object term the backgrounds")
     with torch.no_grad():
         clamped, true = pred.float().clamp(0, 1), true.float()
-        r = REWARDS[name](clamped, true, lpips_net)
-        if moving_weight:
-            r = r - moving_weight * moving_mae(clamped, true, context.float())
-        if object_weight:
-            r = r - object_weight * object_miss(clamped, true, background.float())
-        if action_weight:
-            r = r - action_weight * gripper_error(clamped, true, locate)
-        if push_weight:
-            r = r - push_weight * push_error(clamped, true, context.float(), locate_blocks)
+        r = REWARDS[cfg.name](clamped, true, lpips_net)
+        if cfg.moving:     # the error where the truth moves: whole frames are ~99% static pixels
+            r = r - cfg.moving * moving_mae(clamped, true, context.float())
+        if cfg.object:     # the truth's object pixels left empty
+            r = r - cfg.object * object_miss(clamped, true, background.float())
+        if cfg.push:       # the blocks the true step pushed, drawn away from where it took them
+            r = r - cfg.push * push_error(clamped, true, context.float(), locate_blocks)
     # the floor for a non-finite prediction or reward: each term is at most 1, so it lies below all
     bad = ~torch.isfinite(pred.reshape(len(pred), -1)).all(1) | ~torch.isfinite(r)
-    floor = WORST_VIDEO_REWARD - moving_weight - object_weight - action_weight - push_weight
-    return r.masked_fill(bad, floor)
+    return r.masked_fill(bad, WORST_VIDEO_REWARD - cfg.moving - cfg.object - cfg.push)
 
 
 def pick_reward(name, lpips_net):
@@ -199,29 +184,6 @@ def object_miss(pred, true, background, tol=OBJECT_TOL):
 def to_uint8(x):
     """float tensor (..., 3, H, W) in [0, 1] -> uint8 array (..., H, W, 3), as frames are stored."""
     return (x.clamp(0, 1).movedim(-3, -1) * 255 + 0.5).byte().numpy()
-
-
-def gripper_error(pred, true, locate, scale=GRIPPER_SCALE):
-    """How far from the true gripper the prediction draws it, per frame, in [0, 1]: the distance
-    between the centres `locate` finds in the predicted and the true frame, over `scale` pixels,
-    capped at 1. Both frames follow the same context frame, so this is also the distance between
-    the predicted and the true displacement from it: the error in the commanded action's effect.
-    A prediction where `locate` finds no gripper scores 1 (fading the gripper is not paid); a
-    true frame without one scores 0 (nothing to check). locate: (H, W, 3) uint8 frame -> (x, y)
-    or None (data/robot/detect.locate_gripper). -> (N,)"""
-    _check_frames(pred, true)
-    # frames as stored: (N, H, W, 3) uint8, rounded; NaN pixels read as 0
-    p, t = (to_uint8(x.nan_to_num(0.0)) for x in (pred, true))
-    err = []
-    for pf, tf in zip(p, t):
-        at, ap = locate(tf), locate(pf)
-        if at is None:
-            err.append(0.0)
-        elif ap is None:
-            err.append(1.0)
-        else:
-            err.append(min(math.dist(ap, at) / scale, 1.0))
-    return torch.tensor(err)
 
 
 def push_error(pred, true, context, locate_blocks, scale=PUSH_SCALE, moved=0.5):

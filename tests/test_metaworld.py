@@ -65,11 +65,13 @@ def test_task_loader_and_train_video_read_the_episodes(data, tmp_path):
                   actions=torch.from_numpy(lay.action_tokens(action_bins(eps[0]["action"][:4], lo, hi)))[None])
     idx, tgt = lay.training_pair(windows(tokens, lay, [0], [0], 1, 3), 1)
     assert idx.shape[1] == 4 * 64 + 3 * 4 - 1 and (tgt >= 0).sum() == 3 * 64
-    tiny = ["--vq_steps=2", "--vq_batch=4", "--cvq_steps=2", "--cvq_batch=4", "--n_codes=16", "--mle_steps=2",
-            "--batch_size=2", "--n_layer=1",
-            "--n_head=2", "--n_embd=16", "--rl_steps=1", "--prompts_per_step=1", "--group_size=2", "--micro_batch=4",
-            "--clip_len=6", "--moving_only=0", "--threads=1"]
-    res = subprocess.run([sys.executable, "train_video.py", f"--data={data}", f"--out_dir={tmp_path}", "--init=scratch",
+    res = subprocess.run([sys.executable, "train_vq.py", f"--data={data}", f"--out_dir={tmp_path / 'vq'}", "--steps=2",
+                          "--batch=4", "--n_codes=16", "--clip_len=6", "--threads=1"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    tiny = ["--mle_steps=2", "--batch_size=2", "--n_layer=1", "--n_embd=32", "--rl_steps=1", "--prompts_per_step=1",
+            "--group_size=2", "--micro_batch=4", "--clip_len=6", "--threads=1", f"--vq={tmp_path / 'vq' / 'video_vq.safetensors'}"]
+    res = subprocess.run([sys.executable, "train_video.py", f"--data={data}", f"--out_dir={tmp_path / 'out'}", "--init=scratch",
                           *tiny], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    assert "4-dim actions" in res.stdout and (tmp_path / "video_rlvr.safetensors").is_file()
+    assert "4-dim actions" in res.stdout and (tmp_path / "out" / "video_rlvr.safetensors").is_file()

@@ -194,13 +194,17 @@ def test_rerun_with_other_flags_is_refused_and_the_same_command_resumes(text_dat
 
 def test_video_rerun_with_other_flags_is_refused(video_data, tmp_path):
     out = tmp_path / "out"
-    cmd = ["train_video.py", f"--data={video_data}", f"--out_dir={out}", "--stage=tokenizer", "--init=scratch",
-           "--tokenizer=frame", "--clip_len=8", "--n_codes=16", "--vq_steps=2", "--vq_batch=2", "--threads=1"]
+    p = script("train_vq.py", f"--data={video_data}", f"--out_dir={tmp_path / 'vq'}", "--clip_len=8", "--n_codes=16",
+               "--steps=2", "--batch=2", "--threads=1")
+    assert p.returncode == 0, p.stderr[-2000:]
+    cmd = ["train_video.py", f"--data={video_data}", f"--out_dir={out}", "--stage=mle", "--init=scratch",
+           f"--vq={tmp_path / 'vq' / 'video_vq.safetensors'}", "--clip_len=8", "--mle_steps=2", "--batch_size=2",
+           "--n_layer=1", "--n_embd=32", "--threads=1"]
     p = script(*cmd)
     assert p.returncode == 0, p.stderr[-2000:]
     before = snapshot(out)
-    refused(script(*cmd, "--n_codes=32"), f"error: {out} holds a run with other flags: --n_codes 16 -> 32; use a new "
-                                          f"--out_dir")
+    refused(script(*cmd, "--n_layer=2"), f"error: {out} holds a run with other flags: --n_layer 1 -> 2; use a new "
+                                         f"--out_dir")
     assert snapshot(out) == before
     assert "is complete, reusing it" in script(*cmd).stdout
 
@@ -209,10 +213,10 @@ def test_video_rerun_with_other_flags_is_refused(video_data, tmp_path):
 # --help needs the runtime requirements alone
 
 # every script a user runs (tools/trace_step.py passes its flags to train_lang.py)
-PATTERNS = ("experiments/*.py", "tools/*.py", "bench/*.py", "data/*/prepare.py")
+PATTERNS = ("experiments/*.py", "research/*.py", "tools/*.py", "bench/*.py", "data/*/prepare.py")
 SCRIPTS = ["train_lang.py", "train_video.py", "train_vq.py", "eval.py",
            *(str(f.relative_to(ROOT)) for pattern in PATTERNS for f in sorted(ROOT.glob(pattern))
-             if f.name not in ("__init__.py", "envs.py", "common.py", "trace_step.py"))]
+             if f.name not in ("__init__.py", "envs.py", "common.py", "trace_step.py", "video_terms.py"))]
 
 
 # one fresh interpreter runs every script's --help (run_path, as `python SCRIPT --help` would), the packages that

@@ -56,9 +56,9 @@ SHIPPED = ROOT / "checkpoints" / "textgame" / "mle.safetensors"
 LANG = ["train_lang.py", "--n_layer=1", "--n_head=2", "--n_embd=32", "--vocab_size=300", "--batch_size=8",
         "--val_n=2", "--test_limit=2", "--val_limit=2", "--max_new_tokens=64", "--group_size=4", "--prompts_per_step=4",
         "--probe_n=2", "--control=0", "--threads=1"]   # the control: its compute budget is tested in test_mle
-VIDEO = ["train_video.py", "--vq_batch=4", "--n_codes=32", "--batch_size=2", "--n_layer=1", "--n_head=2",
-         "--n_embd=32", "--prompts_per_step=2", "--group_size=2", "--horizon=3", "--micro_batch=4", "--threads=1",
-         "--clip_len=8", "--mode=multi", "--control=0", "--cvq_steps=40"]   # as in LANG; tiny tokenizers
+VIDEO = ["train_video.py", "--batch_size=2", "--n_layer=1", "--n_embd=32", "--prompts_per_step=2", "--group_size=2",
+         "--horizon=3", "--micro_batch=4", "--threads=1", "--clip_len=8", "--mode=multi"]   # as in LANG
+VQ = ["train_vq.py", "--batch=4", "--n_codes=32", "--clip_len=8", "--threads=1"]   # a tiny tokenizer
 TIMING = {"minutes", "t_rollout", "t_step", "rl_seconds"}   # wall-clock fields: the only ones a resumed run may change
 TAG = f"nanorlvr-test-{uuid.uuid4()}"   # marks the processes this module starts (to find a torchrun worker)
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "NANORLVR_TEST_TAG": TAG}
@@ -199,24 +199,26 @@ def test_lang_rlvr_resumes_exactly_after_sigkill(lang_data, tmp_path):
 
 @pytest.fixture(scope="module")
 def video_run(video_data, tmp_path_factory):
+    """A tiny tokenizer (train_vq.py), then MLE and RLVR from scratch on it, in one out_dir."""
     out = tmp_path_factory.mktemp("video")
-    cmd = [*VIDEO, "--data", video_data, "--init=scratch", "--vq_steps=40", "--mle_steps=40", "--rl_steps=8",
-           "--ckpt_every=4"]
-    run([*cmd, "--out_dir", out])
-    return out, cmd
+    vq_cmd = [*VQ, "--data", video_data, "--steps=40", "--ckpt_every=4"]
+    run([*vq_cmd, "--out_dir", out])
+    cmd = [*VIDEO, "--data", video_data, "--init=scratch", "--mle_steps=40", "--rl_steps=8", "--ckpt_every=4"]
+    run([*cmd, "--vq", out / "video_vq.safetensors", "--out_dir", out])
+    return out, cmd, vq_cmd
 
 
 @pytest.mark.slow
 def test_video_stages_resume_exactly_after_sigkill(video_run, tmp_path):
-    ref, cmd = video_run
+    ref, cmd, vq_cmd = video_run
     out = tmp_path / "b"
-    cmd = [*cmd, "--out_dir", out]
+    vq_cmd = [*vq_cmd, "--out_dir", out]
+    cmd = [*cmd, "--vq", out / "video_vq.safetensors", "--out_dir", out]
     rng = random.Random(3)
-    run_killed(cmd, out / "video_vq_train.json", at_step=rng.choice([4, 8, 12, 16]))          # in the tokenizer
-    printed = run_killed(cmd, out / "video_mle.json", at_step=rng.choice([4, 8, 12, 16]))     # in MLE
-    assert "tokenizer: resuming from step" in printed
+    run_killed(vq_cmd, out / "video_vq_train.json", at_step=rng.choice([4, 8, 12, 16]))       # in the tokenizer
+    assert "tokenizer: resuming from step" in run(vq_cmd).stdout
+    run_killed(cmd, out / "video_mle.json", at_step=rng.choice([4, 8, 12, 16]))              # in MLE
     printed = run_killed(cmd, out / "video_rlvr.json", at_step=4)                             # in RLVR
-    assert "tokenizer: " + str(out / "video_vq.safetensors") + " is complete" in printed
     assert "mle: resuming from step" in printed
     assert "rlvr: resuming from step 4" in run(cmd).stdout
     assert not (out / "video_vq_train.safetensors").exists()
@@ -381,7 +383,7 @@ def video_out(video_run, tmp_path):
 
 VIDEO_BAD = {
     "image dtype": r"^error: .*/train/00003\.npz: 'image' must be \(T, H, W, 3\) uint8, got \(8, 64, 64, 3\) float32$",
-    "flag value": r"train_video\.py: error: need .*--vq_crop and --cvq_crop <= --size \(got 72, 32 > 64\)",
+    "flag value": r"train_video\.py: error: need --clip_len >= 2 and --n_embd a multiple of 32 \(got 8, 40\)",
 }
 
 
@@ -391,7 +393,7 @@ def test_train_video_bad_input_is_one_clear_line(case, video_data, video_out, tm
     d = tmp_path / "vdata"
     shutil.copytree(video_data, d)
     np.savez(d / "train" / "00003.npz", image=np.zeros((8, 64, 64, 3), np.float32), action=np.zeros((8, 2)))
-    args = ["--data", d, "--resume=0"] + (["--vq_crop=72"] if case == "flag value" else [])
+    args = ["--data", d, "--resume=0"] + (["--n_embd=40"] if case == "flag value" else [])
     assert_refused([*VIDEO, *args, "--init=scratch", "--out_dir", video_out], VIDEO_BAD[case], video_out)
 
 
@@ -469,8 +471,8 @@ def test_on_nan_skip_skips_steps_but_stops_after_max_skips_in_a_row(lang_data, t
 @pytest.mark.slow
 def test_nan_stops_train_video_tokenizer_mle_and_rlvr(video_run, video_data, tmp_path):
     base = [*VIDEO, "--data", video_data, "--ckpt_every=1"]   # three runs, each in its own out_dir
-    p = run([*base, "--out_dir", tmp_path / "tok", "--stage=tokenizer", "--init=scratch", "--vq_steps=20",
-             "--vq_lr=1e30"], ok=False)
+    p = run([*VQ, "--data", video_data, "--ckpt_every=1", "--out_dir", tmp_path / "tok", "--steps=20", "--lr=1e30"],
+            ok=False)
     assert re.fullmatch(r"error: tokenizer: non-finite loss \(nan\) at step \d+(: the weights are non-finite|; "
                         r"stopping before it reaches the weights).*", p.stderr.strip().splitlines()[-1])
     p = run([*base, "--out_dir", tmp_path / "mle", "--stage=mle", "--vq", video_run[0] / "video_vq.safetensors",
@@ -478,7 +480,7 @@ def test_nan_stops_train_video_tokenizer_mle_and_rlvr(video_run, video_data, tmp
     assert re.fullmatch(r"error: mle: non-finite (loss|gradient norm) \(nan\) at step [1-9].*",
                         p.stderr.strip().splitlines()[-1])
     assert all_finite(tmp_path / "tok") and all_finite(tmp_path / "mle")
-    bad = poisoned_copy(video_run[0] / "video_mle.safetensors", tmp_path / "bad", "video_cvq.safetensors")
+    bad = poisoned_copy(video_run[0] / "video_mle.safetensors", tmp_path / "bad", "video_vq.safetensors")
     p = run([*base, "--out_dir", tmp_path / "rl", "--stage=rlvr", "--init", bad], ok=False)
     assert p.stderr.strip().splitlines()[-1].startswith("error: rlvr: non-finite weights in the policy at step 0")
     assert not (tmp_path / "rl" / "video_rlvr.safetensors").exists()

@@ -18,13 +18,13 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from data.robot.detect import locate_gripper
 from data.textgame.simulator import generate_split as textgame_split
 from data.textgame.task import make_diff, target_text as textgame_target
 from data.webpage.simulator import generate_split as webpage_split
 from data.webpage.task import target_text as webpage_target
 from rewards import MAX_ANSWER_CHARS, _last_fenced, textgame_metrics, textgame_reward, web_f1, web_prf
-from rewards_video import LPIPS, WORST_VIDEO_REWARD, mae, mse, psnr, repetition_rate, ssim, video_reward
+from rewards_video import (LPIPS, WORST_VIDEO_REWARD, VideoReward, mae, mse, psnr, repetition_rate, ssim,
+                           video_reward)
 
 FUZZ = dict(deadline=None, derandomize=True, database=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -246,7 +246,7 @@ def test_video_reward_mae_ssim_is_finite_in_range():
     @given(SEEDS)
     def check(seed):
         pred, true = frame_pair(seed)
-        r = video_reward("mae+ssim", pred, true)
+        r = video_reward(VideoReward(), pred, true)
         assert r.shape == (len(pred),) and r.dtype == torch.float32
         assert torch.isfinite(r).all() and (r >= -3.0 - 1e-5).all() and (r <= 1e-5).all()
         rows.append(len(r))
@@ -263,19 +263,19 @@ def test_video_reward_with_moving_and_object_terms_is_finite_in_range():
         pred, true = frame_pair(seed)
         g = torch.Generator().manual_seed(seed % 2**31)
         ctx, bg = torch.rand(true.shape, generator=g), torch.rand(true.shape, generator=g).round()
-        r = video_reward("mae+ssim", pred, true, context=ctx, moving_weight=2.0, background=bg, object_weight=0.5)
+        r = video_reward(VideoReward(moving=2.0, object=0.5), pred, true, context=ctx, background=bg)
         assert torch.isfinite(r).all() and (r >= -5.5 - 1e-5).all() and (r <= 1e-5).all()
 
     check()
 
 
-def test_video_reward_with_the_gripper_term_is_finite_in_range():
-    """The gripper term (the robot's detector run on fuzzed frames): finite, within [floor, 0], never raising."""
+def test_video_reward_with_the_push_term_is_finite_in_range():
+    """The push term (the robot's block detector run on fuzzed frames): finite, within [floor, 0], never raising."""
     @settings(max_examples=150, **FUZZ)
     @given(SEEDS)
     def check(seed):
         pred, true = frame_pair(seed)
-        r = video_reward("mae+ssim", pred, true, action_weight=0.5, locate=locate_gripper)
+        r = video_reward(VideoReward(push=0.5), pred, true, context=true)
         assert torch.isfinite(r).all() and (r >= -3.5 - 1e-5).all() and (r <= 1e-5).all()
 
     check()
@@ -290,11 +290,11 @@ def test_video_reward_mae_lpips_is_finite_in_range():
     bound = max(bound, -WORST_VIDEO_REWARD)          # a NaN/inf prediction gets the worst score
     rows = []
 
-    @settings(max_examples=80, **FUZZ)
+    @settings(max_examples=90, **FUZZ)
     @given(SEEDS)
     def check(seed):
         pred, true = frame_pair(seed, min_side=16, max_n=3)
-        r = video_reward("mae+lpips", pred, true, net)
+        r = video_reward(VideoReward(name="mae+lpips"), pred, true, net)
         assert r.shape == (len(pred),) and torch.isfinite(r).all() and (r >= -bound).all() and (r <= 1e-5).all()
         rows.append(len(r))
 
@@ -331,21 +331,21 @@ def test_video_metrics_ranges_nan_and_clear_errors():
     for metric in (mae, mse, psnr, ssim):
         out = metric(bad, true)
         assert out[1].isnan() and torch.isfinite(out[[0, 2]]).all()
-    assert torch.isfinite(video_reward("mae+ssim", bad, true)).all()
+    assert torch.isfinite(video_reward(VideoReward(), bad, true)).all()
     cases = [(pred, true[:2]), (pred[0], true[0]), (pred, true.permute(0, 2, 3, 1)), (pred.mul(255).byte(), true),
              (pred.numpy(), true), (pred[..., :8, :8], true[..., :8, :8])]
     for p, t in cases:
         with pytest.raises(ValueError, match="video metrics take two float tensors of one shape") as e:
-            video_reward("mae+ssim", p, t)
+            video_reward(VideoReward(), p, t)
         assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match=r"got \(3, 3, 16, 16\) torch.float32 and \(2, 3, 16, 16\)"):
         mae(pred, true[:2])
     with pytest.raises(ValueError, match="H, W >= 16"):
         LPIPS()(pred[..., :12, :12], true[..., :12, :12])
     with pytest.raises(ValueError, match="non-finite"):
-        video_reward("mae+ssim", pred, bad)
+        video_reward(VideoReward(), pred, bad)
     with pytest.raises(ValueError, match="unknown video reward"):
-        video_reward("psnr", pred, true)
+        video_reward(VideoReward(name="psnr"), pred, true)
 
 
 # -----------------------------------------------------------------------------

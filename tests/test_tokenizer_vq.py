@@ -1,18 +1,14 @@
-from dataclasses import asdict
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from evaluate_video import to_float
-from tokenizer_vq import (FSQ, CondVQConfig, CondVQVAE, VQConfig, VQVAE, VectorQuantizer, codebook_stats, load_vq,
-                          save_vq)
+from tokenizer_vq import VQConfig, VQVAE, VectorQuantizer, codebook_stats, load_vq, save_vq
 
 
-@pytest.mark.parametrize("quantizer", ["vq", "fsq"])
-def test_shapes_and_roundtrip_api(quantizer):
+def test_shapes_and_roundtrip_api():
     torch.manual_seed(0)
-    vq = VQVAE(VQConfig(quantizer=quantizer, channels=(8, 8, 16), n_codes=64))
+    vq = VQVAE(VQConfig(channels=(8, 8, 16), n_codes=64))
     x = torch.rand(2, 3, 64, 64)
     rec, loss, idx = vq(x)
     assert rec.shape == x.shape and idx.shape == (2, 8, 8) and loss.ndim == 0
@@ -78,31 +74,15 @@ def test_codebook_init_from_data_and_dead_code_restart():
     assert q.usage[3] == 1.0
 
 
-def test_fsq_codes_are_a_bijection():
-    f = FSQ((8, 5, 3))
-    idx = torch.arange(8 * 5 * 3)
-    z = f.lookup(idx)                                             # (120, 3) in [-1, 1]
-    assert z.abs().max() <= 1 and len({tuple(r) for r in z.tolist()}) == 120
-    # feed values that land exactly on the levels back through the quantiser: same indices
-    half_w = torch.tensor([4.0, 2.0, 1.0])
-    digits = z * half_w
-    half_l = (torch.tensor([8.0, 5, 3]) - 1) * (1 + 1e-3) / 2
-    offset = torch.tensor([0.5, 0.0, 0.0])
-    pre = torch.atanh((digits + offset) / half_l) - torch.atanh(offset / half_l)
-    _, loss, back = f(pre.t().reshape(1, 3, 120, 1))
-    assert back.flatten().tolist() == idx.tolist() and loss == 0
-
-
 def test_codebook_stats():
     s = codebook_stats(torch.tensor([0, 1, 2, 3] * 5), 8)
     assert s["used"] == 4 and abs(s["perplexity"] - 4.0) < 1e-5
     assert codebook_stats(torch.zeros(10, dtype=torch.long), 8)["perplexity"] == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("quantizer", ["vq", "fsq"])
-def test_training_reduces_loss_and_save_load(tmp_path, quantizer):
+def test_training_reduces_loss_and_save_load(tmp_path):
     torch.manual_seed(0)
-    vq = VQVAE(VQConfig(channels=(8, 16, 16), n_codes=32, quantizer=quantizer))
+    vq = VQVAE(VQConfig(channels=(8, 16, 16), n_codes=32))
     x = torch.rand(8, 3, 1, 1).expand(8, 3, 32, 32).contiguous()  # flat colours: easy to learn
     opt = torch.optim.Adam(vq.parameters(), lr=1e-3)
     errors = []
@@ -122,62 +102,3 @@ def test_training_reduces_loss_and_save_load(tmp_path, quantizer):
     (tmp_path / "junk.safetensors").write_bytes(b"junk")
     with pytest.raises(ValueError, match="junk.safetensors"):
         load_vq(tmp_path / "junk.safetensors")
-
-
-def tiny_cond(quantizer="vq"):
-    torch.manual_seed(0)
-    return CondVQVAE(CondVQConfig(size=32, channels=(8, 8, 16, 16), n_codes=16, quantizer=quantizer,
-                                  frame=asdict(VQConfig(size=32, channels=(4, 4, 8), n_codes=8))))
-
-
-def moved_squares(n, seed=0):
-    """Pairs (context, frame) of 32x32 frames: a grey table with a red 6x6 square that moves a few pixels."""
-    g = torch.Generator().manual_seed(seed)
-    ctx, x = torch.full((n, 3, 32, 32), 0.5), torch.full((n, 3, 32, 32), 0.5)
-    for i in range(n):
-        y0, x0 = torch.randint(4, 20, (2,), generator=g).tolist()
-        dy, dx = torch.randint(-4, 5, (2,), generator=g).tolist()
-        ctx[i, :, y0:y0 + 6, x0:x0 + 6] = torch.tensor([0.9, 0.1, 0.1])[:, None, None]
-        x[i, :, y0 + dy:y0 + dy + 6, x0 + dx:x0 + dx + 6] = torch.tensor([0.9, 0.1, 0.1])[:, None, None]
-    return ctx, x
-
-
-@pytest.mark.parametrize("quantizer", ["vq", "fsq"])
-def test_cond_tokenizer_shapes_determinism_and_layout(quantizer):
-    vq = tiny_cond(quantizer).eval()
-    ctx, x = moved_squares(3)
-    codes = vq.tokenize(x, ctx)
-    assert codes.shape == (3, 4) and codes.dtype == torch.long and int(codes.max()) < vq.config.n_codes
-    assert torch.equal(codes, vq.tokenize(x, ctx))                          # deterministic
-    assert torch.equal(codes, vq.tokenize((x * 255).round().byte().permute(0, 2, 3, 1).numpy(),
-                                          (ctx * 255).round().byte().permute(0, 2, 3, 1).numpy()))
-    out = vq.detokenize(codes, ctx)
-    assert out.shape == (3, 3, 32, 32) and 0 <= float(out.min()) and float(out.max()) <= 1
-    assert torch.equal(out, vq.detokenize(codes, ctx))
-    assert torch.equal(out, ctx)                  # untrained: the change layer starts at zero, so it copies
-    assert vq.tokenize_context(ctx).shape == (3, 16)                         # the per-frame VQ's 4x4 grid
-    assert vq.vocab() == dict(context_codes=8, context_len=16, n_codes=vq.config.n_codes, codes_per_frame=4,
-                              code_offset=8)
-
-
-def test_cond_tokenizer_learns_the_change_and_save_load(tmp_path):
-    vq = tiny_cond()
-    ctx, x = moved_squares(16)
-    opt = torch.optim.Adam([p for n, p in vq.named_parameters() if not n.startswith("frame.")], lr=2e-3)
-    copy_err = F.l1_loss(ctx, x).item()
-    for _ in range(300):
-        rec, qloss, _ = vq(x, ctx)
-        w = 1 + 10 * ((x - ctx).abs().amax(1, keepdim=True) > 0.05).float()
-        loss = (w * ((rec - x).square() + (rec - x).abs())).mean() + qloss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    vq.eval()
-    rec = vq.detokenize(vq.tokenize(x, ctx), ctx)
-    assert F.l1_loss(rec, x).item() < 0.5 * copy_err              # its codes carry where the square went
-    save_vq(tmp_path / "cvq.safetensors", vq, {"steps": 300})
-    back, header = load_vq(tmp_path / "cvq.safetensors")
-    assert header["format"] == "nanorlvr-cvq-1" and header["steps"] == 300 and back.config == vq.config
-    assert torch.equal(back.tokenize(x, ctx), vq.tokenize(x, ctx))
-    assert torch.equal(back.detokenize(vq.tokenize(x, ctx), ctx), rec)
-    assert torch.equal(back.tokenize_context(ctx), vq.tokenize_context(ctx))

@@ -1,17 +1,15 @@
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-import eval as ev
 from data.robot import sim
 from data.robot.task import Layout, frame_codes, rollout
-from evaluate_video import eval_video, load_video_model, paired_video, tokenizer_ceiling, write_grid
+from evaluate_video import EvalSpec, eval_video, load_video_model, paired_video, write_grid
 from model import GPT, GPTConfig
 from rewards_video import mae
-from tokenizer_vq import CondVQConfig, CondVQVAE, VQConfig, VQVAE
+from tokenizer_vq import VQConfig, VQVAE
 
 
 def tiny(n_codes=16, D=2):
@@ -46,7 +44,7 @@ def test_eval_video_reports_baselines_and_checks(tmp_path):
         ep = sim.episode(rng, 5, 0.0)
         eps.append(dict(image=ep["image"], action=ep["action"], background=ep["background"]))
     lo, hi = np.full(2, -1, np.float32), np.ones(2, np.float32)
-    res = eval_video(gpt, vq, eps, None, lo, hi, context=1, horizon=2, desc=None, grid_path=tmp_path / "g.gif")
+    res = eval_video(gpt, vq, eps, None, EvalSpec(lo, hi, 1, 2), desc=None, grid_path=tmp_path / "g.gif")
     assert res["n_windows"] == 4 and res["n"] == 8 and res["lpips"] is None
     for k in ("mse", "mae", "psnr", "ssim", "mae_moving", "repetition_rate"):
         assert np.isfinite(res[k])
@@ -65,7 +63,7 @@ def test_per_record_values_and_paired_differences():
     rng = np.random.default_rng(1)
     eps = [dict(sim.episode(rng, 5, 0.0)) for _ in range(2)]
     lo, hi = np.full(2, -1, np.float32), np.ones(2, np.float32)
-    res = eval_video(gpt, vq, eps, None, lo, hi, context=1, horizon=2, desc=None)
+    res = eval_video(gpt, vq, eps, None, EvalSpec(lo, hi, 1, 2), desc=None)
     pr = res["per_record"]
     assert pr["windows"] == [[0, 0], [0, 2], [1, 0], [1, 2]]                     # fixed order: clip, first frame
     assert all(len(pr[k]) == 4 for k in ("mae", "ssim", "repetition", "changed"))
@@ -73,9 +71,9 @@ def test_per_record_values_and_paired_differences():
     assert abs(np.mean(pr["mae"]) - res["mae"]) < 1e-6 and abs(np.mean(pr["ssim"]) - res["ssim"]) < 1e-6
     assert abs(np.mean(res["copy_last_frame"]["per_record"]["mae"]) - res["copy_last_frame"]["mae"]) < 1e-6
     # top-k 1 sampling is greedy decoding: the same predictions, whatever the temperature
-    topk1 = eval_video(gpt, vq, eps, None, lo, hi, context=1, horizon=2, temperature=1.0, top_k=1, seed=3, desc=None)
+    topk1 = eval_video(gpt, vq, eps, None, EvalSpec(lo, hi, 1, 2, temperature=1.0, top_k=1, seed=3), desc=None)
     assert topk1["per_record"]["mae"] == pr["mae"] and topk1["top_k"] == 1
-    sampled = eval_video(gpt, vq, eps, None, lo, hi, context=1, horizon=2, temperature=1.0, seed=3, desc=None)
+    sampled = eval_video(gpt, vq, eps, None, EvalSpec(lo, hi, 1, 2, temperature=1.0, seed=3), desc=None)
     assert sampled["per_record"]["mae"] != pr["mae"]                              # an untrained GPT samples noise
     # paired differences: a model 0.01 worse on every window, against itself and against copying
     worse = dict(res, per_record=dict(pr, mae=[x + 0.01 for x in pr["mae"]]))
@@ -94,37 +92,6 @@ def test_per_record_values_and_paired_differences():
     short = dict(res, per_record=dict(pr, mae=pr["mae"][:3]))
     with pytest.raises(ValueError, match="different windows"):
         paired_video({"m": res, "short": short}, [("short", "m")])
-
-
-def test_eval_video_with_the_context_conditioned_tokenizer():
-    torch.manual_seed(0)
-    frame = asdict(VQConfig(channels=(4, 4, 8), n_codes=8))
-    vq = CondVQVAE(CondVQConfig(channels=(4, 4, 8, 8), n_codes=16, frame=frame))
-    lay = Layout.of(vq.eval(), 2)
-    assert (lay.Kc, lay.Lc, lay.K, lay.L, lay.offset) == (8, 64, 16, 16, 8)
-    gpt = GPT(GPTConfig.llama(vocab_size=lay.vocab_size, block_size=lay.window_len(1, 2), n_layer=1, n_head=2,
-                              n_embd=16))
-    rng = np.random.default_rng(0)
-    eps = [dict(sim.episode(rng, 5, 0.0)) for _ in range(2)]
-    lo, hi = np.full(2, -1, np.float32), np.ones(2, np.float32)
-    res = eval_video(gpt, vq, eps, None, lo, hi, context=1, horizon=2, desc=None)
-    assert res["n"] == 8 and np.isfinite(res["mae"]) and 0 <= res["repetition_rate"] <= 1
-    # an untrained cond tokenizer decodes to (nearly) its context: the ceiling sits next to copy-last-frame
-    assert abs(res["tokenizer_ceiling"]["mae"] - res["copy_last_frame"]["mae"]) < 0.02
-
-
-def test_tokenizer_ceiling_alone_equals_the_ceiling_eval_video_reports():
-    # one-step windows: the tokenizer's own reconstruction and copy-last-frame, scored as eval_video scores them
-    vq, lay, gpt = tiny()
-    rng = np.random.default_rng(2)
-    eps = [dict(sim.episode(rng, 5, 0.0)) for _ in range(2)]
-    lo, hi = np.full(2, -1, np.float32), np.ones(2, np.float32)
-    res = eval_video(gpt, vq, eps, None, lo, hi, context=1, horizon=1, desc=None)
-    alone = tokenizer_ceiling(vq, eps, context=1, horizon=1)
-    assert alone["n"] == res["n"] == 8
-    for key in ("tokenizer_ceiling", "copy_last_frame"):
-        for k in ("mae", "mse", "psnr", "ssim", "mae_moving"):
-            assert alone[key][k] == pytest.approx(res[key][k], rel=1e-6), (key, k)
 
 
 def test_write_grid_png(tmp_path):
@@ -168,7 +135,3 @@ def test_copy_gate_forced_for_every_model_or_as_trained():
         {p: bool(g) for p, g in trained.items()}
     for gate in (1, 0):
         assert all(load_video_model(ck / p, copy_gate=gate)[1].copy_gate is bool(gate) for p in names)
-    # eval.py --copy_gate=1 refuses the context-conditioned tokenizer, before any data is made
-    assert load_video_model(ck / "video_cond_mle.safetensors", copy_gate=0)[1].copy_gate is False
-    with pytest.raises(SystemExit, match="--copy_gate=1: .*video_cond_mle.safetensors has the context"):
-        ev.video_main(["--ckpt", str(ck / "video_cond_mle.safetensors"), "--copy_gate=1"])

@@ -5,7 +5,7 @@ from safetensors.torch import save_file
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
 from rewards_video import (LPIPS, REWARDS, load_lpips, mae, moving_mae, mse, object_miss, pick_reward, psnr,
-                           repetition_rate, ssim, video_reward)
+                           repetition_rate, ssim, video_reward, VideoReward)
 
 
 def image_pairs(seed=0, n=4, size=32):
@@ -93,13 +93,13 @@ def test_named_rewards():
         pick_reward("mae+lpips", None)
     with pytest.raises(ValueError):
         pick_reward("psnr", None)
-    r = video_reward("mae+ssim", pred, true)
+    r = video_reward(VideoReward(), pred, true)
     assert torch.allclose(r, -(mae(pred, true) + 1 - ssim(pred, true)))
-    assert torch.allclose(video_reward("mae+ssim", true, true), torch.zeros(4), atol=1e-6)
+    assert torch.allclose(video_reward(VideoReward(), true, true), torch.zeros(4), atol=1e-6)
     assert (r < 0).all() and r[3] < r[0]       # the unrelated frame scores lowest
     bad = pred.clone()
     bad[0] = float("nan")
-    out = video_reward("mae+ssim", bad, true)
+    out = video_reward(VideoReward(), bad, true)
     assert torch.isfinite(out).all() and out[0] == -3.0 and (out[1:] == r[1:]).all()  # NaN: the worst score
     assert set(REWARDS) == {"mae+ssim", "mae+lpips"}
 
@@ -122,16 +122,16 @@ def test_moving_and_object_terms_by_hand():
     assert object_miss(half, true, bg).item() == pytest.approx(0.5) and object_miss(true, true, bg).item() == 0.0
     assert object_miss(bg, bg, bg).item() == 0.0                         # a frame without objects
     # in the reward: copying, which whole-frame MAE + SSIM barely punish, loses the two terms on top
-    base = video_reward("mae+ssim", ctx, true)
-    r = video_reward("mae+ssim", ctx, true, context=ctx, moving_weight=2.0, background=bg, object_weight=3.0)
+    base = video_reward(VideoReward(), ctx, true)
+    r = video_reward(VideoReward(moving=2.0, object=3.0), ctx, true, context=ctx, background=bg)
     assert r.item() == pytest.approx(base.item() - 2.0 * 0.5 - 3.0 * 1.0)
     nan = ctx.clone()
     nan[..., 0, 0] = float("nan")
-    assert video_reward("mae+ssim", nan, true, context=ctx, moving_weight=1.0).item() == -4.0   # the floor
+    assert video_reward(VideoReward(moving=1.0), nan, true, context=ctx).item() == -4.0   # the floor
     with pytest.raises(ValueError, match="context"):
-        video_reward("mae+ssim", ctx, true, moving_weight=1.0)
+        video_reward(VideoReward(moving=1.0), ctx, true)
     with pytest.raises(ValueError, match="background"):
-        video_reward("mae+ssim", ctx, true, object_weight=1.0)
+        video_reward(VideoReward(object=1.0), ctx, true)
 
 
 def import_official_lpips():

@@ -18,15 +18,21 @@ The loss and the samples cover only the codes of frames after the `context` firs
 inputs, never predicted. Single-step prediction uses n = context + 1; multi-step uses n = context + K.
 """
 import json
+import time
 import zipfile
+import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
 
-from checkpoint import atomic_write_text
+from checkpoint import atomic_write, atomic_write_text
 from engine import generate
+from rewards_video import video_reward
 
 N_BINS = 256
 STILL_TOL = 0.1     # a pixel is unchanged when no channel moves by more than this (rewards.MOVE_TOL)
@@ -237,6 +243,36 @@ def tokenize_split(vq, episodes, horizon, layout, lo, hi, still_code=None):
     return dict(context=context, future=future, actions=torch.from_numpy(bins))
 
 
+def cached_tokens(run, vq_path, vq, layout, splits, horizon, lo, hi, size):
+    """{split: tokenize_split(...)} of every split (name -> clips), each cached in out_dir per
+    tokenizer file, data and horizon. Under torchrun each rank caches its own share of the train
+    clips in a file of its own; the held-out splits, whole on every rank, are written by rank 0."""
+    args, tokens = run.args, {}
+    for split, episodes in splits.items():
+        own = run.ddp and split == "train"   # this rank's share (train_vq.load_clips)
+        # the cache is valid only for the same tokenizer bytes, data folder, frame size, clip
+        # count and horizon
+        key = (f"{zlib.crc32(Path(vq_path).read_bytes())}-{Path(args.data).resolve()}-"
+               f"{size}-{len(episodes)}-{horizon}")
+        cache = run.out_dir / (f"tokens_{split}_rank{run.rank}of{run.world}.safetensors" if own
+                               else f"tokens_{split}.safetensors")
+        try:
+            with safe_open(str(cache), framework="pt") as f:
+                if (f.metadata() or {}).get("key") == key:   # a hit: the tensors as saved
+                    tokens[split] = {k: f.get_tensor(k) for k in f.keys()}
+                    continue
+        except Exception:   # missing or unreadable: computed again and rewritten below
+            pass
+        t0 = time.time()
+        # context, future and action tokens per clip
+        tokens[split] = tokenize_split(vq, episodes, horizon, layout, lo, hi)
+        if run.master or own:
+            atomic_write(cache, lambda tmp: save_file(tokens[split], str(tmp),
+                                                      metadata={"key": key}))
+        run.print0(f"tokenized {split}: {len(episodes)} clips in {time.time() - t0:.0f}s")
+    return tokens
+
+
 def still_cells(frames, context, grid, tol=STILL_TOL):
     """(N, H, W, 3) uint8 frames and their context frames -> (N, grid * grid) bool: the cells of the code grid where
     no pixel of the frame differs from the context by more than tol in any channel."""
@@ -304,3 +340,97 @@ def frame_codes(tokens, layout, horizon):
     out = torch.stack([t[:, k * layout.frame_len:k * layout.frame_len + layout.L] for k in range(horizon)], 1)
     out = out - layout.offset
     return torch.where((out >= 0) & (out < layout.K), out, torch.zeros_like(out))
+
+
+# -----------------------------------------------------------------------------
+# the RL interface (train_video.py's RLVR, as tasks.py's for text): the prompt draw, the reward of
+# decoded frames, the multi-step sampler
+
+def to_float(frames):
+    """uint8 (..., H, W, 3) array -> float tensor (..., 3, H, W) in [0, 1]."""
+    return torch.from_numpy(np.ascontiguousarray(frames)).movedim(-1, -3).float() / 255
+
+
+@dataclass
+class Clips:
+    """What RLVR draws its windows from: the train clips, their tokens and the token layout."""
+    episodes: list        # the clips: image (T, H, W, 3) uint8, action, background
+    tokens: dict          # their tokens (tokenize_split)
+    layout: Layout
+    horizon: int          # predicted frames per window
+    context: int = 1      # true frames before the first predicted one
+
+
+def moving_windows(clips, tol=25):
+    """Every (clip, first frame) window of the train clips where some predicted frame differs from
+    the last context frame by more than `tol` (of 255) somewhere: a static window gives every
+    sample the same reward (copying is exact), so no advantage and no gradient."""
+    C, img = clips.context, [ep["image"] for ep in clips.episodes]
+    n = C + clips.horizon
+    return [(e, t) for e in range(len(img)) for t in range(len(img[e]) - n + 1)
+            if np.abs(img[e][t + C:t + n].astype(np.int16) - img[e][t + C - 1]).max() > tol]
+
+
+def window_batch(clips, picks, seq=None, truths=None, background=True):
+    """The prompts and items of windows `picks` ((clip, first frame) each): seq (B, n_tokens)
+    token windows (default: cut from the cache) and truths (per window the true frames (K, H, W, 3)
+    uint8; default: the clips') -> (prompts: the context frames and their actions as token lists,
+    items: truth, context frame, the true later actions and (background) the bare scene)."""
+    L, FL, h, B = clips.layout.L, clips.layout.frame_len, clips.horizon, len(picks)
+    C = clips.context
+    if seq is None:
+        seq = windows(clips.tokens, clips.layout, [e for e, _ in picks], [t for _, t in picks], C, h)
+    if truths is None:
+        truths = [clips.episodes[e]["image"][t + C:t + C + h] for e, t in picks]
+    P = clips.layout.prompt_len(C)
+    acts = seq[:, P:P + (h - 1) * FL].view(B, h - 1, FL)[:, :, L:]   # the true later actions
+    eps = clips.episodes
+    items = [dict(truth=to_float(truths[i]),                               # (K, 3, H, W)
+                  context=to_float(eps[e]["image"][t + C - 1]),            # (3, H, W)
+                  actions=acts[i],
+                  background=to_float(eps[e]["background"]) if background else None)
+             for i, (e, t) in enumerate(picks)]
+    return seq[:, :P].tolist(), items
+
+
+def make_draw(clips, pool, n, background):
+    """The default prompt draw: n windows of `pool` at random -> draw(g) -> (prompts, items)."""
+    def draw(g):
+        picks = [pool[i] for i in torch.randint(len(pool), (n,), generator=g)]
+        return window_batch(clips, picks, background=background)
+    return draw
+
+
+def make_reward(vq, clips, cfg, lpips_net, device):
+    """reward_fn(items, completions) -> one reward per completion: its frames decoded against the
+    true last context frame and scored by video_reward under VideoReward `cfg`, averaged over the
+    predicted frames."""
+    layout, h = clips.layout, clips.horizon
+
+    def reward_fn(items, completions):
+        # completions hold h frames of L codes with D action tokens between them
+        codes = frame_codes([c[:h * layout.frame_len - layout.D] for c in completions], layout,
+                            h)                                               # (N, K, L)
+
+        def per_frame(key):   # items' (3, H, W) image, repeated per predicted frame: (N*K, ...)
+            return torch.stack([it[key] for it in items])[:, None].expand(
+                -1, h, -1, -1, -1).flatten(0, 1)
+
+        ctx = per_frame("context")                  # the last context frame
+        with torch.no_grad():                       # N*K frames decoded at once
+            pred = vq.detokenize(codes.flatten(0, 1).to(device), ctx.to(device)).cpu()
+        truth = torch.cat([it["truth"] for it in items])                   # (N*K, 3, H, W)
+        bg = per_frame("background") if cfg.object else None               # the bare scenes
+        r = video_reward(cfg, pred, truth, lpips_net, ctx, bg)
+        return r.view(-1, h).mean(1).tolist()       # a completion: its frames' mean
+
+    return reward_fn
+
+
+def make_sampler(horizon, L):
+    """Multi-step: sample frame by frame, injecting each window's true actions (single: None, the
+    plain sampler)."""
+    def sampler(m, prompts, items, cfg, gen):
+        actions = torch.stack([it["actions"] for it in items])
+        return rollout(m, prompts, actions, horizon, L, cfg.temperature, gen)
+    return sampler if horizon > 1 else None

@@ -1,4 +1,4 @@
-"""experiments/push_order.py: the renderer's transpose symmetry it rests on, the push check by direction, and a
+"""research/push_order.py: the renderer's transpose symmetry it rests on, the push check by direction, and a
 small end-to-end run on the shipped model."""
 import json
 from pathlib import Path
@@ -8,11 +8,11 @@ import pytest
 
 from data.robot import sim
 from data.robot.detect import locate_gripper
-from experiments import mirror_data as md
-from experiments import policy_eval as pe
-from experiments import push_order as po
+from research import mirror_data as md
+from research import policy_eval as pe
+from research import push_order as po
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def swapped(state):
@@ -82,7 +82,7 @@ def test_mirror_data_turns_every_move_right_and_down(tmp_path):
 
 def test_own_context_pairs_the_models_frame_with_the_true_one_after_it(tmp_path, monkeypatch):
     from data.robot import prepare
-    from experiments import own_context as oc
+    from research import own_context as oc
     eps = [dict(ep, background=ep["image"][0], noise=np.float32(0.3)) for ep in (sim.policy_episode(
         np.random.default_rng([0, 3, i]), np.random.default_rng(i), 6, 0.3) for i in range(2))]
     nxt = {f.tobytes(): g for ep in eps for f, g in zip(ep["image"][:-1], ep["image"][1:])}

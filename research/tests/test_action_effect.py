@@ -9,11 +9,12 @@ import torch
 from data.robot import sim
 from data.robot.detect import gripper_response
 from data.robot.task import Layout, find_still_code, still_cells, tokenize_split
-from evaluate_video import EFFECTS, add_effects, eval_video, paired_effects, summarize_effects
-from experiments import action_diagnosis as ad
-from experiments import policy_eval as pe
+from evaluate_video import EFFECTS, EvalSpec, add_effects, eval_video, paired_effects, summarize_effects
+from research import action_diagnosis as ad
+from research import policy_eval as pe
 from model import GPT, GPTConfig
-from tokenizer_vq import CondVQConfig, CondVQVAE, VQConfig, VQVAE
+from research.cond_tokenizer import CondVQConfig, CondVQVAE
+from tokenizer_vq import VQConfig, VQVAE
 
 
 def test_replay_renders_the_policy_episode():
@@ -60,7 +61,7 @@ def test_eval_video_keeps_per_window_effects_and_their_paired_differences():
                               n_embd=16))
     eps = episodes(2, 5, 1)
     lo, hi = np.full(2, -1, np.float32), np.ones(2, np.float32)
-    res = eval_video(gpt, vq, eps, None, lo, hi, context=1, horizon=2, desc=None)
+    res = eval_video(gpt, vq, eps, None, EvalSpec(lo, hi, 1, 2), desc=None)
     pr = res["per_record"]
     assert all(len(pr[k]) == res["n_windows"] == 4 for k in EFFECTS)
     assert all(x is None or 0 <= x <= 1 for x in pr["object_recall"])
@@ -71,8 +72,7 @@ def test_eval_video_keeps_per_window_effects_and_their_paired_differences():
              paired_effects({"m": res, "better": better}, [("better", "m")])}
     assert diffs[("better", "m", "object_recall")] == pytest.approx((0.1, 0.1, 0.1))
     # without the robot data's background there are no effects, and nothing to pair
-    plain = eval_video(gpt, vq, [dict(ep, background=None) for ep in eps], None, lo, hi, context=1, horizon=2,
-                       desc=None)
+    plain = eval_video(gpt, vq, [dict(ep, background=None) for ep in eps], None, EvalSpec(lo, hi, 1, 2), desc=None)
     assert "action_effect" not in plain and paired_effects({"a": plain, "b": plain}, [("a", "b")]) == []
 
 

@@ -12,7 +12,7 @@ of capacity (docs/video.md, the push). Two ways, `--double`:
   channels, half of them zero, so its gains are divided by sqrt(2) and its epsilon halved: the
   logits are equal up to rounding.
 
-    python experiments/grow.py --double=width --ckpt=checkpoints/video_mle_4000.safetensors \
+    python research/grow.py --double=width --ckpt=checkpoints/video_mle_4000.safetensors \
         --out=out/wide_init/video_mle.safetensors
     python train_video.py --stage=mle --mode=multi --init=out/wide_init/video_mle.safetensors \
         --data=out/robot4000 --out_dir=out/wide --mle_steps=500 --mle_lr=1e-3 --warmup=20

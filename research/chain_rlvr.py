@@ -2,7 +2,7 @@
 RLVR over imagined chains: GRPO whose sample is k frames imagined in a row, each from the model's own last frame,
 every frame paid for against the simulator's true one.
 
-    python experiments/chain_rlvr.py --init=out/ft_mirror4k/video_mle.safetensors --mirror=1 \\
+    python research/chain_rlvr.py --init=out/ft_mirror4k/video_mle.safetensors --mirror=1 \\
         --data=out/robot4000 --out_dir=out/chain_rl                         # 15 minutes on a core
 
 train_video.py's single-step RLVR predicts from true frames only. Policy evaluation in the world model
@@ -38,10 +38,10 @@ from checkpoint import save_checkpoint, write_jsonl  # noqa: E402
 from data.robot.detect import locate_blocks, locate_gripper  # noqa: E402
 from data.robot.task import episode_files, read_npz  # noqa: E402
 from evaluate_video import to_float  # noqa: E402
-from experiments.policy_eval import load_world_model, sample_chunk  # noqa: E402
+from research.policy_eval import load_world_model, sample_chunk  # noqa: E402
 from grpo import (GRPOConfig, group_advantages, make_optimizer, minibatch_plan, pack,  # noqa: E402
                   reference_logprobs, update)
-from rewards_video import video_reward  # noqa: E402
+from rewards_video import VideoReward, video_reward  # noqa: E402
 
 
 # -----------------------------------------------------------------------------
@@ -59,9 +59,8 @@ def sample_frame(wm, ctx, actions, temperature, generator):
 def chain_reward(pred, truth, before, background, weights):
     """(N, H, W, 3) uint8 imagined frames, the true ones, the true frames before them, the bare scenes -> (N,)
     train_video.py's single-step reward of each frame."""
-    return video_reward("mae+ssim", to_float(pred), to_float(truth), None, to_float(before),
-                        weights["moving"], to_float(background), weights["object"], 0.0, locate_gripper,
-                        weights["push"], locate_blocks)
+    cfg = VideoReward(moving=weights["moving"], object=weights["object"], push=weights["push"])
+    return video_reward(cfg, to_float(pred), to_float(truth), None, to_float(before), to_float(background))
 
 
 def at(eps, starts, key, offset=0):
@@ -94,7 +93,7 @@ def main(argv=None):
     g = p.add_argument_group("model and data")
     g.add_argument("--init", required=True, help="the start: a train_video.py checkpoint of the embedded robot")
     g.add_argument("--mirror", type=int, default=1, choices=[0, 1],
-                   help="1: --init was trained on experiments/mirror_data.py's transitions (policy_eval --mirror)")
+                   help="1: --init was trained on research/mirror_data.py's transitions (policy_eval --mirror)")
     g.add_argument("--copy_gate", type=int, default=1, choices=[0, 1], help="decode with the copy gate")
     g.add_argument("--data", required=True, help="a data/robot/prepare.py folder of whole episodes (train, val)")
     g.add_argument("--out_dir", required=True, help="the new checkpoint, its tokenizer and log.jsonl")

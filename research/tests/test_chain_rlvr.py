@@ -1,4 +1,4 @@
-"""experiments/chain_rlvr.py: GRPO over imagined chains of frames."""
+"""research/chain_rlvr.py: GRPO over imagined chains of frames."""
 import json
 from pathlib import Path
 
@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from data.robot import prepare, sim
-from experiments import chain_rlvr as cr
-from experiments import policy_eval as pe
+from research import chain_rlvr as cr
+from research import policy_eval as pe
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "checkpoints" / "video_mle_4000.safetensors"
 WEIGHTS = dict(moving=1.0, object=0.5, push=0.1)
 

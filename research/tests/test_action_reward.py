@@ -1,14 +1,14 @@
-"""The reward terms for the action's effect (rewards_video.gripper_error, --action_weight, and rewards_video.push_error,
---push_weight of train_video.py): checked by hand on frames the simulator renders, on garbage predictions, and for
-leaving the default reward untouched."""
+"""The reward terms for the action's effect (research/video_terms.gripper_error and action_reward, and the core's
+rewards_video.push_error, VideoReward.push): checked by hand on frames the simulator renders, on garbage
+predictions, and for leaving the default reward untouched."""
 import numpy as np
 import pytest
 import torch
 
 from data.robot import sim
 from data.robot.detect import blocks_moved, locate_blocks, locate_gripper
-from rewards_video import (GRIPPER_SCALE, PUSH_SCALE, WORST_VIDEO_REWARD, gripper_error, push_error,
-                           video_reward)
+from research.video_terms import GRIPPER_SCALE, action_reward, gripper_error
+from rewards_video import PUSH_SCALE, WORST_VIDEO_REWARD, VideoReward, push_error, video_reward
 
 
 def scene(gripper, blocks=((12, 12), (52, 52))):
@@ -41,9 +41,8 @@ def test_gripper_error_by_hand():
     # a true frame without a gripper: nothing to check, 0 whatever is drawn
     assert gripper_error(pred, table.expand_as(pred), locate_gripper).tolist() == [0.0] * 4
     # in the reward: the term ranks the samples by where they draw the gripper
-    r0 = video_reward("mae+ssim", pred, true.expand_as(pred), context=ctx.expand_as(pred), moving_weight=1.0)
-    r = video_reward("mae+ssim", pred, true.expand_as(pred), context=ctx.expand_as(pred), moving_weight=1.0,
-                     action_weight=2.0, locate=locate_gripper)
+    r0 = video_reward(VideoReward(moving=1.0), pred, true.expand_as(pred), context=ctx.expand_as(pred))
+    r = action_reward(VideoReward(moving=1.0), 2.0, pred, true.expand_as(pred), context=ctx.expand_as(pred))
     assert torch.allclose(r, r0 - 2.0 * err)
     assert r.argsort(descending=True).tolist() == [0, 1, 2, 3]
 
@@ -65,34 +64,23 @@ def test_gripper_error_never_raises_on_garbage():
         p = pred.to(dtype)
         err = gripper_error(p, true.expand(8, -1, -1, -1).to(dtype), locate_gripper)
         assert torch.isfinite(err).all() and (err >= 0).all() and (err <= 1).all()
-        r = video_reward("mae+ssim", p, true.expand(8, -1, -1, -1).to(dtype), context=true.expand(8, -1, -1, -1),
-                         moving_weight=1.0, action_weight=0.5, locate=locate_gripper)
+        r = action_reward(VideoReward(moving=1.0), 0.5, p, true.expand(8, -1, -1, -1).to(dtype),
+                          context=true.expand(8, -1, -1, -1))
         assert torch.isfinite(r).all() and (r >= WORST_VIDEO_REWARD - 1.5 - 1e-5).all() and (r <= 1e-5).all()
         assert (r[1:4] == WORST_VIDEO_REWARD - 1.5).all()
 
 
-def test_action_weight_needs_a_locator():
-    true, _ = scene((20, 40))
-    with pytest.raises(ValueError, match="locator"):
-        video_reward("mae+ssim", true, true, action_weight=1.0)
-
-
 def test_default_reward_is_unchanged():
-    """action_weight and push_weight 0 (the defaults) never call the locators and give the same bits as a call without
-    the terms."""
+    """action_reward with weight 0 gives the same bits as the core's reward."""
     ctx, table = scene((32, 32))
     true, _ = scene((35, 32))
     g = torch.Generator().manual_seed(1)
     pred = (true + 0.2 * torch.randn(6, 3, 64, 64, generator=g)).clamp(0, 1)
     pred[0, :, 0, 0] = float("nan")
 
-    def refuse(frame):
-        raise AssertionError("a locator ran with its term's weight 0")
-
-    kw = dict(context=ctx.expand_as(pred), moving_weight=1.0, background=table.expand_as(pred), object_weight=0.5)
-    base = video_reward("mae+ssim", pred, true.expand_as(pred), **kw)
-    same = video_reward("mae+ssim", pred, true.expand_as(pred), **kw, action_weight=0.0, locate=refuse,
-                        push_weight=0.0, locate_blocks=refuse)
+    cfg, kw = VideoReward(moving=1.0, object=0.5), dict(context=ctx.expand_as(pred), background=table.expand_as(pred))
+    base = video_reward(cfg, pred, true.expand_as(pred), **kw)
+    same = action_reward(cfg, 0.0, pred, true.expand_as(pred), **kw)
     assert torch.equal(base, same)
 
 
@@ -118,13 +106,12 @@ def test_push_error_by_hand():
     assert push_error(pred, true.expand(n, -1, -1, -1), true.expand(n, -1, -1, -1),
                       locate_blocks).tolist() == [0.0] * n
     # in the reward: the term ranks the samples by where they draw the pushed block
-    kw = dict(context=ctx.expand(n, -1, -1, -1), moving_weight=1.0)
-    r0 = video_reward("mae+ssim", pred, true.expand(n, -1, -1, -1), **kw)
-    r = video_reward("mae+ssim", pred, true.expand(n, -1, -1, -1), **kw, push_weight=2.0,
-                     locate_blocks=locate_blocks)
+    kw = dict(context=ctx.expand(n, -1, -1, -1))
+    r0 = video_reward(VideoReward(moving=1.0), pred, true.expand(n, -1, -1, -1), **kw)
+    r = video_reward(VideoReward(moving=1.0, push=2.0), pred, true.expand(n, -1, -1, -1), **kw)
     assert torch.allclose(r, r0 - 2.0 * err)
-    with pytest.raises(ValueError, match="block locator"):
-        video_reward("mae+ssim", pred, true.expand(n, -1, -1, -1), **kw, push_weight=1.0)
+    with pytest.raises(ValueError, match="context"):
+        video_reward(VideoReward(push=1.0), pred, true.expand(n, -1, -1, -1))
 
 
 def test_blocks_moved_by_hand():
@@ -153,7 +140,6 @@ def test_push_error_never_raises_on_garbage():
         p, t, c = (x.to(dtype) for x in (pred, true.expand(6, -1, -1, -1), ctx.expand(6, -1, -1, -1)))
         err = push_error(p, t, c, locate_blocks)
         assert torch.isfinite(err).all() and (err >= 0).all() and (err <= 1).all()
-        r = video_reward("mae+ssim", p, t, context=c, moving_weight=1.0, push_weight=0.5,
-                         locate_blocks=locate_blocks)
+        r = video_reward(VideoReward(moving=1.0, push=0.5), p, t, context=c)
         assert torch.isfinite(r).all() and (r >= WORST_VIDEO_REWARD - 1.5 - 1e-5).all()
         assert (r[1:3] == WORST_VIDEO_REWARD - 1.5).all()

@@ -1,11 +1,11 @@
 """
 The robot data cut into single transitions, each mirrored so that its action points right and down:
 
-    python experiments/mirror_data.py --src=out/robot4000 --out=out/mirror2000 --train=2000     # 20 seconds
-    python experiments/mirror_data.py --src=out/robot4000 --out=out/plain2000 --train=2000 --mirror=0
+    python research/mirror_data.py --src=out/robot4000 --out=out/mirror2000 --train=2000     # 20 seconds
+    python research/mirror_data.py --src=out/robot4000 --out=out/plain2000 --train=2000 --mirror=0
 
 A GPT writes a frame's codes row by row from the top, each row from the left, so a block pushed up or left is drawn
-before the gripper that pushes it (experiments/push_order.py measures what that costs). Mirrored so that every action
+before the gripper that pushes it (research/push_order.py measures what that costs). Mirrored so that every action
 points right and down, every push is drawn after its gripper. The world is symmetric under the mirrors but for its
 light: the shadows, the blocks' shading and the gripper's highlight come from the top left, and mirrored frames show
 them from another corner, so a model must learn those frames (train_video.py --mode=single --clip_len=2 on the
@@ -28,7 +28,7 @@ from data.robot.task import episode_files, read_npz  # noqa: E402
 
 def mirror(frames, action):
     """Frames (..., H, W, 3) of one transition mirrored so that its action (x, y) points right and down: left-right
-    where x < 0, upside down where y < 0 (experiments/push_order.py scores models in this view too)."""
+    where x < 0, upside down where y < 0 (research/push_order.py scores models in this view too)."""
     if action[0] < 0:
         frames = frames[..., :, ::-1, :]
     if action[1] < 0:

@@ -1,4 +1,4 @@
-"""experiments/grow.py: a checkpoint grown deeper has twice the blocks, the old ones in the even places, zero output
+"""research/grow.py: a checkpoint grown deeper has twice the blocks, the old ones in the even places, zero output
 projections in the new ones; one grown wider has twice the channels and heads, the old weights in the old places; both
 keep the old metadata and tokenizer and the same logits on any tokens."""
 import json
@@ -11,7 +11,7 @@ import torch
 from checkpoint import load_model, save_checkpoint
 from model import GPT, GPTConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_deeper_keeps_the_logits(tmp_path):
@@ -20,7 +20,7 @@ def test_deeper_keeps_the_logits(tmp_path):
     save_checkpoint(tmp_path / "a" / "m.safetensors", old, args={"vq": "vq.safetensors", "n_layer": 2})
     (tmp_path / "a" / "vq.safetensors").write_bytes(b"tokenizer")
     out = tmp_path / "b" / "m.safetensors"
-    r = subprocess.run([sys.executable, str(ROOT / "experiments" / "grow.py"), "--ckpt",
+    r = subprocess.run([sys.executable, str(ROOT / "research" / "grow.py"), "--ckpt",
                         str(tmp_path / "a" / "m.safetensors"), "--out", str(out)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -36,7 +36,7 @@ def test_deeper_keeps_the_logits(tmp_path):
     with torch.no_grad():
         assert torch.equal(old(x)[0], new(x)[0])
     # a file that is not a checkpoint: one line naming it
-    r = subprocess.run([sys.executable, str(ROOT / "experiments" / "grow.py"), "--ckpt", str(tmp_path / "no"),
+    r = subprocess.run([sys.executable, str(ROOT / "research" / "grow.py"), "--ckpt", str(tmp_path / "no"),
                         "--out", str(out)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and r.stderr.strip() == f"error: {tmp_path / 'no'}: checkpoint file not found"
 
@@ -50,7 +50,7 @@ def test_wider_keeps_the_logits_and_can_learn(tmp_path):
                 p.uniform_(0.5, 1.5)
     save_checkpoint(tmp_path / "m.safetensors", old, args={"n_embd": 16, "n_head": 2})
     out = tmp_path / "w" / "m.safetensors"
-    r = subprocess.run([sys.executable, str(ROOT / "experiments" / "grow.py"), "--double=width", "--ckpt",
+    r = subprocess.run([sys.executable, str(ROOT / "research" / "grow.py"), "--double=width", "--ckpt",
                         str(tmp_path / "m.safetensors"), "--out", str(out)], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr
@@ -69,7 +69,7 @@ def test_wider_keeps_the_logits_and_can_learn(tmp_path):
     # a GPT-2 block (LayerNorm, biases) cannot be widened this way: one line naming the file
     gpt2 = GPT(GPTConfig.gpt2(vocab_size=50, block_size=32, n_layer=1, n_head=2, n_embd=16))
     save_checkpoint(tmp_path / "g.safetensors", gpt2, args={})
-    r = subprocess.run([sys.executable, str(ROOT / "experiments" / "grow.py"), "--double=width", "--ckpt",
+    r = subprocess.run([sys.executable, str(ROOT / "research" / "grow.py"), "--double=width", "--ckpt",
                         str(tmp_path / "g.safetensors"), "--out", str(out)], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 1 and r.stderr.strip().startswith(f"error: {tmp_path / 'g.safetensors'}: --double=width")

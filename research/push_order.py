@@ -2,7 +2,7 @@
 Where is the push lost? policy_eval's push check split by the direction the simulator pushes the block, with the
 frames as they are and transposed:
 
-    python experiments/push_order.py --models checkpoints/video_mle_4000.safetensors      # ~4 min on 1 core
+    python research/push_order.py --models checkpoints/video_mle_4000.safetensors      # ~4 min on 1 core
 Writes results/push_order/push_order.json (--json) and prints one table.
 
 A GPT writes the next frame's 64 codes in raster order: row by row from the top, each row from the left. A block
@@ -32,9 +32,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root
 from checkpoint import write_json  # noqa: E402
 from data.robot.detect import locate_block  # noqa: E402
-from experiments.action_diagnosis import (add_transition_args, reconstruct, transition_policies,  # noqa: E402
+from research.action_diagnosis import (add_transition_args, reconstruct, transition_policies,  # noqa: E402
                                          transitions)
-from experiments.policy_eval import MOVED_PX, load_world_model, mirror_each, predict_frames  # noqa: E402
+from research.policy_eval import MOVED_PX, load_world_model, mirror_each, predict_frames  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DIRECTIONS = ("up", "down", "left", "right")
@@ -96,7 +96,7 @@ def main(argv=None):
                    help="-1: decode as each checkpoint records; 1: with the copy gate; 0: without")
     p.add_argument("--mirror", type=int, default=0, choices=[0, 1],
                    help="1: also a third view, every transition mirrored so that its action points right and down "
-                        "(the frames of a model trained on experiments/mirror_data.py's transitions)")
+                        "(the frames of a model trained on research/mirror_data.py's transitions)")
     add_transition_args(p)
     p.add_argument("--json", default=str(ROOT / "results" / "push_order" / "push_order.json"))
     args = p.parse_args(argv)

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from experiments import policy_eval as pe
+from research import policy_eval as pe
 from data.robot import sim
 from data.robot.task import Layout
 from model import GPT, GPTConfig
 from tokenizer_vq import VQConfig, VQVAE
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_policy_episode_replays_in_the_simulator():

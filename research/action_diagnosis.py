@@ -1,9 +1,9 @@
 """
-Where does the video world model lose the commanded action? The one-step action checks of experiments/policy_eval.py,
+Where does the video world model lose the commanded action? The one-step action checks of research/policy_eval.py,
 layer by layer, on the same held-out transitions:
 
-    python experiments/action_diagnosis.py                 # 5 policies x 10 scenes x 15 transitions, ~6 min on 1 core
-    python experiments/action_diagnosis.py --limit=2       # a quick look
+    python research/action_diagnosis.py                 # 5 policies x 10 scenes x 15 transitions, ~6 min on 1 core
+    python research/action_diagnosis.py --limit=2       # a quick look
 Writes results/action_diagnosis/diagnosis.json (--json) and prints one table.
 
 The transitions: the real episodes of policy_eval's one-step checks (the scripted expert with action noise 0, 0.3,
@@ -45,7 +45,7 @@ from checkpoint import write_json  # noqa: E402
 from data.robot import sim  # noqa: E402
 from data.robot.task import Layout, action_bins, frame_codes, still_cells, tokenize_split, windows  # noqa: E402
 from engine import decode_step, prefill  # noqa: E402
-from experiments.policy_eval import (MOVED_PX, SCENE_STREAM, decode, load_world_model, locate_gripper,  # noqa: E402
+from research.policy_eval import (MOVED_PX, SCENE_STREAM, decode, load_world_model, locate_gripper,  # noqa: E402
                                      move_checks, parse_policy, predict_frames, real_episodes)
 from stats import paired_bootstrap  # noqa: E402
 from tokenizer_vq import load_vq  # noqa: E402
@@ -261,7 +261,7 @@ def print_table(rows, file=None):
 
 
 def add_transition_args(p):
-    """The flags that pick the held-out transitions and how to run over them (experiments/push_order.py has them
+    """The flags that pick the held-out transitions and how to run over them (research/push_order.py has them
     too)."""
     p.add_argument("--policies", default="0,0.3,0.6,1.0,random", help="expert action-noise stds and/or 'random'")
     p.add_argument("--limit", type=int, default=10, help="held-out scenes per policy (policy_eval's check_episodes)")

@@ -1,7 +1,7 @@
 """
 The robot data's transitions with a world model's own prediction as the context:
 
-    python experiments/own_context.py --ckpt=out/ft_mirror3/video_mle.safetensors --mirror=1 \
+    python research/own_context.py --ckpt=out/ft_mirror3/video_mle.safetensors --mirror=1 \
         --src=out/robot4000 --out=out/own2000 --train=2000      # ~10 minutes on 1 core
 Writes a data folder of 2-frame episodes for train_video.py --mode=single --clip_len=2.
 
@@ -13,7 +13,7 @@ t + 1) -> the true frame t + 2 is kept: trained on it, the GPT learns to draw th
 drawing, the clean block where its last frame had smeared it.
 
 The train split holds, for each of the first --train episodes of --src, the 14 transitions from its own frames and
-(--clean=1) the episode's 15 true transitions, as experiments/mirror_data.py cuts them; val and test hold the true
+(--clean=1) the episode's 15 true transitions, as research/mirror_data.py cuts them; val and test hold the true
 transitions only, so validation losses compare with mirror_data.py's. --mirror=1: a model trained on mirror_data.py's
 mirrored transitions predicts in its mirrored view (policy_eval.predict_frames), and every transition is mirrored so
 its action points right and down.
@@ -28,8 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root
 from data.robot.task import episode_files, read_npz  # noqa: E402
-from experiments.mirror_data import cut  # noqa: E402
-from experiments.policy_eval import load_world_model, predict_frames  # noqa: E402
+from research.mirror_data import cut  # noqa: E402
+from research.policy_eval import load_world_model, predict_frames  # noqa: E402
 
 
 def own_transitions(wm, eps, temperature, generator, batch_size, mirror_it):

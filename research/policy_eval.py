@@ -2,11 +2,11 @@
 Policy evaluation inside the video world model: does the world model tell good robot policies from bad ones, and how
 close are its success estimates to reality? One or two world models (e.g. MLE and its RLVR post-trained version).
 
-    python experiments/policy_eval.py                   # the shipped MLE model, 5 policies x 50 scenes x 2 samples
-    python experiments/policy_eval.py --episodes=10 --policies=0,1.0 --gate=0               # a quick look
-    python experiments/policy_eval.py --rlvr=out/video/video_rlvr.safetensors  # MLE and its RLVR (python train_video.py)
-    python experiments/policy_eval.py --mle=out/vmulti/video_mle.safetensors --horizon=7    # a multi-step model
-    python experiments/policy_eval.py --device=cuda --batch_size=256                        # 1 GPU
+    python research/policy_eval.py                   # the shipped MLE model, 5 policies x 50 scenes x 2 samples
+    python research/policy_eval.py --episodes=10 --policies=0,1.0 --gate=0               # a quick look
+    python research/policy_eval.py --rlvr=out/video/video_rlvr.safetensors  # MLE and its RLVR (python train_video.py)
+    python research/policy_eval.py --mle=out/vmulti/video_mle.safetensors --horizon=7    # a multi-step model
+    python research/policy_eval.py --device=cuda --batch_size=256                        # 1 GPU
 Writes out/policy_eval/policy_eval.json (--json), with every episode's outcome, real and imagined; --strip=PATH.png
 also draws the first policy's first 4 episodes, real frames over imagined ones.
 
@@ -66,7 +66,7 @@ success (and of progress), with a 95% bootstrap interval over the scenes for suc
 ranking that rests on a few imagined successes is wide), the mean absolute gap, and the gap of a world model that
 predicts no motion (every scene starts with the block outside the goal, so it estimates 0 everywhere).
 
---mirror=1: models trained on experiments/mirror_data.py's transitions, whose actions all point right and down, so
+--mirror=1: models trained on research/mirror_data.py's transitions, whose actions all point right and down, so
 that a pushed block is drawn after its gripper; every step's context is mirrored by its action, the model predicts
 there, and its frame is mirrored back (predict_frames; one frame at a time).
 """
@@ -85,8 +85,9 @@ from checkpoint import write_json  # noqa: E402
 from data.robot import sim  # noqa: E402
 from data.robot.detect import MOVED_PX, judge, locate_block, locate_goal, locate_gripper  # noqa: E402
 from data.robot.task import Layout, action_bins, frame_codes, rollout  # noqa: E402
+import research.cond_tokenizer  # noqa: E402,F401  (load_vq reads the cond tokenizer)
 from evaluate_video import load_video_model  # noqa: E402
-from experiments.mirror_data import mirror  # noqa: E402
+from research.mirror_data import mirror  # noqa: E402
 from rewards_video import to_uint8  # noqa: E402
 from runtime import check_device  # noqa: E402
 
@@ -98,7 +99,7 @@ STRIP_EPISODES = 4                  # --strip: the episodes it shows
 
 class WorldModel(NamedTuple):
     """A video world model of the embedded robot: its GPT, its tokenizer, the range of its action bins, and whether
-    the GPT was trained on experiments/mirror_data.py's mirrored transitions (predict_frames)."""
+    the GPT was trained on research/mirror_data.py's mirrored transitions (predict_frames)."""
     gpt: torch.nn.Module
     vq: torch.nn.Module
     lo: np.ndarray                  # (2,) the action bins' range (train_video.py's action_lo, action_hi)
@@ -156,7 +157,7 @@ def sample_chunk(wm, ctx, actions, temperature=0.0, generator=None, batch_size=6
     codes, first action), tokens (N, T) and their log-probs (N, T), data/robot/task.rollout's). The context gets its
     context codes (tokenize_context), the GPT writes h frames with the actions injected between them (rollout), and
     every predicted frame is decoded against the context frame: the cond tokenizer codes a future frame relative to it
-    (the per-frame one ignores it). mirrored: a GPT trained on experiments/mirror_data.py's transitions, whose actions
+    (the per-frame one ignores it). mirrored: a GPT trained on research/mirror_data.py's transitions, whose actions
     all point right and down; it predicts one frame (h = 1) from the context mirrored by its action, and the frame is
     mirrored back (prompts and tokens are the mirrored view's)."""
     model, vq, lo, hi, mirrored = wm
@@ -481,7 +482,7 @@ def main(argv=None):
     p.add_argument("--rlvr", default="", help="its RLVR version, e.g. out/video/video_rlvr.safetensors of "
                                               "`python train_video.py`")
     p.add_argument("--mirror", type=int, default=0, choices=[0, 1],
-                   help="1: models trained on experiments/mirror_data.py's mirrored transitions; each step's "
+                   help="1: models trained on research/mirror_data.py's mirrored transitions; each step's "
                         "context is mirrored so its action points right and down, and the prediction back")
     p.add_argument("--copy_gate", type=int, default=-1, choices=[-1, 0, 1],
                    help="-1: decode as each checkpoint records; 1: with the copy gate (e.g. the shipped per-frame "
