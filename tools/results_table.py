@@ -18,7 +18,6 @@ chosen among them. `*` marks an interval that excludes 0.
 """
 import argparse
 import functools
-import io
 import json
 import sys
 from pathlib import Path
@@ -41,7 +40,7 @@ MULTI_A = ("video_multi4000_machine_a", "video_multi4000_machine_a_s1")   # mach
 # validation: one run per video configuration, RLVR (eval.json there is the validation split) and
 # its control alone (`--stage=control`, eval_val.json)
 VIDEO_VAL = {"video_default": ("video_default_val", "video_control_val/default_x0.3"),
-             "video_multi4000": ("video_multi4000_val", "video_control_val/multi4000_x0.3")}
+             "video_multi4000": ("video_multi4000_val", "video_control_val/multi4000_x1")}
 VAL_ONLY = {v[0] for v in VIDEO_VAL.values()}   # runs whose eval.json is the validation split
 SEED_NAMES = ("1337", "1", "2")
 COMMANDS = {   # the command of each default run
@@ -150,15 +149,6 @@ def table(header, rows, right=()):
     return "\n".join(lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
 
 
-def readme_sample():
-    """What `python train_lang.py` prints last (the test split), printed by the function that
-    prints it, evaluate_lang.print_comparison, from the shipped default run's eval.json."""
-    from evaluate_lang import print_comparison   # imports torch: only for this block
-    buf = io.StringIO()
-    print_comparison("textgame", "test", load("textgame_final"), file=buf)
-    return "```\n" + buf.getvalue().strip("\n") + "\n```"
-
-
 def summary(plan_file):
     """results/plan/<plan_file>.json -> its planners' summary rows (experiments/plan.summarize)."""
     return json.loads((RESULTS / "plan" / f"{plan_file}.json").read_text())["summary"]
@@ -225,7 +215,8 @@ def readme():
                          pct(r["mle"]["baseline_no_change"][metric]) + ' ("no change")',
                          seed_ci(seeds, "rlvr", "mle", metric, split)])
     for task, draws, what in (
-            ("video", ((VIDEO_SEEDS, "machine A"), (VIDEO_B, "machine B")), "MAE x 1e-3 of the next frame"),
+            ("video", ((VIDEO_SEEDS, "machine A"), (VIDEO_B, "machine B")),
+             "MAE x 1e-3 of the next frame"),
             ("multi", ((MULTI_B, "machine B"), (MULTI_A, "machine A")), "MAE x 1e-3 of 7 frames")):
         for i, (seeds, machine) in enumerate(draws):
             r = load(seeds[0])
@@ -238,7 +229,8 @@ def readme():
         val_run, val_control = VIDEO_VAL[draws[0][0][0]]
         rl, ctl = load(val_run, "val"), load(val_control, "val")
         rows.append(["", f"val ({rl['mle']['n_windows']} windows, 1 seed, the same commit as "
-                         f"the test runs), {what}", milli(rl["mle"]["mae"]), milli(rl["rlvr"]["mae"]),
+                         f"the test runs), {what}", milli(rl["mle"]["mae"]),
+                     milli(rl["rlvr"]["mae"]),
                      milli(ctl["mle_more"]["mae"]),
                      milli(rl["mle"]["copy_last_frame"]["mae"]) + " (copy the last frame)",
                      seed_ci([val_run], "rlvr", "mle", "mae", "val", scale=1000)])
@@ -277,7 +269,8 @@ def seeds():
         val_run, val_control = VIDEO_VAL[draws[0][0][0]]
         rows.append([f"`{COMMANDS[task]}`", "val", "1337 (RLVR and the control: two runs)",
                      ci(diff([val_run], "rlvr", "mle", "mae", split="val"), 1000),
-                     ci(diff([val_run], "rlvr", (val_control, "mle_more"), "mae", split="val"), 1000),
+                     ci(diff([val_run], "rlvr", (val_control, "mle_more"), "mae", split="val"),
+                        1000),
                      ci(diff([val_control], "mle_more", "mle", "mae", split="val"), 1000)])
     return table(head, rows)
 
@@ -298,7 +291,8 @@ def regimes():
     rows = []
     for label, run, splits in (
             ("(b) MLE on 10% of the labels (`textgame_lf10`)", "textgame_lf10", ("test", "val")),
-            ("(c) partial-credit reward (`textgame_task_specific`)", "textgame_task_specific", ("val",)),
+            ("(c) partial-credit reward (`textgame_task_specific`)", "textgame_task_specific",
+             ("val",)),
             ("(d) RL on off-script prompts (`textgame_cover`)", "textgame_cover", ("test", "val")),
             ("placebo: permuted rewards (`textgame_placebo`)", "textgame_placebo", ("test", "val")),
             ("small RL pool, 128 records (`textgame_pool128`)", "textgame_pool128", ("val",)),
@@ -312,7 +306,8 @@ def regimes():
     for real, placebo, splits in (("textgame_s1337", "textgame_placebo", ("test", "val")),
                                   ("textgame_pool128", "textgame_pool128_placebo", ("val",))):
         for split in splits:
-            rows.append([f"RLVR (`{real}`) - its placebo", f"{split} ({load(real, split)['mle']['n']})",
+            rows.append([f"RLVR (`{real}`) - its placebo",
+                         f"{split} ({load(real, split)['mle']['n']})",
                          "", "", three(real, "rlvr", (placebo, "rlvr"), "accuracy", split), ""])
     return table(head, rows, right=(2, 3))
 
@@ -360,12 +355,15 @@ def planning():
     head = ["task", "split", "random", "policy alone", "MLE world model", "paired 95% CI"]
     rows = []
     for split, (first, others) in files.items():
-        d = plan_diff([f"{first}:{rlvr[0]}", *(f"{others}:{m}" for m in rlvr[1:])], f"{first}:{tg_mle}")
+        d = plan_diff([f"{first}:{rlvr[0]}", *(f"{others}:{m}" for m in rlvr[1:])],
+                      f"{first}:{tg_mle}")
         rand = summary("textgame_mle_noop_tw")["random"]["success"] if split == "test" else None
-        rows.append(["text game rooms", split, share(rand), "-", share(summary(first)[tg_mle]["success"]),
+        rows.append(["text game rooms", split, share(rand), "-",
+                     share(summary(first)[tg_mle]["success"]),
                      "RLVR - MLE: " + ci(d, 100, 1) + " (3 seeds)"])
     web = summary("webpage_policy3")
-    rows.append(["web pages, among the policy's 3 best actions", "test", share(web["random"]["success"]),
+    rows.append(["web pages, among the policy's 3 best actions", "test",
+                 share(web["random"]["success"]),
                  share(web["policy"]["success"]), share(web[web_mle]["success"]), "MLE - policy: " +
                  ci(plan_diff([f"webpage_policy3:{web_mle}"], "webpage_policy3:policy"), 100, 1)])
     val = summary("webpage_val_policy3_nomodel")
@@ -376,7 +374,6 @@ def planning():
 
 BLOCKS = {   # name -> (page, the function that makes it)
     "readme": ("README.md", readme),
-    "readme_sample": ("README.md", readme_sample),
     "seeds": ("docs/results.md", seeds),
     "regimes": ("docs/results.md", regimes),
     "budget": ("docs/results.md", budget),
