@@ -41,6 +41,9 @@ MULTI_A = ("video_multi4000_machine_a", "video_multi4000_machine_a_s1")   # mach
 # its control alone (`--stage=control`, eval_val.json)
 VIDEO_VAL = {"video_default": ("video_default_val", "video_control_val/default_x0.3"),
              "video_multi4000": ("video_multi4000_val", "video_control_val/multi4000_x1")}
+# when those validation runs were made, against the test runs (their commits' order in git)
+VAL_WHEN = {"video_default": "RLVR in the same commit as the test runs, its control after them",
+            "video_multi4000": "RLVR before the test runs, its control after them"}
 VAL_ONLY = {v[0] for v in VIDEO_VAL.values()}   # runs whose eval.json is the validation split
 SEED_NAMES = ("1337", "1", "2")
 COMMANDS = {   # the command of each default run
@@ -228,8 +231,8 @@ def readme():
                          seed_ci(seeds, "rlvr", "mle", "mae", scale=1000)])
         val_run, val_control = VIDEO_VAL[draws[0][0][0]]
         rl, ctl = load(val_run, "val"), load(val_control, "val")
-        rows.append(["", f"val ({rl['mle']['n_windows']} windows, 1 seed, the same commit as "
-                         f"the test runs), {what}", milli(rl["mle"]["mae"]),
+        rows.append(["", f"val ({rl['mle']['n_windows']} windows, 1 seed; "
+                         f"{VAL_WHEN[draws[0][0][0]]}), {what}", milli(rl["mle"]["mae"]),
                      milli(rl["rlvr"]["mae"]),
                      milli(ctl["mle_more"]["mae"]),
                      milli(rl["mle"]["copy_last_frame"]["mae"]) + " (copy the last frame)",
