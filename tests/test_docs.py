@@ -1,7 +1,6 @@
 """The docs against the code and results/: the generated tables equal what tools/results_table.py computes from
 results/ (so a figure is typed by no one and cannot drift), every relative link and #anchor resolves, no page but
-docs/LOG.md narrates history, every command's flags exist, and experiments/plan.py's defaults are the settings the
-docs chose on validation."""
+research/README.md narrates history, the docs stay within their line budget, and every command's flags exist."""
 import json
 import re
 import subprocess
@@ -15,14 +14,15 @@ from tools import results_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "results" / "README.md"]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "results" / "README.md",
+         ROOT / "research" / "README.md"]
+HISTORY_PAGE = ROOT / "research" / "README.md"   # the studies, dated: the one page that tells history
 
 
 def test_readme_results_table_is_the_scripts_output():
     readme = (ROOT / "README.md").read_text()
-    for name in ("readme", "readme_sample"):
-        assert results_table.in_page(readme, name) == results_table.BLOCKS[name][1](), \
-            f"README.md: the {name} block differs from results/; run python tools/results_table.py --write"
+    assert results_table.in_page(readme, "readme") == results_table.readme(), \
+        "README.md: the results block differs from results/; run python tools/results_table.py --write"
 
 
 def test_the_script_prints_the_readme_block(capsys):
@@ -90,22 +90,32 @@ def test_slug_follows_github():
 
 
 # -----------------------------------------------------------------------------
-# history lives in docs/LOG.md
+# history lives in research/README.md; the line budget
 
 HISTORY = re.compile(r"\bround[- ]?\d\b|\b(this|previous|last) (session|round)\b|\bissues? #?\d+|\bthe issue\b"
                      r"|\bissue's\b|\bearlier\b", re.I)
 
 
-def test_no_page_but_the_log_narrates_history():
+def test_no_page_but_the_research_readme_narrates_history():
     found = [f"{page.relative_to(ROOT)}:{i}: {line.strip()[:100]}"
-             for page in PAGES if page.name != "LOG.md"
+             for page in PAGES if page != HISTORY_PAGE
              for i, line in enumerate(page.read_text().splitlines(), 1) if HISTORY.search(line)]
-    assert not found, "history words outside docs/LOG.md:\n" + "\n".join(found)
+    assert not found, "history words outside research/README.md:\n" + "\n".join(found)
 
 
-def test_the_log_is_dated():
-    log = (ROOT / "docs" / "LOG.md").read_text()
-    assert re.findall(r"^## \d{4}-\d{2}-\d{2}", log, re.M), "docs/LOG.md: each entry under a dated heading"
+def test_the_studies_are_dated():
+    text = HISTORY_PAGE.read_text()
+    studies = re.findall(r"^### ", text, re.M)
+    dates = re.findall(r"^\*\d{4}-\d{2}-\d{2}[^*]*\.\*", text, re.M)
+    assert studies and len(dates) >= len(studies), "research/README.md: each study opens with its date"
+
+
+def test_the_docs_fit_their_budget():
+    lines = lambda p: len(p.read_text().splitlines())
+    readme, docs = ROOT / "README.md", sorted((ROOT / "docs").glob("*.md"))
+    assert lines(readme) <= 180, "README.md: at most 180 lines"
+    assert lines(readme) + sum(map(lines, docs)) <= 1500, "README.md and docs/: at most 1,500 lines"
+    assert lines(HISTORY_PAGE) <= 600, "research/README.md: at most 600 lines"
 
 
 # -----------------------------------------------------------------------------
@@ -143,7 +153,7 @@ def script_flags(script):
 
 def test_commands_are_found():
     scripts = {s.split()[0] for _, s, _ in commands()}
-    assert {"train_lang.py", "train_video.py", "eval.py", "experiments/plan.py", "tools/results_table.py"} <= scripts
+    assert {"train_lang.py", "train_video.py", "eval.py", "tools/results_table.py"} <= scripts
 
 
 @pytest.mark.slow
@@ -151,31 +161,3 @@ def test_every_documented_flag_exists():
     bad = [f"{page}: {script} {flag}" for page, script, flags in commands() for flag in flags
            if flag not in script_flags(script) and flag != "--help"]
     assert not bad, "flags that the scripts do not take:\n" + "\n".join(sorted(set(bad)))
-
-
-# -----------------------------------------------------------------------------
-# experiments/plan.py's defaults are each task's chosen settings (docs/downstream.md)
-
-
-def plan_args(tmp_path, *argv):
-    from experiments import plan
-    out = tmp_path / "plan.json"
-    plan.main(["--planners=random", "--episodes=1", "--max_steps=1", f"--json={out}", *argv])
-    return json.loads(out.read_text())["args"]
-
-
-def test_plan_defaults_are_the_chosen_settings(tmp_path):
-    tg = plan_args(tmp_path, "--task=textgame")
-    assert (tg["noop"], tg["trust_win"], tg["propose"]) == (0.5, 0.5, 0)
-    web = plan_args(tmp_path, "--task=webpage")
-    assert (web["noop"], web["trust_win"], web["propose"]) == (0.0, 0.0, 3)
-    # an explicit flag wins, 0 included
-    tg = plan_args(tmp_path, "--task=textgame", "--noop=0", "--trust_win=2")
-    assert (tg["noop"], tg["trust_win"]) == (0.0, 2.0)
-    assert plan_args(tmp_path, "--task=webpage", "--propose=0")["propose"] == 0
-
-
-def test_plan_takes_no_abbreviated_flags(tmp_path):
-    from experiments import plan
-    with pytest.raises(SystemExit):
-        plan.main(["--task=webpage", "--prop=3", "--planners=random", "--episodes=1"])

@@ -1,5 +1,6 @@
-"""The reading path's shape, checked rather than promised: no line over 100 columns in the files a
-student reads first, and no function in grpo.py over 40 lines (each is one of the README's seven
+"""The core's shape, checked rather than promised: the top-level files stay a teaching core (at most
+14 files and 3,200 lines, none importing research/), no line over 100 columns in them or in the
+text game's task file, and no function in grpo.py over 40 lines (each is one of the README's seven
 steps or a helper of one)."""
 import ast
 from pathlib import Path
@@ -7,9 +8,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-NARROW = ["model.py", "load_hf.py", "engine.py", "grpo.py", "rewards.py", "rewards_video.py",
-          "tokenizer_text.py", "bpe.py", "train_lang.py", "tasks.py", "mle.py",
-          "data/textgame/task.py"]
+CORE = sorted(p.name for p in ROOT.glob("*.py"))
+NARROW = CORE + ["data/textgame/task.py"]
 
 
 @pytest.mark.parametrize("name", NARROW)
@@ -25,3 +25,24 @@ def test_grpo_functions_are_short():
             if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
             and f.end_lineno - f.lineno + 1 > 40]
     assert not long, f"grpo.py: functions over 40 lines: {long}"
+
+
+def test_the_core_stays_small():
+    lines = sum(len((ROOT / name).read_text().splitlines()) for name in CORE)
+    assert len(CORE) <= 14 and lines <= 3200, f"top level: {len(CORE)} files, {lines} lines"
+
+
+def imported_modules(path):
+    """The top-level module names a file imports (import a.b -> a; from a.b import c -> a)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("name", CORE)
+def test_the_core_never_imports_research(name):
+    assert "research" not in imported_modules(ROOT / name), f"{name} imports research/"
