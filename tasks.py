@@ -21,14 +21,13 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from checkpoint import atomic_write, load_model
+from checkpoint import atomic_write, load_model, recorded_path
 from data.lights import task as lights_task
 from data.textgame import prepare as textgame_prepare, task as textgame_task
 from data.webpage import prepare as webpage_prepare, task as webpage_task
 from engine import generate
-from model import GPT
-from load_hf import load_tokenizer
 from rewards import reward_textgame, reward_webpage, score_textgame, score_webpage
+from tokenizer_text import load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -76,17 +75,12 @@ TASKS = {
 def load_lang_model(path, device="cpu"):
     """Our checkpoint (.safetensors, naming its tokenizer file in its args) or an HF directory
     -> (model, tokenizer, meta)."""
-    path = Path(path)
-    if path.is_dir():
-        meta = {"args": {"tokenizer": str(path)}}
-        return GPT.from_pretrained(path, device=device), load_tokenizer(path), meta
     model, meta = load_model(path, device)
     tok = meta["args"].get("tokenizer")
     if not tok:
         raise ValueError(f"{path}: checkpoint names no tokenizer")
-    # a relative tokenizer path is relative to the checkpoint's folder
-    tok_path = Path(tok) if Path(tok).is_absolute() else path.parent / tok
-    return model, load_tokenizer(tok_path), meta
+    # relative to the checkpoint's folder (an HF directory's meta names itself, absolute)
+    return model, load_tokenizer(recorded_path(tok, Path(path).parent)), meta
 
 
 def keep_tokenizer(init, meta, out_dir, write=True):

@@ -54,7 +54,7 @@ if args.quick:
     EXTRA = {"lang": ["--rl_steps=5", "--test_limit=100"], "video": ["--rl_steps=5", "--test_limit=10"]}
     args.mem_steps, args.mem_warmup = 12, 4
 if args.tiny:
-    EXTRA = {"lang": ["--rl_steps=1", "--test_limit=4", "--val_n=4", "--prompts_per_step=2", "--group_size=2",
+    EXTRA = {"lang": ["--rl_steps=1", "--test_limit=4", "--prompts_per_step=2", "--group_size=2",
                       "--max_new_tokens=32"],
              "video": ["--rl_steps=1", "--test_limit=1", "--prompts_per_step=2", "--group_size=2"]}
     args.mem_steps, args.mem_warmup, args.mem_prompts, args.mem_tokens = 3, 1, 2, 32
@@ -86,7 +86,8 @@ def tensor_mb():
 # the default jobs, as subprocesses
 
 def run_job(name, out_dir):
-    cmd = [sys.executable, f"train_{name}.py", f"--out_dir={out_dir}", f"--threads={args.threads}", *EXTRA[name]]
+    threads = [f"--threads={args.threads}"] if name == "video" else []   # train_lang runs on 1 thread
+    cmd = [sys.executable, f"train_{name}.py", f"--out_dir={out_dir}", *threads, *EXTRA[name]]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -565,9 +565,8 @@ def lang_flags(out_dir):
     return ["train_lang.py", "--stage=rlvr", f"--init={hf_dir}", f"--data_dir={data_dir}",
             f"--out_dir={out_dir}", "--rl_steps=2", f"--device={args.device}",
             f"--dtype={args.dtype}", "--prompts_per_step=2", "--group_size=4",
-            f"--max_new_tokens={S['sub_new']}", "--micro_batch=8", "--final_eval=val",
-            "--val_limit=4", "--control=0", "--probe_n=2", "--eval_workers=1",
-            f"--threads={THREADS}"]
+            f"--max_new_tokens={S['sub_new']}", "--micro_batch=8", "--val_limit=4",
+            "--test_limit=4", "--control=0"]
 
 
 def step_lang(torchrun):
@@ -588,9 +587,9 @@ def step_video():
     write_action_stats(data)
     cmd = [sys.executable, "train_video.py", f"--data={data}", f"--out_dir={out}", "--stage=rlvr",
            "--init=checkpoints/video_mle_4000.safetensors", "--rl_steps=3", "--prompts_per_step=2",
-           "--group_size=2", "--micro_batch=4", "--control=0", "--final_eval=val",
+           "--group_size=2", "--micro_batch=4", "--final_eval=val",
            "--clip_len=8", f"--device={args.device}", f"--dtype={args.dtype}",
-           f"--threads={THREADS}", "--eval_workers=1"]
+           f"--threads={THREADS}"]
     return script(cmd, out, "eval.json")
 
 

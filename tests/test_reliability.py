@@ -44,7 +44,7 @@ from data.textgame.prepare import ensure_splits
 from data.textgame.task import load_records
 from eval import load_lang_model
 from grpo import GRPOConfig, grpo_step
-from load_hf import load_tokenizer
+from tokenizer_text import load_tokenizer
 from model import GPT, GPTConfig
 from rewards_video import load_lpips
 from tokenizer_text import Tokenizer
@@ -53,9 +53,9 @@ from evaluate_video import load_video_model
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "checkpoints" / "textgame" / "mle.safetensors"
-LANG = ["train_lang.py", "--n_layer=1", "--n_head=2", "--n_embd=32", "--vocab_size=300", "--batch_size=8",
-        "--val_n=2", "--test_limit=2", "--val_limit=2", "--max_new_tokens=64", "--group_size=4", "--prompts_per_step=4",
-        "--probe_n=2", "--control=0", "--threads=1"]   # the control: its compute budget is tested in test_mle
+LANG = ["train_lang.py", "--n_layer=1", "--n_head=2", "--n_embd=32", "--batch_size=8",
+        "--test_limit=2", "--val_limit=2", "--max_new_tokens=64", "--group_size=4", "--prompts_per_step=4",
+        "--control=0"]   # the control: its compute budget is tested in test_mle
 VIDEO = ["train_video.py", "--batch_size=2", "--n_layer=1", "--n_embd=32", "--prompts_per_step=2", "--group_size=2",
          "--horizon=3", "--micro_batch=4", "--threads=1", "--clip_len=8", "--mode=multi"]   # as in LANG
 VQ = ["train_vq.py", "--batch=4", "--n_codes=32", "--clip_len=8", "--threads=1"]   # a tiny tokenizer
@@ -169,7 +169,7 @@ def video_data(tmp_path_factory):
 def lang_mle(lang_data, tmp_path_factory):
     """An uninterrupted tiny MLE run from scratch (also the starting point of the bad-input cases)."""
     out = tmp_path_factory.mktemp("lang_mle")
-    cmd = [*LANG, "--stage=mle", "--init=scratch", f"--data_dir={lang_data}", "--mle_steps=40", "--eval_every=20",
+    cmd = [*LANG, "--stage=mle", "--init=scratch", f"--data_dir={lang_data}", "--mle_steps=40",
            "--ckpt_every=5"]
     run([*cmd, f"--out_dir={out}"])
     return out, cmd
@@ -547,7 +547,7 @@ def test_no_loader_runs_code_from_a_file(tmp_path):
         "ep.npz": [read_npz, lambda p: load_episode(p, 64)],
         "tokenizer.tiktoken": [Tokenizer.from_tiktoken_file, load_tokenizer],
         "tokenizer.json": [load_tokenizer],
-        "model.safetensors": [lambda p: GPT.from_pretrained(p.parent)],
+        "model.safetensors": [lambda p: load_model(p.parent)],
     }
     (tmp_path / "config.json").write_text(json.dumps(dict(
         model_type="gpt2", vocab_size=16, n_positions=32, n_layer=1, n_head=2, n_embd=16, layer_norm_epsilon=1e-5)))
