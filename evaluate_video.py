@@ -1,8 +1,8 @@
 """
-Held-out evaluation of a video world model (train_video.py's final comparison; `eval.py --task=video`
-is its command line). `eval_video` rolls the model out on windows of the split (greedy, or sampled
-as EvalSpec says; OFFICIAL: the paper's T=1, top-k 100), decodes against the true last context frame
-and reports, averaged over predicted frames, against the *true* frames:
+Held-out evaluation of a video world model (train_video.py's final comparison;
+`eval.py --task=video` is its command line). `eval_video` rolls the model out on windows of the
+split (greedy, or sampled as EvalSpec says; OFFICIAL: the paper's T=1, top-k 100), decodes against
+the true last context frame and reports, averaged over predicted frames, against the *true* frames:
 - mse, mae, psnr, ssim, lpips (null without LPIPS weights), and repetition_rate (rewards_video.py);
 - mae_moving: MAE on the pixels that truly move (> MOVE_TOL from the last context frame), where
   copy_last_frame, strong on whole frames of a mostly static scene, is weak;

@@ -95,7 +95,8 @@ add("--vq", default="auto", help="tokenizer file (train_vq.py) of a model from s
 add("--resume", type=int, default=train_vq.RESUME, help="1: continue from out_dir's checkpoints")
 add("--clip_len", type=int, default=16, help="episodes are cut into clips of this many frames")
 g = p.add_argument_group("world model and MLE")
-g.add_argument("--horizon", type=int, default=train_vq.HORIZON, help="multi mode's frames (paper: 7)")
+g.add_argument("--horizon", type=int, default=train_vq.HORIZON,
+               help="multi mode's frames (paper: 7)")
 g.add_argument("--n_layer", type=int, default=4, help="GPT layers")
 g.add_argument("--n_embd", type=int, default=128, help="GPT width (heads of 32 channels)")
 g.add_argument("--mle_steps", type=int, default=1150, help="MLE optimizer steps")
@@ -153,7 +154,8 @@ master, world = run.master, run.world
 print0, fail, barrier = run.print0, run.fail, run.barrier
 # every file a run writes besides the tokenizer's resumable state (train_vq.train_file)
 FILES = dict(vq=out_dir / train_vq.VQ_FILE, mle=out_dir / "video_mle.safetensors",
-             rlvr=out_dir / "video_rlvr.safetensors", mle_more=out_dir / "video_mle_more.safetensors")
+             rlvr=out_dir / "video_rlvr.safetensors",
+             mle_more=out_dir / "video_mle_more.safetensors")
 if args.init not in ("auto", "scratch") and not Path(args.init).is_file():
     fail(f"--init {args.init}: no such checkpoint file")
 if args.stage == "control" and not args.control_compute:

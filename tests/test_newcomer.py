@@ -20,8 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 # a tiny text-game run: 4 MLE steps from scratch on 60 records (a few seconds)
 TINY = ["train_lang.py", "--stage=mle", "--init=scratch", "--n_layer=1", "--n_head=2", "--n_embd=32",
-        "--vocab_size=300", "--batch_size=4", "--mle_steps=4", "--eval_every=4", "--val_n=2", "--max_new_tokens=16",
-        "--threads=1"]
+        "--batch_size=4", "--mle_steps=4", "--max_new_tokens=16"]
 SHIPPED = "checkpoints/textgame/mle.safetensors"
 
 
@@ -183,7 +182,7 @@ def test_rerun_with_other_flags_is_refused_and_the_same_command_resumes(text_dat
     # --init=auto is resolved before comparing: --stage=all (the default) post-trains the shipped model
     refused(script(*[a for a in cmd if a not in ("--stage=mle", "--init=scratch")]), f"--init scratch -> {SHIPPED}")
     assert snapshot(out) == before                                    # nothing written by the refused runs
-    p = script(*cmd, "--threads=2", "--ckpt_every=2")                 # flags that cannot change the result
+    p = script(*cmd, "--control=0", "--ckpt_every=2")                 # flags that cannot change the result
     assert p.returncode == 0 and f"mle: {out / 'mle.safetensors'} is complete, reusing it" in p.stdout
     p = script(*cmd, "--mle_lr=1e-3", "--resume=0")                   # starting over
     assert p.returncode == 0 and "is complete" not in p.stdout
