@@ -1,48 +1,60 @@
 """
-The run plumbing both training scripts share (train_lang.py, train_video.py): everything about *how* a run executes
-(one process or torchrun ranks, devices, precision, logging, checkpoints that resume) and nothing about *what* it
-trains. The scripts stay straight-line nanoGPT style; this module only removes the copy of the same ~100 lines.
+The run plumbing both training scripts share (train_lang.py, train_video.py): everything about *how*
+a run executes (one process or torchrun ranks, devices, precision, logging, checkpoints that resume)
+and nothing about *what* it trains. The scripts stay straight-line nanoGPT style; this module only
+removes the copy of the same ~100 lines.
 
-    run = Run(args, out_dir, path_flags)    # after argparse: DDP setup, device per rank, threads, seed, autocast
-    record = run.check_config(stage_files)  # a re-run with other flags stops here; once the inputs are checked:
+    run = Run(args, out_dir, path_flags)    # after argparse: DDP setup, device per rank, threads,
+                                            # seed, autocast
+    record = run.check_config(stage_files)  # a re-run with other flags stops here; once the inputs
+                                            # are checked:
     run.save_config(record)                 # out_dir/config.json
     run.print0(...), run.log({...}), run.barrier(), run.fail("message")
-    model, trained = run.wrap(model)        # to device, optionally torch.compile, DDP when launched by torchrun
+    model, trained = run.wrap(model)        # to device, optionally torch.compile, DDP when launched
+                                            # by torchrun
     step, done = run.resume_stage(ckpt, model, opt, g, "mle")   # then each step:
     run.save_stage(ckpt, model, opt, step, metrics, g, done=step == total)
-    child = fork_alongside(train_control, out_dir / "control.log")   # a second process on the second core
-    results = fork_map(evaluate_one, jobs, workers=2)                        # jobs shared by 2 forked processes
-    results = rank_map(evaluate_batch, batches)     # under torchrun: shared by the ranks, every rank gets all
+    child = fork_alongside(train_control, out_dir / "control.log")   # a second process on the
+                                                                     # second core
+    results = fork_map(evaluate_one, jobs, workers=2)                        # jobs shared by 2
+                                                                             # forked processes
+    results = rank_map(evaluate_batch, batches)     # under torchrun: shared by the ranks, every
+                                                    # rank gets all
 
 Design choices:
-- torchrun is detected from its RANK environment variable, as in nanoGPT; without it there is one rank and no
-  torch.distributed call is ever made, so a plain `python train_x.py` needs no process group.
-- `args.device` is rewritten to cuda:<LOCAL_RANK> under DDP, so every later `.to(args.device)` and the args saved
-  in checkpoints name the rank's own GPU.
-- A stage checkpoint holds weights, optimizer, *every* rank's sampling generator and torch's global CPU generator
-  (gathered to rank 0), so a re-run continues the exact random stream on every rank: a run killed at any step and
-  re-run with the same command ends with bit-identical weights (tests/test_reliability.py kills each stage with
-  SIGKILL to check). A finished stage keeps only its weights and metadata (about a third of the size; nothing is
-  left to resume). Resuming with a different number of ranks is refused. Under `torchrun --max-restarts=N` a
-  restarted group resumes the same way from the last checkpoint; each attempt's process group keeps its store keys
-  under its own prefix, because torchrun's shared store still holds the dead attempt's addresses (with gloo on
+- torchrun is detected from its RANK environment variable, as in nanoGPT; without it there is one
+  rank and no torch.distributed call is ever made, so a plain `python train_x.py` needs no process
+  group.
+- `args.device` is rewritten to cuda:<LOCAL_RANK> under DDP, so every later `.to(args.device)` and
+  the args saved in checkpoints name the rank's own GPU.
+- A stage checkpoint holds weights, optimizer, *every* rank's sampling generator and torch's global
+  CPU generator (gathered to rank 0), so a re-run continues the exact random stream on every rank: a
+  run killed at any step and re-run with the same command ends with bit-identical weights
+  (tests/test_reliability.py kills each stage with SIGKILL to check). A finished stage keeps only
+  its weights and metadata (about a third of the size; nothing is left to resume). Resuming with a
+  different number of ranks is refused. Under `torchrun --max-restarts=N` a restarted group resumes
+  the same way from the last checkpoint; each attempt's process group keeps its store keys under its
+  own prefix, because torchrun's shared store still holds the dead attempt's addresses (with gloo on
   torch 2.13, a restarted rank read them and failed to connect in 6 of our 8 trials).
-- Failures are one line on stderr ("error: ...") and exit status 1, never a traceback, for anything the user
-  can fix with a flag; a --device this torch cannot use is one of them, caught before anything is set up.
-- Safe re-runs: a run records its flags in out_dir/config.json before its first stage writes anything
-  (`check_config`, then `save_config`), so that resuming, which keys on out_dir, never mixes runs. A re-run into
-  the same out_dir with other flags stops with one line naming each changed flag (old -> new) and the two ways out:
-  another --out_dir, or --resume=0 to start over there. Exempt are the flags that cannot change what is trained
-  (FREE_FLAGS: how and where it runs, how often it checkpoints or logs, which stages this invocation runs); the
-  flags of the final evaluation alone (EVAL_FLAGS) may change too, and then the trained stages are reused and
-  evaluated again. An out_dir holding stage checkpoints but no config.json is refused the same way (its flags are
-  unknown). Paths are recorded relative to out_dir where they can be (checkpoint.relative_path), in config.json and
-  in every checkpoint's args.
-- Numerical faults: a NaN/inf loss, reward, gradient norm or weight goes to `nonfinite`, before it can reach the
-  weights: `--on_nan=stop` (default) ends the run naming the stage and step (checkpoints keep the last good state);
-  `--on_nan=skip` drops that step and goes on, but still stops when the weights themselves are non-finite or
-  MAX_SKIPS steps in a row were dropped. Skipping is refused under torchrun (ranks would disagree on which steps
-  to drop and deadlock in the all-reduce).
+- Failures are one line on stderr ("error: ...") and exit status 1, never a traceback, for anything
+  the user can fix with a flag; a --device this torch cannot use is one of them, caught before
+  anything is set up.
+- Safe re-runs: a run records its flags in out_dir/config.json before its first stage writes
+  anything (`check_config`, then `save_config`), so that resuming, which keys on out_dir, never
+  mixes runs. A re-run into the same out_dir with other flags stops with one line naming each
+  changed flag (old -> new) and the two ways out: another --out_dir, or --resume=0 to start over
+  there. Exempt are the flags that cannot change what is trained (FREE_FLAGS: how and where it runs,
+  how often it checkpoints or logs, which stages this invocation runs); the flags of the final
+  evaluation alone (EVAL_FLAGS) may change too, and then the trained stages are reused and evaluated
+  again. An out_dir holding stage checkpoints but no config.json is refused the same way (its flags
+  are unknown). Paths are recorded relative to out_dir where they can be (checkpoint.relative_path),
+  in config.json and in every checkpoint's args.
+- Numerical faults: a NaN/inf loss, reward, gradient norm or weight goes to `nonfinite`, before it
+  can reach the weights: `--on_nan=stop` (default) ends the run naming the stage and step
+  (checkpoints keep the last good state); `--on_nan=skip` drops that step and goes on, but still
+  stops when the weights themselves are non-finite or MAX_SKIPS steps in a row were dropped.
+  Skipping is refused under torchrun (ranks would disagree on which steps to drop and deadlock in
+  the all-reduce).
 """
 import datetime
 import json
@@ -62,31 +74,37 @@ from tqdm import tqdm
 
 from checkpoint import read_meta, recorded_path, relative_path, resume, save_checkpoint, write_json
 
-# how long a rank waits at a collective (a barrier, an all-reduce) for the others before the run fails:
-# NCCL's own default, 10 minutes, is shorter than what rank 0 may do alone at real sizes (generating the
-# data, a validation pass, writing a checkpoint); a rank that is truly gone still ends the run within the hour
+# how long a rank waits at a collective (a barrier, an all-reduce) for the others before the run
+# fails: NCCL's own default, 10 minutes, is shorter than what rank 0 may do alone at real sizes
+# (generating the data, a validation pass, writing a checkpoint); a rank that is truly gone still
+# ends the run within the hour
 DIST_TIMEOUT = datetime.timedelta(minutes=60)
 MAX_SKIPS = 10   # --on_nan=skip stops the run after this many skipped steps in a row
 CONFIG = "config.json"   # in out_dir: the flags of the run that trains there
-# flags that cannot change the trained weights: where and how the run executes (device, CPU threads, compilation,
-# activation checkpointing, the evaluation's worker processes, whether the control trains beside RLVR or after it),
-# how often it checkpoints (a resumed run ends bit-identical) and what it does on a NaN (the message on a NaN suggests
-# --on_nan=skip), what it logs along the way (validation and probe checks draw no random numbers, the memory
-# estimate), which stages this invocation runs (--stage, and --control: whether the control trains), where it writes
-# and whether it resumes. (The control trains for RLVR's counted compute, ComputeBudget, beside RLVR or after it
+# flags that cannot change the trained weights: where and how the run executes (device, CPU threads,
+# compilation, activation checkpointing, the evaluation's worker processes, whether the control
+# trains beside RLVR or after it), how often it checkpoints (a resumed run ends bit-identical) and
+# what it does on a NaN (the message on a NaN suggests --on_nan=skip), what it logs along the way
+# (validation and probe checks draw no random numbers, the memory estimate), which stages this
+# invocation runs (--stage, and --control: whether the control trains), where it writes and whether
+# it resumes. (The control trains for RLVR's counted compute, ComputeBudget, beside RLVR or after it
 # alike; its own flags, e.g. --control_lr, are checked.)
-FREE_FLAGS = {"device", "threads", "compile", "grad_ckpt", "estimate_memory", "eval_workers", "control_alongside",
-              "ckpt_every", "on_nan", "eval_every", "val_n", "probe_every", "stage", "control", "out_dir", "resume"}
-# flags of the final evaluation alone: a re-run with other values evaluates the same trained models again
+FREE_FLAGS = {"device", "threads", "compile", "grad_ckpt", "estimate_memory", "eval_workers",
+              "control_alongside", "ckpt_every", "on_nan", "eval_every", "val_n", "probe_every",
+              "stage", "control", "out_dir", "resume"}
+# flags of the final evaluation alone: a re-run with other values evaluates the same trained models
+# again
 EVAL_FLAGS = {"final_eval", "val_limit", "test_limit"}
 
 
 class Run:
-    """Rank, world size, device and precision of this process, plus the helpers that depend on them."""
+    """Rank, world size, device and precision of this process, plus the helpers that depend on
+    them."""
 
     def __init__(self, args, out_dir, path_flags=()):
-        """path_flags: the names of the flags that hold paths (relative to the working directory or absolute),
-        recorded relative to out_dir in config.json and in checkpoints (`recorded_args`)."""
+        """path_flags: the names of the flags that hold paths (relative to the working directory or
+        absolute), recorded relative to out_dir in config.json and in checkpoints
+        (`recorded_args`)."""
         self.args, self.out_dir, self.path_flags = args, Path(out_dir), path_flags
         self.recorded = {}   # entries recorded beside the flags (train_lang.py: its tokenizer)
         try:
@@ -95,12 +113,14 @@ class Run:
             self.fail(str(e))
         self.ddp = int(os.environ.get("RANK", -1)) != -1
         if self.ddp:
-            # each torchrun attempt keeps its keys under its own prefix: after a restart (--max-restarts) the shared
-            # store still holds the dead attempt's addresses, and a new rank reading one would fail to connect
+            # each torchrun attempt keeps its keys under its own prefix: after a restart
+            # (--max-restarts) the shared store still holds the dead attempt's addresses, and a new
+            # rank reading one would fail to connect
             store, rank, world = next(dist.rendezvous("env://"))
-            store = dist.PrefixStore(f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
-            dist.init_process_group(backend="nccl" if args.device.startswith("cuda") else "gloo", store=store,
-                                    rank=rank, world_size=world, timeout=DIST_TIMEOUT)
+            store = dist.PrefixStore(f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}",
+                                     store)
+            dist.init_process_group(backend="nccl" if args.device.startswith("cuda") else "gloo",
+                                    store=store, rank=rank, world_size=world, timeout=DIST_TIMEOUT)
             self.rank, self.world = dist.get_rank(), dist.get_world_size()
             if args.device.startswith("cuda"):
                 args.device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
@@ -116,25 +136,29 @@ class Run:
         # float16 trains only with a gradient scaler (its gradients underflow), which the loops
         # do not have; bfloat16 has float32's range and needs none
         if args.dtype == "float16":
-            self.fail("--dtype=float16: training in float16 needs a gradient scaler, which nanoRLVR "
-                      "does not have; use --dtype=bfloat16")
+            self.fail("--dtype=float16: training in float16 needs a gradient scaler, which "
+                      "nanoRLVR does not have; use --dtype=bfloat16")
         device_type = "cuda" if args.device.startswith("cuda") else "cpu"
-        self.dtype = getattr(torch, args.dtype)   # of the forwards: autocast's, and a frozen reference's
-        self.autocast = torch.autocast(device_type, dtype=self.dtype, enabled=args.dtype != "float32")
+        self.dtype = getattr(torch, args.dtype)   # of the forwards: autocast's, and a frozen
+                                                  # reference's
+        self.autocast = torch.autocast(device_type, dtype=self.dtype,
+                                       enabled=args.dtype != "float32")
 
     def print0(self, *a, **k):
         if self.master:
             print(*a, **k, flush=True)
 
     def fail(self, msg):
-        for bar in list(getattr(tqdm, "_instances", ())):   # close progress bars first, so the error is the last line
+        # close progress bars first, so the error is the last line
+        for bar in list(getattr(tqdm, "_instances", ())):
             bar.close()
         print(f"error: {msg}", file=sys.stderr, flush=True)
         sys.exit(1)
 
     def recorded_args(self):
-        """vars(args) and `recorded` as config.json and checkpoints record them: each path flag relative to out_dir where it can be
-        (checkpoint.relative_path); "auto" and "scratch" are words, not paths."""
+        """vars(args) and `recorded` as config.json and checkpoints record them: each path flag
+        relative to out_dir where it can be (checkpoint.relative_path); "auto" and "scratch" are
+        words, not paths."""
         record = {**vars(self.args), **self.recorded}
         for name in self.path_flags:
             if record.get(name) not in (None, "auto", "scratch"):
@@ -142,9 +166,10 @@ class Run:
         return json.loads(json.dumps(record))   # as it reads back: lists for tuples
 
     def check_config(self, stage_files):
-        """Before anything runs: may this run continue in out_dir? With --resume=1, out_dir/config.json must hold the
-        same flags (but FREE_FLAGS; EVAL_FLAGS may change and are re-evaluated), and an out_dir without it must hold
-        none of `stage_files` (checkpoints of unknown flags); otherwise one line and exit
+        """Before anything runs: may this run continue in out_dir? With --resume=1,
+        out_dir/config.json must hold the same flags (but FREE_FLAGS; EVAL_FLAGS may change and are
+        re-evaluated), and an out_dir without it must hold none of `stage_files` (checkpoints of
+        unknown flags); otherwise one line and exit
         -> this run's record, for save_config once its inputs are checked."""
         record = self.recorded_args()
         path = self.out_dir / CONFIG
@@ -154,8 +179,8 @@ class Run:
         if not path.is_file():
             found = [f for f in stage_files if (self.out_dir / f).is_file()]
             if found:
-                self.fail(f"{self.out_dir} holds {', '.join(found)} but no {CONFIG} recording the flags they "
-                          f"were trained with; {ways_out}")
+                self.fail(f"{self.out_dir} holds {', '.join(found)} but no {CONFIG} recording the "
+                          f"flags they were trained with; {ways_out}")
             return record
         try:
             old = json.loads(path.read_text())
@@ -166,7 +191,8 @@ class Run:
         # flags both records know (a flag added or removed since cannot be compared)
         changed = [k for k in sorted(old.keys() & record.keys())
                    if k not in FREE_FLAGS and self._value(k, old[k]) != self._value(k, record[k])]
-        words = ", ".join(f"--{k} {self._shown(k, old[k])} -> {self._shown(k, record[k])}" for k in changed)
+        words = ", ".join(f"--{k} {self._shown(k, old[k])} -> {self._shown(k, record[k])}"
+                          for k in changed)
         if set(changed) - EVAL_FLAGS:
             self.fail(f"{self.out_dir} holds a run with other flags: {words}; {ways_out}")
         if changed:
@@ -180,14 +206,16 @@ class Run:
         return value
 
     def _shown(self, name, value):
-        """A recorded flag value as the user would type it: a path relative to the working directory when under it."""
+        """A recorded flag value as the user would type it: a path relative to the working directory
+        when under it."""
         value = self._value(name, value)
         if name in self.path_flags and value not in (None, "auto", "scratch"):
             return os.path.relpath(value) if Path(value).is_relative_to(Path.cwd()) else value
         return value
 
     def save_config(self, record):
-        """Write out_dir/config.json (rank 0, atomically): the record of check_config, before any stage writes."""
+        """Write out_dir/config.json (rank 0, atomically): the record of check_config, before any
+        stage writes."""
         if self.master:
             write_json(self.out_dir / CONFIG, record)
 
@@ -202,11 +230,13 @@ class Run:
             dist.barrier()
 
     def any_rank(self, flag):
-        """`flag` on one rank -> True on every rank if any rank says True, so ranks that must stop together (a
-        wall-clock budget) never disagree: one rank leaving the loop alone would hang the others' all-reduce."""
+        """`flag` on one rank -> True on every rank if any rank says True, so ranks that must stop
+        together (a wall-clock budget) never disagree: one rank leaving the loop alone would hang
+        the others' all-reduce."""
         if not self.ddp:
             return flag
-        t = torch.tensor([int(flag)], device=self.args.device if self.args.device.startswith("cuda") else "cpu")
+        t = torch.tensor([int(flag)],
+                         device=self.args.device if self.args.device.startswith("cuda") else "cpu")
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
 
@@ -227,8 +257,9 @@ class Run:
         return model, trained
 
     def save_stage(self, ckpt, model, opt, step, metrics, g, done):
-        """Checkpoint a stage every --ckpt_every steps and when it is done: weights, optimizer, every rank's sampling
-        generator and global CPU generator, so a re-run resumes exactly. A finished stage keeps weights and metadata."""
+        """Checkpoint a stage every --ckpt_every steps and when it is done: weights, optimizer,
+        every rank's sampling generator and global CPU generator, so a re-run resumes exactly. A
+        finished stage keeps weights and metadata."""
         if step % self.args.ckpt_every and not done:
             return
         states = [(g.get_state(), torch.get_rng_state())]
@@ -236,12 +267,15 @@ class Run:
             states = [None] * self.world
             dist.all_gather_object(states, (g.get_state(), torch.get_rng_state()))
         if self.master:
-            state = {f"{name}{r}": t for r, pair in enumerate(states) for name, t in zip(("rng", "torch_rng"), pair)}
-            save_checkpoint(ckpt, model, args=self.recorded_args(), step=step, metrics={**metrics, "done": done},
+            state = {f"{name}{r}": t for r, pair in enumerate(states)
+                     for name, t in zip(("rng", "torch_rng"), pair)}
+            save_checkpoint(ckpt, model, args=self.recorded_args(), step=step,
+                            metrics={**metrics, "done": done},
                             optimizer=None if done else opt, state=None if done else state)
 
     def resume_stage(self, ckpt, model, opt, g, name):
-        """-> (step to continue from, done?). Restores weights, and for an unfinished stage optimizer and generators."""
+        """-> (step to continue from, done?). Restores weights, and for an unfinished stage
+        optimizer and generators."""
         if not (self.args.resume and ckpt.is_file()):
             return 0, False
         try:
@@ -253,7 +287,8 @@ class Run:
             self.print0(f"{name}: {ckpt} is complete, reusing it")
             return meta["step"], True
         if f"rng{self.rank}" not in state or f"rng{self.world}" in state:
-            self.fail(f"{ckpt}: saved by a run with another number of ranks; resume with the same torchrun size")
+            self.fail(f"{ckpt}: saved by a run with another number of ranks; resume with the "
+                      "same torchrun size")
         g.set_state(state[f"rng{self.rank}"])
         if f"torch_rng{self.rank}" in state:
             torch.set_rng_state(state[f"torch_rng{self.rank}"])
@@ -261,12 +296,14 @@ class Run:
         return meta["step"], False
 
     def nonfinite(self, stage, step, model, what):
-        """A NaN/inf `what` (loss, reward, gradient, weight) at `step`: --on_nan=stop ends the run with one line;
-        --on_nan=skip logs it and returns so the caller drops the rest of the step, unless the weights themselves
-        are non-finite or more than MAX_SKIPS steps in a row were skipped (then it stops too)."""
+        """A NaN/inf `what` (loss, reward, gradient, weight) at `step`: --on_nan=stop ends the run
+        with one line; --on_nan=skip logs it and returns so the caller drops the rest of the step,
+        unless the weights themselves are non-finite or more than MAX_SKIPS steps in a row were
+        skipped (then it stops too)."""
         msg = f"{stage}: {re.sub(r' at step [0-9]+$', '', what)} at step {step}"
         if not finite_weights(model):
-            self.fail(f"{msg}: the weights are non-finite; stopping (the last checkpoint is intact)")
+            self.fail(f"{msg}: the weights are non-finite; stopping "
+                      "(the last checkpoint is intact)")
         if getattr(self.args, "on_nan", "stop") == "skip":
             self.skips = self.skips + 1 if self.last_skip == step - 1 else 1
             self.last_skip = step
@@ -279,8 +316,9 @@ class Run:
                   f"--on_nan=skip skips such steps)")
 
     def finite(self, stage, step, model, loss, grad_norm=None):
-        """May the optimizer step? True when `loss` (and `grad_norm`, when given) are finite; otherwise the fault goes
-        to `nonfinite` (stop the run, or skip this step) and the answer is False, so it never reaches the weights."""
+        """May the optimizer step? True when `loss` (and `grad_norm`, when given) are finite;
+        otherwise the fault goes to `nonfinite` (stop the run, or skip this step) and the answer is
+        False, so it never reaches the weights."""
         if not torch.isfinite(loss):
             self.nonfinite(stage, step, model, f"non-finite loss ({loss.item()})")
             return False
@@ -290,7 +328,8 @@ class Run:
         return True
 
     def check_ranks_in_sync(self, model, stage):
-        """Under DDP every rank must hold the same weights; log their checksums and stop on a mismatch (a bug)."""
+        """Under DDP every rank must hold the same weights; log their checksums and stop on a
+        mismatch (a bug)."""
         if not self.ddp:
             return
         sums = [None] * self.world
@@ -302,7 +341,8 @@ class Run:
 
 
 def check_device(device):
-    """ValueError, in one line, when `device` is not one this torch can run on (cpu, cuda, cuda:N)."""
+    """ValueError, in one line, when `device` is not one this torch can run on (cpu, cuda,
+    cuda:N)."""
     try:
         d = torch.device(device)
     except RuntimeError:
@@ -310,13 +350,15 @@ def check_device(device):
     if d.type not in ("cpu", "cuda"):
         raise ValueError(f"--device {device}: only cpu and cuda are supported")
     if d.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: this torch ({torch.__version__}) sees no CUDA GPU; use --device=cpu")
+        raise ValueError(f"--device {device}: this torch ({torch.__version__}) sees no CUDA GPU; "
+                         "use --device=cpu")
     if d.type == "cuda" and d.index is not None and d.index >= torch.cuda.device_count():
         raise ValueError(f"--device {device}: there are {torch.cuda.device_count()} CUDA GPUs")
 
 
 def check_ranges(parser, args, at_least_1=(), at_least_0=()):
-    """Stop with parser.error naming the first flag out of range: at_least_1 must be >= 1, at_least_0 >= 0 (not NaN)."""
+    """Stop with parser.error naming the first flag out of range: at_least_1 must be >= 1,
+    at_least_0 >= 0 (not NaN)."""
     for name in at_least_1:
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
@@ -351,19 +393,21 @@ def checksum(model):
 
 
 def lr_at(step, total, base, warmup):
-    """Linear warmup over `warmup` steps, then cosine decay from base to 0.1 * base at step `total`."""
+    """Linear warmup over `warmup` steps, then cosine decay from base to 0.1 * base at step
+    `total`."""
     if step < warmup:
         return base * (step + 1) / warmup
-    return base * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup)))))
+    return base * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, (step - warmup)
+                                                                 / max(1, total - warmup)))))
 
 
 # -----------------------------------------------------------------------------
-# two cores: a second process beside the run (fork: the child inherits the loaded data and models, nothing is pickled
-# but jobs and results; CPU only, where forking after torch has run is safe)
+# two cores: a second process beside the run (fork: the child inherits the loaded data and models,
+# nothing is pickled but jobs and results; CPU only, where forking after torch has run is safe)
 
 def fork_alongside(target, log_path):
-    """Start target() in a forked process whose prints and progress bars go to log_path, not over the parent's
-    -> the process, to join. It dies with the parent."""
+    """Start target() in a forked process whose prints and progress bars go to log_path, not over
+    the parent's -> the process, to join. It dies with the parent."""
     def main():
         with open(log_path, "w") as f:
             sys.stdout = sys.stderr = f
@@ -375,10 +419,11 @@ def fork_alongside(target, log_path):
 
 
 class ComputeBudget:
-    """The control's allowance: RLVR's compute in forward-token units (grpo.compute_used), counted, so the control
-    gets the same compute on any machine, loaded or not. ComputeBudget(total): a finished RLVR's. ComputeBudget():
-    shared with a control forked beside a running RLVR (fork_alongside): RLVR `add`s each step's compute and
-    `close`s at its end; the control's `reached(used)` waits while the control is ahead of an unfinished RLVR."""
+    """The control's allowance: RLVR's compute in forward-token units (grpo.compute_used), counted,
+    so the control gets the same compute on any machine, loaded or not. ComputeBudget(total): a
+    finished RLVR's. ComputeBudget(): shared with a control forked beside a running RLVR
+    (fork_alongside): RLVR `add`s each step's compute and `close`s at its end; the control's
+    `reached(used)` waits while the control is ahead of an unfinished RLVR."""
 
     def __init__(self, total=None):
         fork = mp.get_context("fork")
@@ -400,19 +445,22 @@ class ComputeBudget:
         return ComputeBudget(max(self.rl.value - compute, 0.0))
 
     def reached(self, used):
-        """True once `used` is at least RLVR's whole compute (waiting for RLVR while it is behind)."""
+        """True once `used` is at least RLVR's whole compute (waiting for RLVR while it is
+        behind)."""
         while used >= self.rl.value and not self.closed.is_set():
             time.sleep(0.05)
         return used >= self.rl.value
 
 
 def fork_map(fn, jobs, workers):
-    """[fn(job) for job in jobs], in order; with workers > 1, computed by that many forked processes (jobs first to
-    last, one at a time each: put the largest first). Each job computes what it would alone."""
+    """[fn(job) for job in jobs], in order; with workers > 1, computed by that many forked processes
+    (jobs first to last, one at a time each: put the largest first). Each job computes what it would
+    alone."""
     if workers <= 1:
         return [fn(job) for job in jobs]
     global _fork_fn
-    _fork_fn = fn   # a forked worker inherits this closure; the pool pickles only the jobs and results
+    # a forked worker inherits this closure; the pool pickles only the jobs and results
+    _fork_fn = fn
     with mp.get_context("fork").Pool(workers) as pool:
         return pool.map(_call_fork_fn, jobs, chunksize=1)
 
@@ -428,9 +476,10 @@ def _call_fork_fn(job):
 # torchrun ranks: jobs shared by every rank (the final evaluations' batches)
 
 def rank_map(fn, jobs):
-    """[fn(job) for job in jobs] on every rank, in order; under torchrun rank r computes jobs r, r + world, ...
-    and the ranks exchange their results (all_gather_object), so each job runs once. Every rank must call it
-    with the same jobs. Without a process group one process computes them all."""
+    """[fn(job) for job in jobs] on every rank, in order; under torchrun rank r computes jobs r,
+    r + world, ... and the ranks exchange their results (all_gather_object), so each job runs once.
+    Every rank must call it with the same jobs. Without a process group one process computes them
+    all."""
     jobs = list(jobs)
     if not dist.is_initialized():
         return [fn(job) for job in jobs]

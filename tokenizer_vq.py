@@ -2,26 +2,30 @@
 The visual tokenizer: discrete codes for 64x64 frames and back (the context-conditioned tokenizer of
 the research, CondVQVAE, is research/cond_tokenizer.py; it has the same API):
 
-    codes = vq.tokenize(frames)              # frames: (N, H, W, 3) uint8 or (N, 3, H, W) float in [0, 1]
+    codes = vq.tokenize(frames)              # frames: (N, H, W, 3) uint8 or (N, 3, H, W) float in
+                                             # [0, 1]
     frames = vq.detokenize(codes, context)   # codes (N, L) long -> (N, 3, H, W) float in [0, 1]
     ctx_codes = vq.tokenize_context(frames)  # the codes a context frame gets in the GPT's sequence
 
-`VQVAE`, per frame: every frame becomes 8x8 = 64 codes, on its own, and is decoded on its own, every pixel
-re-drawn; with `vq.copy_gate = True` (train_video.py's RLVR and evaluation) decoding against a context frame copies
-the context's pixels in every 8x8 cell whose code is the context frame's code there, so a cell the prediction leaves
-as it was is the context exactly (docs/video.md).
+`VQVAE`, per frame: every frame becomes 8x8 = 64 codes, on its own, and is decoded on its own, every
+pixel re-drawn; with `vq.copy_gate = True` (train_video.py's RLVR and evaluation) decoding against a
+context frame copies the context's pixels in every 8x8 cell whose code is the context frame's code
+there, so a cell the prediction leaves as it was is the context exactly (docs/video.md).
 
-Architecture (a small cousin of VQGAN/iVideoGPT's tokenizer, without the GAN and perceptual losses): encoder = conv
-3x3, then per level a stride-2 conv 4x4 and a residual block (channels 32 -> 64 -> 128, three levels = 8x
-downsampling), then a 1x1 conv to the code dimension; the decoder mirrors it with nearest-neighbour upsampling +
-conv 3x3. No normalisation layers: the model is fully convolutional, so it can train on 32x32 crops (4x cheaper on a
-CPU, the latent grid stays aligned because crops start at multiples of 8) and run on whole frames.
+Architecture (a small cousin of VQGAN/iVideoGPT's tokenizer, without the GAN and perceptual losses):
+encoder = conv 3x3, then per level a stride-2 conv 4x4 and a residual block (channels
+32 -> 64 -> 128, three levels = 8x downsampling), then a 1x1 conv to the code dimension; the decoder
+mirrors it with nearest-neighbour upsampling + conv 3x3. No normalisation layers: the model is fully
+convolutional, so it can train on 32x32 crops (4x cheaper on a CPU, the latent grid stays aligned
+because crops start at multiples of 8) and run on whole frames.
 
-The quantiser: nearest codebook vector, straight-through gradient (z + (q - z).detach()), codebook loss
-||sg[z] - q||^2 + beta * commitment ||z - sg[q]||^2 (VQ-VAE, beta = 0.25). The codebook is initialised from the
-encoder outputs of the first training batch (random init leaves most codes unused), and `restart_dead` re-seeds
-codes whose running usage fell near zero with random encoder outputs (dead-code restart), so usage stays high.
-Usage statistics: `codebook_stats(codes)` gives the number of codes used and the perplexity exp(H) of their histogram.
+The quantiser: nearest codebook vector, straight-through gradient (z + (q - z).detach()), codebook
+loss ||sg[z] - q||^2 + beta * commitment ||z - sg[q]||^2 (VQ-VAE, beta = 0.25). The codebook is
+initialised from the encoder outputs of the first training batch (random init leaves most codes
+unused), and `restart_dead` re-seeds codes whose running usage fell near zero with random encoder
+outputs (dead-code restart), so usage stays high.
+Usage statistics: `codebook_stats(codes)` gives the number of codes used and the perplexity exp(H)
+of their histogram.
 The tokenizer is trained by train_vq.py and frozen afterwards (MLE and RLVR only see codes).
 """
 import json
@@ -73,11 +77,12 @@ class VectorQuantizer(nn.Module):
         super().__init__()
         self.beta = beta
         self.codebook = nn.Parameter(torch.randn(n_codes, dim) / math.sqrt(dim))
-        self.register_buffer("usage", torch.ones(n_codes))          # running mean of assignments per batch
+        self.register_buffer("usage", torch.ones(n_codes))   # running mean of assignments per batch
         self.register_buffer("initialised", torch.tensor(False))
 
     def forward(self, z):
-        """z (B, dim, h, w) -> (z_q (B, dim, h, w) with straight-through gradient, loss, indices (B, h, w))."""
+        """z (B, dim, h, w) -> (z_q (B, dim, h, w) with straight-through gradient, loss,
+        indices (B, h, w))."""
         B, C, h, w = z.shape
         flat = z.permute(0, 2, 3, 1).reshape(-1, C)
         if self.training and not bool(self.initialised):
@@ -96,7 +101,8 @@ class VectorQuantizer(nn.Module):
 
     @torch.no_grad()
     def restart(self, flat, which):
-        """Set the codes in `which` (bool mask) to random rows of flat (N, dim), with a little noise."""
+        """Set the codes in `which` (bool mask) to random rows of flat (N, dim), with a little
+        noise."""
         n = int(which.sum())
         if n == 0:   # nothing to restart (and the std of no rows would warn)
             return 0
@@ -106,7 +112,8 @@ class VectorQuantizer(nn.Module):
         return n
 
     def restart_dead(self, flat, threshold=0.03):
-        """Dead-code restart: re-seed codes used less than `threshold` times per batch (running mean) -> count."""
+        """Dead-code restart: re-seed codes used less than `threshold` times per batch (running
+        mean) -> count."""
         return self.restart(flat, self.usage < threshold)
 
     def lookup(self, idx):
@@ -126,24 +133,27 @@ class VQVAE(nn.Module):
         self.encoder = nn.Sequential(*enc, nn.SiLU(), nn.Conv2d(prev, qdim, 1))
         dec = [nn.Conv2d(qdim, prev, 1), ResBlock(prev)]
         for ch in list(reversed(c.channels))[1:] + [c.channels[0]]:
-            dec += [nn.Upsample(scale_factor=2, mode="nearest"), nn.Conv2d(prev, ch, 3, padding=1), ResBlock(ch)]
+            dec += [nn.Upsample(scale_factor=2, mode="nearest"), nn.Conv2d(prev, ch, 3, padding=1),
+                    ResBlock(ch)]
             prev = ch
         self.decoder = nn.Sequential(*dec, nn.SiLU(), nn.Conv2d(prev, 3, 3, padding=1))
         self.quantizer = VectorQuantizer(c.n_codes, c.code_dim, c.beta)
 
     def encode(self, x, ctx=None):
-        """x (B, 3, H, W) in [0, 1] -> pre-quantisation latents (B, qdim, H/8, W/8); ctx is ignored."""
+        """x (B, 3, H, W) in [0, 1] -> pre-quantisation latents (B, qdim, H/8, W/8); ctx is
+        ignored."""
         return self.encoder(x * 2 - 1)
 
     def forward(self, x, ctx=None):
-        """x (B, 3, H, W) in [0, 1] -> (reconstruction, quantiser loss, indices (B, h, w)); ctx is ignored."""
+        """x (B, 3, H, W) in [0, 1] -> (reconstruction, quantiser loss, indices (B, h, w)); ctx is
+        ignored."""
         z_q, qloss, idx = self.quantizer(self.encode(x))
         return self.decoder(z_q) + 0.5, qloss, idx
 
     @torch.no_grad()
     def tokenize(self, frames, context=None, batch_size=256):
-        """(N, H, W, 3) uint8 array or (N, 3, H, W) float tensor in [0, 1] -> codes (N, grid * grid) long.
-        context is ignored: a per-frame tokenizer codes every frame on its own."""
+        """(N, H, W, 3) uint8 array or (N, 3, H, W) float tensor in [0, 1] -> codes (N, grid * grid)
+        long. context is ignored: a per-frame tokenizer codes every frame on its own."""
         x = as_float_frames(frames, self.quantizer.lookup(torch.zeros(1, dtype=torch.long)).device)
         return torch.cat([self.quantizer(self.encode(x[i:i + batch_size]))[2].flatten(1)
                           for i in range(0, len(x), batch_size)])
@@ -166,21 +176,24 @@ class VQVAE(nn.Module):
         return keep * ctx + (1 - keep) * x
 
     def vocab(self):
-        """Code-token ranges for data/robot/task.Layout: context frames and future frames share one codebook."""
+        """Code-token ranges for data/robot/task.Layout: context frames and future frames share one
+        codebook."""
         c = self.config
         return dict(context_codes=c.n_codes, context_len=c.codes_per_frame, n_codes=c.n_codes,
                     codes_per_frame=c.codes_per_frame, code_offset=0)
 
 
 def as_float_frames(frames, device="cpu"):
-    """(N, H, W, 3) uint8 array -> (N, 3, H, W) float in [0, 1]; a float tensor passes through. On `device`."""
+    """(N, H, W, 3) uint8 array -> (N, 3, H, W) float in [0, 1]; a float tensor passes through. On
+    `device`."""
     if isinstance(frames, np.ndarray):
         frames = torch.from_numpy(frames).permute(0, 3, 1, 2).float() / 255
     return frames.to(device)
 
 
 def codebook_stats(codes, n_codes):
-    """codes: any long tensor -> dict(used = distinct codes, perplexity = exp(entropy of the code histogram))."""
+    """codes: any long tensor -> dict(used = distinct codes, perplexity = exp(entropy of the code
+    histogram))."""
     p = torch.bincount(codes.flatten(), minlength=n_codes).float()
     p = p / p.sum()
     nz = p[p > 0]
@@ -195,16 +208,19 @@ FORMATS = {"nanorlvr-vq-1": (VQVAE, VQConfig)}
 
 
 def save_vq(path, model, meta=None):
-    """Either tokenizer -> one .safetensors file: weights, and config + `meta` as JSON in the header."""
+    """Either tokenizer -> one .safetensors file: weights, and config + `meta` as JSON in the
+    header."""
     model = getattr(model, "module", model)
     tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     fmt = next(name for name, (cls, _) in FORMATS.items() if type(model) is cls)
     header = {"format": fmt, "config": asdict(model.config), **(meta or {})}
-    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata={"nanorlvr": json.dumps(header)}))
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp),
+                                             metadata={"nanorlvr": json.dumps(header)}))
 
 
 def load_vq(path, device="cpu"):
-    """-> (the tokenizer in eval mode, header dict). A clear ValueError naming the file on any problem."""
+    """-> (the tokenizer in eval mode, header dict). A clear ValueError naming the file on any
+    problem."""
     path = Path(path)
     try:
         with safe_open(str(path), framework="pt") as f:
@@ -217,5 +233,6 @@ def load_vq(path, device="cpu"):
         model = model_cls(config_cls(**config))
         model.load_state_dict(tensors)
     except Exception as e:
-        raise ValueError(f"{path}: not a nanoRLVR tokenizer checkpoint ({type(e).__name__}: {e})") from None
+        raise ValueError(f"{path}: not a nanoRLVR tokenizer checkpoint "
+                         f"({type(e).__name__}: {e})") from None
     return model.to(device).eval().requires_grad_(False), header
