@@ -4,7 +4,7 @@ The sampler the runs use: `generate`, with a KV cache, fast on one CPU thread.
 model.py's `GPT.generate` is the plain version: one full forward pass per new token. This file
 draws the same tokens (tests/test_engine.py holds them equal) with far less work per token; an
 optional read. A decode step feeds one token per row: its matmuls are small, and reading the
-cached keys and values takes as long (docs/performance.md: the profile behind each choice below):
+cached keys and values takes as long (docs/engineering.md: the profile behind each choice below):
 - Each prompt is prefilled once by the model's own layers (model.py's `run_cached` into a
   `PromptCache`), however many samples continue it (`num_samples`, GRPO's G): its keys and values
   are kept once per prompt, not once per sample.

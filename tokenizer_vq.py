@@ -10,7 +10,7 @@ the research, CondVQVAE, is research/cond_tokenizer.py; it has the same API):
 `VQVAE`, per frame: every frame becomes 8x8 = 64 codes, on its own, and is decoded on its own, every
 pixel re-drawn; with `vq.copy_gate = True` (train_video.py's RLVR and evaluation) decoding against a
 context frame copies the context's pixels in every 8x8 cell whose code is the context frame's code
-there, so a cell the prediction leaves as it was is the context exactly (docs/video.md).
+there, so a cell the prediction leaves as it was is the context exactly (research/README.md).
 
 Architecture (a small cousin of VQGAN/iVideoGPT's tokenizer, without the GAN and perceptual losses):
 encoder = conv 3x3, then per level a stride-2 conv 4x4 and a residual block (channels

@@ -3,7 +3,7 @@ Train a video world model: a VQ tokenizer (train_vq.py), an action-conditioned G
 then RLVR (GRPO whose reward is a metric of the decoded frames against the true ones), and compare
 on held-out episodes the MLE start, RLVR, and the control: the MLE start trained further by MLE for
 RLVR's compute ("mle_more"), so a gain is not just more compute. CPU, from the shipped world model
-checkpoints/video_mle_4000.safetensors (embedded robot-pushing data; docs/video.md):
+checkpoints/video_mle_4000.safetensors (embedded robot-pushing data; research/README.md):
     python train_video.py                      # single-step, 100 GRPO steps (~10 min on 2 cores)
     python train_video.py --mode=multi --out_dir=out/video_multi   # 7 frames, true actions injected
     python train_video.py --init=scratch       # tokenizer, MLE, RLVR and eval in one go
@@ -62,8 +62,8 @@ WATCH_EVERY = 20   # RLVR steps between greedy validation scores
 
 @dataclass
 class Mode:
-    """Defaults per mode, chosen on the validation split (docs/video.md): a multi-step completion is
-    7 frames, so fewer prompts and steps fit the time box; RLVR erased objects unless the reward's
+    """Defaults per mode, chosen on the validation split (research/README.md): a multi-step
+    completion is 7 frames, so fewer prompts and steps fit the time box; RLVR erased objects unless the reward's
     object term said otherwise; the single-step start follows the gripper, and the push term beside
     the object term kept that best; the single-step control is level with its start at 0.3 x the
     start's final MLE rate, the multi-step one at 1."""

@@ -7,7 +7,7 @@ every frame paid for against the simulator's true one.
 
 train_video.py's single-step RLVR predicts from true frames only. Policy evaluation in the world model
 (policy_eval.py) chains 15 predictions, each from the model's last frame, decoded and encoded again, and the block the
-gripper pushes is lost over them (docs/downstream.md). Here a prompt is a true frame t of a train episode with its
+gripper pushes is lost over them (research/README.md). Here a prompt is a true frame t of a train episode with its
 next --chain actions; each of its --group samples imagines frames t+1 .. t+k the way policy_eval imagines an episode
 (open loop, one frame per step, mirrored by each action with --mirror=1); its reward is the mean over the k frames of
 train_video.py's single-step reward (rewards_video.video_reward: MAE + 1 - SSIM, the moving, object and push terms),
@@ -20,7 +20,7 @@ Writes out_dir/video_rlvr.safetensors (with the start's tokenizer beside it, so 
 log.jsonl (a row per step; greedy chains of the validation episodes every --eval_every steps, with each chain's
 reward) and run.log's lines on stdout. Not resumable: a finished out_dir is refused. --steps=0 --val_chain=15 only
 scores --init (any train_video.py checkpoint) on the validation episodes imagined whole, the yardstick on which the
-chain length and the control's rate were chosen (docs/downstream.md); with --eval_split=test, on the test episodes.
+chain length and the control's rate were chosen (research/README.md); with --eval_split=test, on the test episodes.
 """
 import argparse
 import copy

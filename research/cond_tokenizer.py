@@ -5,7 +5,7 @@ its own codebook, computed by an encoder that sees the frame and the context fra
 decoded by a U-Net whose skip connections are features of the context frame. The output starts from
 the context frame itself: out = ctx + sigmoid(gate) * change, with a per-pixel gate trained to say
 which pixels changed (decoding tokens shuts it where it is under 1/2, so those pixels are the
-context's exactly). Finding (docs/video.md): the GPT on these codes predicts well but ignores the
+context's exactly). Finding (research/README.md): the GPT on these codes predicts well but ignores the
 action; the one on per-frame codes with the copy gate (the core's) reads it. A 4x4 grid could not
 redraw the uncovered table (next-frame MAE 0.0083 vs copying's 0.0052).
 

@@ -5,7 +5,7 @@ and the fixed hand-written value functions the planner scores predicted states w
 
 Text game: V(s) = +100 won, -100 lost (or a core object of the game gone), else minus the estimated
 actions to the win (`steps_to_win`). Web page: V(page) = milestone conditions shown + 10 * the goal
-shown (`web_value`). docs/downstream.md explains both, with the planner's results.
+shown (`web_value`). research/README.md explains both, with the planner's results.
 """
 import copy
 import math

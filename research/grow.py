@@ -1,6 +1,6 @@
 """
 Grow a world model's GPT without changing what it predicts, to ask whether the old model was short
-of capacity (docs/video.md, the push). Two ways, `--double`:
+of capacity (research/README.md, the push). Two ways, `--double`:
 
 - depth: after each block a new one whose two output projections (attention's and the MLP's c_proj)
   are zero, so it adds nothing to the residual stream until training moves it. Exact: the grown

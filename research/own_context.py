@@ -34,7 +34,7 @@ from research.policy_eval import load_world_model, predict_frames  # noqa: E402
 
 def own_transitions(wm, eps, temperature, generator, batch_size, mirror_it):
     """Episodes -> their transitions (the model's frame t + 1 from the true frame t, action t + 1) -> the true frame
-    t + 2, as 2-frame episodes (experiments/mirror_data.cut)."""
+    t + 2, as 2-frame episodes (research/mirror_data.cut)."""
     ctx = np.concatenate([ep["image"][:-2] for ep in eps])                          # true frames t
     act = np.concatenate([ep["action"][:-2] for ep in eps])[:, None]                # and their actions
     pred = predict_frames(wm, ctx, act, temperature, generator, batch_size)[:, 0]   # the model's frames t + 1

@@ -13,7 +13,7 @@ candidates of all running episodes in one batched greedy generate call), values 
 the fixed value function of its environment (research/envs.py), takes the best action in the real
 simulator and repeats. A planner is `random` (the floor), `sim` (the true simulator as the model:
 the ceiling), `policy` (the web's word-overlap policy) or a world-model checkpoint.
-docs/downstream.md explains the flags and the reported columns, with the results.
+research/README.md explains the flags and the reported columns, with the results.
 """
 import argparse
 import json
@@ -34,7 +34,7 @@ from stats import paired_bootstrap  # noqa: E402
 from tasks import crop, load_lang_model  # noqa: E402
 
 BUILTIN = ("random", "sim", "policy")  # the planners that need no world-model checkpoint
-# each task's planner settings, chosen on validation episodes (docs/downstream.md): the defaults of
+# each task's planner settings, chosen on validation episodes (research/README.md): the defaults of
 # --noop, --trust_win and --propose when the flag is left unset
 TASK_DEFAULTS = {"textgame": dict(noop=0.5, trust_win=0.5, propose=0),
                  "webpage": dict(noop=0.0, trust_win=0.0, propose=3)}

@@ -185,7 +185,7 @@ def sample_chunk(wm, ctx, actions, temperature=0.0, generator=None, batch_size=6
 
 
 def mirror_each(frames, actions):
-    """(N, H, W, 3) frames, frame i mirrored by action i (N, D) as experiments/mirror_data.mirror does."""
+    """(N, H, W, 3) frames, frame i mirrored by action i (N, D) as research/mirror_data.mirror does."""
     return np.stack([mirror(f, a) for f, a in zip(frames, actions)])
 
 

@@ -1,5 +1,5 @@
 """
-The extra video reward terms and prompt draws of the action studies (docs/video.md, "Paying RLVR
+The extra video reward terms and prompt draws of the action studies (research/README.md, "Paying RLVR
 for the action's effect"), as pieces that plug into train_video.py's RLVR loop (run_rlvr's draw and
 reward_fn, in place of data/robot/task.make_draw and make_reward) and MLE (next_batch):
 
