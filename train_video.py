@@ -63,10 +63,10 @@ WATCH_EVERY = 20   # RLVR steps between greedy validation scores
 @dataclass
 class Mode:
     """Defaults per mode, chosen on the validation split (research/README.md): a multi-step
-    completion is 7 frames, so fewer prompts and steps fit the time box; RLVR erased objects unless the reward's
-    object term said otherwise; the single-step start follows the gripper, and the push term beside
-    the object term kept that best; the single-step control is level with its start at 0.3 x the
-    start's final MLE rate, the multi-step one at 1."""
+    completion is 7 frames, so fewer prompts and steps fit the time box; RLVR erased objects unless
+    the reward's object term said otherwise; the single-step start follows the gripper, and the push
+    term beside the object term kept that best; the single-step control is level with its start at
+    0.3 x the start's final MLE rate, the multi-step one at 1."""
     rl_steps: int
     prompts_per_step: int
     reward: VideoReward
