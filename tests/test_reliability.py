@@ -186,9 +186,10 @@ def test_lang_mle_resumes_exactly_after_sigkill(lang_mle, tmp_path):
 
 @pytest.mark.slow
 def test_lang_rlvr_resumes_exactly_after_sigkill(lang_data, tmp_path):
-    # T=2: the shipped model is so peaked that at T=1 all its groups can lack reward spread, and then nothing updates
+    # the partial-credit reward: the shipped model is so peaked that at T=1 all its groups can lack spread in the
+    # binary reward, and then nothing updates
     cmd = [*LANG, "--stage=rlvr", f"--init={SHIPPED}", f"--data_dir={lang_data}", "--rl_steps=5", "--ckpt_every=2",
-           "--temperature=2"]
+           "--reward=task_specific"]
     run([*cmd, f"--out_dir={tmp_path / 'a'}"])
     run_killed([*cmd, f"--out_dir={tmp_path / 'b'}"], tmp_path / "b" / "rlvr.json", at_step=2)
     assert "rlvr: resuming from step" in run([*cmd, f"--out_dir={tmp_path / 'b'}"]).stdout
