@@ -28,27 +28,536 @@ printed too.
 data/textgame/compose.jsonl, the text game's composition split (records whose game, room objects and
 action never occur together in train; data/textgame/prepare.py), is made when it is missing.
 
-Video (evaluate_video.py): rollouts on the split's windows, decoded with the true last context
+Video (the video section below): rollouts on the split's windows, decoded with the true last context
 frame, against copy-last-frame and the tokenizer's ceiling; --official=1 adds the paper's protocol
 (T=1, top-k 100) under "sampled".
 """
 import argparse
 import sys
+from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
+import imageio.v2 as imageio
 import numpy as np
 import torch
+from tqdm import tqdm
 
-from checkpoint import read_meta, write_json
+from checkpoint import load_model, read_meta, write_json
+from data.robot.detect import gripper_response
 from data.robot.prepare import DATA_DIR, ensure_splits
-from data.robot.task import clips, load_split
+from data.robot.task import (Layout, clips, frame_codes, load_split, rollout, to_float,
+                             tokenize_split, windows)
 from data.textgame.prepare import COMPOSE_PATH, ensure_compose
-from evaluate_lang import evaluate, pct, print_paired, print_table
-from evaluate_video import (OFFICIAL, EvalSpec, eval_video, load_video_model, paired_video,
-                            print_video_paired, print_video_table)
-from rewards_video import load_lpips
-from runtime import check_device, check_ranges
-from tasks import TASKS, load_lang_model
+from rewards import (MOVE_TOL, OBJECT_TOL, load_lpips, mae, mse, psnr, repetition_rate, ssim,
+                     to_uint8)
+from runtime import check_device, check_ranges, fork_map
+from tasks import TASKS, crop, generate_texts, load_lang_model
+from tokenizer_vq import load_vq
+
+
+# -------------------------------------------------------------------------------------------------
+# paired statistics: the bootstrap and the paired tables
+# Comparing two models evaluated on the same records: the paired bootstrap, and the paired table of
+# every model against one reference, overall and on the records that change something.
+#
+# Paired means record by record: both models answered the same records in the same order (evaluate's
+# and eval_video's `per_record` lists), so the difference is taken per record first and only then
+# averaged, and the records (not the two models separately) are resampled for the 95% interval.
+# Several seeds of one comparison (the same records, one row per seed) are resampled at two levels:
+# the seeds, and the records (or the clusters of records that share an episode), so the interval
+# holds the spread between seeds as well as between records.
+def paired_bootstrap(a, b, n_boot=10000, seed=0, clusters=None):
+    """Mean of a - b over paired records and its bootstrap 95% interval -> (mean difference, low,
+    high); (None, None, None) for no records. a, b: (n,) one value per record, or (S, n) one row
+    per seed over the same records. clusters: (n,) a label per record (e.g. its episode); records
+    of one cluster are resampled together (None: every record its own cluster). Each resample
+    draws the clusters with replacement and, with several seeds, the seeds with replacement."""
+    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    d = d.reshape(-1, d.shape[-1]) if d.size else d.reshape(1, 0)   # (S, n)
+    if d.shape[1] == 0:
+        return None, None, None
+    S, n = d.shape
+    rng = np.random.default_rng(seed)
+    # per seed and cluster: the sum of the differences and the number of records (S, K), (K,)
+    label = np.unique(np.arange(n) if clusters is None else np.asarray(clusters),
+                      return_inverse=True)[1].reshape(-1)
+    K = label.max() + 1
+    sums = np.stack([np.bincount(label, weights=row, minlength=K) for row in d])   # (S, K)
+    size = np.bincount(label, minlength=K).astype(np.float64)                      # (K,)
+    # n_boot resamples: K clusters and S seeds, each drawn with replacement
+    idx = rng.integers(0, K, size=(n_boot, K))      # (n_boot, K) the clusters of each resample
+    pick = rng.integers(0, S, size=(n_boot, S))     # (n_boot, S) the seeds of each resample
+    per_seed = np.stack([row[idx].sum(1) for row in sums], 1)   # (n_boot, S) resampled sums
+    total = np.take_along_axis(per_seed, pick, 1).sum(1)        # over the drawn seeds
+    means = total / (S * size[idx].sum(1))
+    return float(d.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def paired_table(rows, metric, against, subsets=("all", "changed")):
+    """Paired differences `name - against` of one per-record metric for every other model in rows
+    (name -> a result with "per_record": {metric: [...], "changed": [...]}), overall and on changed
+    records -> list of (name, subset, mean, low, high)."""
+    base = rows[against]["per_record"]
+    out = []
+    for name, r in rows.items():
+        if name == against:
+            continue
+        pr = r["per_record"]
+        for sub in subsets:
+            # the subset is the reference's: records it marks changed (or all of them)
+            keep = [sub == "all" or c for c in base["changed"]]
+            a = [x for x, k in zip(pr[metric], keep) if k]
+            b = [x for x, k in zip(base[metric], keep) if k]
+            out.append((name, sub, *paired_bootstrap(a, b)))
+    return out
+
+
+# -------------------------------------------------------------------------------------------------
+# the language tasks: greedy answers scored by the task, summaries and tables
+# How a language world model is scored on held-out records, and the tables that report it
+# (eval.py and train_lang.py print with them).
+#
+# `evaluate` decodes greedily (and optionally at T=1 and best-of-k) and returns the summary metrics
+# overall, on the records that change something (`_changed`) and on those that do not
+# (`_unchanged`), plus `per_record`: one value per record per metric, in file order, so two models
+# evaluated on the same records can be compared *paired* (eval.paired_table: the mean difference
+# with a bootstrap 95% interval over records).
+# -----------------------------------------------------------------------------
+# scoring
+
+def summarize(per_record, changed):
+    """List of per-record metric dicts -> each metric's mean overall, on changed and on unchanged
+    records (None for an empty subset)."""
+    def mean(xs):
+        return sum(xs) / len(xs) if xs else None
+    out = {}
+    for k in per_record[0]:
+        out[k] = mean([m[k] for m in per_record])
+        out[k + "_changed"] = mean([m[k] for m, c in zip(per_record, changed) if c])
+        out[k + "_unchanged"] = mean([m[k] for m, c in zip(per_record, changed) if not c])
+    return out
+
+
+def evaluate(task, model, tok, records, max_new_tokens=256, batch_size=64, sampled=False, pass_k=0,
+             seed=0, desc="eval", share=None):
+    """Score a language world model on records -> summary metrics (greedy) with `per_record` lists,
+    the always-no-change baseline, and optionally "sampled" (T=1) and "pass@k" (best of k samples
+    at T=1). share: who decodes the greedy batches (tasks.generate_texts; runtime.rank_map: the
+    torchrun ranks, each a share of them)."""
+    T = TASKS[task]
+    prompts = [tok.encode(T.data.prompt_text(r)) for r in records]
+    changed = [T.data.is_changed(r) for r in records]
+
+    def score(texts):
+        return [T.score(t, r) for t, r in zip(texts, records)]
+
+    def label(what):   # the progress bar's name (none when desc is None)
+        return desc and desc + " " + what
+
+    # greedy: the headline numbers, with the "nothing changes" answer scored by the same reward
+    greedy = generate_texts(model, tok, prompts, max_new_tokens, 0.0, batch_size,
+                            desc=label("greedy"), share=share)
+    scores = score(greedy)
+    res = dict(summarize(scores, changed), n=len(records), n_changed=sum(changed),
+               n_cropped=crop(prompts, model.config.block_size, max_new_tokens)[1],
+               baseline_no_change=summarize(score([T.no_change] * len(records)), changed))
+    # sampled and best-of-k draw from one seeded stream, in this order
+    g = torch.Generator().manual_seed(seed)
+    if sampled:
+        texts = generate_texts(model, tok, prompts, max_new_tokens, 1.0, batch_size, g,
+                               label("T=1"))
+        res["sampled"] = summarize(score(texts), changed)
+    if pass_k > 0:
+        best = [-1.0] * len(records)
+        for _ in range(pass_k):
+            texts = generate_texts(model, tok, prompts, max_new_tokens, 1.0, batch_size, g,
+                                   label("pass@k"))
+            best = [max(b, m[T.headline]) for b, m in zip(best, score(texts))]
+        res[f"pass@{pass_k}"] = summarize([{T.headline: b} for b in best], changed)
+    res["examples"] = [dict(action=r["action"], changed=c, prediction=t)
+                       for r, c, t in list(zip(records, changed, greedy))[:5]]
+    res["per_record"] = {k: [float(m[k]) for m in scores] for k in scores[0]} | {"changed": changed}
+    return res
+
+
+def evaluate_checkpoints(task, ckpts, tok, splits, max_new_tokens, device="cpu", autocast=None,
+                         workers=1, share=None, score=None):
+    """Each checkpoint of {name: path} greedy on every split's records {split: records} (under
+    `autocast`), so differences are paired per record -> {split: {name: evaluate's result}}.
+    workers > 1 (CPU only): that many forked processes share the (checkpoint, split) jobs, largest
+    first; every job computes what it would alone. share (runtime.rank_map, with workers 1): every
+    torchrun rank runs every job, decoding its share of each job's batches, and gets every result,
+    the same as one process's. score(model, records, share) -> a result: another evaluation (a
+    research script's), in place of `evaluate`."""
+    jobs = sorted(((name, split) for name in ckpts for split in splits),
+                  key=lambda j: -len(splits[j[1]]))
+
+    def run(job):
+        name, split = job
+        with autocast or nullcontext():
+            model = load_lang_model(ckpts[name], device)[0]
+            if score:
+                return score(model, splits[split], share)
+            # forked or shared: no bars
+            return evaluate(task, model, tok, splits[split], max_new_tokens,
+                            desc=f"{split} {name}" if workers <= 1 and not share else None,
+                            share=share)
+
+    outs = fork_map(run, jobs, workers)
+    results = {split: {} for split in splits}
+    for name in ckpts:   # in the checkpoints' order, whatever order the jobs ran in
+        for split in splits:
+            results[split][name] = outs[jobs.index((name, split))]
+    return results
+
+
+# -----------------------------------------------------------------------------
+# printing
+
+def pct(x):
+    """A share as a percentage, 6 wide with 2 decimals; "-" for None."""
+    return "     -" if x is None else f"{100 * x:6.2f}"
+
+
+def print_table(task, rows, file=None, metric=None):
+    """rows: name -> evaluate result. Greedy `metric` (default: the headline metric) overall /
+    changed / unchanged, then T=1 and extras, then the always-no-change baseline."""
+    h = metric or TASKS[task].headline
+    extra = ["precision", "recall"] if task == "webpage" and h == TASKS[task].headline else []
+    print(f"{'model (' + h + ' %)':<28} {'overall':>7} {'changed':>7} {'unchanged':>9} {'T=1':>6}"
+          + "".join(f" {e:>9}" for e in extra), file=file)
+    baseline = next(iter(rows.values()))["baseline_no_change"]   # the same records for every row
+    for name, r in list(rows.items()) + [("always-no-change baseline", baseline)]:
+        s = r.get("sampled", {}).get(h)
+        print(f"{name:<28} {pct(r[h]):>7} {pct(r[h + '_changed']):>7} "
+              f"{pct(r[h + '_unchanged']):>9} {pct(s):>6}"
+              + "".join(f" {pct(r[e]):>9}" for e in extra), file=file)
+
+
+def print_paired(task, rows, against, file=None, metric=None):
+    """Paired differences of `metric` (default: the headline metric) against model `against`, in
+    points, with bootstrap 95% intervals; * marks an interval that excludes 0."""
+    h = metric or TASKS[task].headline
+    print(f"paired differences in {h} (points, bootstrap 95% CI over the same records):", file=file)
+    for name, sub, m, lo, hi in paired_table(rows, h, against):
+        if m is not None:   # None: no record in this subset
+            sig = "  *" if lo > 0 or hi < 0 else ""
+            print(f"  {name + ' - ' + against:<22} {sub:<8} {100 * m:+6.2f}  "
+                  f"[{100 * lo:+6.2f}, {100 * hi:+6.2f}]{sig}", file=file)
+
+
+def print_comparison(task, split, rows, file=None, metrics=None, what="transitions"):
+    """train_lang.py's report of one split (rows: name -> evaluate result, "mle" among them): the
+    table of metrics[0] (default: the headline metric), then the paired differences in each of
+    `metrics` against the MLE start and, when the control ran, against the control ("mle_more")."""
+    first, metrics = rows["mle"], metrics or (TASKS[task].headline,)
+    print(f"\n{split} split ({first['n']} {what}, {first['n_changed']} changed), "
+          f"{metrics[0]} % (greedy):", file=file, flush=True)
+    print_table(task, rows, file, metrics[0])
+    for m in metrics:
+        print_paired(task, rows, "mle", file, m)
+        if "mle_more" in rows:
+            print_paired(task, {k: v for k, v in rows.items() if k != "mle"}, "mle_more", file, m)
+
+
+# -------------------------------------------------------------------------------------------------
+# video: rollouts on held-out windows, decoded and scored against the true frames
+# Held-out evaluation of a video world model (train_video.py's final comparison;
+# `eval.py --task=video` is its command line). `eval_video` rolls the model out on windows of the
+# split (greedy, or sampled as EvalSpec says; OFFICIAL: the paper's T=1, top-k 100), decodes
+# against the true last context frame and reports, averaged over predicted frames, against the
+# *true* frames:
+# - mse, mae, psnr, ssim, lpips (null without LPIPS weights), and repetition_rate (rewards.py);
+# - mae_moving: MAE on the pixels that truly move (> MOVE_TOL from the last context frame), where
+#   copy_last_frame, strong on whole frames of a mostly static scene, is weak;
+# - copy_last_frame and tokenizer_ceiling (the true frames' own codes decoded): the baselines;
+# - objects and action_effect (episodes with a `background`, the embedded robot data): object pixels
+#   (> OBJECT_TOL from the bare table) and object_recall, which falls when a model erases objects to
+#   lower MAE; action_response, how the predicted gripper follows the true move
+#   (data/robot/detect.gripper_response: 1 right, 0 no motion);
+# - per_record: one entry per window in a fixed order (mae, ssim, repetition, changed, and the
+#   action effects), for `paired_video` / `paired_effects`: paired differences between models with
+#   bootstrap 95% intervals (the paired statistics above), as the language tasks'.
+# RLVR-World's video evaluation protocol: sampled at T=1, top-k 100
+OFFICIAL = dict(temperature=1.0, top_k=100)
+# the per-window action-effect metrics (eval_video's per_record, with the embedded robot data)
+EFFECTS = ("object_recall", "action_response")
+
+
+@dataclass
+class EvalSpec:
+    """Which windows eval_video scores and how it samples: the action bins (lo, hi per dimension),
+    `context` true frames then `horizon` predicted ones, greedy (temperature 0) or sampled (top_k:
+    only the k likeliest codes) from a generator seeded by `seed`, `batch_size` windows at once."""
+    lo: np.ndarray
+    hi: np.ndarray
+    context: int = 1
+    horizon: int = 1
+    temperature: float = 0.0
+    top_k: int = None
+    seed: int = 0
+    batch_size: int = 64
+
+
+def load_video_model(path, device="cpu", copy_gate=-1):
+    """A world-model checkpoint of train_video.py -> (GPT, tokenizer, meta). The tokenizer is named
+    in the meta, relative to the checkpoint's folder. copy_gate 1 / 0: the tokenizer decodes with /
+    without its copy gate; -1: as the model was trained."""
+    path = Path(path)
+    model, meta = load_model(path, device)
+    a = meta["args"]
+    if "vq" not in a or "action_lo" not in a:
+        raise ValueError(f"{path}: not a video world-model checkpoint "
+                         "(no tokenizer or action bins in its metadata)")
+    vq, _ = load_vq(path.parent / a["vq"], device)
+    # the decoding the model was trained with, unless forced
+    vq.copy_gate = bool(a.get("copy_gate", 0) if copy_gate < 0 else copy_gate)
+    return model, vq, meta
+
+
+def metrics(pred, true, lpips_net):
+    """Per-frame mse, mae, psnr, ssim (and lpips with its network) of (N, 3, H, W) frames."""
+    row = dict(mse=mse(pred, true), mae=mae(pred, true), psnr=psnr(pred, true),
+               ssim=ssim(pred, true))
+    if lpips_net is not None:   # in chunks of 64 frames (the VGG's memory)
+        row["lpips"] = torch.cat([lpips_net(pred[i:i + 64], true[i:i + 64])
+                                  for i in range(0, len(pred), 64)])
+    return row
+
+
+def frame_scores(x, true, mask, lpips_net):
+    """Score frames x against the true frames -> (their metrics, their absolute error on the
+    moving pixels (mask: (N, 1, H, W)), the count of those pixel values), the last two summed over
+    batches for mae_moving = error / count."""
+    return (metrics(x, true, lpips_net), float(((x - true).abs() * mask).sum()),
+            float(mask.sum() * 3))
+
+
+@torch.no_grad()
+def eval_video(model, vq, episodes, tokens, spec, lpips_net=None, grid_path=None, desc="eval",
+               share=None):
+    """Evaluate on windows starting every `horizon` frames of each clip, as EvalSpec `spec` says.
+    tokens: the split's tokens (data/robot/task.tokenize_split, with at least `horizon` future
+    frames), or None to compute them here. share (greedy only; e.g. runtime.rank_map: the torchrun
+    ranks): computes the batches, as map(score, batches) would; they are summed up in order, so the
+    result is the same whoever computed them."""
+    lo, hi, context, horizon = spec.lo, spec.hi, spec.context, spec.horizon
+    temperature, top_k, batch_size = spec.temperature, spec.top_k, spec.batch_size
+    if share and temperature > 0:
+        raise ValueError("eval_video: sampled batches draw from one stream, in order; not shared")
+    model.eval()
+    layout = Layout.of(vq, episodes[0]["action"].shape[1])
+    tokens = tokens or tokenize_split(vq, episodes, horizon, layout, lo, hi)
+    E, T = tokens["actions"].shape[:2]
+    P, FL, L = layout.prompt_len(context), layout.frame_len, layout.L
+    # the windows: (clip, first context frame), every `horizon` frames
+    wins = [(e, t) for e in range(E) for t in range(0, T - context - horizon + 1, horizon)]
+    g = torch.Generator().manual_seed(spec.seed)
+
+    def score(s):
+        """The windows wins[s:s + batch_size], rolled out and scored -> their part of the sums."""
+        batch = wins[s:s + batch_size]
+        B = len(batch)
+        seq = windows(tokens, layout, [e for e, _ in batch], [t for _, t in batch], context,
+                      horizon)                                                 # (B, n)
+        # roll out: the model writes each frame's codes, the true actions are injected between
+        acts = seq[:, P:P + (horizon - 1) * FL].view(B, horizon - 1, FL)[:, :, L:]
+        out, _, _ = rollout(model, seq[:, :P].tolist(), acts, horizon, L, temperature, g, top_k)
+        pc = frame_codes(out, layout, horizon)            # (B, K, L) predicted codes
+        tc = frame_codes(seq[:, P:], layout, horizon)     # (B, K, L) the true frames' codes
+        # decode against the true last context frame and compare pixels with the true frames
+        true = torch.stack([to_float(episodes[e]["image"][t + context:t + context + horizon])
+                            for e, t in batch])
+        ctx = torch.stack([to_float(episodes[e]["image"][t + context - 1])
+                           for e, t in batch])                                 # (B, 3, H, W)
+        tf, cf = true.flatten(0, 1), ctx[:, None].expand_as(true).flatten(0, 1)  # (B*K, 3, H, W)
+        pred = vq.detokenize(pc.flatten(0, 1).to(pc.device), cf).cpu()
+        ceil = vq.detokenize(tc.flatten(0, 1).to(pc.device), cf).cpu()
+        mask = ((tf - cf).abs().amax(1, keepdim=True) > MOVE_TOL).float()     # (B*K, 1, H, W)
+        part = dict(changed=mask.view(B, -1).amax(1) > 0, effects={k: [] for k in EFFECTS},
+                    rows={name: frame_scores(x, tf, mask, lpips_net)
+                          for name, x in (("pred", pred), ("copy", cf), ("ceiling", ceil))})
+        # objects: pixels away from the bare table, in the truth, the prediction and both
+        if episodes[0]["background"] is not None:
+            bg = torch.stack([to_float(episodes[e]["background"]) for e, _ in batch])[:, None]
+            bg = bg.expand_as(true).flatten(0, 1)
+            ot = (tf - bg).abs().amax(1) > OBJECT_TOL
+            op = (pred - bg).abs().amax(1) > OBJECT_TOL
+            part["objects"] = dict(truth=float(ot.sum()), pred=float(op.sum()),
+                                   hit=float((ot & op).sum()), n=ot.numel())
+            add_effects(part["effects"], episodes, batch, context, horizon, ot.view(B, -1),
+                        op.view(B, -1), pred.view(B, horizon, *pred.shape[1:]))
+        # the codes of "nothing changed" (per frame: the context's)
+        still_codes = vq.tokenize(ctx, ctx).cpu()
+        part["reps"] = repetition_rate(pc.cpu(), still_codes, true, ctx)
+        # the first 6 windows make the picture
+        part["grid"] = [(ctx[i], true[i], pred.view(B, horizon, *pred.shape[1:])[i])
+                        for i in range(min(6 - s, B))]
+        return part
+
+    # three rows scored alike: the model's prediction, copy-last-frame, the tokenizer's ceiling
+    acc = {k: [] for k in ("pred", "copy", "ceiling")}
+    moving = {k: [0.0, 0.0] for k in acc}
+    objects = dict(truth=0.0, pred=0.0, hit=0.0, n=0)
+    reps, changed, grid = [], [], []
+    effects = {k: [] for k in EFFECTS}                    # per window, with the objects
+    bar = tqdm(range(0, len(wins), batch_size), desc=desc, leave=False, disable=desc is None)
+    for part in (share or map)(score, bar):               # the batches' parts, summed in order
+        for name, (m, error, count) in part["rows"].items():
+            acc[name].append(m)
+            moving[name][0] += error
+            moving[name][1] += count
+        for k, v in part.get("objects", {}).items():
+            objects[k] += v
+        for k in EFFECTS:
+            effects[k] += part["effects"][k]
+        reps.append(part["reps"])
+        changed.append(part["changed"])
+        grid += part["grid"]
+
+    def per_window(name, key):
+        """One value per window (the mean over its `horizon` frames), in window order."""
+        return torch.cat([r[key] for r in acc[name]]).view(len(wins), horizon).mean(1).tolist()
+
+    def summary(name):
+        rows = acc[name]
+        res = {k: float(torch.cat([r[k] for r in rows]).mean()) for k in rows[0]}
+        res.setdefault("lpips", None)
+        res["mae_moving"] = moving[name][0] / max(moving[name][1], 1)
+        return res
+
+    res = dict(summary("pred"), n=sum(len(r["mae"]) for r in acc["pred"]), n_windows=len(wins),
+               context=context, horizon=horizon, temperature=temperature, top_k=top_k,
+               repetition_rate=float(torch.cat(reps).mean()),
+               copy_last_frame=summary("copy"), tokenizer_ceiling=summary("ceiling"))
+    res["per_record"] = dict(mae=per_window("pred", "mae"), ssim=per_window("pred", "ssim"),
+                             repetition=torch.cat(reps).tolist(),
+                             changed=torch.cat(changed).tolist(),
+                             windows=[list(w) for w in wins])
+    res["copy_last_frame"]["per_record"] = dict(mae=per_window("copy", "mae"),
+                                                ssim=per_window("copy", "ssim"))
+    if objects["n"]:
+        res["objects"] = dict(pixels_truth=objects["truth"] / objects["n"],
+                              pixels_pred=objects["pred"] / objects["n"],
+                              recall=objects["hit"] / max(objects["truth"], 1))
+        res["per_record"].update(effects)
+        res["action_effect"] = summarize_effects(effects)
+    if grid_path:
+        write_grid(grid, grid_path)
+    return res
+
+
+def add_effects(effects, episodes, batch, context, horizon, truth, pred_objects, pred):
+    """Append a batch's per-window object_recall and action_response to `effects`. truth and
+    pred_objects (B, horizon * H * W) bool: the object pixels of the true and predicted frames;
+    pred (B, horizon, 3, H, W): the predicted frames."""
+    hit, n = (truth & pred_objects).sum(1).tolist(), truth.sum(1).tolist()
+    effects["object_recall"] += [h / t if t else None for h, t in zip(hit, n)]
+    for (e, t), p in zip(batch, to_uint8(pred)):
+        img = episodes[e]["image"]
+        effects["action_response"].append(
+            gripper_response(img[t + context - 1], img[t + context:t + context + horizon], p))
+
+
+def summarize_effects(effects):
+    """Per-window action-effect values -> their means over the windows that have one, and the
+    count of windows with a true gripper move."""
+    kept = {k: [x for x in v if x is not None] for k, v in effects.items()}
+    return dict({k: float(np.mean(v)) if v else None for k, v in kept.items()},
+                response_windows=len(kept["action_response"]))
+
+
+def write_grid(rows, path):
+    """rows: (context (3,H,W), truth (K,3,H,W), prediction (K,3,H,W)) -> one image per predicted
+    step with columns context | truth | prediction | |error| x 3; a .gif animates the K steps, a
+    .png shows the last step."""
+    frames = []
+    for k in range(rows[0][1].shape[0]):
+        lines = [torch.cat([c, t[k], p[k], ((t[k] - p[k]).abs() * 3).clamp(0, 1)], 2)
+                 for c, t, p in rows]
+        img = torch.cat(lines, 1).permute(1, 2, 0).numpy()
+        frames.append((img * 255 + 0.5).astype(np.uint8).repeat(2, 0).repeat(2, 1))
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    if str(path).endswith(".gif"):
+        imageio.mimsave(path, frames, duration=0.5, loop=0)
+    else:
+        imageio.imwrite(path, frames[-1])
+
+
+def print_video_table(rows, file=sys.stdout):
+    """rows: name -> eval_video dict; baselines are printed from the first row."""
+    cols = ("mae", "mse", "psnr", "ssim", "lpips", "mae_moving")
+    print(f"{'model':<22}" + "".join(f"{c:>11}" for c in cols) + f"{'repeat':>8}{'obj.recall':>11}"
+          f"{'response':>9}", file=file)
+
+    def line(name, r, rep="", rec="", resp=""):
+        vals = "".join(f"{'-':>11}" if r.get(c) is None else f"{r[c]:>11.4f}" for c in cols)
+        print(f"{name:<22}{vals}{rep:>8}{rec:>11}{resp:>9}", file=file)
+
+    for name, r in rows.items():
+        rec = f"{r['objects']['recall']:.3f}" if "objects" in r else "-"
+        # the gripper's response to the action (mean over the windows where it truly moves)
+        resp = r.get("action_effect", {}).get("action_response")
+        line(name, r, f"{r['repetition_rate']:.3f}", rec, "-" if resp is None else f"{resp:.3f}")
+    first = next(iter(rows.values()))
+    line("copy-last-frame", first["copy_last_frame"])
+    line("tokenizer ceiling", first["tokenizer_ceiling"])
+
+
+def paired_video(rows, pairs, metrics=("mae", "ssim")):
+    """Paired differences a - b over the same held-out windows, with bootstrap 95% intervals
+    (eval.paired_table). rows: name -> eval_video result of the same windows; "copy" names the
+    first row's copy-last-frame baseline. pairs: (a, b) names.
+    -> list of (a, b, metric, subset, mean, low, high); subset "all", and "moving" (the windows
+    whose truth moves) when some window does not move."""
+    first = next(iter(rows.values()))
+    # when every window moves, "moving" would repeat "all"
+    subsets = ("all",) if all(first["per_record"]["changed"]) else ("all", "changed")
+    per = {name: r["per_record"] for name, r in rows.items()}
+    per["copy"] = dict(first["copy_last_frame"]["per_record"],
+                       changed=first["per_record"]["changed"])
+    out = []
+    for a, b in pairs:
+        if len(per[a]["mae"]) != len(per[b]["mae"]):
+            raise ValueError(f"paired_video: {a} and {b} were evaluated on different windows")
+        for m in metrics:   # paired_table compares every row with `b`: here the one row `a`
+            two = {a: {"per_record": per[a]}, b: {"per_record": per[b]}}
+            for _, sub, mean, lo, hi in paired_table(two, m, b, subsets):
+                out.append((a, b, m, "moving" if sub == "changed" else sub, mean, lo, hi))
+    return out
+
+
+def paired_effects(rows, pairs, metrics=EFFECTS):
+    """Paired differences a - b of the per-window action-effect metrics (object_recall,
+    action_response) over the windows where both have a value, with bootstrap 95% intervals
+    (eval.paired_bootstrap). rows: name -> eval_video result; pairs: (a, b) model names.
+    -> list of (a, b, metric, "all", mean, low, high) as paired_video's; [] without the metrics."""
+    out = []
+    for a, b in pairs:
+        for m in metrics:
+            x, y = rows[a]["per_record"].get(m), rows[b]["per_record"].get(m)
+            if x is None or y is None:
+                continue
+            if len(x) != len(y):
+                raise ValueError(f"paired_effects: {a} and {b} were evaluated on different windows")
+            both = [(u, v) for u, v in zip(x, y) if u is not None and v is not None]
+            out.append((a, b, m, "all", *paired_bootstrap([u for u, _ in both],
+                                                         [v for _, v in both])))
+    return out
+
+
+def print_video_paired(diffs, file=sys.stdout):
+    """Print paired_video's (or paired_effects') list; * marks an interval that excludes 0 (MAE:
+    lower is better, SSIM, object_recall and action_response: higher)."""
+    print("paired differences over the same held-out windows "
+          "(bootstrap 95% CI; * = the CI excludes 0):", file=file)
+    for a, b, m, sub, mean, lo, hi in diffs:
+        if mean is not None:   # no window in this subset
+            sig = "  *" if lo > 0 or hi < 0 else ""
+            print(f"  {a + ' - ' + b:<18} {m:<5} {sub:<7} {mean:+.5f}  [{lo:+.5f}, {hi:+.5f}]{sig}",
+                  file=file)
+
 
 ROOT = Path(__file__).resolve().parent
 

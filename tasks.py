@@ -7,8 +7,8 @@ A task (`Task`, registered in TASKS) bundles its data module (load_records, prom
 target_text, is_changed), its split generator, the per-record metrics of a decoded prediction, the
 headline metric, the rewards RLVR may use and the reward itself (for the text game and the web page
 rewards.py's score_<task> and reward_<task>: the verifiable rewards) and the answer "nothing
-changes" (the baseline that exposes fake gains). Scoring whole splits is evaluate_lang.py's job;
-comparing two models is stats.py's. docs/tasks.md adds a task: one module (data/lights/task.py is
+changes" (the baseline that exposes fake gains). Scoring whole splits is eval.py's job;
+comparing two models is eval.py's. docs/tasks.md adds a task: one module (data/lights/task.py is
 the worked example) and one line in TASKS.
 """
 import filecmp

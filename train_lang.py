@@ -15,7 +15,7 @@ then RLVR), and 8 GPUs:
 Writes to --out_dir (default out/<task>): mle / rlvr / mle_more (the control) .safetensors with
 .json sidecars, the tokenizer, config.json (the run's flags), log.jsonl (a JSON line per logged
 step), eval.json (test) and eval_val.json (validation), each {"mle": M, "rlvr": M, "mle_more": M},
-M = evaluate_lang.evaluate's result (summary and per-record metrics). Stages checkpoint every
+M = eval.evaluate's result (summary and per-record metrics). Stages checkpoint every
 --ckpt_every steps and a re-run of the same command resumes (also under torchrun
 --max-restarts=N); a re-run with other flags stops, naming them (runtime.Run.check_config: use
 another --out_dir, or --resume=0 to start over). A NaN/inf loss, reward or gradient stops the run
@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from checkpoint import read_meta, write_json
-from evaluate_lang import evaluate_checkpoints, print_comparison
+from eval import evaluate_checkpoints, print_comparison
 from grpo import GRPOConfig, Source, make_policy, train_loop
 import mle
 from model import GPT, GPTConfig

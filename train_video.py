@@ -19,7 +19,7 @@ A re-run resumes where it stopped (runtime.Run); a NaN/inf stops the run naming 
 RLVR (run_rlvr) is a loop over four pieces that a study may replace (research/video_terms.py):
 `draw` picks the step's prompts (train windows where the scene moves), `reward_fn` decodes each
 completion (a cell that keeps the context frame's code copies its pixels: the copy gate) and scores
-it (rewards_video.VideoReward: mae+ssim, or mae+lpips with --lpips, minus the mode's moving, object
+it (rewards.VideoReward: mae+ssim, or mae+lpips with --lpips, minus the mode's moving, object
 and push terms), `sampler` rolls out frame by frame injecting the true actions (multi-step), and
 `watch` scores the validation split every 20 steps.
 """
@@ -42,11 +42,11 @@ from checkpoint import atomic_write, atomic_write_text, read_meta, recorded_path
 from data.robot.prepare import DATA_DIR
 from data.robot.task import (Clips, Layout, cached_tokens, make_draw, make_reward, make_sampler,
                              moving_windows, read_action_stats, windows)
-from evaluate_video import (OFFICIAL, EvalSpec, eval_video, load_video_model, paired_effects,
-                            paired_video, print_video_paired, print_video_table)
+from eval import (OFFICIAL, EvalSpec, eval_video, load_video_model, paired_effects,
+                  paired_video, print_video_paired, print_video_table)
 from grpo import GRPOConfig, grpo_step, make_optimizer
 from model import GPT, GPTConfig
-from rewards_video import VideoReward, load_lpips, pick_reward
+from rewards import VideoReward, load_lpips, pick_reward
 from runtime import (ComputeBudget, Run, check_ranges, fork_alongside, fork_map, lr_at,
                      memory_estimate, print_memory, prompts_per_chunk, rank_map)
 from tokenizer_vq import load_vq

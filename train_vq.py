@@ -34,8 +34,8 @@ from tqdm import tqdm
 
 from data.robot.prepare import DATA_DIR, ensure_splits
 from data.robot.task import clips, episode_files, load_split
-from evaluate_video import to_float
-from rewards_video import psnr
+from data.robot.task import to_float
+from rewards import psnr
 from runtime import Run, check_ranges, lr_at
 from tokenizer_vq import VQConfig, VQVAE, codebook_stats, save_vq
 

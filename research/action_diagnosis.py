@@ -29,7 +29,7 @@ Columns:
       reconstructs those renders, rows (c) are the GPT's greedy predictions;
   (e) the GPT's MLE loss (nats per code) on the next frame's codes given the true action, and the increase when the
       actions are shuffled across the transitions (a derangement), with a paired bootstrap 95% interval over the
-      transitions (stats.paired_bootstrap). A model that reads its actions loses more when they are wrong.
+      transitions (eval.paired_bootstrap). A model that reads its actions loses more when they are wrong.
 """
 import argparse
 import sys
@@ -47,7 +47,7 @@ from data.robot.task import Layout, action_bins, frame_codes, still_cells, token
 from engine import decode_step, prefill  # noqa: E402
 from research.policy_eval import (MOVED_PX, SCENE_STREAM, decode, load_world_model, locate_gripper,  # noqa: E402
                                      move_checks, parse_policy, predict_frames, real_episodes)
-from stats import paired_bootstrap  # noqa: E402
+from eval import paired_bootstrap  # noqa: E402
 from tokenizer_vq import load_vq  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

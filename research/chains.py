@@ -9,7 +9,7 @@ of its last step (chain_hooks). The control is one step, teacher-forced, MLE con
 compute; --control_imagined=N also gives it the states the start imagines on N train chains
 (imagined_pairs). The evaluation scores chains (evaluate_chains): per chain start `<headline>_k`
 and the first step's metrics. Built on the core: tasks.PromptPool, grpo.train_loop, mle.train,
-evaluate_lang.evaluate_checkpoints.
+eval.evaluate_checkpoints.
 
     python research/chains.py --horizon=3 --out_dir=out/textgame_k3
     python research/chains.py --task=webpage --horizon=3 --out_dir=out/webpage_k3
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a file: the repository root
 from checkpoint import write_json  # noqa: E402
 from engine import generate  # noqa: E402
-from evaluate_lang import evaluate_checkpoints, print_comparison, summarize  # noqa: E402
+from eval import evaluate_checkpoints, print_comparison, summarize  # noqa: E402
 from grpo import GRPOConfig, Source, make_policy, train_loop  # noqa: E402
 import mle  # noqa: E402
 from rewards import apply_diff, parse_diff, parse_sections  # noqa: E402

@@ -1,7 +1,7 @@
 """
 What the text studies share: train_lang.py's stages as functions of their inputs, so a study
 changes the one piece it studies (the reward, the prompt pool, the MLE data) and keeps the rest.
-Built on the core only: tasks.py, mle.py, grpo.py, evaluate_lang.py, runtime.py.
+Built on the core only: tasks.py, mle.py, grpo.py, eval.py, runtime.py.
 """
 import argparse
 import dataclasses
@@ -13,7 +13,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a file: the repository root
 from checkpoint import read_meta, write_json  # noqa: E402
-from evaluate_lang import evaluate_checkpoints, print_comparison  # noqa: E402
+from eval import evaluate_checkpoints, print_comparison  # noqa: E402
 from grpo import GRPOConfig, Source, make_policy, train_loop  # noqa: E402
 import mle  # noqa: E402
 from runtime import ComputeBudget, Run, add_flags, from_flags  # noqa: E402

@@ -28,9 +28,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root
 from checkpoint import write_json  # noqa: E402
 from engine import generate  # noqa: E402
-from evaluate_lang import pct  # noqa: E402
+from eval import pct  # noqa: E402
 from research.envs import ENVS  # noqa: E402
-from stats import paired_bootstrap  # noqa: E402
+from eval import paired_bootstrap  # noqa: E402
 from tasks import crop, load_lang_model  # noqa: E402
 
 BUILTIN = ("random", "sim", "policy")  # the planners that need no world-model checkpoint
@@ -229,7 +229,7 @@ def wilson(k, n, z=1.96):
 
 def paired(a, b):
     """Success of episodes a minus that of episodes b (the same start states, in order) with its
-    paired bootstrap 95% interval over the episodes (stats.paired_bootstrap). a may be a list of
+    paired bootstrap 95% interval over the episodes (eval.paired_bootstrap). a may be a list of
     several seeds' episodes: seeds and start states are resampled. -> (difference, low, high)."""
     runs = a if isinstance(a[0], list) else [a]
     success = [[float(r["success"]) for r in run] for run in runs]   # (seeds, episodes)

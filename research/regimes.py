@@ -9,7 +9,7 @@ for several train_lang.py or train_video.py runs (regimes, seeds, tasks), read f
 Each positional argument is `label=dir[,dir...]`; several folders under one label are seeds of one regime. A seed
 row gives RLVR - model on the headline metric (exact accuracy or F1, in points) with a paired bootstrap 95% interval
 over the split's records; a label with several seeds also gets a row over all its seeds, whose interval resamples the
-seeds and the records (stats.paired_bootstrap: every seed scored the same records, so they stay paired).
+seeds and the records (eval.paired_bootstrap: every seed scored the same records, so they stay paired).
 Prints a markdown table, writes the figure (a forest plot, one line per comparison) and, with --json, the numbers.
 """
 import argparse
@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root
 from checkpoint import atomic_write, write_json  # noqa: E402
-from stats import paired_bootstrap  # noqa: E402
+from eval import paired_bootstrap  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
 p.add_argument("runs", nargs="+", help="label=dir[,dir...]: train_lang.py out_dirs, several = seeds of one regime")

@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root
 from checkpoint import write_json  # noqa: E402
-from evaluate_lang import summarize  # noqa: E402
+from eval import summarize  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from rewards import parse_diff  # noqa: E402
 from research.chains import (CHAINING, chain_reward, episode_chains, imagine_chains,  # noqa: E402

@@ -1,4 +1,4 @@
-"""Property tests of every reward in rewards.py and rewards_video.py (hypothesis, derandomized so CI is deterministic):
+"""Property tests of every reward in rewards.py and rewards.py (hypothesis, derandomized so CI is deterministic):
 on >= 10,000 random and mutated inputs per reward (truncated JSON, wrong types, huge numbers, NaN, deep nesting,
 unicode, empty text, every prefix of true and mutated answers; NaN/inf/huge pixels in four dtypes), every result is a
 finite number in the documented range and nothing raises. Hypothesis costs ~1 ms per drawn example on a busy core, ten
@@ -23,8 +23,8 @@ from data.textgame.task import make_diff, target_text as textgame_target
 from data.webpage.simulator import generate_split as webpage_split
 from data.webpage.task import target_text as webpage_target
 from rewards import MAX_ANSWER_CHARS, _last_fenced, textgame_metrics, textgame_reward, web_f1, web_prf
-from rewards_video import (LPIPS, WORST_VIDEO_REWARD, VideoReward, mae, mse, psnr, repetition_rate, ssim,
-                           video_reward)
+from rewards import (LPIPS, WORST_VIDEO_REWARD, VideoReward, mae, mse, psnr, repetition_rate, ssim,
+                     video_reward)
 
 FUZZ = dict(deadline=None, derandomize=True, database=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -1,7 +1,7 @@
-"""stats.py: the paired bootstrap and the paired table."""
+"""eval.py: the paired bootstrap and the paired table."""
 import numpy as np
 
-from stats import paired_bootstrap, paired_table
+from eval import paired_bootstrap, paired_table
 
 
 def test_paired_bootstrap_matches_hand_computed_cases():

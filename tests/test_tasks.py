@@ -1,4 +1,4 @@
-"""tasks.py and evaluate_lang.py: the registry, cropping, RLVR's prompt pool (train_lang.py's PromptPool) and probe,
+"""tasks.py and eval.py: the registry, cropping, RLVR's prompt pool (train_lang.py's PromptPool) and probe,
 aggregation, the no-change baseline, evaluation of checkpoints and the printed tables."""
 from pathlib import Path
 
@@ -7,8 +7,8 @@ import pytest
 from data.lights.task import generate_split as lights_split
 from data.textgame.simulator import generate_split as textgame_split
 from data.webpage.simulator import generate_split as webpage_split
-from evaluate_lang import print_paired, print_table, summarize
-from stats import paired_table
+from eval import print_paired, print_table, summarize
+from eval import paired_table
 from tasks import TASKS, Task, from_module
 
 
@@ -138,7 +138,7 @@ def test_prompt_pool_fits_the_room_and_draws_the_unchanged_share():
 def test_evaluate_checkpoints_pairs_every_model_on_every_split(tmp_path):
     import torch
     from checkpoint import save_checkpoint
-    from evaluate_lang import evaluate, evaluate_checkpoints
+    from eval import evaluate, evaluate_checkpoints
     from tasks import load_lang_model
     from model import GPT, GPTConfig
     from tokenizer_text import Tokenizer
@@ -161,7 +161,7 @@ def test_evaluate_checkpoints_pairs_every_model_on_every_split(tmp_path):
 
 def test_evaluate_checkpoints_in_two_processes_equals_one(tmp_path):
     """The final evaluation split over forked workers gives the same per-record results as one process."""
-    from evaluate_lang import evaluate_checkpoints
+    from eval import evaluate_checkpoints
     from tasks import load_lang_model
     ckpt = Path(__file__).resolve().parents[1] / "checkpoints" / "textgame" / "mle.safetensors"
     tok = load_lang_model(ckpt)[1]

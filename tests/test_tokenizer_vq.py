@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from evaluate_video import to_float
+from data.robot.task import to_float
 from tokenizer_vq import VQConfig, VQVAE, VectorQuantizer, codebook_stats, load_vq, save_vq
 
 

@@ -6,9 +6,9 @@ import torch
 
 from data.robot import sim
 from data.robot.task import Layout, frame_codes, rollout
-from evaluate_video import EvalSpec, eval_video, load_video_model, paired_video, write_grid
+from eval import EvalSpec, eval_video, load_video_model, paired_video, write_grid
 from model import GPT, GPTConfig
-from rewards_video import mae
+from rewards import mae
 from tokenizer_vq import VQConfig, VQVAE
 
 

@@ -4,8 +4,8 @@ import torch
 from safetensors.torch import save_file
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
-from rewards_video import (LPIPS, REWARDS, load_lpips, mae, moving_mae, mse, object_miss, pick_reward, psnr,
-                           repetition_rate, ssim, video_reward, VideoReward)
+from rewards import (LPIPS, REWARDS, load_lpips, mae, moving_mae, mse, object_miss, pick_reward, psnr,
+                     repetition_rate, ssim, video_reward, VideoReward)
 
 
 def image_pairs(seed=0, n=4, size=32):

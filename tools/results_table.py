@@ -11,7 +11,7 @@ Each block sits in its page between `<!-- results:begin NAME -->` and `<!-- resu
 so a figure in those tables is typed by no one: it is read from a run's eval.json (test split),
 eval_val.json (validation split) or log.jsonl (results/README.md says which command made which
 folder). Differences between models of one run are paired per record, with a bootstrap 95%
-interval over the records (stats.paired_bootstrap: 10,000 resamples, seed 0; the video windows of
+interval over the records (eval.paired_bootstrap: 10,000 resamples, seed 0; the video windows of
 one episode resampled together). Several seeds are summed up by the mean of their per-seed
 differences with a t-interval over the seeds (`seed_ci`): the spread between seeds, not a draw
 chosen among them. `*` marks an interval that excludes 0.
@@ -27,7 +27,7 @@ from scipy import stats as st
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a file: the repository root
-from stats import paired_bootstrap  # noqa: E402
+from eval import paired_bootstrap  # noqa: E402
 
 RESULTS = ROOT / "results"
 # the runs the tables read (results/<folder>), seeds in the order 1337 (the default), 1, 2

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from evaluate_video import MOVE_TOL, load_video_model, to_float  # noqa: E402
+from eval import MOVE_TOL, load_video_model, to_float  # noqa: E402
 from data.robot.prepare import DATA_DIR, ensure_splits  # noqa: E402
 from data.robot.task import Layout, clips, frame_codes, load_split, rollout, tokenize_split, windows  # noqa: E402
 

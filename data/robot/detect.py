@@ -1,7 +1,7 @@
 """Pixel detectors of the embedded robot world (data/robot/sim.py): where the goal, a block of a given colour and the
 gripper are in a frame, and whether the frame shows the task solved. They read pixels only, so they score real
 frames, a tokenizer's reconstructions and a world model's predictions alike (experiments/policy_eval.py's success
-judge and one-step checks, evaluate_video.py's action response). How well they agree with the simulator's truth is
+judge and one-step checks, eval.py's action response). How well they agree with the simulator's truth is
 printed by policy_eval and tested (tests/test_policy_eval.py).
 """
 import numpy as np

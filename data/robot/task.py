@@ -32,7 +32,7 @@ from safetensors.torch import save_file
 
 from checkpoint import atomic_write, atomic_write_text
 from engine import generate
-from rewards_video import video_reward
+from rewards import video_reward
 
 N_BINS = 256
 STILL_TOL = 0.1     # a pixel is unchanged when no channel moves by more than this (rewards.MOVE_TOL)

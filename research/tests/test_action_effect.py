@@ -9,7 +9,7 @@ import torch
 from data.robot import sim
 from data.robot.detect import gripper_response
 from data.robot.task import Layout, find_still_code, still_cells, tokenize_split
-from evaluate_video import EFFECTS, EvalSpec, add_effects, eval_video, paired_effects, summarize_effects
+from eval import EFFECTS, EvalSpec, add_effects, eval_video, paired_effects, summarize_effects
 from research import action_diagnosis as ad
 from research import policy_eval as pe
 from model import GPT, GPTConfig

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from data.robot import sim
 from data.robot.task import Layout
-from evaluate_video import EvalSpec, eval_video
+from eval import EvalSpec, eval_video
 from model import GPT, GPTConfig
 from research.cond_tokenizer import CondVQConfig, CondVQVAE
 from tokenizer_vq import VQConfig, load_vq, save_vq
