@@ -266,7 +266,7 @@ def test_torchrun_restart_resumes_from_the_last_checkpoint(lang_data, tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                           "--max-restarts=1", *LANG, "--stage=rlvr", f"--init={SHIPPED}",
                           f"--data_dir={lang_data}", "--rl_steps=4", "--ckpt_every=2", "--prompts_per_step=2",
-                          "--temperature=2", f"--out_dir={out}"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                          "--reward=task_specific", f"--out_dir={out}"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
     try:
         while checkpoint_step(out / "rlvr.json") is None:   # the step-2 checkpoint is written
