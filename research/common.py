@@ -101,6 +101,15 @@ def control(run, start, tok, args, train, val, compute, lr=None):
     return ckpt
 
 
+def compare(run, tok, args, init, rl, train, val, test):
+    """train_lang.py's last stages after RLVR (`rl`, its checkpoint) from `init`: the control for
+    RLVR's compute (--control=1), then the final comparison -> evaluate's results."""
+    ckpts = {"mle": init, "rlvr": str(rl)}
+    if args.control:
+        ckpts["mle_more"] = str(control(run, init, tok, args, train, val, rl_compute(rl)))
+    return evaluate(run, tok, args, ckpts, val, test)
+
+
 def evaluate(run, tok, args, ckpts, val, test=None):
     """train_lang.py's final comparison: eval_val.json and eval.json (test None: none) in out_dir,
     and the tables."""

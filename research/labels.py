@@ -67,11 +67,7 @@ def main():
         model = load_lang_model(init, args.device)[0]
     rl = common.rlvr(run, model, tok, args, train[:args.rl_pool or None],
                      unchanged_frac=args.rl_unchanged_frac)
-    ckpts = {"mle": init, "rlvr": str(rl)}
-    if args.control:
-        ckpts["mle_more"] = str(common.control(run, init, tok, args, train, val,
-                                                      common.rl_compute(rl)))
-    common.evaluate(run, tok, args, ckpts, val, test)
+    common.compare(run, tok, args, init, rl, train, val, test)
 
 
 if __name__ == "__main__":

@@ -38,11 +38,7 @@ def main():
     score = permuted(reward_fn(args.task, tok, kind), args.group_size,
                      torch.Generator().manual_seed(args.seed + 7919))
     rl = common.rlvr(run, model, tok, args, train, score)
-    ckpts = {"mle": init, "rlvr": str(rl)}
-    if args.control:
-        ckpts["mle_more"] = str(common.control(run, init, tok, args, train, val,
-                                                      common.rl_compute(rl)))
-    common.evaluate(run, tok, args, ckpts, val, test)
+    common.compare(run, tok, args, init, rl, train, val, test)
 
 
 if __name__ == "__main__":
