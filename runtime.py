@@ -89,7 +89,7 @@ CONFIG = "config.json"   # in out_dir: the flags of the run that trains there
 # invocation runs (--stage, and --control: whether the control trains), where it writes and whether
 # it resumes. (The control trains for RLVR's counted compute, ComputeBudget, beside RLVR or after it
 # alike; its own flags, e.g. --control_lr, are checked.)
-FREE_FLAGS = {"device", "threads", "compile", "grad_ckpt", "estimate_memory", "eval_workers",
+FREE_FLAGS = {"device", "threads", "compile", "grad_ckpt", "eval_workers",
               "control_alongside", "ckpt_every", "on_nan", "eval_every", "val_n", "probe_every",
               "stage", "control", "out_dir", "resume"}
 # flags of the final evaluation alone: a re-run with other values evaluates the same trained models
@@ -490,7 +490,7 @@ def rank_map(fn, jobs):
 
 
 # -----------------------------------------------------------------------------
-# memory: what a run needs, estimated before it runs (printed at the start; --estimate_memory=1
+# memory: what a run needs, estimated before it runs (printed at the start; --stage=memory
 # prints it and exits), so a run is sized before GPUs are rented. tests/test_memory.py holds the
 # estimate to a measured peak.
 

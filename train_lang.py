@@ -64,9 +64,11 @@ g.add_argument("--data_dir", default=None,
 g.add_argument("--out_dir", default=None,
                help="checkpoints, logs and eval JSON; default out/<task>")
 g = p.add_argument_group("stages and initialisation")
-g.add_argument("--stage", default="all", choices=["all", "mle", "rlvr"],
+g.add_argument("--stage", default="all", choices=["all", "mle", "rlvr", "memory"],
                help="all: MLE (unless --init is a checkpoint), RLVR, the control, evaluation; "
-                    "mle: MLE only; rlvr: RLVR, the control and evaluation from --init")
+                    "mle: MLE only; rlvr: RLVR, the control and evaluation from --init; "
+                    "memory: print the estimated memory of the MLE and RLVR steps (weights, "
+                    "optimizer, reference, KV cache, activations, logits, peak), write nothing")
 g.add_argument("--init", default="auto",
                help="auto (shipped MLE checkpoint if present, else scratch) | scratch | "
                     "our .safetensors | HF dir")
@@ -99,9 +101,6 @@ g = p.add_argument_group("system")
 g.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
 g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                help="autocast dtype")
-g.add_argument("--estimate_memory", type=int, default=0,
-               help="1: print the memory estimate of the run's MLE and RLVR steps (weights, "
-                    "optimizer, reference, KV cache, activations, logits, peak) and exit")
 g.add_argument("--grad_ckpt", type=int, default=0,
                help="1: activation checkpointing, each block's activations recomputed in the "
                     "backward pass (a large model's memory for about a third more compute)")
@@ -152,7 +151,9 @@ if init_is_ckpt:   # its header only: a readable checkpoint of a language model
         fail(f"--init {args.init}: a video world model of train_video.py (its tokens are frame "
              f"codes, not text); start from a train_lang.py checkpoint or an HF directory")
 # with --resume=1, out_dir must hold no run with other flags (out_dir/config.json, runtime.py)
-record = run.check_config(["mle.safetensors", "rlvr.safetensors", "mle_more.safetensors"])
+writes = args.stage != "memory"   # --stage=memory only reads
+if writes:
+    record = run.check_config(["mle.safetensors", "rlvr.safetensors", "mle_more.safetensors"])
 
 # -----------------------------------------------------------------------------
 # data: generated on first run, like nanoGPT's prepare.py
@@ -169,8 +170,12 @@ if args.init != "scratch":   # loaded before anything is written
         fail(str(e))
     except (OSError, KeyError, TypeError) as e:   # e.g. an HF config.json without a key we need
         fail(f"--init {args.init}: cannot load ({type(e).__name__}: {e})")
-run.save_config(record)   # out_dir/config.json: the inputs are good; from here on the run writes
-if args.init == "scratch":
+if writes:
+    run.save_config(record)   # out_dir/config.json: the inputs are good; from here on it writes
+if args.init == "scratch" and not writes:   # the estimate needs the vocabulary: BPE, not saved
+    start_model, tok = None, Tokenizer.train([data.prompt_text(r) + data.target_text(r)
+                                              for r in train_recs], VOCAB_SIZE)
+elif args.init == "scratch":
     tok_file = out_dir / "tokenizer.tiktoken"
     # BPE on the train split's prompts and answers (again when starting over: the flags may differ)
     if master and (not args.resume or not tok_file.is_file()):
@@ -186,7 +191,7 @@ if args.init == "scratch":
     run.recorded["tokenizer"] = str(tok_file)
 else:   # HF: its directory; ours: a copy beside the run's checkpoints
     run.recorded["tokenizer"] = str(out_dir / keep_tokenizer(args.init, start_meta, out_dir,
-                                                             write=master))
+                                                             write=master and writes))
     print0(f"init: {args.init} ({start_model.num_params() / 1e6:.2f}M non-embedding parameters)")
 cfg = dataclasses.replace(cfg, vocab=tok.n_vocab)   # only ids the tokenizer decodes are sampled
 
@@ -284,12 +289,12 @@ def control(budget):
 t0 = time.time()
 # every train record as (prompt ids, answer ids + EOS): what MLE and the control learn from
 all_pairs = [encode(args.task, tok, r) for r in train_recs]
-# the memory of a step, per rank, printed before the stages run (--estimate_memory=1: only that)
+# the memory of a step, per rank, printed before the stages run (--stage=memory: only that)
 config = start_model.config if start_model else GPTConfig.llama(
     vocab_size=tok.n_vocab, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
     n_embd=args.n_embd)
 low = args.dtype != "float32"
-train_mle = args.stage == "mle" or (args.stage == "all" and not init_is_ckpt)
+train_mle = args.stage == "mle" or (args.stage in ("all", "memory") and not init_is_ckpt)
 if train_mle:
     # MLE: a micro-batch of the longest pair that fits, logits on its answer (no reference, no
     # sampling)
@@ -298,7 +303,7 @@ if train_mle:
     mb = min(cfg.micro_batch, args.batch_size)
     print_memory("mle", memory_estimate(config, low, False, args.grad_ckpt, p_len, a_len, 0, 1,
                                         mb, mb), print0)
-if args.stage in ("all", "rlvr"):
+if args.stage in ("all", "rlvr", "memory"):
     # RLVR at its longest prompt
     room = config.block_size - cfg.max_new_tokens
     longest = max([len(p) for p, _ in all_pairs if len(p) <= room] or [room])
@@ -307,7 +312,7 @@ if args.stage in ("all", "rlvr"):
     print_memory("rlvr", memory_estimate(config, low, cfg.beta > 0, args.grad_ckpt, longest,
                                          cfg.max_new_tokens, cfg.prompts_per_step,
                                          cfg.group_size, cfg.micro_batch, chunk_prompts), print0)
-if args.estimate_memory:
+if not writes:
     run.finish()
     raise SystemExit(0)
 start = args.init   # the checkpoint RLVR and the control start from

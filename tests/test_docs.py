@@ -156,6 +156,13 @@ def test_commands_are_found():
     assert {"train_lang.py", "train_video.py", "eval.py", "tools/results_table.py"} <= scripts
 
 
+def test_flag_budget():
+    """Fork, don't flag: a study's knobs live in its research/ script, not in the core's --help."""
+    for script, most in (("train_lang.py", 30), ("train_video.py", 35)):
+        n = len(script_flags(script) - {"--help"})
+        assert n <= most, f"{script} has {n} flags (at most {most})"
+
+
 @pytest.mark.slow
 def test_every_documented_flag_exists():
     bad = [f"{page}: {script} {flag}" for page, script, flags in commands() for flag in flags

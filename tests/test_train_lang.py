@@ -163,14 +163,18 @@ def test_plot_rl_draws_the_run(tiny_run, tmp_path):
     assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1] == "error: --labels names 2 runs, 1 logs given"
 
 
-def test_estimate_memory_prints_and_stops(tiny_run, tmp_path):
-    """--estimate_memory=1: the step's memory by part, and no stage runs."""
+def test_stage_memory_prints_and_writes_nothing(tiny_run, tmp_path):
+    """--stage=memory: each step's memory by part (MLE's too when it would train from scratch), and
+    nothing written in out_dir (a later run there is not bound by its flags)."""
     tmp, _ = tiny_run
-    p = run(["train_lang.py", "--stage=rlvr", f"--init={tmp / 'out' / 'mle.safetensors'}", f"--data_dir={tmp / 'data'}",
-             f"--out_dir={tmp_path}", "--estimate_memory=1", "--dtype=bfloat16", "--grad_ckpt=1", *TINY])
-    line = [x for x in p.stdout.splitlines() if x.startswith("rlvr memory estimate (GB):")]
-    assert len(line) == 1 and all(k in line[0] for k in ("weights", "adamw", "kv_cache", "logits", "peak"))
-    assert not (tmp_path / "rlvr.safetensors").exists() and not (tmp_path / "eval.json").exists()
+    for init, stages in ((tmp / "out" / "mle.safetensors", ["rlvr"]), ("scratch", ["mle", "rlvr"])):
+        out = tmp_path / init.__class__.__name__
+        p = run(["train_lang.py", "--stage=memory", f"--init={init}", f"--data_dir={tmp / 'data'}",
+                 f"--out_dir={out}", "--dtype=bfloat16", "--grad_ckpt=1", *TINY])
+        lines = [x for x in p.stdout.splitlines() if " memory estimate (GB):" in x]
+        assert [x.split()[0] for x in lines] == stages
+        assert all(k in lines[-1] for k in ("weights", "adamw", "kv_cache", "logits", "peak"))
+        assert not out.exists() or not any(out.iterdir())
 
 
 def test_bfloat16_run_takes_no_optimizer_step_inside_autocast(tiny_run, tmp_path):
