@@ -67,8 +67,7 @@ g = p.add_argument_group("stages and initialisation")
 g.add_argument("--stage", default="all", choices=["all", "mle", "rlvr", "memory"],
                help="all: MLE (unless --init is a checkpoint), RLVR, the control, evaluation; "
                     "mle: MLE only; rlvr: RLVR, the control and evaluation from --init; "
-                    "memory: print the estimated memory of the MLE and RLVR steps (weights, "
-                    "optimizer, reference, KV cache, activations, logits, peak), write nothing")
+                    "memory: print each step's memory estimate by part, write nothing")
 g.add_argument("--init", default="auto",
                help="auto (shipped MLE checkpoint if present, else scratch) | scratch | "
                     "our .safetensors | HF dir")
@@ -152,8 +151,8 @@ if init_is_ckpt:   # its header only: a readable checkpoint of a language model
              f"codes, not text); start from a train_lang.py checkpoint or an HF directory")
 # with --resume=1, out_dir must hold no run with other flags (out_dir/config.json, runtime.py)
 writes = args.stage != "memory"   # --stage=memory only reads
-if writes:
-    record = run.check_config(["mle.safetensors", "rlvr.safetensors", "mle_more.safetensors"])
+record = writes and run.check_config(["mle.safetensors", "rlvr.safetensors",
+                                      "mle_more.safetensors"])
 
 # -----------------------------------------------------------------------------
 # data: generated on first run, like nanoGPT's prepare.py
