@@ -146,7 +146,7 @@ def evaluate(task, model, tok, records, max_new_tokens=256, batch_size=64, sampl
     at T=1). share: who decodes the greedy batches (tasks.generate_texts; runtime.rank_map: the
     torchrun ranks, each a share of them)."""
     T = TASKS[task]
-    prompts = [tok.encode(T.data.prompt_text(r)) for r in records]
+    prompts = [tok.prompt(T.data.prompt_text(r)) for r in records]
     changed = [T.data.is_changed(r) for r in records]
 
     def score(texts):

@@ -47,6 +47,7 @@ class GRPOConfig:
     betas: tuple = (0.9, 0.999)
     # the loss (official: beta 0.001, entropy 0.001); beta 0: no reference model
     beta: float = 0.001          # the KL's coefficient, to the frozen start
+    kl_clamp: float = 0.0        # 0: none; verl's low_var_kl clamps the k3 to [-10, 10]
     entropy_coef: float = 0.001
     clip_eps: float = 0.2        # PPO's clip range
     loss_agg: str = "token-mean"   # or "seq-mean"
@@ -68,6 +69,21 @@ class GRPOConfig:
 
     def __post_init__(self):
         assert self.loss_agg in ("token-mean", "seq-mean"), f"loss_agg: {self.loss_agg!r}"
+
+
+# The paper's recipe (train_lang.py --recipe=paper): GRPOConfig's fields per task. From
+# thuml/RLVR-World's lang_wm/verl/examples/grpo_trainer/run_text_game_rl.sh and
+# run_web_agent_rl.sh: train_batch_size prompts x rollout.n samples, actor.optim.lr,
+# max_response_length, ppo_mini_batch_size (64 of 128 and 16 of 64 prompts: 2 and 4 optimizer
+# steps a batch), kl_loss_coef 0.001 with kl_loss_type=low_var_kl (clamped to [-10, 10] in verl's
+# trainer/ppo/core_algos.py); the rest from verl's trainer/config/ppo_trainer.yaml: a constant lr
+# without warm-up, entropy_coeff 0.001, clip_ratio 0.2, temperature 1.0, ppo_epochs 1. Every
+# group is trained and none refilled, as there (data.need_filter=False).
+PAPER_COMMON = dict(group_size=5, lr=1e-6, warmup=0, beta=0.001, kl_clamp=10.0, entropy_coef=0.001,
+                    clip_eps=0.2, temperature=1.0, ppo_epochs=1, skip_zero_std=False, max_rounds=1)
+PAPER_RECIPE = {
+    "textgame": dict(PAPER_COMMON, prompts_per_step=128, minibatches=2, max_new_tokens=4096),
+    "webpage": dict(PAPER_COMMON, prompts_per_step=64, minibatches=4, max_new_tokens=7288)}
 
 
 @dataclass
@@ -102,11 +118,13 @@ def group_advantages(rewards, std_norm=True, eps=1e-6):
     return adv
 
 
-def k3_kl(logp, ref_logp):
+def k3_kl(logp, ref_logp, clamp=0.0):
     """Step 6. Per-token k3 estimate of KL(policy || ref) from the policy's samples. Not clamped
-    (verl's low_var_kl clamps it at 10, a bias that cuts the gradient of far-off tokens)."""
+    unless `clamp` (verl's low_var_kl clamps it at 10, a bias that cuts the gradient of far-off
+    tokens; --recipe=paper does)."""
     d = ref_logp - logp          # log(ref / pi) of the sampled token
-    return torch.exp(d) - d - 1  # >= 0 per sample; its mean under pi is exactly KL(pi || ref)
+    kl = torch.exp(d) - d - 1    # >= 0 per sample; its mean under pi is exactly KL(pi || ref)
+    return kl.clamp(-clamp, clamp) if clamp else kl
 
 
 def clipped_objective(logp, old_logp, adv, clip_eps):
@@ -133,7 +151,7 @@ def grpo_loss(logp, old_logp, ref_logp, entropy, adv, mask, cfg, n_tokens=None, 
     """Steps 5-7: the loss of n rows (inputs (n, T), adv (n,)) by `aggregate`, and the per-token
     ratio, clip indicator and KL for the log."""
     pg, ratio, was_clipped = clipped_objective(logp, old_logp, adv, cfg.clip_eps)
-    kl = k3_kl(logp, ref_logp)                       # 0 where the policy equals the reference
+    kl = k3_kl(logp, ref_logp, cfg.kl_clamp)         # 0 where the policy equals the reference
     per_token = pg + cfg.beta * kl - cfg.entropy_coef * entropy  # reward, entropy up; stay near
     loss = aggregate(per_token, mask, cfg.loss_agg, n_tokens, n_seqs)
     return loss, dict(ratio=ratio, clip=was_clipped, kl=kl)

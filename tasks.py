@@ -134,7 +134,7 @@ def load_splits(run, task, data_dir):
 def encode_pair(tok, prompt, answer):
     """A prompt text and its answer text -> (prompt ids, answer ids + EOS): the model reads the
     prompt and learns to write the answer."""
-    return tok.encode(prompt), tok.encode(answer) + [tok.eos_id]
+    return tok.prompt(prompt), tok.encode(answer) + [tok.eos_id]
 
 
 def encode(task, tok, record):
@@ -203,7 +203,7 @@ def probe_rewards(task, model, tok, prompts, records, kind, max_new_tokens, samp
 
 def greedy_scores(task, model, tok, records, max_new_tokens):
     """Each record's metrics (Task.score) of the model's greedy answer -> list of dicts."""
-    prompts = [tok.encode(TASKS[task].data.prompt_text(r)) for r in records]
+    prompts = [tok.prompt(TASKS[task].data.prompt_text(r)) for r in records]
     texts = generate_texts(model, tok, prompts, max_new_tokens)
     return [TASKS[task].score(t, r) for t, r in zip(texts, records)]
 
@@ -217,7 +217,7 @@ class PromptPool:
     that do not (mostly right already; drawn so "no change" stays right)."""
 
     def __init__(self, items, prompt_text, is_changed, tok, room, unchanged_frac, generator):
-        pool = [(x, prompt) for x in items if len(prompt := tok.encode(prompt_text(x))) <= room]
+        pool = [(x, prompt) for x in items if len(prompt := tok.prompt(prompt_text(x))) <= room]
         self.changed = [x for x in pool if is_changed(x[0])]
         self.unchanged = [x for x in pool if not is_changed(x[0])]
         self.unchanged_frac, self.generator = unchanged_frac, generator

@@ -50,15 +50,26 @@ class Tokenizer:
     """A `tiktoken.Encoding` (`.enc`) plus the eos id; `nfc` applies the NFC normalizer (Qwen2)
     before encoding."""
 
-    def __init__(self, enc, eos_id, nfc=False):
+    def __init__(self, enc, eos_id, nfc=False, chat=None):
         self.enc, self.eos_id, self.nfc = enc, int(eos_id), nfc
         self.n_vocab = enc.n_vocab
+        self.chat = chat   # an HF chat model's (compiled chat template, its special tokens)
 
     def encode(self, text):
         """Text -> ids; "<|endoftext|>" in the text is plain text, never the special token."""
         if self.nfc:
             text = unicodedata.normalize("NFC", text)
         return self.enc.encode_ordinary(text)
+
+    def prompt(self, text):
+        """A prompt's ids: encode(text), or, for a chat model, the text rendered as one user
+        message with the generation prompt (`render_chat`), its special tokens read as such."""
+        if self.chat is None:
+            return self.encode(text)
+        text = render_chat(*self.chat, text)
+        if self.nfc:
+            text = unicodedata.normalize("NFC", text)
+        return self.enc.encode(text, allowed_special="all")
 
     def decode(self, ids):
         """Ids -> text; byte sequences that are not valid UTF-8 (a cut-off character) become
@@ -230,20 +241,45 @@ def load_hf_tokenizer(path):
     if -1 in merged_ids or len(set(merged_ids)) != len(ranks) - 256 \
             or any(x > y for x, y in zip(merged_ids, merged_ids[1:])):
         raise unsupported("vocab ids do not follow the merge order, which tiktoken needs")
-    eos, config = EOT, file.parent / "tokenizer_config.json"
-    if config.is_file():
+    path, config, tokens = file.parent / "tokenizer_config.json", {}, {}
+    if path.is_file():
         try:
-            eos = json.loads(config.read_text(encoding="utf-8")).get("eos_token") or EOT
+            config = json.loads(path.read_text(encoding="utf-8"))
+            # the special tokens by name; older configs store an AddedToken dict
+            tokens = {k: v.get("content") if isinstance(v, dict) else v for k, v in config.items()
+                      if k in CHAT_TOKENS and v}
         except (OSError, ValueError, AttributeError) as e:
-            raise ValueError(f"cannot read {config}: {e!r}") from e
-        if isinstance(eos, dict):  # older configs store an AddedToken dict
-            eos = eos.get("content")
+            raise ValueError(f"cannot read {path}: {e!r}") from e
+    eos = tokens.get("eos_token") or EOT
     if eos not in specials:
         raise ValueError(f"{file}: eos token {eos!r} is not among the added tokens "
                          f"{sorted(specials)}")
     enc = tiktoken.Encoding(f"hf:{file.parent.name}", pat_str=pat_str, mergeable_ranks=ranks,
                             special_tokens=specials)
-    return Tokenizer(enc, specials[eos], nfc=normalizer is not None)
+    template = config.get("chat_template")   # a chat model's: prompts are rendered with it
+    chat = (compile_chat(template), tokens) if isinstance(template, str) else None
+    return Tokenizer(enc, specials[eos], nfc=normalizer is not None, chat=chat)
+
+
+# the special tokens transformers hands a chat template (its special_tokens_map), by name
+CHAT_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
+               "mask_token")
+
+
+def compile_chat(template):
+    """A chat template (tokenizer_config.json "chat_template"), compiled in the sandboxed jinja2
+    environment transformers' apply_chat_template uses (jinja2 comes with torch)."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    return env.from_string(template)
+
+
+def render_chat(template, tokens, text):
+    """`text` as one user message and the generation prompt, rendered by a compiled chat template
+    as apply_chat_template(..., add_generation_prompt=True, tokenize=False) renders it."""
+    return template.render(messages=[{"role": "user", "content": text}],
+                           add_generation_prompt=True, **tokens)
 
 
 def hf_pattern(pre, unsupported):

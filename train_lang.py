@@ -25,6 +25,7 @@ research/ that import the same pieces.
 """
 import argparse
 import dataclasses
+import sys
 import time
 from pathlib import Path
 
@@ -32,7 +33,7 @@ import torch
 
 from checkpoint import read_meta, write_json
 from eval import evaluate_checkpoints, print_comparison
-from grpo import GRPOConfig, Source, make_policy, train_loop
+from grpo import PAPER_RECIPE, GRPOConfig, Source, make_policy, train_loop
 import mle
 from model import GPT, GPTConfig
 from runtime import (ComputeBudget, Run, add_flags, check_ranges, fork_alongside, from_flags,
@@ -89,6 +90,12 @@ g.add_argument("--mle_lr", type=float, default=3e-3, help="peak learning rate (d
 g = p.add_argument_group("RLVR (GRPO, grpo.py); defaults follow the official RLVR-World recipe "
                          "where they fit a CPU")
 g.add_argument("--rl_steps", type=int, default=30, help="GRPO steps")
+g.add_argument("--recipe", default="default", choices=["default", "paper"],
+               help="paper: the official RLVR-World recipe (textgame, webpage): 128 prompts x 5 "
+                    "samples (webpage 64 x 5), lr 1e-6 constant, answers up to 4096 tokens "
+                    "(webpage 7288), KL 0.001 (k3 clamped to 10), entropy 0.001, clip 0.2, T 1.0, "
+                    "2 (webpage 4) optimizer steps per batch, every group kept; a flag given "
+                    "explicitly wins over the recipe")
 add_flags(g, GRPOConfig)   # --prompts_per_step ... --max_new_tokens: GRPOConfig's knobs
 g.add_argument("--reward", default=None,
                help="textgame: binary | task_specific; webpage: f1 (default: the first)")
@@ -108,7 +115,14 @@ g.add_argument("--ckpt_every", type=int, default=50, help="steps between resumab
 g.add_argument("--on_nan", default="stop", choices=["stop", "skip"],
                help="on a NaN/inf loss, reward or gradient: stop the run, or skip that step "
                     "(single process only)")
+# --recipe=paper: its values become the flags' defaults (what --help shows; explicit flags win)
+known, _ = p.parse_known_args([a for a in sys.argv[1:] if a not in ("-h", "--help")])
+recipe = PAPER_RECIPE.get(known.task, {}) if known.recipe == "paper" else {}
+knobs = {f.name: f.metadata["flag"] or f.name for f in dataclasses.fields(GRPOConfig) if f.metadata}
+p.set_defaults(**{knobs[k]: v for k, v in recipe.items() if k in knobs})
 flags = p.parse_args()
+if flags.recipe == "paper" and not recipe:
+    p.error(f"--recipe=paper: the paper has recipes for {sorted(PAPER_RECIPE)}, not {flags.task}")
 check_ranges(p, flags,
              at_least_1=("n_layer", "n_head", "n_embd", "block_size", "mle_steps", "batch_size",
                          "rl_steps", "prompts_per_step", "group_size", "micro_batch",
@@ -124,7 +138,9 @@ args = argparse.Namespace(**{**vars(flags), "data_dir": flags.data_dir or str(RO
                                                                                flags.task),
                              "reward": flags.reward or task.rewards[0],
                              "init": auto if flags.init == "auto" else flags.init})
-cfg = from_flags(args, GRPOConfig)   # the RL stage's settings; its vocab is set once it is known
+# the RL stage's settings (the recipe's fields that are no flag, too); its vocab is set once known
+cfg = dataclasses.replace(from_flags(args, GRPOConfig),
+                          **{k: v for k, v in recipe.items() if k not in knobs})
 
 # -----------------------------------------------------------------------------
 # setup: distributed, devices, precision (runtime.py); every input is checked before anything is

@@ -3,6 +3,7 @@
     python data/textgame/prepare.py                      # simulator splits -> data/textgame/{train,val,test}.jsonl
     python data/textgame/prepare.py --n_train 5000 --seed 1 --out_dir /tmp/tg
     python data/textgame/prepare.py --bytesized32=IN.jsonl --out=OUT.jsonl   # convert real ByteSized32 records
+    python data/textgame/prepare.py --bytesized32=IN.jsonl --out=OUT.jsonl --gpt_simulator=DIR
     python data/textgame/prepare.py --cover                  # coverage splits -> data/textgame/cover/
     python data/textgame/prepare.py --compose                # composition split -> data/textgame/compose.jsonl
 
@@ -31,8 +32,12 @@ ByteSized32 conversion follows RLVR-World's "full" state-prediction task: the in
 action (`current_state.objects` + `current_score_state`) and the action (`tick_state.lastAction`); the target
 is the state after the action AND the world's tick (`tick_state.objects` + `next_score_state`). Objects
 keep only name, uuid, type, properties and contains; the text fields (observation, look, ...) are dropped.
+With --gpt_simulator=<a cognitiveailab/GPT-simulator checkout> each record also holds "prompt", the
+paper's own prompt (`official_prompt`, the text RLVR-World's data pipeline builds; task.prompt_text
+reads it), for its SFT models: train_lang.py renders it with the model's chat template.
 """
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -137,14 +142,137 @@ def convert_record(raw: dict, where: str = "record") -> dict:
         raise ValueError(f"{where}: not a ByteSized32 state-prediction record ({problem})") from None
 
 
-def convert_bytesized32(in_path, out_path) -> list[dict]:
-    """Convert a ByteSized32-State-Prediction .jsonl file; ValueError naming the file and line."""
+def convert_bytesized32(in_path, out_path, official=None) -> list[dict]:
+    """Convert a ByteSized32-State-Prediction .jsonl file; ValueError naming the file and line.
+    With `official` (load_official's dict) each record also holds the paper's prompt, "prompt"."""
     in_path = Path(in_path)
     if not in_path.is_file():
         raise ValueError(f"{in_path}: no such file")
-    records = load_jsonl(in_path, (), convert_record)   # malformed lines: named by file:line
+
+    def convert(raw, where):
+        record = convert_record(raw, where)
+        try:
+            if official is not None:
+                record["prompt"] = official_prompt(raw, official)
+        except KeyError as e:   # a key the prompt reads, or a game without rules
+            raise ValueError(f"{where}: no {e} for the paper's prompt") from None
+        return record
+
+    records = load_jsonl(in_path, (), convert)   # malformed lines: named by file:line
     write_jsonl(out_path, records)
     return records
+
+
+# -----------------------------------------------------------------------------
+# the paper's prompt. RLVR-World's SFT and RLVR data (thuml/RLVR-World,
+# lang_wm/data_process/text_game/process_jsonl.py and process_jsonl_train.py, which build the same
+# prompt) use the "full" task with diff answers and the human-written rules of
+# cognitiveailab/GPT-simulator: the task, one example game's rules and two worked examples (one
+# action, one tick), the game's own rules, its state, UUID base and action. States are printed as
+# Python prints a dict (str(): single quotes, True/None), exactly as there.
+
+OFFICIAL_TASK = (
+    "You are a simulator of a text game. Read the task description of a text game. Given the "
+    "current game state in JSON, you need to decide the new game state after taking an action "
+    "including the game score.\nYou may need to create new objects when you predict the new game "
+    "state. You should assign the uuid of new objects starting from the UUID base given in the "
+    "instructions.Your response should be in the JSON format. It should have three keys: "
+    "'modified', 'removed', and 'score'. The 'modified' key stores a list of all the object states "
+    "that are added or changed after taking the action. Keep it an empty list if no object is "
+    "added or modified. The 'removed' key stores a list of uuids of the objects that are removed. "
+    "Keep it an empty list if no object is removed. The 'score' key stores a JSON with three keys: "
+    "'score', 'gameOver', and 'gameWon'. 'score' stores the current game score, 'gameOver' stores "
+    "a bool value on whether the game is over, and 'gameWon' stores a bool value on whether the "
+    "game is won. \nNote that while game states can be changed by actions, some game states may "
+    "change over the time, which is described in the tick function of each object class. \n")
+OFFICIAL_TWO = ("Here are two examples of both cases. Both examples are from the same example "
+                "game.\n")
+OFFICIAL_FIRST = "In the first example, the game state is changed by an action:\n"
+OFFICIAL_SECOND = (
+    "In the second example from the same example game, the game state is changed over the time. "
+    "Note that while in this example the game state is changed by time only, it is possible that "
+    "a game state is changed by both an action and time.\n")
+OFFICIAL_END = ("\nPlease make sure to clearly indicate your answer by starting with 'The final "
+                "answer is:'.\n")
+
+
+def load_official(sim_dir) -> dict:
+    """What official_prompt reads from a cognitiveailab/GPT-simulator checkout: the human-written
+    rules of every game, the example game, its two examples (data/examples.json, "full") and
+    whether the tick example is shown (the example game has states that only time changes)."""
+    def read(rel):
+        path = Path(sim_dir) / rel
+        if not path.is_file():
+            raise ValueError(f"{path}: no such file (--gpt_simulator: a GPT-simulator checkout)")
+        return json.loads(path.read_text())
+    rules = {k: read(f"rules/human_written_rules/{k}_rules.json") for k in ("object", "action",
+                                                                             "score")}
+    game = read("experiments/games.json")["example"]
+    dyn = read("data/dynamic_states.json")[game]
+    return {"rules": rules, "example_game": game, "examples": read("data/examples.json")["full"],
+            "tick_example": any(s not in dyn["action_change"] for s in dyn["time_change"])}
+
+
+def _game_state(objects, score) -> dict:
+    return {"game_state": objects + [score]}
+
+
+def _official_diff(raw) -> dict:
+    """The worked example's answer, as GPT-simulator's make_game_state_partial writes it: objects
+    whose listed properties or contents (in any order) changed, removed uuids, the next score
+    when any of its values changed, else {}. (Its examples create no object, so the official
+    code's handling of new objects is not needed here.)"""
+    after = {o["uuid"]: o for o in raw["tick_state"]["objects"]}
+    modified, removed = [], []
+    for obj in raw["current_state"]["objects"]:
+        new = after.get(obj["uuid"])
+        if new is None:
+            removed.append(obj["uuid"])
+        elif (any(k not in new["properties"] or new["properties"][k] != v
+                  for k, v in obj["properties"].items())
+              or sorted(obj["contains"]) != sorted(new["contains"])):
+            modified.append(new)
+    score, next_score = raw["current_score_state"], raw["next_score_state"]
+    changed = any(score[k] != next_score[k] for k in score)
+    return {"modified": modified, "removed": removed, "score": next_score if changed else {}}
+
+
+def _rules(official, game, suffix) -> str:
+    """A game's object, action and score rules, with the prompt's headings (suffix: '' or
+    ' in the example game'); object rules lose their last '=========='-separated part."""
+    obj, act, score = (official["rules"][k][game] for k in ("object", "action", "score"))
+    obj = "".join(obj.split("==========")[:-1])
+    score_head = ("Here is a description of the score function of the example game:\n" if suffix
+                  else "Here is a description of the game score function:\n")
+    return (f"Here are the descriptions of all game objects properties{suffix}:\n{obj.strip()}\n"
+            f"Here are the descriptions of all game actions{suffix}:\n{act.strip()}\n"
+            f"{score_head}{score.strip()}\n")
+
+
+def _state_text(raw) -> str:
+    state = _game_state(raw["current_state"]["objects"], raw["current_score_state"])
+    return (f"Here is the game state:\n{state}\n\n"
+            f"The current game UUID base is {raw['current_state']['max_UUID']}\n")
+
+
+def _example_text(raw) -> str:
+    return (_state_text(raw) + f"The action to take is: {raw['tick_state']['lastAction']}\n"
+            f"The expected response is:\n{_official_diff(raw)}\n\n")
+
+
+def official_prompt(raw: dict, official: dict) -> str:
+    """The user message RLVR-World's data pipeline builds for one raw ByteSized32 record."""
+    ex, tick = official["examples"], official["tick_example"]
+    text = OFFICIAL_TASK + (OFFICIAL_TWO if tick else "")
+    text += f"Example game task description:\n{ex['action']['current_state']['taskDesc']}\n"
+    text += _rules(official, official["example_game"], " in the example game")
+    text += (OFFICIAL_FIRST if tick else "") + _example_text(ex["action"])
+    if tick:
+        text += OFFICIAL_SECOND + _example_text(ex["tick"])
+    text += ("Here is the game that you need to simulate:\nTask Description:\n"
+             f"{raw['current_state']['taskDesc']}\n" + _rules(official, raw["game"], ""))
+    text += _state_text(raw) + f"The action to take is:\n{raw['tick_state']['lastAction']}\n"
+    return text + OFFICIAL_END
 
 
 def main(argv=None) -> None:
@@ -156,6 +284,8 @@ def main(argv=None) -> None:
     parser.add_argument("--out_dir", default=str(DATA_DIR), help="where the simulator splits go")
     parser.add_argument("--bytesized32", help="convert this ByteSized32-State-Prediction .jsonl instead")
     parser.add_argument("--out", help="output .jsonl of the conversion (with --bytesized32)")
+    parser.add_argument("--gpt_simulator", help="with --bytesized32: a cognitiveailab/"
+                        "GPT-simulator checkout; each record gets the paper's prompt")
     parser.add_argument("--cover", action="store_true", help="write the coverage splits to <out_dir>/cover/")
     parser.add_argument("--per_state", type=int, default=1, help="with --cover: off-script train records per state")
     parser.add_argument("--compose", action="store_true",
@@ -170,7 +300,8 @@ def main(argv=None) -> None:
         if not args.bytesized32 or not args.out:
             parser.error("--bytesized32 needs a ByteSized32 .jsonl file and --out")
         try:   # a missing, unreadable or malformed file: one line naming it (and the line)
-            records = convert_bytesized32(args.bytesized32, args.out)
+            official = args.gpt_simulator and load_official(args.gpt_simulator)
+            records = convert_bytesized32(args.bytesized32, args.out, official or None)
         except (OSError, ValueError) as e:
             sys.exit(f"error: {e}")
         print(f"wrote {args.out}  " + summary("bytesized32", records))

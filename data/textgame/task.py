@@ -92,7 +92,10 @@ def is_changed(record: dict) -> bool:
 # the text the model reads and writes
 
 def prompt_text(record: dict) -> str:
-    """What the model reads: the game, the current state, the action, then the cue 'diff:'."""
+    """What the model reads: the game, the current state, the action, then the cue 'diff:'; or the
+    paper's own prompt, when the record holds it (prepare.py --gpt_simulator)."""
+    if "prompt" in record:
+        return record["prompt"]
     return (f"game:{record['game']}\nstate:{compact(record['state'])}\n"
             f"action:{record['action']}\ndiff:")
 

@@ -113,7 +113,8 @@ def import_file(src, dst) -> list[dict]:
     records = [{"site": r["site"].strip() or DEFAULT_SITE,
                 "observation": normalise_tree(r["observation"]),
                 "action": " ".join(r["action"].split()),
-                "next_observation": normalise_tree(r["next_observation"])}
+                "next_observation": normalise_tree(r["next_observation"]),
+                **({"prompt": r["prompt"]} if "prompt" in r else {})}   # the paper's, kept as is
                for r in load_records(src)]
     write_jsonl(Path(dst), records)
     return records

@@ -133,7 +133,10 @@ def is_changed(record: dict) -> bool:
 
 
 def prompt_text(record: dict) -> str:
-    """What the model reads: instruction, site, page, action, then the cue 'changes:'."""
+    """What the model reads: instruction, site, page, action, then the cue 'changes:'; or the
+    paper's own prompt, when the record holds it (docs/engineering.md)."""
+    if "prompt" in record:
+        return record["prompt"]
     return (f"Predict the page change.\nsite:{record['site']}\n{record['observation']}\n"
             f"action:{record['action']}\nchanges:\n")
 
