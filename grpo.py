@@ -490,8 +490,8 @@ def train_loop(run, policy, source, cfg, gen, ckpt, steps, budget=None, watch=No
                name="rlvr"):
     """GRPO for `steps` steps, checkpointed to `ckpt` (resumed from it: runtime.Run.resume_stage).
     Each step's compute is added to `budget` (runtime.ComputeBudget, the control's), closed at the
-    end. watch(step, stats) -> dict (rank 0, before the first step, every `every` steps and at the
-    last): more numbers for the log (train_lang.py: the probe). -> the last step's stats."""
+    end. watch(step, stats) -> dict for the log (rank 0: before the first step, {} for no row,
+    every `every` steps and the last; train_lang.py's probe) -> the last step's stats."""
     step, done = run.resume_stage(ckpt, policy.model, policy.opt, gen, name)
     if done:
         return read_meta(ckpt)["metrics"]
@@ -502,8 +502,8 @@ def train_loop(run, policy, source, cfg, gen, ckpt, steps, budget=None, watch=No
         budget.add(totals["rl_compute"])
     if not all_finite(policy.model):   # a poisoned start stops here, before any sampling from it
         run.nonfinite(name, step, policy.model, "non-finite weights in the policy")
-    if step == 0 and run.master and watch:
-        run.log({"stage": name, "step": 0, **watch(0, {})})   # before any update
+    if step == 0 and run.master and watch and (first := watch(0, {})):   # before any update
+        run.log({"stage": name, "step": 0, **first})
     bar = tqdm(total=steps, initial=step, desc=name, disable=not run.master)
     stats = {}
     while step < steps:
@@ -515,8 +515,8 @@ def train_loop(run, policy, source, cfg, gen, ckpt, steps, budget=None, watch=No
             if run.master and watch and (step % every == 0 or step == steps):
                 stats.update(watch(step, stats))
             run.log({"stage": name, **stats})   # reward, KL, entropy, clip fraction, the watch's
-        # a checkpoint every --ckpt_every steps, and the last
-        run.save_stage(ckpt, policy.model, policy.opt, step, stats, gen, done=step == steps)
+        run.save_stage(ckpt, policy.model, policy.opt, step, {**stats, **totals}, gen,
+                       done=step == steps)   # with the totals even after a skipped step: resume
     bar.close()
     if budget is not None:
         budget.close()   # RLVR's compute is final: the control may stop once it has used as much

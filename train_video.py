@@ -16,7 +16,7 @@ video_mle_more .safetensors, cached tokens, config.json, log.jsonl and eval.json
 "sampled" at T=1 top-k 100), then paired bootstrap intervals of RLVR - MLE, RLVR - mle_more, ...
 A re-run resumes where it stopped (runtime.Run); a NaN/inf stops the run naming the step.
 
-RLVR (run_rlvr) is a loop over four pieces that a study may replace (research/video_terms.py):
+RLVR is grpo.train_loop over four pieces that a study may replace (research/video_terms.py):
 `draw` picks the step's prompts (train windows where the scene moves), `reward_fn` decodes each
 completion (a cell that keeps the context frame's code copies its pixels: the copy gate) and scores
 it (rewards.VideoReward: mae+ssim, or mae+lpips with --lpips, minus the mode's moving, object
@@ -34,7 +34,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 import mle
 import train_vq
@@ -44,7 +43,7 @@ from data.robot.task import (Clips, Layout, cached_tokens, make_draw, make_rewar
                              moving_windows, read_action_stats, windows)
 from eval import (OFFICIAL, EvalSpec, eval_video, load_video_model, paired_effects,
                   paired_video, print_video_paired, print_video_table)
-from grpo import GRPOConfig, grpo_step, make_optimizer
+from grpo import GRPOConfig, Source, make_policy, train_loop
 from model import GPT, GPTConfig
 from rewards import VideoReward, load_lpips, pick_reward
 from runtime import (ComputeBudget, Run, check_ranges, fork_alongside, fork_map, lr_at,
@@ -254,79 +253,31 @@ def control(run, start, start_path, ckpt, layout, tokens, horizon, budget):
 # -----------------------------------------------------------------------------
 # stage 3: RLVR with GRPO; the reward is a metric of the decoded frames against the true frames.
 # Four pieces (the prompt draw, the reward and the multi-step sampler: data/robot/task.py's, as
-# tasks.py's for text; the validation watch) and the loop that runs them.
+# tasks.py's for text; the validation watch), run by grpo.train_loop as train_lang.py's are.
 
-def make_watch(run, model, vq, episodes, tokens, spec, steps):
-    """watch(step, stats): every WATCH_EVERY steps and at the last, greedy on the validation split
-    (rank 0), its mae, ssim and mae_moving added to `stats`."""
+def make_watch(run, model, vq, episodes, tokens, spec):
+    """grpo.train_loop's watch: greedy on the validation split (rank 0, every WATCH_EVERY steps
+    and at the last), its mae, ssim and mae_moving for the log. Nothing before the first step."""
     def watch(step, stats):
-        if not (stats and (step % WATCH_EVERY == 0 or step == steps) and run.master):
-            return
+        if not stats:   # step 0: the start's validation score is the MLE stage's
+            return {}
         r = eval_video(model, vq, episodes, tokens, spec, desc=None)
-        stats.update(val_mae=r["mae"], val_ssim=r["ssim"], val_mae_moving=r["mae_moving"])
         run.print0(f"\nrlvr step {step}: reward {stats['reward_mean']:.4f} kl {stats['kl']:.4f} "
                    f"val mae {r['mae']:.4f} ssim {r['ssim']:.4f} mae_moving {r['mae_moving']:.4f}")
+        return dict(val_mae=r["mae"], val_ssim=r["ssim"], val_mae_moving=r["mae_moving"])
     return watch
 
 
 def grpo_config(args, horizon, L, D):
     """grpo.GRPOConfig for video: a completion is every predicted frame's codes, with the injected
-    true actions between frames; every kept group is used (prompts_per_step 0), no entropy bonus,
-    AdamW with betas (0.9, 0.99), no weight decay and a constant rate (no warm-up)."""
+    true actions between frames; one round of the draw's prompts a step, every kept group used
+    (prompts_per_step 0, max_rounds 1: no refill), no entropy bonus, AdamW with betas (0.9, 0.99),
+    no weight decay and a constant rate (no warm-up)."""
     return GRPOConfig(group_size=args.group_size, max_new_tokens=horizon * L + (horizon - 1) * D,
                       temperature=1.0, clip_eps=0.2, beta=args.beta, minibatches=2,
-                      micro_batch=args.micro_batch, prompts_per_step=0, entropy_coef=0.0,
-                      lr=args.rl_lr, warmup=0, betas=(0.9, 0.99), weight_decay=0.0)
-
-
-def run_rlvr(run, model, ckpt, cfg, steps, draw, reward_fn, sampler, watch, budget):
-    """GRPO from `model` for `steps` steps under GRPOConfig `cfg`, checkpointing to `ckpt` -> the
-    post-trained model. Each step: draw(g) -> (prompts, items), one grpo_step scored by reward_fn
-    (sampler: the rollout, None for the plain one), watch(step, stats). Each step's compute is
-    added to `budget` (the control's, runtime.ComputeBudget), closed at the end."""
-    ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.beta > 0 else None  # KL anchor
-    model, trained = run.wrap(model, grad_ckpt=run.args.grad_ckpt)
-    opt = make_optimizer(model, cfg)
-    g = torch.Generator().manual_seed(run.args.seed + 1000 + run.rank)   # prompts and samples
-    step, done = run.resume_stage(ckpt, model, opt, g, "rlvr")
-    if done:
-        return model
-    # wall-clock of the GRPO steps so far (rollouts + updates, not the validation evals), and
-    # their compute in forward-token units (grpo.compute_used): the control's budget
-    prev = read_meta(ckpt)["metrics"] if step else {}
-    rl_seconds, rl_compute = prev.get("rl_seconds", 0.0), prev.get("rl_compute", 0)
-    budget.add(rl_compute)
-    bar = tqdm(total=steps, initial=step, desc="rlvr", disable=not run.master)
-    stats = {}
-    while step < steps:
-        prompts, items = draw(g)
-        # one GRPO step (grpo.py): G samples per prompt, rewards, group advantages, PPO-clip + KL
-        try:
-            stats = grpo_step(trained, ref, opt, prompts, items, reward_fn, cfg, None, g, step,
-                              sampler, autocast=run.autocast)
-        except FloatingPointError as e:   # grpo.py checks rewards, loss, gradient norm and weights
-            run.nonfinite("rlvr", step, model, str(e))   # stops, or logs a skipped step
-            stats = {}
-        step += 1
-        bar.update(1)
-        if stats:                                 # a finished (not skipped) step: its time counts
-            rl_seconds += stats["t_step"]
-            rl_compute += stats["compute"]
-            budget.add(stats["compute"])
-            stats.update(rl_seconds=rl_seconds, rl_compute=rl_compute)
-            bar.set_postfix(reward=f"{stats['reward_mean']:.4f}", kl=f"{stats['kl']:.4f}")
-        watch(step, stats)
-        if stats:
-            run.log({"stage": "rlvr", **stats})
-        # saved with every checkpoint, so a resumed run and the control read the whole run's
-        run.save_stage(ckpt, model, opt, step,
-                       {**stats, "rl_seconds": rl_seconds, "rl_compute": rl_compute}, g,
-                       done=step == steps)
-    bar.close()
-    budget.close()   # RLVR's compute is final: the control may stop once it has used as much
-    run.check_ranks_in_sync(model, "rlvr")   # under torchrun every rank ends with equal weights
-    run.barrier()
-    return model
+                      micro_batch=args.micro_batch, prompts_per_step=0, max_rounds=1,
+                      entropy_coef=0.0, lr=args.rl_lr, warmup=0, betas=(0.9, 0.99),
+                      weight_decay=0.0)
 
 
 # -----------------------------------------------------------------------------
@@ -456,10 +407,10 @@ if start_model is not None and start_model.config.block_size < layout.window_len
 if master and Path(vq_path).resolve() != FILES["vq"].resolve():
     atomic_write(FILES["vq"], lambda tmp: shutil.copyfile(vq_path, tmp))
 barrier()
-# what every world-model checkpoint records beside the flags: its tokenizer (relative, beside it),
-# decoded with the copy gate, and its action bins
-args.vq, args.copy_gate = str(FILES["vq"]), 1
-args.action_lo, args.action_hi = lo.tolist(), hi.tolist()
+# what every world-model checkpoint records beside the flags (config.json keeps them as given):
+# its tokenizer (relative, beside it), decoded with the copy gate, and its action bins
+run.recorded.update(vq=str(FILES["vq"]), copy_gate=1, action_lo=lo.tolist(),
+                    action_hi=hi.tolist())
 splits = {"train": train_eps, "val": val_eps, "test": test_eps}
 # every split tokenized once (cached): per clip the context codes, future codes and action tokens
 tokens = cached_tokens(run, FILES["vq"], vq, layout, splits, horizon, lo, hi, train_vq.SIZE)
@@ -539,13 +490,15 @@ if args.stage in ("all", "rlvr"):
         layout.prompt_len(CONTEXT), cfg.max_new_tokens, prompts_per_step, args.group_size,
         args.micro_batch, prompts_per_chunk(prompts_per_step, args.group_size, cfg.minibatches,
                                             args.micro_batch)), print0)
-    rlvr_model = run_rlvr(run, start_model, FILES["rlvr"], cfg, rl_steps,
-                          make_draw(clips, pool, prompts_per_step, bool(reward.object)),
-                          make_reward(vq, clips, reward, lpips_net, args.device),
-                          make_sampler(horizon, layout.L),
-                          make_watch(run, start_model, vq, val_eps, tokens["val"], spec, rl_steps),
-                          budget)
-    models["rlvr"] = (rlvr_model, FILES["rlvr"])
+    policy = make_policy(run, start_model, cfg, grad_ckpt=args.grad_ckpt)   # trains start_model
+    gen = torch.Generator().manual_seed(args.seed + 1000 + run.rank)   # prompts and samples
+    # make_draw's draw(g) draws the step's prompts_per_step windows (a study's draw plugs in alike)
+    draw = make_draw(clips, pool, prompts_per_step, bool(reward.object))
+    source = Source(lambda n: draw(gen), make_reward(vq, clips, reward, lpips_net, args.device),
+                    sampler=make_sampler(horizon, layout.L))
+    train_loop(run, policy, source, cfg, gen, FILES["rlvr"], rl_steps, budget,
+               make_watch(run, start_model, vq, val_eps, tokens["val"], spec), WATCH_EVERY)
+    models["rlvr"] = (policy.model, FILES["rlvr"])
     if alongside:
         child.join()   # it stops at RLVR's compute, saves video_mle_more.safetensors and exits
         if child.exitcode:

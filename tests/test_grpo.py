@@ -392,5 +392,27 @@ def test_train_loop_logs_watches_counts_compute_and_resumes_exactly(tmp_path):
                         every=2)
     run, policy, source, cfg = loop_run(tmp_path / "b")
     grpo.train_loop(run, policy, source, cfg, torch.Generator().manual_seed(1), ckpt, 5)
+    # a watch with nothing to say before the first step (train_video.py's validation): no row
+    assert json.loads((tmp_path / "b" / "log.jsonl").read_text().splitlines()[0])["step"] == 1
     assert load_file(str(ckpt)).keys() == load_file(str(tmp_path / "a" / "rl.safetensors")).keys()
     assert all(torch.equal(t, load_file(str(tmp_path / "a" / "rl.safetensors"))[k]) for k, t in load_file(str(ckpt)).items())
+
+
+def test_train_loop_checkpoint_keeps_the_totals_after_a_skipped_step(tmp_path):
+    """--on_nan=skip: the last step's reward is NaN, so it is skipped, and the finished stage's
+    checkpoint still records the run's time and compute (the control's budget, a resume's start)."""
+    run, policy, source, cfg = loop_run(tmp_path)
+    run.args.on_nan = "skip"
+    calls = []
+
+    def nan_on_second_step(items, completions):
+        calls.append(1)
+        return [float("nan")] * len(completions) if len(calls) > 1 else count_threes(items, completions)
+    source.reward_fn = nan_on_second_step
+    cfg.max_rounds = 1   # a step: one call of the reward
+    grpo.train_loop(run, policy, source, cfg, torch.Generator().manual_seed(1), tmp_path / "rl.safetensors", 2)
+    rows = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [r.get("skipped") is not None for r in rows] == [False, True]
+    meta = grpo.read_meta(tmp_path / "rl.safetensors")
+    assert meta["metrics"]["done"] and meta["metrics"]["rl_compute"] == rows[0]["rl_compute"] > 0
+
