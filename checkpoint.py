@@ -21,6 +21,10 @@ concatenated into our fused Linears. The model is built on the meta device and e
 alone, onto the device in the dtype it is kept in: no full float32 copy on the host.
 tools/export_hf.py writes the other way.
 
+A model sharded by FSDP (runtime.Run.wrap, --fsdp=1) is saved whole: `gather_state` collects
+its full weights and optimizer state on rank 0, in the layout an unsharded model's state_dict()
+has, so the file is the same; `resume` puts each rank's shards back (torch.distributed.checkpoint).
+
 No code runs from a file: tensors come through safetensors and everything else through JSON; a
 file that is not such a checkpoint (a pickle named .safetensors, a truncated file, another model's
 weights) is one ValueError naming the file.
@@ -35,10 +39,15 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict)
+from torch.distributed.fsdp import FSDPModule
 
 from model import GPT, GPTConfig, rope_tables
 
 FORMAT = "nanorlvr-1"
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)   # FSDP: the unsharded tensors
 ROOT = Path(__file__).resolve().parent   # the repository: paths inside it are recorded relative
 
 
@@ -94,17 +103,19 @@ def recorded_path(value, folder):
 # -----------------------------------------------------------------------------
 # our checkpoints
 
-def save_checkpoint(path, model, *, args=None, step=0, metrics=None, optimizer=None, state=None):
-    """Write `path` (a .safetensors file) atomically. state: name -> tensor (generator states)."""
+def save_checkpoint(path, model, *, args=None, step=0, metrics=None, optimizer=None, state=None,
+                    full=None):
+    """Write `path` (a .safetensors file) atomically. state: name -> tensor (generator states).
+    full: an FSDP model's (weights, optimizer state) from `gather_state`."""
     path = Path(path)
     model = getattr(model, "module", model)  # unwrap DDP
-    sd = model.state_dict()
+    sd = model.state_dict() if full is None else full[0]
     if getattr(model.config, "tie_embeddings", False):
         sd.pop("lm_head.weight")  # the same storage as wte.weight; safetensors refuses shared ones
     tensors = {"model." + k: v for k, v in sd.items()}
     groups = None
     if optimizer is not None:
-        osd = optimizer.state_dict()
+        osd = optimizer.state_dict() if full is None else full[1]
         for i, st in osd["state"].items():
             tensors.update({f"optim.{i}.{name}": t for name, t in st.items()})
         groups = osd["param_groups"]
@@ -115,6 +126,20 @@ def save_checkpoint(path, model, *, args=None, step=0, metrics=None, optimizer=N
     atomic_write(path, lambda tmp: save_file(tensors, str(tmp),
                                              metadata={"nanorlvr": json.dumps(meta)}))
     write_json(path.with_suffix(".json"), meta)
+
+
+def gather_state(model, optimizer=None):
+    """An FSDP model's full weights and optimizer state (None: no optimizer) on rank 0's CPU, as an
+    unsharded model's state_dict() and optimizer.state_dict() lay them out (parameters numbered,
+    not named). Every rank calls it: each sends its shards."""
+    sd = get_model_state_dict(model, options=FULL)
+    if optimizer is None:
+        return sd, None
+    osd = get_optimizer_state_dict(model, optimizer, options=FULL)   # by parameter name
+    number = {name: i for i, (name, _) in enumerate(model.named_parameters())}
+    return sd, {"state": {number[n]: st for n, st in osd.get("state", {}).items()},
+                "param_groups": [{**g, "params": [number[n] for n in g["params"]]}
+                                 for g in osd.get("param_groups", [])]}
 
 
 def read_checkpoint(path):
@@ -187,7 +212,11 @@ def load_weights(model, sd, path, assign=False):
     if missing or unused or shapes:
         raise ValueError(f"{path}: weights do not fit the model (missing {missing[:4]}, unused "
                          f"{unused[:4]}, shapes {shapes[:4]}); saved with another config?")
-    model.load_state_dict(sd, strict=False, assign=assign)
+    if isinstance(model, FSDPModule):   # each rank keeps its shards of the full tensors
+        set_model_state_dict(model, sd, options=StateDictOptions(full_state_dict=True,
+                                                                 strict=False))
+    else:
+        model.load_state_dict(sd, strict=False, assign=assign)
 
 
 def resume(path, model, optimizer=None):
@@ -212,8 +241,17 @@ def resume(path, model, optimizer=None):
             if k.startswith("optim."):
                 _, i, name = k.split(".", 2)
                 state.setdefault(int(i), {})[name] = v
+        osd = {"state": state, "param_groups": meta["optimizer_groups"]}
         try:
-            optimizer.load_state_dict({"state": state, "param_groups": meta["optimizer_groups"]})
+            if isinstance(model, FSDPModule):   # by parameter name, each rank its shards
+                names = [name for name, _ in model.named_parameters()]
+                osd = {"state": {names[i]: st for i, st in state.items()},
+                       "param_groups": [{**g, "params": [names[i] for i in g["params"]]}
+                                        for g in osd["param_groups"]]}
+                set_optimizer_state_dict(model, optimizer, osd,
+                                         options=StateDictOptions(full_state_dict=True))
+            else:
+                optimizer.load_state_dict(osd)
         except (ValueError, KeyError, TypeError, RuntimeError) as e:
             raise ValueError(f"{path}: optimizer state does not fit this model ({e})") from None
     extra = {k.removeprefix("state."): v for k, v in tensors.items() if k.startswith("state.")}

@@ -8,15 +8,16 @@ GRPO (Group Relative Policy Optimization) by hand, one `grpo_step` for every tas
 5-6. PPO-clip, KL      `clipped_objective`, `k3_kl` and an entropy bonus, in `grpo_loss`
 7. token-mean, step    `aggregate`; `update`: ppo_epochs x minibatches AdamW steps
 Log-probs use logits / temperature, the sampler's distribution. Special cases sit in one-line
-helpers: bf16 (`maybe_recompute_old_logp`) and DDP (`no_sync_unless_last`, `rows_on_all_ranks`,
-`join_with_zero_gradient`: each rank samples its own prompts, all take the same optimizer steps).
+helpers: bf16 (`maybe_recompute_old_logp`), DDP and FSDP (`no_sync_unless_last`,
+`rows_on_all_ranks`, `join_with_zero_gradient`: each rank samples its own prompts, all take the
+same optimizer steps; `unsharded`: FSDP's full weights for the sampler).
 GRPOConfig holds every default of the RL stage; runtime.add_flags turns its knobs into a script's
 flags. `train_loop` runs grpo_step for a stage's steps (resume, NaN guard, compute, logs, saves).
 """
 import copy
 import math
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -324,21 +325,44 @@ def minibatch_plan(N, cfg, generator):
 
 
 def no_sync_unless_last(policy, last):
-    """DDP all-reduces the gradients on a minibatch's last chunk only (no DDP: nothing to do)."""
+    """DDP all-reduces the gradients on a minibatch's last chunk only; FSDP reduce-scatters them
+    there, and keeps the full weights gathered by the minibatch's first forward until then, so
+    that every rank gathers and reduces once per minibatch, however many chunks it has (one
+    process: nothing to do)."""
+    if hasattr(policy, "set_requires_gradient_sync"):   # FSDP: switches, set before each chunk
+        policy.set_requires_gradient_sync(last)
+        policy.set_reshard_after_backward(last)
     return policy.no_sync() if not last and hasattr(policy, "no_sync") else nullcontext()
 
 
 def rows_on_all_ranks(policy, plan):
-    """Each minibatch's rows on all DDP ranks together (no DDP: here), so that a minibatch empty
-    everywhere is skipped everywhere (AdamW would move the weights on zero gradients)."""
+    """Each minibatch's rows on all DDP / FSDP ranks together (one process: here), so that a
+    minibatch empty everywhere is skipped everywhere (AdamW would move the weights on zero
+    gradients)."""
     sizes = torch.tensor([len(mb) for mb in plan], device=next(policy.parameters()).device)
-    if hasattr(policy, "no_sync"):
+    if hasattr(policy, "no_sync") or hasattr(policy, "set_requires_gradient_sync"):
         torch.distributed.all_reduce(sizes)
     return sizes.tolist()
 
 
+@contextmanager
+def unsharded(model):
+    """FSDP (runtime.Run.wrap): the full weights in place while inside, gathered once (every rank
+    enters together); the sampler calls the layers directly, where FSDP's hooks would not gather
+    them. Not FSDP: nothing to do."""
+    if not hasattr(model, "unshard"):
+        yield
+        return
+    model.unshard()
+    try:
+        yield
+    finally:
+        model.reshard()
+
+
 def join_with_zero_gradient(policy):
-    """DDP, a rank with no rows in a minibatch others have: join their all-reduce with a zero."""
+    """DDP / FSDP, a rank with no rows in a minibatch others have: join their collectives (FSDP's
+    gather, the gradients' reduction) with a zero gradient."""
     device = next(policy.parameters()).device
     (policy(torch.zeros(1, 1, dtype=torch.long, device=device))[0].sum() * 0.0).backward()
 
@@ -437,17 +461,20 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_
         raise FloatingPointError(f"non-finite weights in the policy at step {step}")
     with autocast:   # the forwards' precision: bf16 / fp16 log-probs are recomputed (step 4)
         low = low_precision(raw, device)
-    # 1-3. rollouts, rewards, and more prompts until enough groups have reward spread
-    kept, rounds = sample_groups(raw, prompts, items, reward_fn, cfg, eos_id, generator, sampler,
-                                 next_prompts, autocast)
-    t_rollout = time.time() - t0
-    # 4. advantages, and the rows of the update (none if no group had spread)
-    b = update_batch(kept, cfg, device) if kept else None
-    plan, chunks = minibatch_plan(len(kept) * cfg.group_size, cfg, generator)
-    if b is not None:   # the fixed log-probs, on the first epoch's chunks: every row once
-        first_epoch = [c for mb in chunks[:cfg.minibatches] for c in mb]
-        b["ref_logp"] = reference_logprobs(ref_model, b, first_epoch, cfg, autocast)
-        maybe_recompute_old_logp(raw, b, first_epoch, cfg, autocast, low)
+    # FSDP: the full weights, gathered once per step for the rounds and the fixed log-probs (the
+    # ranks' rounds and chunks differ in number, so none of them may gather alone)
+    with unsharded(raw):
+        # 1-3. rollouts, rewards, and more prompts until enough groups have reward spread
+        kept, rounds = sample_groups(raw, prompts, items, reward_fn, cfg, eos_id, generator,
+                                     sampler, next_prompts, autocast)
+        t_rollout = time.time() - t0
+        # 4. advantages, and the rows of the update (none if no group had spread)
+        b = update_batch(kept, cfg, device) if kept else None
+        plan, chunks = minibatch_plan(len(kept) * cfg.group_size, cfg, generator)
+        if b is not None:   # the fixed log-probs, on the first epoch's chunks: every row once
+            first_epoch = [c for mb in chunks[:cfg.minibatches] for c in mb]
+            b["ref_logp"] = reference_logprobs(ref_model, b, first_epoch, cfg, autocast)
+            maybe_recompute_old_logp(raw, b, first_epoch, cfg, autocast, low)
     # 5-7. PPO-clip + KL - entropy, token-mean, an optimizer step per minibatch
     sums, n_mb = update(policy, optimizer, b, plan, chunks, cfg, step, autocast)
     ratio_tokens = int(b["mask"][plan[0]].sum()) if b is not None else 0
@@ -502,7 +529,7 @@ def train_loop(run, policy, source, cfg, gen, ckpt, steps, budget=None, watch=No
         budget.add(totals["rl_compute"])
     if not all_finite(policy.model):   # a poisoned start stops here, before any sampling from it
         run.nonfinite(name, step, policy.model, "non-finite weights in the policy")
-    if step == 0 and run.master and watch and (first := watch(0, {})):   # before any update
+    if step == 0 and watch and (first := watched(run, policy, watch, 0, {})):   # no update yet
         run.log({"stage": name, "step": 0, **first})
     bar = tqdm(total=steps, initial=step, desc=name, disable=not run.master)
     stats = {}
@@ -512,8 +539,8 @@ def train_loop(run, policy, source, cfg, gen, ckpt, steps, budget=None, watch=No
         bar.update(1)
         if stats:
             log_step(run, stats, step, totals, budget, bar)
-            if run.master and watch and (step % every == 0 or step == steps):
-                stats.update(watch(step, stats))
+            if watch and (step % every == 0 or step == steps):
+                stats.update(watched(run, policy, watch, step, stats))
             run.log({"stage": name, **stats})   # reward, KL, entropy, clip fraction, the watch's
         run.save_stage(ckpt, policy.model, policy.opt, step, {**stats, **totals}, gen,
                        done=step == steps)   # with the totals even after a skipped step: resume
@@ -523,6 +550,13 @@ def train_loop(run, policy, source, cfg, gen, ckpt, steps, budget=None, watch=No
     run.check_ranks_in_sync(policy.model, name)   # under torchrun: the same weights on every rank
     run.barrier()
     return stats
+
+
+def watched(run, policy, watch, step, stats):
+    """watch(step, stats) on rank 0 -> its dict ({} elsewhere); under FSDP every rank gathers the
+    full weights for it."""
+    with unsharded(policy.model):
+        return watch(step, stats) if run.master else {}
 
 
 def guarded_step(run, policy, source, cfg, gen, step, name):

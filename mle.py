@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from checkpoint import read_meta
-from grpo import no_sync_unless_last
+from grpo import no_sync_unless_last, unsharded
 from runtime import lr_at
 
 
@@ -144,7 +144,8 @@ def validate(run, model, name, step, loss, t_start, val_loss, val_metrics, compu
         vl = val_loss(model)
     metrics = dict(stage=name, step=step, loss=loss.item(), val_loss=vl,
                    minutes=(time.time() - t_start) / 60, compute=compute)
-    more, words = val_metrics(model) if val_metrics else ({}, "")   # e.g. a greedy headline
+    with unsharded(model):   # FSDP: every rank gathers the full weights for rank 0's decoding
+        more, words = val_metrics(model) if val_metrics else ({}, "")   # e.g. a greedy headline
     metrics.update(more)
     model.train()
     run.print0(f"\n{name} step {step}: train loss {loss.item():.4f} val loss {vl:.4f}{words}")

@@ -11,7 +11,7 @@ removes the copy of the same ~100 lines.
     run.save_config(record)                 # out_dir/config.json
     run.print0(...), run.log({...}), run.barrier(), run.fail("message")
     model, trained = run.wrap(model)        # to device, optionally torch.compile, DDP when launched
-                                            # by torchrun
+                                            # by torchrun (FSDP with --fsdp=1)
     step, done = run.resume_stage(ckpt, model, opt, g, "mle")   # then each step:
     run.save_stage(ckpt, model, opt, step, metrics, g, done=step == total)
     child = fork_alongside(train_control, out_dir / "control.log")   # a second process on the
@@ -55,6 +55,13 @@ Design choices:
   stops when the weights themselves are non-finite or MAX_SKIPS steps in a row were dropped.
   Skipping is refused under torchrun (ranks would disagree on which steps to drop and deadlock in
   the all-reduce).
+- `--fsdp=1` under torchrun shards the GPT with PyTorch's FSDP (`fully_shard`): weights, gradients
+  and AdamW's state split across the ranks between steps, the full weights gathered for each
+  forward and backward (and by grpo.unsharded for the sampler). One FSDP unit holds the whole GPT:
+  a Block's own unit would never be gathered, as the update's shared-prompt forward and the
+  sampler call its layers directly, past FSDP's hooks. The forwards keep autocast (FSDP's mixed
+  precision would also round the norms and embeddings to bf16: other numbers than DDP's).
+  Checkpoints hold the full weights and optimizer state, the same file as without FSDP.
 """
 import datetime
 import json
@@ -70,9 +77,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
-from checkpoint import read_meta, recorded_path, relative_path, resume, save_checkpoint, write_json
+from checkpoint import (gather_state, read_meta, recorded_path, relative_path, resume,
+                        save_checkpoint, write_json)
 
 # how long a rank waits at a collective (a barrier, an all-reduce) for the others before the run
 # fails: NCCL's own default, 10 minutes, is shorter than what rank 0 may do alone at real sizes
@@ -91,7 +101,8 @@ CONFIG = "config.json"   # in out_dir: the flags of the run that trains there
 # alike; its own flags, e.g. --control_lr, are checked.)
 FREE_FLAGS = {"device", "threads", "compile", "grad_ckpt", "eval_workers",
               "control_alongside", "ckpt_every", "on_nan", "eval_every", "val_n", "probe_every",
-              "stage", "control", "out_dir", "resume"}
+              "stage", "control", "out_dir", "resume",
+              "fsdp"}   # FSDP: the same steps, and the same checkpoint files, as DDP
 # flags of the final evaluation alone: a re-run with other values evaluates the same trained models
 # again
 EVAL_FLAGS = {"final_eval", "val_limit", "test_limit"}
@@ -128,6 +139,10 @@ class Run:
         else:
             self.rank, self.world = 0, 1
         self.master = self.rank == 0
+        # --fsdp=1: the GPT sharded across the ranks (wrap); one process keeps it whole
+        self.fsdp = self.ddp and bool(getattr(args, "fsdp", 0))
+        if getattr(args, "fsdp", 0) and not self.ddp:
+            self.print0("--fsdp=1 without torchrun: one process, nothing to shard (kept whole)")
         self.skips, self.last_skip = 0, None
         if self.ddp and getattr(args, "on_nan", "stop") == "skip":
             self.fail("--on_nan=skip is for single-process runs (under torchrun use --on_nan=stop)")
@@ -247,12 +262,15 @@ class Run:
 
     def wrap(self, model, compile=False, grad_ckpt=False):
         """-> (model on the device, the module to train: compiled and/or DDP-wrapped around it).
-        grad_ckpt: a GPT recomputes each block's activations in the backward pass."""
+        grad_ckpt: a GPT recomputes each block's activations in the backward pass. --fsdp=1: the
+        model itself is sharded (one FSDP unit, see the top of this file), no DDP."""
         model = model.to(self.args.device)
         if grad_ckpt:
             model.grad_ckpt = True
+        if self.fsdp:
+            fully_shard(model)
         trained = torch.compile(model) if compile else model
-        if self.ddp:
+        if self.ddp and not self.fsdp:
             trained = torch.nn.parallel.DistributedDataParallel(trained)
         return model, trained
 
@@ -266,12 +284,15 @@ class Run:
         if self.ddp:
             states = [None] * self.world
             dist.all_gather_object(states, (g.get_state(), torch.get_rng_state()))
+        # FSDP: every rank sends its shards, rank 0 gets the full weights and optimizer state
+        full = gather_state(model, None if done else opt) if self.fsdp else None
         if self.master:
             state = {f"{name}{r}": t for r, pair in enumerate(states)
                      for name, t in zip(("rng", "torch_rng"), pair)}
             save_checkpoint(ckpt, model, args=self.recorded_args(), step=step,
                             metrics={**metrics, "done": done},
-                            optimizer=None if done else opt, state=None if done else state)
+                            optimizer=None if done else opt, state=None if done else state,
+                            full=full)
 
     def resume_stage(self, ckpt, model, opt, g, name):
         """-> (step to continue from, done?). Restores weights, and for an unfinished stage
@@ -329,8 +350,8 @@ class Run:
 
     def check_ranks_in_sync(self, model, stage):
         """Under DDP every rank must hold the same weights; log their checksums and stop on a
-        mismatch (a bug)."""
-        if not self.ddp:
+        mismatch (a bug). Under FSDP each rank holds its own shard: nothing to compare."""
+        if not self.ddp or self.fsdp:
             return
         sums = [None] * self.world
         dist.all_gather_object(sums, checksum(model))
@@ -384,7 +405,9 @@ def from_flags(args, cls):
 
 
 def finite_weights(model):
-    return bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all())
+    """This rank's weights are finite (under FSDP: its shards; no collective on a fault's path)."""
+    return bool(torch.stack([torch.isfinite(p.to_local() if isinstance(p, DTensor) else p).all()
+                             for p in model.parameters()]).all())
 
 
 def checksum(model):

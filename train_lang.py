@@ -110,6 +110,9 @@ g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "fl
 g.add_argument("--grad_ckpt", type=int, default=0,
                help="1: activation checkpointing, each block's activations recomputed in the "
                     "backward pass (a large model's memory for about a third more compute)")
+g.add_argument("--fsdp", type=int, default=0,
+               help="1 under torchrun: shard weights, gradients and AdamW state across the GPUs "
+                    "(PyTorch FSDP), for a model whose full copy per GPU (DDP) does not fit")
 g.add_argument("--seed", type=int, default=1337, help="seeds data order, sampling and the probe")
 g.add_argument("--ckpt_every", type=int, default=50, help="steps between resumable checkpoints")
 g.add_argument("--on_nan", default="stop", choices=["stop", "skip"],
