@@ -21,9 +21,8 @@ concatenated into our fused Linears. The model is built on the meta device and e
 alone, onto the device in the dtype it is kept in: no full float32 copy on the host.
 tools/export_hf.py writes the other way.
 
-A model sharded by FSDP (runtime.Run.wrap, --fsdp=1) is saved whole: `gather_state` collects
-its full weights and optimizer state on rank 0, in the layout an unsharded model's state_dict()
-has, so the file is the same; `resume` puts each rank's shards back (torch.distributed.checkpoint).
+A model sharded by FSDP (--fsdp=1) is saved whole, the same file (`gather_state`); `resume` puts
+each rank's shards back.
 
 No code runs from a file: tensors come through safetensors and everything else through JSON; a
 file that is not such a checkpoint (a pickle named .safetensors, a truncated file, another model's
@@ -47,7 +46,9 @@ from torch.distributed.fsdp import FSDPModule
 from model import GPT, GPTConfig, rope_tables
 
 FORMAT = "nanorlvr-1"
-FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)   # FSDP: the unsharded tensors
+# FSDP's state dicts of the unsharded tensors: gathered to rank 0's CPU, and put back as shards
+FULL, FULL_IN = (StateDictOptions(full_state_dict=True, cpu_offload=True),
+                 StateDictOptions(full_state_dict=True, strict=False))
 ROOT = Path(__file__).resolve().parent   # the repository: paths inside it are recorded relative
 
 
@@ -136,10 +137,14 @@ def gather_state(model, optimizer=None):
     if optimizer is None:
         return sd, None
     osd = get_optimizer_state_dict(model, optimizer, options=FULL)   # by parameter name
-    number = {name: i for i, (name, _) in enumerate(model.named_parameters())}
-    return sd, {"state": {number[n]: st for n, st in osd.get("state", {}).items()},
-                "param_groups": [{**g, "params": [number[n] for n in g["params"]]}
-                                 for g in osd.get("param_groups", [])]}
+    return sd, renamed(osd, {name: i for i, (name, _) in enumerate(model.named_parameters())})
+
+
+def renamed(osd, name):
+    """An optimizer state dict with each parameter's key k as name[k] (FSDP's names <-> numbers)."""
+    return {"state": {name[k]: st for k, st in osd.get("state", {}).items()},
+            "param_groups": [{**g, "params": [name[k] for k in g["params"]]}
+                             for g in osd.get("param_groups", [])]}
 
 
 def read_checkpoint(path):
@@ -213,8 +218,7 @@ def load_weights(model, sd, path, assign=False):
         raise ValueError(f"{path}: weights do not fit the model (missing {missing[:4]}, unused "
                          f"{unused[:4]}, shapes {shapes[:4]}); saved with another config?")
     if isinstance(model, FSDPModule):   # each rank keeps its shards of the full tensors
-        set_model_state_dict(model, sd, options=StateDictOptions(full_state_dict=True,
-                                                                 strict=False))
+        set_model_state_dict(model, sd, options=FULL_IN)
     else:
         model.load_state_dict(sd, strict=False, assign=assign)
 
@@ -244,12 +248,8 @@ def resume(path, model, optimizer=None):
         osd = {"state": state, "param_groups": meta["optimizer_groups"]}
         try:
             if isinstance(model, FSDPModule):   # by parameter name, each rank its shards
-                names = [name for name, _ in model.named_parameters()]
-                osd = {"state": {names[i]: st for i, st in state.items()},
-                       "param_groups": [{**g, "params": [names[i] for i in g["params"]]}
-                                        for g in osd["param_groups"]]}
-                set_optimizer_state_dict(model, optimizer, osd,
-                                         options=StateDictOptions(full_state_dict=True))
+                osd = renamed(osd, [name for name, _ in model.named_parameters()])
+                set_optimizer_state_dict(model, optimizer, osd, options=FULL_IN)
             else:
                 optimizer.load_state_dict(osd)
         except (ValueError, KeyError, TypeError, RuntimeError) as e:

@@ -336,9 +336,8 @@ def no_sync_unless_last(policy, last):
 
 
 def rows_on_all_ranks(policy, plan):
-    """Each minibatch's rows on all DDP / FSDP ranks together (one process: here), so that a
-    minibatch empty everywhere is skipped everywhere (AdamW would move the weights on zero
-    gradients)."""
+    """Each minibatch's rows on all DDP / FSDP ranks together (else: here), so that a minibatch
+    empty everywhere is skipped everywhere (AdamW would move the weights on zero gradients)."""
     sizes = torch.tensor([len(mb) for mb in plan], device=next(policy.parameters()).device)
     if hasattr(policy, "no_sync") or hasattr(policy, "set_requires_gradient_sync"):
         torch.distributed.all_reduce(sizes)
@@ -347,22 +346,17 @@ def rows_on_all_ranks(policy, plan):
 
 @contextmanager
 def unsharded(model):
-    """FSDP (runtime.Run.wrap): the full weights in place while inside, gathered once (every rank
-    enters together); the sampler calls the layers directly, where FSDP's hooks would not gather
-    them. Not FSDP: nothing to do."""
-    if not hasattr(model, "unshard"):
-        yield
-        return
-    model.unshard()
-    try:
-        yield
-    finally:
+    """FSDP (runtime.Run.wrap): the full weights in place inside, gathered once (every rank enters
+    together), for the sampler, which calls the layers directly, past FSDP's hooks."""
+    if hasattr(model, "unshard"):
+        model.unshard()
+    yield
+    if hasattr(model, "unshard"):
         model.reshard()
 
 
 def join_with_zero_gradient(policy):
-    """DDP / FSDP, a rank with no rows in a minibatch others have: join their collectives (FSDP's
-    gather, the gradients' reduction) with a zero gradient."""
+    """DDP / FSDP, a rank with no rows in a minibatch others have: join their collectives."""
     device = next(policy.parameters()).device
     (policy(torch.zeros(1, 1, dtype=torch.long, device=device))[0].sum() * 0.0).backward()
 

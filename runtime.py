@@ -55,13 +55,9 @@ Design choices:
   stops when the weights themselves are non-finite or MAX_SKIPS steps in a row were dropped.
   Skipping is refused under torchrun (ranks would disagree on which steps to drop and deadlock in
   the all-reduce).
-- `--fsdp=1` under torchrun shards the GPT with PyTorch's FSDP (`fully_shard`): weights, gradients
-  and AdamW's state split across the ranks between steps, the full weights gathered for each
-  forward and backward (and by grpo.unsharded for the sampler). One FSDP unit holds the whole GPT:
-  a Block's own unit would never be gathered, as the update's shared-prompt forward and the
-  sampler call its layers directly, past FSDP's hooks. The forwards keep autocast (FSDP's mixed
-  precision would also round the norms and embeddings to bf16: other numbers than DDP's).
-  Checkpoints hold the full weights and optimizer state, the same file as without FSDP.
+- `--fsdp=1` under torchrun shards the GPT with PyTorch's FSDP, one unit for the whole model
+  (docs/engineering.md says why); the forwards keep autocast (FSDP's mixed precision would round
+  the norms and embeddings to bf16 too: other numbers than DDP's).
 """
 import datetime
 import json

@@ -7,6 +7,7 @@ import shutil
 import socket
 
 import torch
+from torch.distributed.tensor import DTensor
 
 import grpo
 from checkpoint import load_model, read_checkpoint
@@ -26,54 +27,67 @@ def count_threes(items, completions):
     return [sum(t == 3 for t in c) / 6 for c in completions]
 
 
-def worker(rank, world, port, fsdp, out, copy_to):
-    """One rank of a torchrun-like group: the RL stage of a tiny GPT for STEPS steps, checkpointed every step into
-    out/rl.safetensors; rank 0 copies the step-1 checkpoint to copy_to (the watch before step 2's save)."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world))
-    args = argparse.Namespace(device="cpu", threads=1, seed=0, dtype="float32", resume=1, ckpt_every=1, fsdp=fsdp)
-    run = Run(args, out)
+def worker(rank, world, runs):
+    """One rank of torchrun-like groups, one after the other: for each (port, fsdp, out, start) of `runs`, the RL stage
+    of a tiny GPT for STEPS steps, checkpointed every step into out/rl.safetensors (first copied from `start`, to
+    resume); rank 0 keeps the step-1 checkpoint as out/step1.safetensors (the watch before step 2's save)."""
+    for port, fsdp, out, start in runs:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                          WORLD_SIZE=str(world))
+        out.mkdir(exist_ok=True)
+        if start and rank == 0:   # before the group forms: rank 1 waits for rank 0 there
+            shutil.copy(start, out / "rl.safetensors")
+        train(Run(argparse.Namespace(device="cpu", threads=1, seed=0, dtype="float32", resume=1, ckpt_every=1,
+                                     fsdp=fsdp), out), rank, out)
+
+
+def train(run, rank, out):
     torch.manual_seed(0)   # the same start on every rank and in every group
     model = GPT(GPTConfig.llama(vocab_size=8, block_size=32, n_layer=2, n_head=2, n_embd=16))
-    # one round of 3 prompts per step, 3-row micro-batches; rank 0 has 2 chunks per minibatch, rank 1 rewards
-    # only its first prompt's samples at step 1 (1 chunk) and nothing at step 2 (no rows: it joins with zeros)
+    # one round of 3 prompts per step, 3-row micro-batches: rank 0 has 2 chunks per minibatch, rank 1 keeps at most
+    # its first prompt's group (1 chunk, or none: then it joins the others' collectives with zeros)
     cfg = grpo.GRPOConfig(group_size=4, max_new_tokens=6, prompts_per_step=3, max_rounds=1, beta=0.01, lr=3e-3,
                           micro_batch=3, warmup=0)
     policy = grpo.make_policy(run, model, cfg)
-    g = torch.Generator().manual_seed(1 + rank)   # each rank its own prompts and samples
+    (out / f"sharded{rank}.txt").write_text(str(isinstance(policy.model.wte.weight, DTensor)))
+    g = torch.Generator().manual_seed(2 + rank)   # each rank its own prompts and samples
 
     def draw(n):   # -> n prompts of 1-3 tokens, and their places in the round
         return [torch.randint(1, 8, (int(torch.randint(1, 4, (1,), generator=g)),), generator=g).tolist()
                 for _ in range(n)], list(range(n))
 
-    def reward(items, completions):   # step 1: before the first checkpoint (a resumed run is at step 2)
-        first = not (out / "rl.safetensors").exists()
-        return [r * (rank == 0 or (i == 0 and first)) for i, r in zip(items, count_threes(items, completions))]
+    def reward(items, completions):   # rank 1: 1 for its first prompt's samples that start with a 3
+        if rank == 0:
+            return count_threes(items, completions)
+        r = [float(i == 0 and c[:1] == [3]) for i, c in zip(items, completions)]
+        with open(out / "rank1_kept.txt", "a") as f:   # the group has spread: it is kept
+            f.write(str(int(len(set(r)) > 1)))
+        return r
 
     def watch(step, stats):
-        if step == 2 and copy_to:
-            shutil.copy(out / "rl.safetensors", copy_to)   # still the step-1 checkpoint
+        if step == 2:
+            shutil.copy(out / "rl.safetensors", out / "step1.safetensors")   # not yet step 2's
         return {}
     grpo.train_loop(run, policy, grpo.Source(draw, reward), cfg, g, out / "rl.safetensors", STEPS,
                     watch=watch, every=2)
     run.finish()
 
 
-def group(fsdp, out, copy_to=None):
-    out.mkdir(parents=True, exist_ok=True)
-    torch.multiprocessing.spawn(worker, args=(2, free_port(), fsdp, out, copy_to), nprocs=2)
-    return read_checkpoint(out / "rl.safetensors")[0]
-
-
 def test_fsdp_matches_ddp_and_resumes_exactly(tmp_path):
-    step1 = tmp_path / "step1.safetensors"
-    ddp, fsdp = group(0, tmp_path / "ddp"), group(1, tmp_path / "fsdp", copy_to=step1)
+    ddp, fsdp, again = tmp_path / "ddp", tmp_path / "fsdp", tmp_path / "again"
+    runs = [(free_port(), 0, ddp, None), (free_port(), 1, fsdp, None),
+            (free_port(), 1, again, fsdp / "step1.safetensors")]
+    torch.multiprocessing.spawn(worker, args=(2, runs), nprocs=2)
+    sharded = [(out / f"sharded{r}.txt").read_text() for out in (ddp, fsdp) for r in (0, 1)]
+    assert sharded == ["False", "False", "True", "True"]   # DDP's whole weights, FSDP's DTensor shards
+    assert (fsdp / "rank1_kept.txt").read_text() == "10"   # step 2: rank 1 has no rows
+    step1 = fsdp / "step1.safetensors"
+    ddp, fsdp, again = (read_checkpoint(out / "rl.safetensors")[0] for out in (ddp, fsdp, again))
     assert ddp.keys() == fsdp.keys() and any(k.startswith("model.h.1.") for k in ddp)
-    # the gradients are reduced in another order (FSDP's reduce-scatter and sharded norm): equal to 1e-6
     torch.manual_seed(0)
     start = GPT(GPTConfig.llama(vocab_size=8, block_size=32, n_layer=2, n_head=2, n_embd=16)).state_dict()
-    moved = max((ddp["model." + k] - t).abs().max().item() for k, t in start.items() if "model." + k in ddp)
-    assert moved > 1e-3   # the two steps did move the weights
+    assert max((ddp["model." + k] - t).abs().max().item() for k, t in start.items() if "model." + k in ddp) > 1e-3
+    # DDP's weights (FSDP reduces the gradients and their norm in another order: equal within 1e-6)
     for k in ddp:
         torch.testing.assert_close(fsdp[k], ddp[k], atol=1e-6, rtol=0, msg=k)
     # the step-1 checkpoint is resumable (optimizer and every rank's generators in it) and loads as a model
@@ -82,7 +96,4 @@ def test_fsdp_matches_ddp_and_resumes_exactly(tmp_path):
     model, _ = load_model(step1)
     assert not torch.equal(model.state_dict()["h.0.attn.c_attn.weight"], fsdp["model.h.0.attn.c_attn.weight"])
     # resumed from step 1 under FSDP: the uninterrupted run's step-2 weights, bit for bit
-    (tmp_path / "again").mkdir()
-    shutil.copy(step1, tmp_path / "again" / "rl.safetensors")
-    again = group(1, tmp_path / "again")
     assert all(torch.equal(again[k], fsdp[k]) for k in fsdp)
