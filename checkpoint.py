@@ -38,17 +38,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict, set_model_state_dict,
-                                                     set_optimizer_state_dict)
-from torch.distributed.fsdp import FSDPModule
 
 from model import GPT, GPTConfig, rope_tables
 
 FORMAT = "nanorlvr-1"
-# FSDP's state dicts of the unsharded tensors: gathered to rank 0's CPU, and put back as shards
-FULL, FULL_IN = (StateDictOptions(full_state_dict=True, cpu_offload=True),
-                 StateDictOptions(full_state_dict=True, strict=False))
 ROOT = Path(__file__).resolve().parent   # the repository: paths inside it are recorded relative
 
 
@@ -133,11 +126,20 @@ def gather_state(model, optimizer=None):
     """An FSDP model's full weights and optimizer state (None: no optimizer) on rank 0's CPU, as an
     unsharded model's state_dict() and optimizer.state_dict() lay them out (parameters numbered,
     not named). Every rank calls it: each sends its shards."""
-    sd = get_model_state_dict(model, options=FULL)
+    dcp = sharded_state()
+    full = dcp.StateDictOptions(full_state_dict=True, cpu_offload=True)   # to rank 0's CPU
+    sd = dcp.get_model_state_dict(model, options=full)
     if optimizer is None:
         return sd, None
-    osd = get_optimizer_state_dict(model, optimizer, options=FULL)   # by parameter name
+    osd = dcp.get_optimizer_state_dict(model, optimizer, options=full)   # by parameter name
     return sd, renamed(osd, {name: i for i, (name, _) in enumerate(model.named_parameters())})
+
+
+def sharded_state():
+    """torch.distributed.checkpoint's state dicts of FSDP models, imported only for them (the
+    import takes most of a second)."""
+    from torch.distributed.checkpoint import state_dict
+    return state_dict
 
 
 def renamed(osd, name):
@@ -217,8 +219,10 @@ def load_weights(model, sd, path, assign=False):
     if missing or unused or shapes:
         raise ValueError(f"{path}: weights do not fit the model (missing {missing[:4]}, unused "
                          f"{unused[:4]}, shapes {shapes[:4]}); saved with another config?")
-    if isinstance(model, FSDPModule):   # each rank keeps its shards of the full tensors
-        set_model_state_dict(model, sd, options=FULL_IN)
+    if hasattr(model, "unshard"):   # FSDP: each rank keeps its shards of the full tensors
+        dcp = sharded_state()
+        dcp.set_model_state_dict(model, sd, options=dcp.StateDictOptions(full_state_dict=True,
+                                                                         strict=False))
     else:
         model.load_state_dict(sd, strict=False, assign=assign)
 
@@ -247,9 +251,11 @@ def resume(path, model, optimizer=None):
                 state.setdefault(int(i), {})[name] = v
         osd = {"state": state, "param_groups": meta["optimizer_groups"]}
         try:
-            if isinstance(model, FSDPModule):   # by parameter name, each rank its shards
+            if hasattr(model, "unshard"):   # FSDP: by parameter name, each rank its shards
+                dcp = sharded_state()
                 osd = renamed(osd, [name for name, _ in model.named_parameters()])
-                set_optimizer_state_dict(model, optimizer, osd, options=FULL_IN)
+                dcp.set_optimizer_state_dict(model, optimizer, osd,
+                                             options=dcp.StateDictOptions(full_state_dict=True))
             else:
                 optimizer.load_state_dict(osd)
         except (ValueError, KeyError, TypeError, RuntimeError) as e:

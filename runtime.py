@@ -73,8 +73,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
 from checkpoint import (gather_state, read_meta, recorded_path, relative_path, resume,
@@ -263,7 +261,8 @@ class Run:
         model = model.to(self.args.device)
         if grad_ckpt:
             model.grad_ckpt = True
-        if self.fsdp:
+        if self.fsdp:   # (imported here: the import takes most of a second)
+            from torch.distributed.fsdp import fully_shard
             fully_shard(model)
         trained = torch.compile(model) if compile else model
         if self.ddp and not self.fsdp:
@@ -402,7 +401,7 @@ def from_flags(args, cls):
 
 def finite_weights(model):
     """This rank's weights are finite (under FSDP: its shards; no collective on a fault's path)."""
-    return bool(torch.stack([torch.isfinite(p.to_local() if isinstance(p, DTensor) else p).all()
+    return bool(torch.stack([torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()
                              for p in model.parameters()]).all())
 
 

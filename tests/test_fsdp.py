@@ -1,6 +1,7 @@
 """--fsdp=1 on two gloo ranks (CPU): two GRPO steps sharded by FSDP end with DDP's weights, the checkpoints are the
 files DDP writes (checkpoint.load_model reads them), and a run resumed from the step-1 checkpoint ends with the
-step-2 weights. The ranks draw different prompts, so their kept groups, micro-batches and sampling rounds differ."""
+step-2 weights (so does one resumed under FSDP from DDP's step-1 checkpoint). The ranks draw different prompts, so
+their kept groups and micro-batches differ (rank 1 has none at step 2)."""
 import argparse
 import os
 import shutil
@@ -74,15 +75,17 @@ def train(run, rank, out):
 
 
 def test_fsdp_matches_ddp_and_resumes_exactly(tmp_path):
-    ddp, fsdp, again = tmp_path / "ddp", tmp_path / "fsdp", tmp_path / "again"
+    ddp, fsdp, again, switched = (tmp_path / name for name in ("ddp", "fsdp", "again", "switched"))
     runs = [(free_port(), 0, ddp, None), (free_port(), 1, fsdp, None),
-            (free_port(), 1, again, fsdp / "step1.safetensors")]
+            (free_port(), 1, again, fsdp / "step1.safetensors"),
+            (free_port(), 1, switched, ddp / "step1.safetensors")]   # --fsdp may change on resume
     torch.multiprocessing.spawn(worker, args=(2, runs), nprocs=2)
     sharded = [(out / f"sharded{r}.txt").read_text() for out in (ddp, fsdp) for r in (0, 1)]
     assert sharded == ["False", "False", "True", "True"]   # DDP's whole weights, FSDP's DTensor shards
     assert (fsdp / "rank1_kept.txt").read_text() == "10"   # step 2: rank 1 has no rows
     step1 = fsdp / "step1.safetensors"
-    ddp, fsdp, again = (read_checkpoint(out / "rl.safetensors")[0] for out in (ddp, fsdp, again))
+    ddp, fsdp, again, switched = (read_checkpoint(out / "rl.safetensors")[0]
+                                  for out in (ddp, fsdp, again, switched))
     assert ddp.keys() == fsdp.keys() and any(k.startswith("model.h.1.") for k in ddp)
     torch.manual_seed(0)
     start = GPT(GPTConfig.llama(vocab_size=8, block_size=32, n_layer=2, n_head=2, n_embd=16)).state_dict()
@@ -90,6 +93,7 @@ def test_fsdp_matches_ddp_and_resumes_exactly(tmp_path):
     # DDP's weights (FSDP reduces the gradients and their norm in another order: equal within 1e-6)
     for k in ddp:
         torch.testing.assert_close(fsdp[k], ddp[k], atol=1e-6, rtol=0, msg=k)
+        torch.testing.assert_close(switched[k], ddp[k], atol=1e-6, rtol=0, msg=k)   # DDP's step 1, then FSDP
     # the step-1 checkpoint is resumable (optimizer and every rank's generators in it) and loads as a model
     tensors, meta = read_checkpoint(step1)
     assert meta["step"] == 1 and any(k.startswith("optim.") for k in tensors) and "state.rng1" in tensors
