@@ -99,7 +99,7 @@ FREE_FLAGS = {"device", "threads", "compile", "grad_ckpt", "eval_workers",
               "fsdp"}   # FSDP: the same steps, and the same checkpoint files, as DDP
 # flags of the final evaluation alone: a re-run with other values evaluates the same trained models
 # again
-EVAL_FLAGS = {"final_eval", "val_limit", "test_limit"}
+EVAL_FLAGS = {"final_eval", "eval_limit", "test_limit"}
 
 
 class Run:

@@ -100,9 +100,8 @@ add_flags(g, GRPOConfig)   # --prompts_per_step ... --max_new_tokens: GRPOConfig
 g.add_argument("--reward", default=None,
                help="textgame: binary | task_specific; webpage: f1 (default: the first)")
 g = p.add_argument_group("evaluation")
-g.add_argument("--val_limit", type=int, default=0,
-               help="validation records in the final eval (0 = all)")
-g.add_argument("--test_limit", type=int, default=0, help="test records in the final eval (0 = all)")
+g.add_argument("--eval_limit", type=int, default=0,
+               help="the first N validation and test records in the final eval (0 = all)")
 g = p.add_argument_group("system")
 g.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
 g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
@@ -130,7 +129,7 @@ check_ranges(p, flags,
              at_least_1=("n_layer", "n_head", "n_embd", "block_size", "mle_steps", "batch_size",
                          "rl_steps", "prompts_per_step", "group_size", "micro_batch",
                          "max_new_tokens", "ckpt_every"),
-             at_least_0=("mle_lr", "rl_lr", "test_limit", "val_limit"))
+             at_least_0=("mle_lr", "rl_lr", "eval_limit"))
 task = TASKS[flags.task]   # data module, per-record scores, rewards (tasks.py)
 data = task.data           # load_records, prompt_text, target_text, is_changed
 # the defaults that depend on the task and the shipped checkpoints, resolved once: --init=auto is
@@ -369,7 +368,7 @@ if args.stage in ("all", "rlvr"):
         rl_compute = read_meta(rl_ckpt)["metrics"].get("rl_compute", 0)
         ckpts["mle_more"] = str(control(ComputeBudget(rl_compute)))
     # every model, loaded from its checkpoint, greedy on the same records: differences are paired
-    splits = {"val": val_recs[:args.val_limit or None], "test": test_recs[:args.test_limit or None]}
+    splits = {"val": val_recs[:args.eval_limit or None], "test": test_recs[:args.eval_limit or None]}
     # one process on a CPU: the jobs split over the cores; under torchrun every rank decodes its
     # share of each job's batches (runtime.rank_map), and every rank gets the same results
     workers = EVAL_WORKERS if args.device == "cpu" and world == 1 else 1

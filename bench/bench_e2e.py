@@ -51,10 +51,10 @@ p.add_argument("--mem_tokens", type=int, default=200, help="max new tokens per s
 args = p.parse_args()
 EXTRA = {"lang": [], "video": []}
 if args.quick:
-    EXTRA = {"lang": ["--rl_steps=5", "--test_limit=100"], "video": ["--rl_steps=5", "--test_limit=10"]}
+    EXTRA = {"lang": ["--rl_steps=5", "--eval_limit=100"], "video": ["--rl_steps=5", "--test_limit=10"]}
     args.mem_steps, args.mem_warmup = 12, 4
 if args.tiny:
-    EXTRA = {"lang": ["--rl_steps=1", "--test_limit=4", "--prompts_per_step=2", "--group_size=2",
+    EXTRA = {"lang": ["--rl_steps=1", "--eval_limit=4", "--prompts_per_step=2", "--group_size=2",
                       "--max_new_tokens=32"],
              "video": ["--rl_steps=1", "--test_limit=1", "--prompts_per_step=2", "--group_size=2"]}
     args.mem_steps, args.mem_warmup, args.mem_prompts, args.mem_tokens = 3, 1, 2, 32

@@ -565,8 +565,8 @@ def lang_flags(out_dir):
     return ["train_lang.py", "--stage=rlvr", f"--init={hf_dir}", f"--data_dir={data_dir}",
             f"--out_dir={out_dir}", "--rl_steps=2", f"--device={args.device}",
             f"--dtype={args.dtype}", "--prompts_per_step=2", "--group_size=4",
-            f"--max_new_tokens={S['sub_new']}", "--micro_batch=8", "--val_limit=4",
-            "--test_limit=4", "--control=0"]
+            f"--max_new_tokens={S['sub_new']}", "--micro_batch=8", "--eval_limit=4",
+            "--control=0"]
 
 
 def step_lang(torchrun):

@@ -38,7 +38,7 @@ def test_the_step_runs_through_the_listed_files(tmp_path):
     # max_rounds 4 on a converged model: groups without spread make the step draw more prompts (the refill path)
     p = subprocess.run([sys.executable, "tools/trace_step.py", f"--data_dir={tmp_path / 'data'}",
                         f"--out_dir={tmp_path / 'out'}", "--stage=rlvr", "--rl_steps=1", "--control=0",
-                        "--val_limit=1", "--test_limit=1", "--prompts_per_step=2", "--group_size=4",
+                        "--eval_limit=1", "--prompts_per_step=2", "--group_size=4",
                         "--max_new_tokens=64"], **run)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     traced = json.loads((tmp_path / "t.json").read_text())

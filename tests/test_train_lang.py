@@ -10,7 +10,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--batch_size=8", "--test_limit=12", "--val_limit=6",
+TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--batch_size=8", "--eval_limit=12",
         "--max_new_tokens=64", "--group_size=4", "--prompts_per_step=2"]
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,7 @@ def tiny_run(tmp_path_factory):
 
 def test_default_pipeline_writes_eval_json(tiny_run):
     tmp, stdout = tiny_run
-    for name, n in (("eval.json", 12), ("eval_val.json", 6)):
+    for name, n in (("eval.json", 12), ("eval_val.json", 12)):
         result = json.loads((tmp / "out" / name).read_text())
         assert set(result) == {"mle", "rlvr", "mle_more"}
         for r in result.values():
@@ -100,7 +100,7 @@ def test_torchrun_final_eval_equals_one_process(tiny_run, tmp_path):
     tmp, _ = tiny_run
     run(["data/textgame/prepare.py", "--n_train=100", "--n_val=4", "--n_test=140", f"--out_dir={tmp_path / 'data'}"])
     flags = ["train_lang.py", "--stage=rlvr", f"--init={tmp / 'out' / 'mle.safetensors'}", "--rl_steps=1",
-             f"--data_dir={tmp_path / 'data'}", "--control=0", *TINY, "--test_limit=0", "--val_limit=1"]
+             f"--data_dir={tmp_path / 'data'}", "--control=0", *TINY, "--eval_limit=0"]
     run(["-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", *flags, f"--out_dir={tmp_path / 'ddp'}"])
     shared = json.loads((tmp_path / "ddp" / "eval.json").read_text())
     assert shared["rlvr"]["n"] == 140                                  # three batches of 64: both ranks decode
@@ -183,7 +183,7 @@ def test_bfloat16_run_takes_no_optimizer_step_inside_autocast(tiny_run, tmp_path
     tmp, _ = tiny_run
     shipped = ROOT / "checkpoints" / "textgame" / "mle.safetensors"   # right often enough for reward spread
     argv = ["train_lang.py", "--stage=rlvr", f"--init={shipped}", f"--data_dir={tmp / 'data'}", f"--out_dir={tmp_path}",
-            "--rl_steps=2", "--dtype=bfloat16", "--control=0", *TINY, "--test_limit=1", "--val_limit=1"]
+            "--rl_steps=2", "--dtype=bfloat16", "--control=0", *TINY, "--eval_limit=1"]
     code = ("import runpy, sys, torch\n"
             "from torch.optim.optimizer import register_optimizer_step_pre_hook\n"
             "seen = []\n"

@@ -3,7 +3,7 @@ Which of the project's files one RLVR step runs through: runs train_lang.py with
 project file whose Python code executes inside `grpo.grpo_step` (rollout, reward, refill, update), plus the script
 that calls it. The README's reading order is checked against this list by tests/test_reading_order.py.
 
-    python tools/trace_step.py --stage=rlvr --rl_steps=1 --control=0 --val_limit=1 --test_limit=1
+    python tools/trace_step.py --stage=rlvr --rl_steps=1 --control=0 --eval_limit=1
     python tools/trace_step.py --counts     # only rewrite the README table's line counts
 """
 import json
