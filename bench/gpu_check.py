@@ -29,6 +29,8 @@ the others still run; the exit status is 1 if any row is FAIL):
    directly on one Linear.
 7. scripts: a 2-step train_lang.py RLVR run from the HF directory, the same under torchrun
    (1 process), and a 3-step train_video.py RLVR run from the shipped checkpoint.
+8. FSDP: the 2-step train_lang.py run under torchrun (1 process) with --fsdp=1: fully_shard over
+   NCCL, the weights gathered for the rollouts and for its checkpoints.
 Memory: the step's peak of all the process holds (the models of earlier steps included):
 torch.cuda.max_memory_allocated on a GPU, on a CPU the peak RSS (VmHWM, reset before each step).
 Subprocess rows have no memory column; the GRPO rows also give runtime.memory_estimate's peak.
@@ -72,7 +74,7 @@ p.add_argument("--out", default="out/gpu_check.md", help="the markdown table is 
 p.add_argument("--work_dir", default=None,
                help="where the HF directory, data and runs go (default: a temporary folder, "
                     "removed at the end)")
-p.add_argument("--skip", default="", help="comma list of step numbers (1-7) not to run")
+p.add_argument("--skip", default="", help="comma list of step numbers (1-8) not to run")
 p.add_argument("--threads", type=int, default=0,
                help="torch CPU threads, also given to the scripts of step 7 (0: 1 with --tiny, "
                     "else torch's default)")
@@ -569,11 +571,11 @@ def lang_flags(out_dir):
             "--control=0"]
 
 
-def step_lang(torchrun):
-    out = STATE["work"] / ("lang_torchrun" if torchrun else "lang")
+def step_lang(torchrun, fsdp=False):
+    out = STATE["work"] / ("lang_fsdp" if fsdp else "lang_torchrun" if torchrun else "lang")
     launcher = ["-m", "torch.distributed.run", "--nproc_per_node=1", "--standalone"]
-    return script([sys.executable, *(launcher if torchrun else []), *lang_flags(out)], out,
-                  "eval_val.json")
+    return script([sys.executable, *(launcher if torchrun else []), *lang_flags(out),
+                   *(["--fsdp=1"] if fsdp else [])], out, "eval_val.json")
 
 
 def step_video():
@@ -635,13 +637,15 @@ def main():
         7: [("7a train_lang rlvr", "2 steps from the HF dir", lambda: step_lang(False)),
             ("7b train_lang torchrun", "1 process, 2 steps", lambda: step_lang(True)),
             ("7c train_video rlvr", "3 steps from video_mle_4000", step_video)],
+        8: [("8 train_lang fsdp", "torchrun, 1 process, 2 steps, --fsdp=1",
+             lambda: step_lang(True, fsdp=True))],
     }
     try:
         for n, checks in steps.items():
-            if n == 7:
+            if n >= 7:
                 free_models()
             for name, shape, fn in checks if n not in SKIP else ():
-                check(name, shape, fn, memory=n != 7)
+                check(name, shape, fn, memory=n < 7)
     finally:
         if tmp is not None:
             tmp.cleanup()
