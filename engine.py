@@ -18,7 +18,23 @@ cached keys and values takes as long (docs/engineering.md: the profile behind ea
   another; one softmax joins the two parts.
 - Rows that reached EOS leave the batch once they are a quarter of it.
 - Sampling is model.py's `sample_next`: one uniform per row, the CDF inverted.
+
+On a GPU the eager loop above is launch-bound: a decode step of a 1.5B model is ~3,000 small
+kernels, each launched by Python, and the GPU waits on the launches, not on the weights.
+`generate(graphs=True)` takes a static-shape path instead (`StaticCache`, `static_decode`): every
+row stays in the batch to the end (finished rows are masked, not dropped), the generated keys and
+values live at a fixed width (max_new_tokens, the positions not yet written masked out), and the
+step's position is a device tensor, so that every step runs the same kernels on the same buffers.
+On a GPU one step is then recorded once as a CUDA graph and replayed per token: one launch
+instead of thousands. EOS is checked on the device, the host looks at it every SYNC_EVERY tokens,
+and the uniforms are drawn SYNC_EVERY tokens at a time (from a CPU generator: pinned, copied
+without a sync). On a CPU the same step runs eagerly; tests/test_engine.py holds it equal to the
+eager path. `cast_copy`: the weights in the run's low-precision dtype once per rollout, instead of
+autocast recasting every Linear's float32 weight at every call.
 """
+import copy
+import time
+
 import torch
 
 from model import PromptCache, additive, apply_rope, run_cached, sample_next
@@ -55,6 +71,7 @@ class KVCache:
         self.new_kv = torch.empty(shape, dtype=self.prompt_k[0].dtype, device=valid.device)
         self.length = 0
         self.live = torch.arange(B * samples, device=valid.device)
+        self.new_mask = None   # StaticCache's
 
     def keep(self, rows):
         """Go on with the decoding rows `rows` (long, indices among the R) only."""
@@ -87,14 +104,35 @@ class KVCache:
         return x if len(self.live) == B * S else x[self.live]
 
 
+class StaticCache(KVCache):
+    """KVCache at a fixed shape, for the static path: all N rows decode to the end, and the
+    position written next is a device tensor t (1,), so every step runs on the same buffers.
+    new_kv starts at zeros (a masked position still enters a matmul: 0 x NaN would be NaN), and
+    new_mask (max_new,), -inf past t, hides the positions not yet written."""
+
+    def __init__(self, config, prompt, valid, samples, max_new):
+        super().__init__(config, prompt, valid, samples, max_new)
+        self.new_kv.zero_()
+        self.t = torch.zeros(1, dtype=torch.long, device=valid.device)
+        self.steps = torch.arange(max_new, device=valid.device)
+
+    def write(self, layer, k, v):
+        """Store k, v (N, nkv, hd) at position t of `layer` -> all the max_new positions,
+        (N * nkv, max_new, hd) each."""
+        kv = self.new_kv[layer]                                  # (2, N, nkv, max_new, hd)
+        kv.index_copy_(3, self.t, torch.stack([k, v]).unsqueeze(3))
+        return kv.flatten(1, 2)
+
+
 def decode_attention(q, k, v, cache, layer):
     """One new query per row attends to its prompt's keys and to its own generated ones.
 
     q (R, nh, hd), k and v (R, nkv, hd): the step's, for the R decoding rows; k and v go into the
     cache first. Returns (R, nh * hd), the heads side by side as c_proj takes them."""
     R, nh, hd = q.shape
-    nkv, g, t, scale = cache.nkv, cache.g, cache.length, hd ** -0.5
-    kn, vn = cache.write(layer, k, v)                       # (R * nkv, t + 1, hd) each
+    nkv, g, scale = cache.nkv, cache.g, hd ** -0.5
+    kn, vn = cache.write(layer, k, v)                       # (R * nkv, T, hd) each
+    T = kn.size(1)        # the positions written so far (the eager path), or max_new (static)
     kp, vp = cache.prompt_k[layer], cache.prompt_v[layer]   # (B * nkv, P, hd)
     P = kp.size(1)
     # query head h uses kv head h // g: the g queries of a kv head side by side (no copy of k, v)
@@ -105,12 +143,14 @@ def decode_attention(q, k, v, cache, layer):
     s_prompt = cache.by_row(s_prompt)                                         # (R, nkv, g, P)
     # ... and each row's generated keys against its g queries
     s_new = torch.bmm(q.view(R * nkv, g, hd), kn.transpose(1, 2)).mul_(scale)
-    s_new = s_new.view(R, nkv, g, t + 1)
+    if cache.new_mask is not None:   # static: the positions not yet written are -inf
+        s_new += cache.new_mask
+    s_new = s_new.view(R, nkv, g, T)
     # one softmax over both parts
-    p = torch.softmax(torch.cat([s_prompt, s_new], dim=-1), dim=-1)         # (R, nkv, g, P + t + 1)
+    p = torch.softmax(torch.cat([s_prompt, s_new], dim=-1), dim=-1)         # (R, nkv, g, P + T)
     # values: the prompt part per prompt, then each row adds its own (baddbmm: y + p_new @ v_new)
     y = cache.by_row(torch.bmm(cache.by_prompt(p[..., :P]), vp))             # (R, nkv, g, hd)
-    y = torch.baddbmm(y.reshape(R * nkv, g, hd), p[..., P:].reshape(R * nkv, g, t + 1), vn)
+    y = torch.baddbmm(y.reshape(R * nkv, g, hd), p[..., P:].reshape(R * nkv, g, T), vn)
     return y.view(R, nh * hd)
 
 
@@ -134,11 +174,11 @@ def decode_step(model, tok, pos, cache):
     return model.lm_head(model.ln_f(x))
 
 
-def prefill(model, prompts, max_new_tokens, samples):
+def prefill(model, prompts, max_new_tokens, samples, static=False):
     """Run the B prompts once, left-padded to their longest length P; each row gets positions
     0..len-1 for its own tokens and a mask hiding the pads, so a row's results do not depend on the
     batch. Returns the logits (B * S, vocab) of every row's first new token, the rows' prompt
-    lengths (B * S,) and the KVCache holding the prompts' keys and values."""
+    lengths (B * S,) and the KVCache (static: StaticCache) holding the prompts' keys and values."""
     device, B, dtype = model.wte.weight.device, len(prompts), model.wte.weight.dtype
     lens = torch.tensor([len(p) for p in prompts], device=device)
     assert B > 0 and int(lens.min()) >= 1, "engine.generate: every prompt needs at least one token"
@@ -157,13 +197,14 @@ def prefill(model, prompts, max_new_tokens, samples):
     prompt = PromptCache(model.config.n_layer)
     mask = additive(allowed.unsqueeze(1), dtype)
     logits = run_cached(model, idx, pos, mask, prompt, last=True)[:, -1]  # (B, vocab)
-    cache = KVCache(model.config, prompt, valid, samples, max_new_tokens)
+    cache = (StaticCache if static else KVCache)(model.config, prompt, valid, samples,
+                                                 max_new_tokens)
     return logits.repeat_interleave(samples, 0), lens.repeat_interleave(samples), cache
 
 
 @torch.inference_mode()
 def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-             eos_id=None, generator=None, num_samples=1, vocab=None):
+             eos_id=None, generator=None, num_samples=1, vocab=None, graphs=False):
     """Sample continuations of a batch of prompts with a KV cache.
 
     prompts: list of B token-id lists (lengths may differ; each >= 1); results do not depend on
@@ -175,7 +216,11 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=
     Returns (tokens, logprobs), both (B*num_samples, N) with N <= max_new_tokens (decoding stops
     once every row is done): tokens is long, the sampled ids, with -1 after a row's eos_id (the
     eos itself is kept); logprobs is float32, each sampled token's log-prob under the sampling
-    distribution (for greedy: under the model at T=1), 0 where tokens == -1."""
+    distribution (for greedy: under the model at T=1), 0 where tokens == -1.
+    graphs: the static-shape path (`static_generate`), its decode step a CUDA graph on a GPU."""
+    if graphs:
+        return static_generate(model, prompts, max_new_tokens, temperature, top_k, top_p, eos_id,
+                               generator, num_samples, vocab)
     logits, lens, cache = prefill(model, prompts, max_new_tokens, num_samples)
     N, device = len(logits), logits.device
     tokens = torch.full((N, max_new_tokens), -1, dtype=torch.long, device=device)
@@ -198,3 +243,120 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=
             cache.keep(live)
         logits = decode_step(model, tok, lens + t, cache)
     return tokens[:, :t + 1], logprobs[:, :t + 1]
+
+
+# -----------------------------------------------------------------------------
+# the static-shape path (generate(graphs=True)): see the module's docstring
+
+SYNC_EVERY = 32   # tokens between the host's looks at EOS; uniforms are drawn as many at a time
+CAPTURE = dict(seconds=0.0)   # the last CUDA graph capture's time (bench/gpu_check.py shows it)
+
+
+class Uniforms:
+    """The sampler's uniforms, (N, 1) per column of the output, drawn SYNC_EVERY columns at a time:
+    a CPU generator draws in order, so these are the numbers one draw per column gives. A block
+    drawn on the CPU for a GPU is pinned and copied without waiting (no sync per token)."""
+
+    def __init__(self, generator, N, max_new, device):
+        self.gen, self.N, self.max_new, self.device = generator, N, max_new, device
+        self.where = generator.device if generator is not None else device
+
+    def column(self, c):
+        if c % SYNC_EVERY == 0:
+            n = min(SYNC_EVERY, self.max_new - c)
+            block = torch.rand(n, self.N, 1, generator=self.gen, dtype=torch.float64,
+                               device=self.where)
+            if self.device.type == "cuda" and block.device.type == "cpu":
+                block = block.pin_memory()
+            self.block = block.to(self.device, non_blocking=True)
+        return self.block[c % SYNC_EVERY]
+
+
+def static_generate(model, prompts, max_new, temperature, top_k, top_p, eos_id, generator,
+                    num_samples, vocab, capture=True):
+    """generate(graphs=True): the same tokens as the eager path, at shapes fixed for the whole
+    call. Every row decodes every step (a finished row's tokens are -1, its log-probs 0, as in
+    the eager path), one uniform per row and step: seeded samples equal the eager path's when it
+    drops no row, that is without eos_id (with it, greedy tokens are equal). `step` changes only
+    buffers in place, so on a GPU it is captured once (`cuda_graph`) and replayed per token
+    (capture False: run eagerly there too, to compare)."""
+    logits, lens, cache = prefill(model, prompts, max_new, num_samples, static=True)
+    N, device = len(logits), logits.device
+    tokens = torch.full((N, max_new), -1, dtype=torch.long, device=device)
+    logprobs = torch.zeros(N, max_new, device=device)
+    draws = Uniforms(generator, N, max_new, device)
+    u = torch.zeros(N, 1, dtype=torch.float64, device=device)   # this column's uniforms
+    greedy = temperature == 0
+
+    def sample(logits):
+        return sample_next(logits[:, :vocab].float(), temperature, top_k, top_p, None, u=u)
+
+    # column 0, from the prefill's logits
+    if not greedy:
+        u.copy_(draws.column(0))
+    tok, lp = sample(logits)
+    tokens[:, 0], logprobs[:, 0] = tok, lp
+    done = tok == eos_id if eos_id is not None else torch.zeros_like(tok, dtype=torch.bool)
+
+    def step():
+        """Feed tok at position t, draw column t + 1 (-1 and 0 for rows done before), t + 1."""
+        cache.new_mask = additive(cache.steps <= cache.t, cache.new_kv.dtype)
+        nxt, lp = sample(decode_step(model, tok, lens + cache.t, cache))
+        col = cache.t + 1
+        tokens.index_copy_(1, col, nxt.masked_fill(done, -1)[:, None])
+        logprobs.index_copy_(1, col, lp.masked_fill(done, 0.0)[:, None])
+        if eos_id is not None:
+            done.logical_or_(nxt == eos_id)
+        tok.copy_(nxt)
+        cache.t.add_(1)
+
+    run = step
+    for c in range(1, max_new):
+        # the host looks at EOS every SYNC_EVERY tokens only
+        if eos_id is not None and c % SYNC_EVERY == 0 and bool(done.all()):
+            break
+        if not greedy:
+            u.copy_(draws.column(c))
+        if c == 1 and capture and device.type == "cuda":
+            run = cuda_graph(step, [tok, done, tokens, logprobs, cache.t])
+        run()
+    # the last column any row wrote, as the eager path stops there
+    width = int((tokens >= 0).any(0).nonzero().max()) + 1
+    return tokens[:, :width], logprobs[:, :width]
+
+
+def cuda_graph(step, state):
+    """step() recorded once as a CUDA graph -> a function replaying it: one launch for the whole
+    decode step, on the same buffers (no allocation, no Python per kernel). As torch.cuda.graph
+    asks, a warm-up run goes first on a side stream (lazy initialisations, cuBLAS workspaces);
+    the buffers `state` that the warm-up moved are put back."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    saved = [x.clone() for x in state]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for x, x0 in zip(state, saved):
+        x.copy_(x0)
+    torch.cuda.synchronize()
+    CAPTURE["seconds"] = time.perf_counter() - t0
+    return graph.replay
+
+
+def cast_copy(model):
+    """Inside an autocast region of a low-precision dtype, a model with float32 weights -> a copy
+    whose weights are cast once to that dtype (autocast would recast every Linear's weight at
+    every call, each decode step); else `model`. Made per rollout, no second float32 copy."""
+    device = model.wte.weight.device.type
+    dtype = torch.get_autocast_dtype(device)
+    if (not torch.is_autocast_enabled(device) or dtype == torch.float32
+            or model.wte.weight.dtype != torch.float32):
+        return model
+    memo = {id(p): torch.nn.Parameter(p.detach().to(dtype), requires_grad=False)
+            for p in model.parameters()}
+    return copy.deepcopy(model, memo)

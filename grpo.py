@@ -27,7 +27,7 @@ from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
 from checkpoint import read_meta
-from engine import generate
+from engine import cast_copy, generate
 
 
 def knob(default, help, flag=None):
@@ -63,6 +63,8 @@ class GRPOConfig:
     # sampling; skip_zero_std: drop groups without reward spread
     temperature: float = 1.0
     max_new_tokens: int = knob(200, "longest answer sampled")
+    graphs: bool = knob(False, "1: sample on static shapes, each decode step one CUDA graph on a "
+                               "GPU (engine.py; same greedy tokens, EOS sampling may differ)")
     # ids the tokenizer can decode (0: all the model's): Qwen2 pads its embedding past its
     # tokenizer, and those ids are never sampled nor given probability in the update
     vocab: int = 0
@@ -168,14 +170,16 @@ def rollout(model, prompts, items, reward_fn, cfg, eos_id, generator, sampler=No
     (-1 after EOS), old_logp (N, T), mask (N, T) (the sampled tokens), rewards (N,), completions.
     sampler: None (engine.generate), or (model, prompts, items, cfg, generator) -> tokens,
     logprobs, sampled (N, T) when the task injects tokens (video's true actions: sampled False).
-    The sampling runs under `autocast`, the reward outside it."""
+    The sampling runs under `autocast` (engine.generate: on weights cast to its dtype once per
+    rollout, engine.cast_copy), the reward outside it."""
     G = cfg.group_size
     model.eval()
     with autocast:
         if sampler is None:  # each prompt is prefilled once; its G samples share its KV cache
-            tokens, old_lp = generate(model, prompts, cfg.max_new_tokens,
+            tokens, old_lp = generate(cast_copy(model), prompts, cfg.max_new_tokens,
                                       temperature=cfg.temperature, eos_id=eos_id,
-                                      generator=generator, num_samples=G, vocab=cfg.vocab or None)
+                                      generator=generator, num_samples=G, vocab=cfg.vocab or None,
+                                      graphs=cfg.graphs)
             sampled = None
         else:
             reps = [(p, it) for p, it in zip(prompts, items) for _ in range(G)]

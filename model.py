@@ -298,9 +298,11 @@ class GPT(nn.Module):
         return idx
 
 
-def sample_next(logits, temperature, top_k, top_p, generator):
+def sample_next(logits, temperature, top_k, top_p, generator, u=None):
     """logits (R, V) -> (token (R,), its log-prob (R,) under the distribution sampled from).
-    temperature 0: greedy (the log-prob is the model's at T=1); top_k, top_p: None or the filter."""
+    temperature 0: greedy (the log-prob is the model's at T=1); top_k, top_p: None or the filter.
+    u: None (drawn here from generator), or the float64 uniforms (R, 1) on logits' device, drawn
+    by the caller as they would be here (engine.py's static path draws them ahead)."""
     if temperature == 0:
         tok = logits.argmax(-1)
         return tok, torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)
@@ -322,9 +324,10 @@ def sample_next(logits, temperature, top_k, top_p, generator):
     # is a token of non-zero probability. u is drawn where the generator lives (a CPU generator
     # cannot draw on a GPU), then moved: the same stream on every device.
     cdf = logp.exp().cumsum(-1, dtype=torch.float64)
-    where = generator.device if generator is not None else logits.device
-    u = torch.rand(len(cdf), 1, generator=generator, dtype=torch.float64, device=where)
-    u = u.to(logits.device)
+    if u is None:
+        where = generator.device if generator is not None else logits.device
+        u = torch.rand(len(cdf), 1, generator=generator, dtype=torch.float64, device=where)
+        u = u.to(logits.device)
     tok = torch.searchsorted(cdf, u * cdf[:, -1:] * (1 - 1e-9), right=True).squeeze(-1)
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 

@@ -20,6 +20,9 @@ tokens. Ours, HF and a large matmul (the peak) run in turn, after a warm-up, and
 Roofline: the model FLOPs of the new tokens (2 x the matmul weights incl. the LM head, plus 4 x n_layer x n_head x
 head_dim x the keys each new token attends to) over the median time, as a fraction of the median matmul peak measured
 in the same rounds. The prefill's other positions are not counted, so the fraction is a lower bound.
+Bandwidth bound: the tokens/s if a decode step took only the reading of the weights once (rows x a large memcpy's
+bandwidth / bytes of weights), and the fraction of it reached. "ours static" is engine.generate(graphs=True): the
+static-shape path, run eagerly on a CPU (on a GPU its step is a CUDA graph: bench/gpu_check.py step 4 measures it).
 """
 import argparse
 import json
@@ -28,7 +31,8 @@ import time
 
 import torch
 
-from common import ROOT, interleaved, machine, matmul_run, median, print_table, thread_list
+from common import (ROOT, bandwidth, interleaved, machine, matmul_run, median, print_table,  # noqa: E402
+                    thread_list, weight_bytes)
 
 import engine  # noqa: E402
 from checkpoint import load_model  # noqa: E402
@@ -132,19 +136,27 @@ def bench(name, peak_fn, peak_flops):
         toks, _ = engine.generate(ours, prompts, new, temperature=1.0, generator=g_ours, num_samples=S)
         assert toks.shape == (B * S, new)
 
+    def run_static():
+        toks, _ = engine.generate(ours, prompts, new, temperature=1.0, generator=g_ours, num_samples=S,
+                                  graphs=True)
+        assert toks.shape == (B * S, new)
+
     def run_hf():
         with torch.inference_mode():
             out = hf.generate(input_ids=ids, attention_mask=att, generation_config=gen_cfg, num_return_sequences=S)
         assert out.shape == (B * S, ids.size(1) + new)
 
-    t = interleaved({"ours": run_ours, "hf": run_hf, "peak": peak_fn}, args.repeats, clock=CLOCK)
+    t = interleaved({"ours": run_ours, "static": run_static, "hf": run_hf, "peak": peak_fn}, args.repeats,
+                    clock=CLOCK)
     sec, peak = median(t["ours"]), peak_flops / median(t["peak"])
     n_tok, flops = B * S * new, new_token_flops(ours.config, [len(x) for x in prompts], new, S)
     shape = f"{B} prompts of {lo}-{hi}" + (f" x {S} samples" if S > 1 else "") + f", {new} new"
     model = f"{ours.config.n_layer}x{ours.config.n_embd}, vocab {ours.config.vocab_size}"
-    return [name, shape, model, torch.get_num_threads(), f"{n_tok / sec:,.0f}", f"{n_tok / median(t['hf']):,.0f}",
+    bound = B * S * BANDWIDTH / weight_bytes(ours)   # tok/s if a step only read the weights once
+    rates = [n_tok / median(t[k]) for k in ("ours", "static", "hf")]
+    return [name, shape, model, torch.get_num_threads(), *(f"{r:,.0f}" for r in rates),
             f"**{median(t['hf']) / sec:.2f}x**", f"{flops / n_tok / 1e6:.2f}", f"{peak / 1e9:.1f}",
-            f"**{flops / sec / peak:.0%}**"]
+            f"**{flops / sec / peak:.0%}**", " / ".join(f"{r / bound:.1%}" for r in rates)]
 
 
 def profile(name):
@@ -190,6 +202,8 @@ if args.profile:
     profile("bar")
     raise SystemExit
 peak_fn, peak_flops = matmul_run(args.peak_n)
+BANDWIDTH = bandwidth("cpu")
+print(f"memory bandwidth (a 256 MiB copy): {BANDWIDTH / 1e9:.1f} GB/s")
 if args.clock == "cpu" and args.threads != "1":
     raise SystemExit("--clock=cpu: CPU time sums over threads, so it needs --threads=1 (or use --clock=wall)")
 CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
@@ -200,7 +214,7 @@ for threads in thread_list(args.threads):
         if name not in SHAPES:
             raise SystemExit(f"--shapes: unknown shape {name!r} ({'|'.join(SHAPES)})")
         rows.append(bench(name, peak_fn, peak_flops))
-print_table(["shape", "workload", "model", "threads", "ours tok/s", "HF generate tok/s", "ours / HF",
-             "MFLOP/token", "matmul peak GFLOP/s", "roofline"],
+print_table(["shape", "workload", "model", "threads", "ours tok/s", "ours static tok/s", "HF generate tok/s",
+             "ours / HF", "MFLOP/token", "matmul peak GFLOP/s", "roofline", "bandwidth bound: ours / static / HF"],
             rows,
             "rollout throughput (new tokens per second; higher is better); roofline = model FLOPs / (time x peak)")

@@ -79,6 +79,33 @@ def matmul_run(n):
     return run, 2 * n ** 3 * reps
 
 
+def bandwidth(device, repeats=5):
+    """Memory bandwidth in bytes/s: the best of `repeats` copies of a tensor on `device` into
+    another (each byte read once and written once; 1 GiB on a GPU, 256 MiB on a CPU), timed with
+    a sync on a GPU."""
+    device = torch.device(device)
+    gib = 1.0 if device.type == "cuda" else 0.25
+    src = torch.empty(int(gib * 2 ** 30), dtype=torch.uint8, device=device).fill_(1)
+    dst = torch.empty_like(src)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    best = float("inf")
+    for _ in range(repeats + 1):   # the first one warms up
+        sync()
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * src.numel() / best
+
+
+def weight_bytes(model):
+    """Bytes of weights a decode step reads: every parameter once (a tied LM head once), but the
+    token embedding when untied (a step reads only its rows' entries)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    w = model.wte.weight
+    return total - (0 if model.lm_head.weight is w else w.numel() * w.element_size())
+
+
 def median(xs):
     return statistics.median(xs)
 

@@ -6,6 +6,7 @@ run ends with one markdown table (printed, and written to --out with the date an
     python bench/gpu_check.py                          # one GPU, bf16 (sized for < 8 min, H200)
     python bench/gpu_check.py --tiny --device=cpu --dtype=float32   # ~35 s on 1 CPU thread (CI)
     python bench/gpu_check.py --skip=4,7               # leave steps out (they are numbered below)
+    python bench/gpu_check.py --skip=3,5,6,7 --sampler_lens=300   # the sampler only (~2 min)
 
 Steps (one table row or more each; a step that fails is recorded FAIL with its one-line reason and
 the others still run; the exit status is 1 if any row is FAIL):
@@ -19,8 +20,13 @@ the others still run; the exit status is 1 if any row is FAIL):
 3. parity: logits against transformers on a batch of text prompts, and 64 greedy tokens of
    engine.generate against HF generate(do_sample=False).
 4. sampler: engine.generate at T=1 with a CPU torch.Generator (as the training scripts pass it),
-   16 prompts x 8 samples of 300 and 3,000 tokens, 1,024 new tokens, no EOS; tokens/s beside HF
-   generate (static cache where supported); every id drawn must be one the tokenizer decodes.
+   16 prompts x 8 samples of 300 and 3,000 tokens (--sampler_lens), 1,024 new tokens, no EOS:
+   the eager path, the static path (graphs=True: each decode step one CUDA graph on a GPU; its
+   capture time shown), HF generate (static cache where supported); tokens/s and the fraction of
+   the weight-bandwidth bound (rows x bandwidth / bytes of weights a step reads, the bandwidth a
+   measured device-to-device copy); every id drawn must be one the tokenizer decodes. Then 64
+   greedy tokens of the static path captured against it uncaptured (equal: PASS) and against the
+   eager path (shown).
 5. GRPO: one grpo.grpo_step at micro_batch 8 and 2 on 300- and 3,000-token prompts, float32
    weights under --dtype autocast as train_lang.py runs it; time and peak memory.
 6. stale weights: no optimizer step may run inside autocast (autocast caches the low-precision
@@ -52,7 +58,7 @@ from pathlib import Path
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from common import ROOT, cpu_name, machine, print_table
+from common import ROOT, bandwidth, cpu_name, machine, print_table, weight_bytes
 
 import engine  # noqa: E402
 import grpo  # noqa: E402
@@ -78,6 +84,8 @@ p.add_argument("--skip", default="", help="comma list of step numbers (1-8) not 
 p.add_argument("--threads", type=int, default=0,
                help="torch CPU threads, also given to the scripts of step 7 (0: 1 with --tiny, "
                     "else torch's default)")
+p.add_argument("--sampler_lens", default="",
+               help="comma list of step 4's prompt lengths (default: 300,3000; --tiny 30,100)")
 p.add_argument("--sub_timeout", type=int, default=240, help="seconds allowed each script of step 7")
 p.add_argument("--hf_compile", type=int, default=0,
                help="1: let HF generate torch.compile its static-cache forward on a GPU (minutes "
@@ -363,7 +371,18 @@ def sampled_ids_ok(toks):
             bad == 0 and dec == "decodes")
 
 
-def step_sampler_ours(L):
+def of_bound(n, sec, rows):
+    """Tokens/s and their fraction of the weight-bandwidth bound: rows tokens per decode step if a
+    step took only the reading of the weights once (bandwidth measured once, a copy on DEVICE)."""
+    ours, = need("ours")
+    if "bandwidth" not in STATE:
+        STATE["bandwidth"] = bandwidth(DEVICE)
+    bound = rows * STATE["bandwidth"] / weight_bytes(ours)
+    return (f"{fmt_rate(n, sec)}, {n / sec / bound:.1%} of the weight-bandwidth bound "
+            f"({bound:,.0f} tok/s at {STATE['bandwidth'] / 1e9:,.0f} GB/s)")
+
+
+def step_sampler_ours(L, graphs):
     ours, tok = need("ours", "tok")
     B, G, _, new = S["sampler"]
     prompts = windows(B, L, seed=3)
@@ -371,7 +390,7 @@ def step_sampler_ours(L):
 
     def run(ps, n, samples):
         return engine.generate(ours, ps, n, temperature=1.0, eos_id=None, generator=gen,
-                               num_samples=samples, vocab=tok.n_vocab)
+                               num_samples=samples, vocab=tok.n_vocab, graphs=graphs)
     run(prompts[:2], 4, 2)   # warm-up (kernels, allocator)
     sync()
     t0 = time.perf_counter()
@@ -379,7 +398,28 @@ def step_sampler_ours(L):
     sync()
     sec = time.perf_counter() - t0
     text, ok = sampled_ids_ok(toks)
-    return f"{fmt_rate(toks.numel(), sec)}; {text}", "PASS" if ok else "FAIL"
+    if graphs and CUDA:   # the capture is inside the timed call
+        text = f"CUDA graph captured in {engine.CAPTURE['seconds']:.2f} s; {text}"
+    return f"{of_bound(toks.numel(), sec, B * G)}; {text}", "PASS" if ok else "FAIL"
+
+
+def step_graphs_greedy():
+    """64 greedy tokens of 4 prompts x 2 samples on the static path: captured as a CUDA graph
+    (graphs=True) against the same path run eagerly; equal is PASS (on a CPU both run eagerly).
+    Shown beside: whether they equal the eager path's (in bf16 a different matmul shape may round
+    a near tie the other way)."""
+    ours, = need("ours")
+    prompts = [w[:n] for w, n in zip(windows(4, 64, seed=7), (40, 64, 52, 64))]
+    graph = engine.generate(ours, prompts, 64, temperature=0, num_samples=2, graphs=True)[0]
+    with torch.inference_mode():
+        plain = engine.static_generate(ours, prompts, 64, 0, None, None, None, None, 2, None,
+                                       capture=False)[0]
+    eager = engine.generate(ours, prompts, 64, temperature=0, num_samples=2)[0]
+    differ = (graph != eager).any(0).nonzero()
+    first = f"first at token {int(differ[0])}" if len(differ) else "equal"
+    same = torch.equal(graph, plain)
+    return (f"captured vs uncaptured: {'equal' if same else 'DIFFER'}; vs the eager path: "
+            f"{first}", "PASS" if same else "FAIL")
 
 
 def step_sampler_hf(L):
@@ -414,7 +454,7 @@ def step_sampler_hf(L):
     # and drew every token asked for
     padded = (toks >= tok.n_vocab).float().mean().item()
     compiled = "compiled" if args.hf_compile and CUDA and cache == "static" else "eager"
-    return (f"{fmt_rate(toks.numel(), sec)} ({cache} cache, {compiled}); "
+    return (f"{of_bound(toks.numel(), sec, B * G)} ({cache} cache, {compiled}); "
             f"{padded:.0%} of its ids padded", "PASS" if toks.shape == (B * G, new) else "FAIL")
 
 
@@ -620,6 +660,7 @@ def main():
     model = (f"{c['n_layer']}x{c['hidden']}, {c['heads']}/{c['kv_heads']} heads, vocab "
              f"{c['vocab'] or 'tok+64'}")
     B, G, lens, new = S["sampler"]
+    lens = [int(x) for x in args.sampler_lens.split(",")] if args.sampler_lens else lens
     P, Gg, glens, gnew, micros = S["grpo"]
     steps = {
         1: [("1 build HF dir", model, step_build)],
@@ -628,7 +669,10 @@ def main():
             ("3b greedy vs HF", "%d prompts, %d new, T=0" % S["greedy"], step_greedy)],
         4: [(f"4 sampler {who}", f"{B} x {G} samples, prompt {L}, {new} new",
              (lambda L=L, f=f: f(L)))
-            for L in lens for who, f in (("ours", step_sampler_ours), ("HF", step_sampler_hf))],
+            for L in lens for who, f in (("ours eager", lambda L: step_sampler_ours(L, False)),
+                                         ("ours graphs", lambda L: step_sampler_ours(L, True)),
+                                         ("HF", step_sampler_hf))]
+           + [("4 graphs greedy", "4 x 2 samples, 64 new, T=0", step_graphs_greedy)],
         5: [("5 grpo_step", f"{P} x {Gg}, prompt {L}, {gnew} new, micro_batch {mb}",
              (lambda L=L, mb=mb: step_grpo(L, mb))) for L in glens for mb in micros],
         6: [("6a stale weights: grpo_step", "bf16 autocast, optimizer step hook", step_stale_grpo),

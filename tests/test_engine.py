@@ -211,3 +211,69 @@ def test_generate_equals_plain_generate_shipped_checkpoint():
         assert_generate_equals_plain(m, prompts, 16, **kw)
     toks, _ = engine.generate(m, prompts, 48, temperature=0, eos_id=tok.eos_id)
     assert (toks == tok.eos_id).any()  # the greedy answers end with EOS within 48 tokens
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_static_path_equals_eager(family):
+    """generate(graphs=True), the static-shape path (run eagerly on a CPU), against the eager one:
+    greedy tokens with and without EOS (rows finishing at different steps, the width trimmed as
+    the eager path's), and seeded samples without EOS (the eager path then drops no row, so both
+    draw one uniform per row and step)."""
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=8, block_size=96, n_layer=2, n_head=4, n_embd=16)
+    m = GPT(GPTConfig.llama(n_kv_head=2, **cfg) if family == "llama" else GPTConfig.gpt2(**cfg))
+    m = m.eval()
+    prompts = [[1, 2, 3], [4, 5, 6], [7], [3, 1, 4, 1, 5, 2, 6]]
+    widths, mixed = [], False
+    for kw in (dict(temperature=0), dict(temperature=0, eos_id=0), dict(temperature=0, eos_id=5),
+               dict(temperature=1.0), dict(temperature=0.8, top_k=4), dict(top_p=0.9)):
+        for S in (1, 3):
+            # 70 new tokens: more than two of the static path's blocks of SYNC_EVERY
+            a = engine.generate(m, prompts, 70, num_samples=S, **kw,
+                                generator=torch.Generator().manual_seed(1))
+            b = engine.generate(m, prompts, 70, num_samples=S, graphs=True, **kw,
+                                generator=torch.Generator().manual_seed(1))
+            assert torch.equal(a[0], b[0]), kw
+            assert torch.allclose(a[1], b[1], atol=1e-5) and torch.equal(a[1] == 0, b[1] == 0)
+            widths.append(a[0].size(1))
+    # greedy with every id as EOS in turn: rows stop at different steps, or all early (trimmed)
+    for eos in range(8):
+        a = engine.generate(m, prompts, 40, temperature=0, eos_id=eos, num_samples=2)
+        b = engine.generate(m, prompts, 40, temperature=0, eos_id=eos, num_samples=2, graphs=True)
+        assert torch.equal(a[0], b[0]) and torch.allclose(a[1], b[1], atol=1e-5)
+        widths.append(a[0].size(1))
+        stopped = (a[0] == -1).any(1)
+        mixed = mixed or bool(stopped.any() and not stopped.all())
+    # one prompt whose EOS is its greedy token at column 3: stopped at 3 or before, trimmed there
+    eos = int(engine.generate(m, prompts[:1], 4, temperature=0)[0][0, 3])
+    a = engine.generate(m, prompts[:1], 40, temperature=0, eos_id=eos)
+    b = engine.generate(m, prompts[:1], 40, temperature=0, eos_id=eos, graphs=True)
+    assert torch.equal(a[0], b[0]) and a[0].size(1) <= 4
+    assert mixed and max(widths) == 70
+
+
+def test_static_uniforms_drawn_in_blocks_equal_per_step_draws():
+    """The static path's Uniforms: blocks of SYNC_EVERY columns from a CPU generator give the
+    numbers of one draw per column, and the generator ends in the same state."""
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    draws = engine.Uniforms(g1, 5, 70, torch.device("cpu"))
+    for c in range(70):
+        assert torch.equal(draws.column(c), torch.rand(5, 1, generator=g2, dtype=torch.float64))
+    assert torch.equal(g1.get_state(), g2.get_state())
+
+
+def test_cast_copy_casts_once_under_low_precision_autocast():
+    """engine.cast_copy: under bf16 autocast, a bf16 copy (tied weights stay tied, the float32
+    model untouched) sampling the same greedy tokens as the model under autocast; outside autocast
+    (a float32 run) the model itself."""
+    torch.manual_seed(0)
+    m = GPT(GPTConfig.llama(vocab_size=16, block_size=32, n_layer=1, n_head=2, n_embd=16)).eval()
+    assert engine.cast_copy(m) is m
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = engine.cast_copy(m)
+        assert low is not m and low.lm_head.weight is low.wte.weight
+        assert {p.dtype for p in low.parameters()} == {torch.bfloat16}
+        assert {p.dtype for p in m.parameters()} == {torch.float32}
+        a = engine.generate(m, [[1, 2, 3]], 8, temperature=0)[0]
+        b = engine.generate(low, [[1, 2, 3]], 8, temperature=0)[0]
+    assert torch.equal(a, b)

@@ -24,8 +24,9 @@ def test_gpu_check_tiny_on_cpu_passes_every_row(tmp_path):
     assert out.is_file(), p.stdout[-3000:] + p.stderr[-3000:]
     table = [line for line in out.read_text().splitlines() if line.startswith("| ")][1:]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in table]
-    # steps 1-8: build, load, logits, greedy, 2 x 2 sampler, 4 GRPO, 2 stale-weight, 3 scripts, FSDP
-    assert len(rows) == 18, out.read_text()
+    # steps 1-8: build, load, logits, greedy, 2 x 3 sampler + its greedy check, 4 GRPO,
+    # 2 stale-weight, 3 scripts, FSDP
+    assert len(rows) == 21, out.read_text()
     failed = [f"{r[0]}: {r[2]}" for r in rows if r[-1] != "PASS"]
     assert not failed, "\n".join(failed)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
