@@ -355,8 +355,8 @@ def cast_copy(model):
     device = model.wte.weight.device.type
     dtype = torch.get_autocast_dtype(device)
     if (not torch.is_autocast_enabled(device) or dtype == torch.float32
-            or model.wte.weight.dtype != torch.float32):
-        return model
+            or model.wte.weight.dtype != torch.float32 or hasattr(model, "unshard")):
+        return model   # (FSDP, grpo.unsharded: its gathered weights cannot be deep-copied)
     memo = {id(p): torch.nn.Parameter(p.detach().to(dtype), requires_grad=False)
             for p in model.parameters()}
     return copy.deepcopy(model, memo)

@@ -32,13 +32,13 @@ def worker(rank, world, runs):
     """One rank of torchrun-like groups, one after the other: for each (port, fsdp, out, start) of `runs`, the RL stage
     of a tiny GPT for STEPS steps, checkpointed every step into out/rl.safetensors (first copied from `start`, to
     resume); rank 0 keeps the step-1 checkpoint as out/step1.safetensors (the watch before step 2's save)."""
-    for port, fsdp, out, start in runs:
+    for port, fsdp, out, start, dtype in runs:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                           WORLD_SIZE=str(world))
         out.mkdir(exist_ok=True)
         if start and rank == 0:   # before the group forms: rank 1 waits for rank 0 there
             shutil.copy(start, out / "rl.safetensors")
-        train(Run(argparse.Namespace(device="cpu", threads=1, seed=0, dtype="float32", resume=1, ckpt_every=1,
+        train(Run(argparse.Namespace(device="cpu", threads=1, seed=0, dtype=dtype, resume=1, ckpt_every=1,
                                      fsdp=fsdp), out), rank, out)
 
 
@@ -75,11 +75,13 @@ def train(run, rank, out):
 
 
 def test_fsdp_matches_ddp_and_resumes_exactly(tmp_path):
-    ddp, fsdp, again, switched = (tmp_path / name for name in ("ddp", "fsdp", "again", "switched"))
-    runs = [(free_port(), 0, ddp, None), (free_port(), 1, fsdp, None),
-            (free_port(), 1, again, fsdp / "step1.safetensors"),
-            (free_port(), 1, switched, ddp / "step1.safetensors")]   # --fsdp may change on resume
+    ddp, fsdp, again, switched, bf16 = (tmp_path / name for name in ("ddp", "fsdp", "again", "switched", "bf16"))
+    runs = [(free_port(), 0, ddp, None, "float32"), (free_port(), 1, fsdp, None, "float32"),
+            (free_port(), 1, again, fsdp / "step1.safetensors", "float32"),
+            (free_port(), 1, switched, ddp / "step1.safetensors", "float32"),   # --fsdp may change on resume
+            (free_port(), 1, bf16, None, "bfloat16")]   # bf16 autocast: the sampler's cast copy is not taken
     torch.multiprocessing.spawn(worker, args=(2, runs), nprocs=2)
+    assert read_checkpoint(bf16 / "rl.safetensors")[1]["step"] == STEPS
     sharded = [(out / f"sharded{r}.txt").read_text() for out in (ddp, fsdp) for r in (0, 1)]
     assert sharded == ["False", "False", "True", "True"]   # DDP's whole weights, FSDP's DTensor shards
     assert (fsdp / "rank1_kept.txt").read_text() == "10"   # step 2: rank 1 has no rows
