@@ -79,8 +79,8 @@ g.add_argument("--control", type=int, default=1,
                help="1: train the control, MLE continued for RLVR's compute (counted in tokens)")
 g = p.add_argument_group("model, when training from scratch")
 g.add_argument("--n_layer", type=int, default=4, help="transformer blocks")
-g.add_argument("--n_head", type=int, default=4, help="attention heads per block")
-g.add_argument("--n_embd", type=int, default=128, help="width of the residual stream")
+g.add_argument("--n_embd", type=int, default=128,
+               help="width of the residual stream, a multiple of 32: heads of 32 channels")
 g.add_argument("--block_size", type=int, default=512, help="longest prompt + answer in tokens")
 g = p.add_argument_group("MLE")
 g.add_argument("--mle_steps", type=int, default=2000,
@@ -123,10 +123,12 @@ recipe = PAPER_RECIPE.get(known.task, {}) if known.recipe == "paper" else {}
 knobs = {f.name: f.metadata["flag"] or f.name for f in dataclasses.fields(GRPOConfig) if f.metadata}
 p.set_defaults(**{knobs[k]: v for k, v in recipe.items() if k in knobs})
 flags = p.parse_args()
+if flags.n_embd % 32:
+    p.error(f"--n_embd must be a multiple of 32 (heads of 32 channels), got {flags.n_embd}")
 if flags.recipe == "paper" and not recipe:
     p.error(f"--recipe=paper: the paper has recipes for {sorted(PAPER_RECIPE)}, not {flags.task}")
 check_ranges(p, flags,
-             at_least_1=("n_layer", "n_head", "n_embd", "block_size", "mle_steps", "batch_size",
+             at_least_1=("n_layer", "n_embd", "block_size", "mle_steps", "batch_size",
                          "rl_steps", "prompts_per_step", "group_size", "micro_batch",
                          "max_new_tokens", "ckpt_every"),
              at_least_0=("mle_lr", "rl_lr", "eval_limit"))
@@ -308,7 +310,7 @@ t0 = time.time()
 all_pairs = [encode(args.task, tok, r) for r in train_recs]
 # the memory of a step, per rank, printed before the stages run (--stage=memory: only that)
 config = start_model.config if start_model else GPTConfig.llama(
-    vocab_size=tok.n_vocab, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
+    vocab_size=tok.n_vocab, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_embd // 32,
     n_embd=args.n_embd)
 low = args.dtype != "float32"
 train_mle = args.stage == "mle" or (args.stage in ("all", "memory") and not init_is_ckpt)

@@ -19,7 +19,7 @@ from data.textgame.prepare import ensure_splits
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 # a tiny text-game run: 4 MLE steps from scratch on 60 records (a few seconds)
-TINY = ["train_lang.py", "--stage=mle", "--init=scratch", "--n_layer=1", "--n_head=2", "--n_embd=32",
+TINY = ["train_lang.py", "--stage=mle", "--init=scratch", "--n_layer=1", "--n_embd=32",
         "--batch_size=4", "--mle_steps=4", "--max_new_tokens=16"]
 SHIPPED = "checkpoints/textgame/mle.safetensors"
 

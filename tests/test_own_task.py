@@ -102,7 +102,7 @@ def test_exact_and_partial_credit():
 # -----------------------------------------------------------------------------
 # train_lang.py --task=lights, end to end on tiny settings
 
-TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--batch_size=8", "--eval_limit=12",
+TINY = ["--n_layer=1", "--n_embd=32", "--batch_size=8", "--eval_limit=12",
         "--max_new_tokens=16", "--group_size=4", "--prompts_per_step=2"]
 
 

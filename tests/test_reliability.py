@@ -53,7 +53,7 @@ from eval import load_video_model
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "checkpoints" / "textgame" / "mle.safetensors"
-LANG = ["train_lang.py", "--n_layer=1", "--n_head=2", "--n_embd=32", "--batch_size=8",
+LANG = ["train_lang.py", "--n_layer=1", "--n_embd=32", "--batch_size=8",
         "--eval_limit=2", "--max_new_tokens=64", "--group_size=4", "--prompts_per_step=4",
         "--control=0"]   # the control: its compute budget is tested in test_mle
 VIDEO = ["train_video.py", "--batch_size=2", "--n_layer=1", "--n_embd=32", "--prompts_per_step=2", "--group_size=2",

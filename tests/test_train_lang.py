@@ -10,7 +10,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--batch_size=8", "--eval_limit=12",
+TINY = ["--n_layer=1", "--n_embd=32", "--batch_size=8", "--eval_limit=12",
         "--max_new_tokens=64", "--group_size=4", "--prompts_per_step=2"]
 pytestmark = pytest.mark.slow
 

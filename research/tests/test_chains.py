@@ -170,7 +170,7 @@ def test_tiny_horizon_run_writes_chain_results(tmp_path):
     data = tmp_path / "data"
     subprocess.run([sys.executable, "data/textgame/prepare.py", "--n_train=300", "--n_val=30",
                     "--n_test=30", f"--out_dir={data}"], cwd=ROOT, check=True, capture_output=True)
-    tiny = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--batch_size=8", "--max_new_tokens=64"]
+    tiny = ["--n_layer=1", "--n_embd=32", "--batch_size=8", "--max_new_tokens=64"]
     subprocess.run([sys.executable, "train_lang.py", "--stage=mle", "--init=scratch",
                     f"--data_dir={data}", f"--out_dir={tmp_path / 'mle'}", "--mle_steps=20", *tiny],
                    cwd=ROOT, check=True, capture_output=True)

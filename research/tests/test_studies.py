@@ -25,7 +25,7 @@ def start(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("studies")
     run("data/textgame/prepare.py", "--n_train=200", "--n_val=10", "--n_test=10", f"--out_dir={tmp / 'data'}")
     run("train_lang.py", "--init=scratch", f"--data_dir={tmp / 'data'}", f"--out_dir={tmp / 'run'}", "--n_layer=1",
-        "--n_head=2", "--n_embd=32", "--mle_steps=10", *RL)
+        "--n_embd=32", "--mle_steps=10", *RL[:-2], "--eval_limit=3")
     return tmp
 
 
