@@ -310,8 +310,8 @@ t0 = time.time()
 all_pairs = [encode(args.task, tok, r) for r in train_recs]
 # the memory of a step, per rank, printed before the stages run (--stage=memory: only that)
 config = start_model.config if start_model else GPTConfig.llama(
-    vocab_size=tok.n_vocab, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_embd // 32,
-    n_embd=args.n_embd)
+    vocab_size=tok.n_vocab, block_size=args.block_size, n_layer=args.n_layer,
+    n_head=args.n_embd // 32, n_embd=args.n_embd)
 low = args.dtype != "float32"
 train_mle = args.stage == "mle" or (args.stage in ("all", "memory") and not init_is_ckpt)
 if train_mle:
@@ -370,7 +370,8 @@ if args.stage in ("all", "rlvr"):
         rl_compute = read_meta(rl_ckpt)["metrics"].get("rl_compute", 0)
         ckpts["mle_more"] = str(control(ComputeBudget(rl_compute)))
     # every model, loaded from its checkpoint, greedy on the same records: differences are paired
-    splits = {"val": val_recs[:args.eval_limit or None], "test": test_recs[:args.eval_limit or None]}
+    limit = args.eval_limit or None   # the first N records of each split (None: all)
+    splits = {"val": val_recs[:limit], "test": test_recs[:limit]}
     # one process on a CPU: the jobs split over the cores; under torchrun every rank decodes its
     # share of each job's batches (runtime.rank_map), and every rank gets the same results
     workers = EVAL_WORKERS if args.device == "cpu" and world == 1 else 1

@@ -318,13 +318,13 @@ def lang_bad_args(case, data, tmp_path):
         (d / "train.jsonl").write_bytes(b'{"game": 1}\n')
         return ["--stage=mle", "--init=scratch", f"--data_dir={d}", "--resume=0"]   # starting over: nothing written
     if case == "other config":
-        return ["--stage=mle", "--init=scratch", f"--data_dir={data}", "--mle_steps=40", "--n_embd=48"]
+        return ["--stage=mle", "--init=scratch", f"--data_dir={data}", "--mle_steps=40", "--n_embd=64"]
     return ["--stage=mle", "--init=scratch", f"--data_dir={data}", "--ckpt_every=0"]
 
 
 LANG_BAD = {   # case -> what the last line of stderr must say
     "corrupt data": r"^error: .*/train\.jsonl:1: record is missing key\(s\) \['state', 'action', 'next_state'\]$",
-    "other config": r"^error: .* holds a run with other flags: --n_embd 32 -> 48; use a new --out_dir, or --resume=0 "
+    "other config": r"^error: .* holds a run with other flags: --n_embd 32 -> 64; use a new --out_dir, or --resume=0 "
                     r"to start over in .*$",
     "flag value": r"train_lang\.py: error: --ckpt_every must be >= 1, got 0$",
 }
