@@ -169,6 +169,7 @@ def test_a_corrupt_episode_file(video_data, tmp_path):
 # -----------------------------------------------------------------------------
 # re-runs: the same command resumes, other flags are refused
 
+@pytest.mark.slow   # seven script runs
 def test_rerun_with_other_flags_is_refused_and_the_same_command_resumes(text_data, tmp_path):
     out = tmp_path / "out"
     cmd = [*TINY, f"--data_dir={text_data}", f"--out_dir={out}"]
@@ -191,6 +192,7 @@ def test_rerun_with_other_flags_is_refused_and_the_same_command_resumes(text_dat
     refused(script(*cmd, "--mle_lr=1e-3"), f"error: {out} holds mle.safetensors but no config.json")
 
 
+@pytest.mark.slow   # four script runs
 def test_video_rerun_with_other_flags_is_refused(video_data, tmp_path):
     out = tmp_path / "out"
     p = script("train_vq.py", f"--data={video_data}", f"--out_dir={tmp_path / 'vq'}", "--clip_len=8", "--n_codes=16",
