@@ -28,7 +28,6 @@ from tqdm import tqdm
 
 from checkpoint import read_meta
 from engine import cast_copy, generate
-from runtime import finite_weights
 
 
 def knob(default, help, flag=None):
@@ -456,7 +455,7 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_
     if torch.is_autocast_enabled(device.type):
         raise ValueError("grpo_step: called inside an autocast region, where its optimizer steps "
                          "would leave the forwards on stale weights; pass autocast= instead")
-    if not finite_weights(raw):
+    if not all_finite(raw):
         raise FloatingPointError(f"non-finite weights in the policy at step {step}")
     with autocast:   # the forwards' precision: bf16 / fp16 log-probs are recomputed (step 4)
         low = low_precision(raw, device)
@@ -526,7 +525,7 @@ def train_loop(run, policy, source, cfg, gen, ckpt, steps, budget=None, watch=No
     totals = dict(rl_seconds=prev.get("rl_seconds", 0.0), rl_compute=prev.get("rl_compute", 0))
     if budget is not None:
         budget.add(totals["rl_compute"])
-    if not finite_weights(policy.model):   # a poisoned start stops here, before any sampling
+    if not all_finite(policy.model):   # a poisoned start stops here, before any sampling from it
         run.nonfinite(name, step, policy.model, "non-finite weights in the policy")
     if step == 0 and watch and (first := watched(run, policy, watch, 0, {})):   # no update yet
         run.log({"stage": name, "step": 0, **first})
@@ -583,3 +582,7 @@ def log_step(run, stats, step, totals, budget, bar):
     bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", kept=stats["groups_kept"],
                     kl=f"{stats['kl']:.4f}")
 
+
+def all_finite(model):
+    """True when every weight of `model` is finite."""
+    return bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all())
