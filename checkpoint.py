@@ -39,7 +39,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from model import GPT, GPTConfig, rope_tables
+from model import GPT, GPTConfig, is_fsdp, rope_tables
 
 FORMAT = "nanorlvr-1"
 ROOT = Path(__file__).resolve().parent   # the repository: paths inside it are recorded relative
@@ -219,7 +219,7 @@ def load_weights(model, sd, path, assign=False):
     if missing or unused or shapes:
         raise ValueError(f"{path}: weights do not fit the model (missing {missing[:4]}, unused "
                          f"{unused[:4]}, shapes {shapes[:4]}); saved with another config?")
-    if hasattr(model, "unshard"):   # FSDP: each rank keeps its shards of the full tensors
+    if is_fsdp(model):   # FSDP: each rank keeps its shards of the full tensors
         dcp = sharded_state()
         dcp.set_model_state_dict(model, sd, options=dcp.StateDictOptions(full_state_dict=True,
                                                                          strict=False))
@@ -251,7 +251,7 @@ def resume(path, model, optimizer=None):
                 state.setdefault(int(i), {})[name] = v
         osd = {"state": state, "param_groups": meta["optimizer_groups"]}
         try:
-            if hasattr(model, "unshard"):   # FSDP: by parameter name, each rank its shards
+            if is_fsdp(model):   # FSDP: by parameter name, each rank its shards
                 dcp = sharded_state()
                 osd = renamed(osd, [name for name, _ in model.named_parameters()])
                 dcp.set_optimizer_state_dict(model, optimizer, osd,

@@ -29,7 +29,7 @@ On a GPU one step is then recorded once as a CUDA graph and replayed per token: 
 instead of thousands. EOS is checked on the device, the host looks at it every SYNC_EVERY tokens,
 and the uniforms are drawn SYNC_EVERY tokens at a time (from a CPU generator: pinned, copied
 without a sync). On a CPU the same step runs eagerly; tests/test_engine.py holds it equal to the
-eager path. `cast_copy`: the weights in the run's low-precision dtype once per rollout, instead of
+eager path. `cast_copy`: the weights in the run's low-precision dtype once per RL step, instead of
 autocast recasting every Linear's float32 weight at every call.
 """
 import copy
@@ -37,7 +37,7 @@ import time
 
 import torch
 
-from model import PromptCache, additive, apply_rope, run_cached, sample_next
+from model import PromptCache, additive, apply_rope, is_fsdp, run_cached, sample_next
 
 
 class KVCache:
@@ -351,11 +351,11 @@ def cuda_graph(step, state):
 def cast_copy(model):
     """Inside an autocast region of a low-precision dtype, a model with float32 weights -> a copy
     whose weights are cast once to that dtype (autocast would recast every Linear's weight at
-    every call, each decode step); else `model`. Made per rollout, no second float32 copy."""
+    every call, each decode step); else `model`. Made once per RL step (grpo.sample_groups)."""
     device = model.wte.weight.device.type
     dtype = torch.get_autocast_dtype(device)
     if (not torch.is_autocast_enabled(device) or dtype == torch.float32
-            or model.wte.weight.dtype != torch.float32 or hasattr(model, "unshard")):
+            or model.wte.weight.dtype != torch.float32 or is_fsdp(model)):
         return model   # (FSDP, grpo.unsharded: its gathered weights cannot be deep-copied)
     memo = {id(p): torch.nn.Parameter(p.detach().to(dtype), requires_grad=False)
             for p in model.parameters()}

@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from checkpoint import read_meta
 from engine import cast_copy, generate
+from model import finite_weights, is_fsdp
 
 
 def knob(default, help, flag=None):
@@ -170,13 +171,13 @@ def rollout(model, prompts, items, reward_fn, cfg, eos_id, generator, sampler=No
     (-1 after EOS), old_logp (N, T), mask (N, T) (the sampled tokens), rewards (N,), completions.
     sampler: None (engine.generate), or (model, prompts, items, cfg, generator) -> tokens,
     logprobs, sampled (N, T) when the task injects tokens (video's true actions: sampled False).
-    The sampling runs under `autocast` (engine.generate: on weights cast to its dtype once per
-    rollout, engine.cast_copy), the reward outside it."""
+    The sampling runs under `autocast` (engine.generate: on weights `sample_groups` cast to its
+    dtype once per step, engine.cast_copy), the reward outside it."""
     G = cfg.group_size
     model.eval()
     with autocast:
         if sampler is None:  # each prompt is prefilled once; its G samples share its KV cache
-            tokens, old_lp = generate(cast_copy(model), prompts, cfg.max_new_tokens,
+            tokens, old_lp = generate(model, prompts, cfg.max_new_tokens,
                                       temperature=cfg.temperature, eos_id=eos_id,
                                       generator=generator, num_samples=G, vocab=cfg.vocab or None,
                                       graphs=cfg.graphs)
@@ -213,6 +214,8 @@ def sample_groups(model, prompts, items, reward_fn, cfg, eos_id, generator, samp
     dynamic sampling), at most cfg.max_rounds -> (at most that many kept Groups, every rollout)."""
     G, want = cfg.group_size, cfg.prompts_per_step or len(prompts)
     kept, rounds = [], []
+    with autocast:   # engine.generate's weights, cast once for every round (a sampler gets model's)
+        model = cast_copy(model) if sampler is None else model
     while True:
         out = rollout(model, prompts, items, reward_fn, cfg, eos_id, generator, sampler, autocast)
         rounds.append(out)
@@ -333,7 +336,7 @@ def no_sync_unless_last(policy, last):
     there, and keeps the full weights gathered by the minibatch's first forward until then, so
     that every rank gathers and reduces once per minibatch, however many chunks it has (one
     process: nothing to do)."""
-    if hasattr(policy, "set_requires_gradient_sync"):   # FSDP: switches, set before each chunk
+    if is_fsdp(policy):   # FSDP: switches, set before each chunk
         policy.set_requires_gradient_sync(last)
         policy.set_reshard_after_backward(last)
     return policy.no_sync() if not last and hasattr(policy, "no_sync") else nullcontext()
@@ -343,7 +346,7 @@ def rows_on_all_ranks(policy, plan):
     """Each minibatch's rows on all DDP / FSDP ranks together (else: here), so that a minibatch
     empty everywhere is skipped everywhere (AdamW would move the weights on zero gradients)."""
     sizes = torch.tensor([len(mb) for mb in plan], device=next(policy.parameters()).device)
-    if hasattr(policy, "no_sync") or hasattr(policy, "set_requires_gradient_sync"):
+    if hasattr(policy, "no_sync") or is_fsdp(policy):
         torch.distributed.all_reduce(sizes)
     return sizes.tolist()
 
@@ -352,10 +355,10 @@ def rows_on_all_ranks(policy, plan):
 def unsharded(model):
     """FSDP (runtime.Run.wrap): the full weights in place inside, gathered once (every rank enters
     together), for the sampler, which calls the layers directly, past FSDP's hooks."""
-    if hasattr(model, "unshard"):
+    if is_fsdp(model):
         model.unshard()
     yield
-    if hasattr(model, "unshard"):
+    if is_fsdp(model):
         model.reshard()
 
 
@@ -455,7 +458,7 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_
     if torch.is_autocast_enabled(device.type):
         raise ValueError("grpo_step: called inside an autocast region, where its optimizer steps "
                          "would leave the forwards on stale weights; pass autocast= instead")
-    if not all_finite(raw):
+    if not finite_weights(raw):
         raise FloatingPointError(f"non-finite weights in the policy at step {step}")
     with autocast:   # the forwards' precision: bf16 / fp16 log-probs are recomputed (step 4)
         low = low_precision(raw, device)
@@ -525,7 +528,7 @@ def train_loop(run, policy, source, cfg, gen, ckpt, steps, budget=None, watch=No
     totals = dict(rl_seconds=prev.get("rl_seconds", 0.0), rl_compute=prev.get("rl_compute", 0))
     if budget is not None:
         budget.add(totals["rl_compute"])
-    if not all_finite(policy.model):   # a poisoned start stops here, before any sampling from it
+    if not finite_weights(policy.model):   # a poisoned start stops here, before sampling from it
         run.nonfinite(name, step, policy.model, "non-finite weights in the policy")
     if step == 0 and watch and (first := watched(run, policy, watch, 0, {})):   # no update yet
         run.log({"stage": name, "step": 0, **first})
@@ -581,8 +584,3 @@ def log_step(run, stats, step, totals, budget, bar):
     stats.update(totals)
     bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", kept=stats["groups_kept"],
                     kl=f"{stats['kl']:.4f}")
-
-
-def all_finite(model):
-    """True when every weight of `model` is finite."""
-    return bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all())

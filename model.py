@@ -298,6 +298,18 @@ class GPT(nn.Module):
         return idx
 
 
+def is_fsdp(model):
+    """Sharded by FSDP (runtime.Run.wrap, --fsdp=1): each rank holds shards of the weights."""
+    return hasattr(model, "unshard")
+
+
+def finite_weights(model):
+    """The weights this rank holds are finite (under FSDP its shards: no collective, so one rank
+    may check alone, on a fault's path)."""
+    return bool(torch.stack([torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()
+                             for p in model.parameters()]).all())
+
+
 def sample_next(logits, temperature, top_k, top_p, generator, u=None):
     """logits (R, V) -> (token (R,), its log-prob (R,) under the distribution sampled from).
     temperature 0: greedy (the log-prob is the model's at T=1); top_k, top_p: None or the filter.

@@ -77,6 +77,7 @@ from tqdm import tqdm
 
 from checkpoint import (gather_state, read_meta, recorded_path, relative_path, resume,
                         save_checkpoint, write_json)
+from model import finite_weights
 
 # how long a rank waits at a collective (a barrier, an all-reduce) for the others before the run
 # fails: NCCL's own default, 10 minutes, is shorter than what rank 0 may do alone at real sizes
@@ -397,12 +398,6 @@ def from_flags(args, cls):
     """The dataclass `cls` from the flags `add_flags` made (its other fields: their defaults)."""
     return cls(**{f.name: f.type(getattr(args, f.metadata["flag"] or f.name))
                   for f in fields(cls) if f.metadata})
-
-
-def finite_weights(model):
-    """This rank's weights are finite (under FSDP: its shards; no collective on a fault's path)."""
-    return bool(torch.stack([torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()
-                             for p in model.parameters()]).all())
 
 
 def checksum(model):

@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+import engine
 import grpo
 from grpo import (GRPOConfig, aggregate, clipped_objective, group_advantages, grpo_loss, grpo_step, k3_kl,
                   logprobs_shared_prompts, make_optimizer, pack, set_lr)
@@ -212,6 +213,21 @@ def test_dynamic_sampling_stops_after_max_rounds_without_an_update():
     stats = grpo_step(model, None, torch.optim.SGD(model.parameters(), lr=1.0), [[1, 2], [4]], ["1", "4"],
                       spread_only_after_token_5, cfg, eos_id=None, generator=torch.Generator().manual_seed(0))
     assert stats["rounds"] == 1 and stats["groups_kept"] == 0
+
+
+def test_a_bf16_step_casts_the_sampler_weights_once_for_all_its_rounds(monkeypatch):
+    """engine.cast_copy runs once per step (grpo.sample_groups), not once per round; each round samples bf16."""
+    casts, sampled = [], []
+    monkeypatch.setattr(grpo, "cast_copy", lambda m: casts.append(m) or engine.cast_copy(m))
+    monkeypatch.setattr(grpo, "generate",
+                        lambda m, *a, **k: sampled.append(m.wte.weight.dtype) or engine.generate(m, *a, **k))
+    model = tiny_model()
+    cfg = config(group_size=4, max_new_tokens=4, beta=0.0, prompts_per_step=2, max_rounds=3)
+    stats = grpo_step(model, None, torch.optim.SGD(model.parameters(), lr=1.0), [[1, 2], [4]], ["1", "4"],
+                      spread_only_after_token_5, cfg, eos_id=None, generator=torch.Generator().manual_seed(0),
+                      next_prompts=lambda n: ([[1, 2]] * n, ["1"] * n),
+                      autocast=torch.autocast("cpu", dtype=torch.bfloat16))
+    assert stats["rounds"] == 3 and len(casts) == 1 and sampled == [torch.bfloat16] * 3
 
 
 def packed(prompts, tokens):
