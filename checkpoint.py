@@ -1,32 +1,14 @@
 """
 Checkpoints: one safetensors file per checkpoint, never pickle; and `load_model`, the one loader of
-a GPT, from our checkpoint or from an HF model directory.
+a GPT, from our checkpoint or from an HF model directory (`load_hf`: GPT-2, Qwen2, Llama).
 
 `<name>.safetensors` holds the model weights (keys `model.*`), optionally the optimizer's tensors
 (`optim.<i>.<name>`) and extra state tensors such as RNG states (`state.<name>`), and in its header,
 as JSON, everything else: the model config, the script's `vars(args)`, the step, metrics and the
-optimizer's hyper-parameters. It is written to a temp name and renamed over the old one
-(`os.replace` is atomic on POSIX): a crash while saving leaves the previous checkpoint intact, and
-weights and metadata can never disagree. A `<name>.json` sidecar repeats the metadata for humans.
-Any module whose `.config` is a dataclass can be saved and resumed (the GPT, and the video
-tokenizer while it trains). Paths in the metadata (data folder, --init, tokenizer file) are
-recorded relative to the checkpoint's folder when both lie in the repository or the path in that
-folder (`relative_path`), so a moved clone still finds them; `recorded_path` joins them back.
-
-HF model directories (GPT2LMHeadModel, Qwen2ForCausalLM, LlamaForCausalLM; config.json and
-safetensors, sharded or not): `config_from_hf` maps HF's config names to GPTConfig (Llama 3.1's
-RoPE scaling, and "linear", included), and `hf_to_ours` renames the tensors, explicitly: GPT-2's
-Conv1D weights are transposed, and Qwen2 / Llama's separate q, k, v (and SwiGLU's gate and up) are
-concatenated into our fused Linears. The model is built on the meta device and each tensor is read
-alone, onto the device in the dtype it is kept in: no full float32 copy on the host.
-tools/export_hf.py writes the other way.
-
-A model sharded by FSDP (--fsdp=1) is saved whole, the same file (`gather_state`); `resume` puts
-each rank's shards back.
-
-No code runs from a file: tensors come through safetensors and everything else through JSON; a
-file that is not such a checkpoint (a pickle named .safetensors, a truncated file, another model's
-weights) is one ValueError naming the file.
+optimizer's hyper-parameters, so weights and metadata can never disagree; a `<name>.json` sidecar
+repeats the metadata for humans. Any module whose `.config` is a dataclass can be saved and resumed
+(the GPT, and the video tokenizer while it trains). docs/engineering.md says more: atomic writes,
+FSDP's checkpoints, HF directories, why no code runs from a file.
 """
 import json
 import os
@@ -126,20 +108,13 @@ def gather_state(model, optimizer=None):
     """An FSDP model's full weights and optimizer state (None: no optimizer) on rank 0's CPU, as an
     unsharded model's state_dict() and optimizer.state_dict() lay them out (parameters numbered,
     not named). Every rank calls it: each sends its shards."""
-    dcp = sharded_state()
+    from torch.distributed.checkpoint import state_dict as dcp   # here: it takes a second to import
     full = dcp.StateDictOptions(full_state_dict=True, cpu_offload=True)   # to rank 0's CPU
     sd = dcp.get_model_state_dict(model, options=full)
     if optimizer is None:
         return sd, None
     osd = dcp.get_optimizer_state_dict(model, optimizer, options=full)   # by parameter name
     return sd, renamed(osd, {name: i for i, (name, _) in enumerate(model.named_parameters())})
-
-
-def sharded_state():
-    """torch.distributed.checkpoint's state dicts of FSDP models, imported only for them (the
-    import takes most of a second)."""
-    from torch.distributed.checkpoint import state_dict
-    return state_dict
 
 
 def renamed(osd, name):
@@ -149,18 +124,15 @@ def renamed(osd, name):
                              for g in osd.get("param_groups", [])]}
 
 
-def read_checkpoint(path):
-    """-> (tensors: name -> tensor, meta: dict). A ValueError naming the file on any problem."""
-    return _read(path, with_tensors=True)
-
-
 def read_meta(path):
     """-> the metadata of a checkpoint, its tensors unread (a quick check of a file before a run
     starts). The same ValueErrors as read_checkpoint."""
-    return _read(path, with_tensors=False)[1]
+    return read_checkpoint(path, with_tensors=False)[1]
 
 
-def _read(path, with_tensors):
+def read_checkpoint(path, with_tensors=True):
+    """-> (tensors: name -> tensor, {} without with_tensors; meta: dict). A ValueError naming the
+    file on any problem."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: checkpoint file not found")
@@ -199,12 +171,13 @@ def load_model(path, device="cpu", dtype=None):
         model = GPT(GPTConfig(**meta["config"]))
     except (TypeError, ValueError, AssertionError) as e:
         raise ValueError(f"{path}: not a GPT checkpoint (config {meta['config']}: {e})") from None
-    load_weights(model, model_state(tensors), path)
+    load_weights(model, prefixed(tensors, "model."), path)
     return model.to(device=device, dtype=dtype), meta
 
 
-def model_state(tensors):
-    return {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
+def prefixed(tensors, prefix):
+    """The tensors whose names start with `prefix` ("model.", "optim.", "state."), without it."""
+    return {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
 
 
 def load_weights(model, sd, path, assign=False):
@@ -220,7 +193,7 @@ def load_weights(model, sd, path, assign=False):
         raise ValueError(f"{path}: weights do not fit the model (missing {missing[:4]}, unused "
                          f"{unused[:4]}, shapes {shapes[:4]}); saved with another config?")
     if is_fsdp(model):   # FSDP: each rank keeps its shards of the full tensors
-        dcp = sharded_state()
+        from torch.distributed.checkpoint import state_dict as dcp
         dcp.set_model_state_dict(model, sd, options=dcp.StateDictOptions(full_state_dict=True,
                                                                          strict=False))
     else:
@@ -240,19 +213,18 @@ def resume(path, model, optimizer=None):
         diff = ", ".join(f"{k}={saved.get(k)!r} there, {ours.get(k)!r} here"
                          for k in sorted(saved.keys() | ours.keys()) if saved.get(k) != ours.get(k))
         raise ValueError(f"{path}: saved by a run with another model config ({diff})")
-    load_weights(model, model_state(tensors), path)
+    load_weights(model, prefixed(tensors, "model."), path)
     if optimizer is not None:
         if meta["optimizer_groups"] is None:
             raise ValueError(f"{path}: no optimizer state to resume from")
         state = {}
-        for k, v in tensors.items():
-            if k.startswith("optim."):
-                _, i, name = k.split(".", 2)
-                state.setdefault(int(i), {})[name] = v
+        for k, v in prefixed(tensors, "optim.").items():   # optim.<i>.<name>
+            i, name = k.split(".", 1)
+            state.setdefault(int(i), {})[name] = v
         osd = {"state": state, "param_groups": meta["optimizer_groups"]}
         try:
             if is_fsdp(model):   # FSDP: by parameter name, each rank its shards
-                dcp = sharded_state()
+                from torch.distributed.checkpoint import state_dict as dcp
                 osd = renamed(osd, [name for name, _ in model.named_parameters()])
                 dcp.set_optimizer_state_dict(model, optimizer, osd,
                                              options=dcp.StateDictOptions(full_state_dict=True))
@@ -260,8 +232,7 @@ def resume(path, model, optimizer=None):
                 optimizer.load_state_dict(osd)
         except (ValueError, KeyError, TypeError, RuntimeError) as e:
             raise ValueError(f"{path}: optimizer state does not fit this model ({e})") from None
-    extra = {k.removeprefix("state."): v for k, v in tensors.items() if k.startswith("state.")}
-    return meta, extra
+    return meta, prefixed(tensors, "state.")
 
 
 # -----------------------------------------------------------------------------
@@ -397,11 +368,9 @@ def hf_to_ours(sd, config, kind):
             p, q = f"model.layers.{i}.", f"h.{i}."
             out[q + "ln_1.weight"] = take(p + "input_layernorm.weight")
             out[q + "ln_2.weight"] = take(p + "post_attention_layernorm.weight")
-            qkv = [take(p + f"self_attn.{x}_proj.weight") for x in "qkv"]
-            out[q + "attn.c_attn.weight"] = torch.cat(qkv)
-            if config.qkv_bias:
-                qkv = [take(p + f"self_attn.{x}_proj.bias") for x in "qkv"]
-                out[q + "attn.c_attn.bias"] = torch.cat(qkv)
+            for w in ("weight", "bias") if config.qkv_bias else ("weight",):
+                out[q + f"attn.c_attn.{w}"] = torch.cat([take(p + f"self_attn.{x}_proj.{w}")
+                                                        for x in "qkv"])
             out[q + "attn.c_proj.weight"] = take(p + "self_attn.o_proj.weight")
             gate_up = [take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]
             out[q + "mlp.c_fc.weight"] = torch.cat(gate_up)

@@ -1,63 +1,19 @@
 """
-The run plumbing both training scripts share (train_lang.py, train_video.py): everything about *how*
-a run executes (one process or torchrun ranks, devices, precision, logging, checkpoints that resume)
-and nothing about *what* it trains. The scripts stay straight-line nanoGPT style; this module only
-removes the copy of the same ~100 lines.
+The run plumbing both training scripts share (train_lang.py, train_video.py): *how* a run executes
+(one process or torchrun ranks, devices, precision, logging, checkpoints that resume) and nothing
+about *what* it trains, so the scripts stay straight-line nanoGPT style. Why it is built this way:
+docs/engineering.md (The GPU path, Reliability).
 
-    run = Run(args, out_dir, path_flags)    # after argparse: DDP setup, device per rank, threads,
-                                            # seed, autocast
-    record = run.check_config(stage_files)  # a re-run with other flags stops here; once the inputs
-                                            # are checked:
-    run.save_config(record)                 # out_dir/config.json
+    run = Run(args, out_dir, path_flags)    # after argparse: DDP, device per rank, seed, autocast
+    record = run.check_config(stage_files)  # a re-run with other flags stops here
+    run.save_config(record)                 # out_dir/config.json, once the inputs are checked
     run.print0(...), run.log({...}), run.barrier(), run.fail("message")
-    model, trained = run.wrap(model)        # to device, optionally torch.compile, DDP when launched
-                                            # by torchrun (FSDP with --fsdp=1)
+    model, trained = run.wrap(model)        # to device, torch.compile, DDP (FSDP with --fsdp=1)
     step, done = run.resume_stage(ckpt, model, opt, g, "mle")   # then each step:
     run.save_stage(ckpt, model, opt, step, metrics, g, done=step == total)
-    child = fork_alongside(train_control, out_dir / "control.log")   # a second process on the
-                                                                     # second core
-    results = fork_map(evaluate_one, jobs, workers=2)                        # jobs shared by 2
-                                                                             # forked processes
-    results = rank_map(evaluate_batch, batches)     # under torchrun: shared by the ranks, every
-                                                    # rank gets all
-
-Design choices:
-- torchrun is detected from its RANK environment variable, as in nanoGPT; without it there is one
-  rank and no torch.distributed call is ever made, so a plain `python train_x.py` needs no process
-  group.
-- `args.device` is rewritten to cuda:<LOCAL_RANK> under DDP, so every later `.to(args.device)` and
-  the args saved in checkpoints name the rank's own GPU.
-- A stage checkpoint holds weights, optimizer, *every* rank's sampling generator and torch's global
-  CPU generator (gathered to rank 0), so a re-run continues the exact random stream on every rank: a
-  run killed at any step and re-run with the same command ends with bit-identical weights
-  (tests/test_reliability.py kills each stage with SIGKILL to check). A finished stage keeps only
-  its weights and metadata (about a third of the size; nothing is left to resume). Resuming with a
-  different number of ranks is refused. Under `torchrun --max-restarts=N` a restarted group resumes
-  the same way from the last checkpoint; each attempt's process group keeps its store keys under its
-  own prefix, because torchrun's shared store still holds the dead attempt's addresses (with gloo on
-  torch 2.13, a restarted rank read them and failed to connect in 6 of our 8 trials).
-- Failures are one line on stderr ("error: ...") and exit status 1, never a traceback, for anything
-  the user can fix with a flag; a --device this torch cannot use is one of them, caught before
-  anything is set up.
-- Safe re-runs: a run records its flags in out_dir/config.json before its first stage writes
-  anything (`check_config`, then `save_config`), so that resuming, which keys on out_dir, never
-  mixes runs. A re-run into the same out_dir with other flags stops with one line naming each
-  changed flag (old -> new) and the two ways out: another --out_dir, or --resume=0 to start over
-  there. Exempt are the flags that cannot change what is trained (FREE_FLAGS: how and where it runs,
-  how often it checkpoints or logs, which stages this invocation runs); the flags of the final
-  evaluation alone (EVAL_FLAGS) may change too, and then the trained stages are reused and evaluated
-  again. An out_dir holding stage checkpoints but no config.json is refused the same way (its flags
-  are unknown). Paths are recorded relative to out_dir where they can be (checkpoint.relative_path),
-  in config.json and in every checkpoint's args.
-- Numerical faults: a NaN/inf loss, reward, gradient norm or weight goes to `nonfinite`, before it
-  can reach the weights: `--on_nan=stop` (default) ends the run naming the stage and step
-  (checkpoints keep the last good state); `--on_nan=skip` drops that step and goes on, but still
-  stops when the weights themselves are non-finite or MAX_SKIPS steps in a row were dropped.
-  Skipping is refused under torchrun (ranks would disagree on which steps to drop and deadlock in
-  the all-reduce).
-- `--fsdp=1` under torchrun shards the GPT with PyTorch's FSDP, one unit for the whole model
-  (docs/engineering.md says why); the forwards keep autocast (FSDP's mixed precision would round
-  the norms and embeddings to bf16 too: other numbers than DDP's).
+    child = fork_alongside(train_control, out_dir / "control.log")   # on the second core
+    results = fork_map(evaluate_one, jobs, workers=2)   # jobs shared by 2 forked processes
+    results = rank_map(evaluate_batch, batches)   # shared by the torchrun ranks, all get all
 """
 import datetime
 import json
@@ -77,51 +33,43 @@ from tqdm import tqdm
 
 from checkpoint import (gather_state, read_meta, recorded_path, relative_path, resume,
                         save_checkpoint, write_json)
-from model import finite_weights
+from model import GPT, finite_weights
 
-# how long a rank waits at a collective (a barrier, an all-reduce) for the others before the run
-# fails: NCCL's own default, 10 minutes, is shorter than what rank 0 may do alone at real sizes
-# (generating the data, a validation pass, writing a checkpoint); a rank that is truly gone still
-# ends the run within the hour
+# how long a rank waits at a collective for the others: NCCL's default 10 minutes is shorter than
+# what rank 0 may do alone at real sizes (the data, a validation pass, a checkpoint)
 DIST_TIMEOUT = datetime.timedelta(minutes=60)
 MAX_SKIPS = 10   # --on_nan=skip stops the run after this many skipped steps in a row
 CONFIG = "config.json"   # in out_dir: the flags of the run that trains there
-# flags that cannot change the trained weights: where and how the run executes (device, CPU threads,
-# compilation, activation checkpointing, the evaluation's worker processes, whether the control
-# trains beside RLVR or after it), how often it checkpoints (a resumed run ends bit-identical) and
-# what it does on a NaN (the message on a NaN suggests --on_nan=skip), what it logs along the way
-# (validation and probe checks draw no random numbers, the memory estimate), which stages this
-# invocation runs (--stage, and --control: whether the control trains), where it writes and whether
-# it resumes. (The control trains for RLVR's counted compute, ComputeBudget, beside RLVR or after it
-# alike; its own flags, e.g. --control_lr, are checked.)
-FREE_FLAGS = {"device", "threads", "compile", "grad_ckpt", "eval_workers",
-              "control_alongside", "ckpt_every", "on_nan", "eval_every", "val_n", "probe_every",
-              "stage", "control", "out_dir", "resume",
-              "fsdp"}   # FSDP: the same steps, and the same checkpoint files, as DDP
-# flags of the final evaluation alone: a re-run with other values evaluates the same trained models
-# again
+# flags that cannot change the trained weights: how and where the run executes (device, threads,
+# compilation, activation checkpointing, evaluation workers, the control beside RLVR or after it:
+# it trains for RLVR's counted compute either way, its own flags are checked), how often it
+# checkpoints (a resume ends bit-identical), what it does on a NaN (whose message suggests
+# --on_nan=skip), what it logs (validation and probe draw no random numbers), which stages this
+# invocation runs, where it writes, whether it resumes; FSDP takes DDP's steps, writes its files
+FREE_FLAGS = {"device", "threads", "compile", "grad_ckpt", "eval_workers", "control_alongside",
+              "ckpt_every", "on_nan", "eval_every", "val_n", "probe_every", "stage", "control",
+              "out_dir", "resume", "fsdp"}
+# the final evaluation's flags: a re-run with other values evaluates the same trained models again
 EVAL_FLAGS = {"final_eval", "eval_limit", "test_limit"}
 
 
 class Run:
-    """Rank, world size, device and precision of this process, plus the helpers that depend on
-    them."""
+    """Rank, world size, device and precision of this process, and the helpers that need them."""
 
     def __init__(self, args, out_dir, path_flags=()):
-        """path_flags: the names of the flags that hold paths (relative to the working directory or
-        absolute), recorded relative to out_dir in config.json and in checkpoints
-        (`recorded_args`)."""
+        """path_flags: the flags that hold paths (relative to the working directory or absolute),
+        recorded relative to out_dir in config.json and in checkpoints (`recorded_args`)."""
         self.args, self.out_dir, self.path_flags = args, Path(out_dir), path_flags
         self.recorded = {}   # entries recorded beside the flags (train_lang.py: its tokenizer)
         try:
             check_device(args.device)
         except ValueError as e:
             self.fail(str(e))
-        self.ddp = int(os.environ.get("RANK", -1)) != -1
+        self.rank, self.world = 0, 1
+        self.ddp = int(os.environ.get("RANK", -1)) != -1   # launched by torchrun
         if self.ddp:
-            # each torchrun attempt keeps its keys under its own prefix: after a restart
-            # (--max-restarts) the shared store still holds the dead attempt's addresses, and a new
-            # rank reading one would fail to connect
+            # each torchrun attempt keeps its keys under its own prefix: after a restart the shared
+            # store still holds the dead attempt's addresses, and a new rank would dial them
             store, rank, world = next(dist.rendezvous("env://"))
             store = dist.PrefixStore(f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}",
                                      store)
@@ -131,8 +79,6 @@ class Run:
             if args.device.startswith("cuda"):
                 args.device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
                 torch.cuda.set_device(args.device)
-        else:
-            self.rank, self.world = 0, 1
         self.master = self.rank == 0
         # --fsdp=1: the GPT sharded across the ranks (wrap); one process keeps it whole
         self.fsdp = self.ddp and bool(getattr(args, "fsdp", 0))
@@ -143,15 +89,11 @@ class Run:
             self.fail("--on_nan=skip is for single-process runs (under torchrun use --on_nan=stop)")
         torch.set_num_threads(getattr(args, "threads", 1))   # a script without --threads: 1
         torch.manual_seed(args.seed)
-        # float16 trains only with a gradient scaler (its gradients underflow), which the loops
-        # do not have; bfloat16 has float32's range and needs none
-        if args.dtype == "float16":
+        if args.dtype == "float16":   # its gradients underflow; bfloat16 has float32's range
             self.fail("--dtype=float16: training in float16 needs a gradient scaler, which "
                       "nanoRLVR does not have; use --dtype=bfloat16")
-        device_type = "cuda" if args.device.startswith("cuda") else "cpu"
-        self.dtype = getattr(torch, args.dtype)   # of the forwards: autocast's, and a frozen
-                                                  # reference's
-        self.autocast = torch.autocast(device_type, dtype=self.dtype,
+        self.dtype = getattr(torch, args.dtype)   # the forwards' (autocast's, a frozen reference's)
+        self.autocast = torch.autocast(torch.device(args.device).type, dtype=self.dtype,
                                        enabled=args.dtype != "float32")
 
     def print0(self, *a, **k):
@@ -201,31 +143,24 @@ class Run:
         # flags both records know (a flag added or removed since cannot be compared)
         changed = [k for k in sorted(old.keys() & record.keys())
                    if k not in FREE_FLAGS and self._value(k, old[k]) != self._value(k, record[k])]
-        words = ", ".join(f"--{k} {self._shown(k, old[k])} -> {self._shown(k, record[k])}"
-                          for k in changed)
+        words = ", ".join(f"--{k} {self._value(k, old[k], True)} -> "
+                          f"{self._value(k, record[k], True)}" for k in changed)
         if set(changed) - EVAL_FLAGS:
             self.fail(f"{self.out_dir} holds a run with other flags: {words}; {ways_out}")
         if changed:
             self.print0(f"{CONFIG}: the trained stages are reused and evaluated again with {words}")
         return record
 
-    def _value(self, name, value):
-        """A recorded flag value, comparable across records: a path flag as an absolute path."""
-        if name in self.path_flags and value not in (None, "auto", "scratch"):
-            return str(recorded_path(value, self.out_dir).resolve())
-        return value
-
-    def _shown(self, name, value):
-        """A recorded flag value as the user would type it: a path relative to the working directory
-        when under it."""
-        value = self._value(name, value)
-        if name in self.path_flags and value not in (None, "auto", "scratch"):
-            return os.path.relpath(value) if Path(value).is_relative_to(Path.cwd()) else value
-        return value
+    def _value(self, name, value, shown=False):
+        """A recorded flag value, comparable across records: a path flag as an absolute path (shown:
+        as the user would type it, relative to the working directory when under it)."""
+        if name not in self.path_flags or value in (None, "auto", "scratch"):
+            return value
+        path = recorded_path(value, self.out_dir).resolve()
+        return os.path.relpath(path) if shown and path.is_relative_to(Path.cwd()) else str(path)
 
     def save_config(self, record):
-        """Write out_dir/config.json (rank 0, atomically): the record of check_config, before any
-        stage writes."""
+        """check_config's record to out_dir/config.json (rank 0, atomically), before any stage."""
         if self.master:
             write_json(self.out_dir / CONFIG, record)
 
@@ -245,8 +180,7 @@ class Run:
         the others' all-reduce."""
         if not self.ddp:
             return flag
-        t = torch.tensor([int(flag)],
-                         device=self.args.device if self.args.device.startswith("cuda") else "cpu")
+        t = torch.tensor([int(flag)], device=self.args.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
 
@@ -258,7 +192,7 @@ class Run:
     def wrap(self, model, compile=False, grad_ckpt=False):
         """-> (model on the device, the module to train: compiled and/or DDP-wrapped around it).
         grad_ckpt: a GPT recomputes each block's activations in the backward pass. --fsdp=1: the
-        model itself is sharded (one FSDP unit, see the top of this file), no DDP."""
+        model itself is sharded (one FSDP unit, docs/engineering.md says why), no DDP."""
         model = model.to(self.args.device)
         if grad_ckpt:
             model.grad_ckpt = True
@@ -276,19 +210,17 @@ class Run:
         finished stage keeps weights and metadata."""
         if step % self.args.ckpt_every and not done:
             return
-        states = [(g.get_state(), torch.get_rng_state())]
+        states = [(g.get_state(), torch.get_rng_state())] * self.world   # DDP: every rank's
         if self.ddp:
-            states = [None] * self.world
-            dist.all_gather_object(states, (g.get_state(), torch.get_rng_state()))
+            dist.all_gather_object(states, states[0])
         # FSDP: every rank sends its shards, rank 0 gets the full weights and optimizer state
         full = gather_state(model, None if done else opt) if self.fsdp else None
         if self.master:
             state = {f"{name}{r}": t for r, pair in enumerate(states)
                      for name, t in zip(("rng", "torch_rng"), pair)}
-            save_checkpoint(ckpt, model, args=self.recorded_args(), step=step,
-                            metrics={**metrics, "done": done},
-                            optimizer=None if done else opt, state=None if done else state,
-                            full=full)
+            save_checkpoint(ckpt, model, args=self.recorded_args(), step=step, full=full,
+                            metrics={**metrics, "done": done}, optimizer=None if done else opt,
+                            state=None if done else state)
 
     def resume_stage(self, ckpt, model, opt, g, name):
         """-> (step to continue from, done?). Restores weights, and for an unfinished stage
@@ -336,12 +268,10 @@ class Run:
         """May the optimizer step? True when `loss` (and `grad_norm`, when given) are finite;
         otherwise the fault goes to `nonfinite` (stop the run, or skip this step) and the answer is
         False, so it never reaches the weights."""
-        if not torch.isfinite(loss):
-            self.nonfinite(stage, step, model, f"non-finite loss ({loss.item()})")
-            return False
-        if grad_norm is not None and not torch.isfinite(grad_norm):
-            self.nonfinite(stage, step, model, f"non-finite gradient norm ({grad_norm.item()})")
-            return False
+        for what, x in (("loss", loss), ("gradient norm", grad_norm)):
+            if x is not None and not torch.isfinite(x):
+                self.nonfinite(stage, step, model, f"non-finite {what} ({x.item()})")
+                return False
         return True
 
     def check_ranks_in_sync(self, model, stage):
@@ -358,8 +288,7 @@ class Run:
 
 
 def check_device(device):
-    """ValueError, in one line, when `device` is not one this torch can run on (cpu, cuda,
-    cuda:N)."""
+    """ValueError, in one line, when `device` is not one this torch can run on (cpu, cuda:N)."""
     try:
         d = torch.device(device)
     except RuntimeError:
@@ -375,13 +304,11 @@ def check_device(device):
 
 def check_ranges(parser, args, at_least_1=(), at_least_0=()):
     """Stop with parser.error naming the first flag out of range: at_least_1 must be >= 1,
-    at_least_0 >= 0 (not NaN)."""
-    for name in at_least_1:
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    for name in at_least_0:
-        if not getattr(args, name) >= 0:
-            parser.error(f"--{name} must be >= 0, got {getattr(args, name)}")
+    at_least_0 >= 0 (a NaN is out of range)."""
+    for low, names in ((1, at_least_1), (0, at_least_0)):
+        for name in names:
+            if not getattr(args, name) >= low:
+                parser.error(f"--{name} must be >= {low}, got {getattr(args, name)}")
 
 
 def add_flags(group, cls):
@@ -406,8 +333,7 @@ def checksum(model):
 
 
 def lr_at(step, total, base, warmup):
-    """Linear warmup over `warmup` steps, then cosine decay from base to 0.1 * base at step
-    `total`."""
+    """Linear warmup over `warmup` steps, then cosine decay from base to 0.1 * base at `total`."""
     if step < warmup:
         return base * (step + 1) / warmup
     return base * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, (step - warmup)
@@ -458,8 +384,7 @@ class ComputeBudget:
         return ComputeBudget(max(self.rl.value - compute, 0.0))
 
     def reached(self, used):
-        """True once `used` is at least RLVR's whole compute (waiting for RLVR while it is
-        behind)."""
+        """True once `used` is at least RLVR's whole compute (waiting while RLVR is behind)."""
         while used >= self.rl.value and not self.closed.is_set():
             time.sleep(0.05)
         return used >= self.rl.value
@@ -476,9 +401,6 @@ def fork_map(fn, jobs, workers):
     _fork_fn = fn
     with mp.get_context("fork").Pool(workers) as pool:
         return pool.map(_call_fork_fn, jobs, chunksize=1)
-
-
-_fork_fn = None
 
 
 def _call_fork_fn(job):
@@ -503,16 +425,8 @@ def rank_map(fn, jobs):
 
 
 # -----------------------------------------------------------------------------
-# memory: what a run needs, estimated before it runs (printed at the start; --stage=memory
-# prints it and exits), so a run is sized before GPUs are rented. tests/test_memory.py holds the
-# estimate to a measured peak.
-
-def n_params(config):
-    """The parameters of a GPT of `config` (built on the meta device: no memory, no time)."""
-    from model import GPT   # model imports nothing of this file; imported here to stay light
-    with torch.device("meta"):
-        return sum(p.numel() for p in GPT(config).parameters())
-
+# memory: what a run needs, estimated before it runs, so a run is sized before GPUs are rented
+# (docs/engineering.md: --stage=memory, and the measured peaks it is held to)
 
 def prompts_per_chunk(prompts, samples, minibatches, micro_batch):
     """The prompts one micro-batch of the GRPO update holds (grpo.minibatch_plan): a minibatch
@@ -530,7 +444,8 @@ def memory_estimate(config, low_precision, reference, grad_ckpt, prompt_len, new
     the weights per forward region, a bf16 reference); `prompts` x `samples` rows are sampled
     with a KV cache holding each prompt once; a micro-batch of the update holds `micro_batch`
     rows of `new_tokens` and `prompts_per_chunk` prompts of `prompt_len` tokens."""
-    c, P = config, n_params(config)
+    with torch.device("meta"):   # the GPT's parameters, counted without memory or time
+        c, P = config, sum(p.numel() for p in GPT(config).parameters())
     act = 2 if low_precision else 4                         # bytes of an activation
     kv = c.n_layer * 2 * c.n_kv_head * c.head_dim * act     # bytes of one token's keys and values
     tokens = prompts_per_chunk * prompt_len + micro_batch * new_tokens   # one update forward's
