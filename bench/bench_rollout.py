@@ -20,9 +20,11 @@ tokens. Ours, HF and a large matmul (the peak) run in turn, after a warm-up, and
 Roofline: the model FLOPs of the new tokens (2 x the matmul weights incl. the LM head, plus 4 x n_layer x n_head x
 head_dim x the keys each new token attends to) over the median time, as a fraction of the median matmul peak measured
 in the same rounds. The prefill's other positions are not counted, so the fraction is a lower bound.
-Bandwidth bound: the tokens/s if a decode step took only the reading of the weights once (rows x a large memcpy's
-bandwidth / bytes of weights), and the fraction of it reached. "ours static" is engine.generate(graphs=True): the
-static-shape path, run eagerly on a CPU (on a GPU its step is a CUDA graph: bench/gpu_check.py step 4 measures it).
+Bandwidth bounds (common.decode_traffic, at a large memcpy's bandwidth): the weights bound, the tokens/s if a decode
+step took only the reading of the weights once (rows x bandwidth / bytes of weights), and the fraction of it reached;
+the weights + cache bound, the keys and values each of our paths reads added (the eager path: those written so far, the
+static path: all max_new positions every step). "ours static" is engine.generate(graphs=True): the static-shape path,
+run eagerly on a CPU (on a GPU its step is a CUDA graph: bench/gpu_check.py step 4 measures it).
 """
 import argparse
 import json
@@ -31,8 +33,8 @@ import time
 
 import torch
 
-from common import (ROOT, bandwidth, interleaved, machine, matmul_run, median, print_table,  # noqa: E402
-                    thread_list, weight_bytes)
+from common import (ROOT, bandwidth, decode_traffic, interleaved, machine, matmul_run, median,  # noqa: E402
+                    print_table, thread_list)
 
 import engine  # noqa: E402
 from checkpoint import load_model  # noqa: E402
@@ -152,11 +154,16 @@ def bench(name, peak_fn, peak_flops):
     n_tok, flops = B * S * new, new_token_flops(ours.config, [len(x) for x in prompts], new, S)
     shape = f"{B} prompts of {lo}-{hi}" + (f" x {S} samples" if S > 1 else "") + f", {new} new"
     model = f"{ours.config.n_layer}x{ours.config.n_embd}, vocab {ours.config.vocab_size}"
-    bound = B * S * BANDWIDTH / weight_bytes(ours)   # tok/s if a step only read the weights once
+    # the bytes a decode step moves (prompts padded to the longest), eager and static
+    P, itemsize = max(len(x) for x in prompts), next(ours.parameters()).element_size()
+    eager, static = (decode_traffic(ours.config, itemsize, B, P, S, new, static=s) for s in (False, True))
+    bound = B * S * BANDWIDTH / eager["weights"]   # tok/s if a step only read the weights once
     rates = [n_tok / median(t[k]) for k in ("ours", "static", "hf")]
+    both = [B * S * BANDWIDTH / (p["weights"] + p["cache"]) for p in (eager, static)]   # + the cache
     return [name, shape, model, torch.get_num_threads(), *(f"{r:,.0f}" for r in rates),
             f"**{median(t['hf']) / sec:.2f}x**", f"{flops / n_tok / 1e6:.2f}", f"{peak / 1e9:.1f}",
-            f"**{flops / sec / peak:.0%}**", " / ".join(f"{r / bound:.1%}" for r in rates)]
+            f"**{flops / sec / peak:.0%}**", " / ".join(f"{r / bound:.1%}" for r in rates),
+            " / ".join(f"{r / b:.1%}" for r, b in zip(rates[:2], both))]
 
 
 def profile(name):
@@ -215,6 +222,7 @@ for threads in thread_list(args.threads):
             raise SystemExit(f"--shapes: unknown shape {name!r} ({'|'.join(SHAPES)})")
         rows.append(bench(name, peak_fn, peak_flops))
 print_table(["shape", "workload", "model", "threads", "ours tok/s", "ours static tok/s", "HF generate tok/s",
-             "ours / HF", "MFLOP/token", "matmul peak GFLOP/s", "roofline", "bandwidth bound: ours / static / HF"],
+             "ours / HF", "MFLOP/token", "matmul peak GFLOP/s", "roofline", "weights bound: ours / static / HF",
+             "weights + cache bound: ours / static"],
             rows,
             "rollout throughput (new tokens per second; higher is better); roofline = model FLOPs / (time x peak)")

@@ -1,5 +1,6 @@
 """
-Shared helpers for the bench/ scripts: thread settings, interleaved timing with medians, the machine line, tables.
+Shared helpers for the bench/ scripts: thread settings, interleaved timing with medians, the machine line, tables,
+the bytes a decode step moves (the bandwidth bounds).
 
 Every bench script compares us with a reference tool *in the same process and run*: the two are timed in turn
 (ours, theirs, ours, theirs, ...) after a warm-up, and the median of the repeats is reported, so background load
@@ -98,12 +99,51 @@ def bandwidth(device, repeats=5):
     return 2 * src.numel() / best
 
 
-def weight_bytes(model):
-    """Bytes of weights a decode step reads: every parameter once (a tied LM head once), but the
-    token embedding when untied (a step reads only its rows' entries)."""
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
-    w = model.wte.weight
-    return total - (0 if model.lm_head.weight is w else w.numel() * w.element_size())
+def decode_traffic(config, itemsize, prompts, prompt_len, samples, new, vocab=None, static=False):
+    """The bytes one decode step of engine.generate reads and writes, by part, averaged over the
+    decode: R = prompts x samples rows, the prompts left-padded to prompt_len, `new` tokens each,
+    the weights and the KV cache at itemsize bytes a value, sampling over the ids below vocab
+    (None: all). Each op reads its inputs and writes its output once (a kernel taking two passes
+    moves more). Pure arithmetic on the config, so it runs anywhere (bench/gpu_check.py's rows).
+    - weights: every matrix, bias and norm once, the LM head included; of the token (and learned
+      position) embeddings only the R rows looked up;
+    - cache: the keys and values decode_attention reads (the prompts' once per prompt, shared by
+      their samples; each row's own: all `new` positions on the static path, on the eager path
+      those written so far, new / 2 on average) and the step's k, v written;
+    - sampling: the logits (R, vocab_size) written, then sample_next's float32 copy, log_softmax,
+      exp and float64 cumsum over the sampled ids;
+    - scores: decode_attention's scores and probabilities, R x n_head rows of prompt_len + T
+      (T: the generated positions read): the masks added, the two scaled products, the prompt
+      part regrouped twice (when samples and n_kv_head > 1), cat, softmax, the products with v.
+    Left out: the activations (R x n_embd, R x mlp_hidden), a few MB that stay in a GPU's L2
+    cache; the scores, a few MB a layer, may stay there too."""
+    c, R, P = config, prompts * samples, prompt_len
+    C, nh, nkv, hd, H = c.n_embd, c.n_head, c.n_kv_head, c.head_dim, c.mlp_hidden
+    qkv, mlp_in = (nh + 2 * nkv) * hd, (2 if c.mlp == "swiglu" else 1) * H
+    norm = C * (2 if c.bias and c.norm == "layernorm" else 1)             # gain (and bias)
+    layer = C * qkv + nh * hd * C + C * mlp_in + H * C + 2 * norm
+    if c.bias:   # GPT-2: every Linear's
+        layer += qkv + C + mlp_in + C
+    elif c.qkv_bias:   # Qwen2: q, k, v's
+        layer += qkv
+    rows = R * C * (2 if c.pos == "learned" else 1)                       # embedding lookups
+    weights = (c.n_layer * layer + norm + c.vocab_size * C + rows) * itemsize
+    T = new if static else new / 2
+    position = c.n_layer * 2 * nkv * hd * itemsize                         # k and v, all layers
+    cache = position * (prompts * P + R * T + R)
+    V, v = c.vocab_size, vocab or c.vocab_size
+    cast = 0 if itemsize == 4 else itemsize + 4                            # .float()
+    sampling = R * V * itemsize + R * v * (cast + 8 + 8 + 12)              # log_softmax, exp, cumsum
+    regroup = 4 if samples > 1 and nkv > 1 else 0
+    scores = c.n_layer * R * nh * itemsize * ((7 + regroup) * P + (10 if static else 8) * T)
+    return dict(weights=weights, cache=cache, sampling=sampling, scores=scores)
+
+
+def traffic_text(parts, bw):
+    """decode_traffic's parts -> "weights 0.74 + cache 0.94 ms ..." at bw bytes/s."""
+    ms = {k: f"{v / bw * 1e3:.3g}" for k, v in parts.items()}
+    return (f"a step moves weights {ms['weights']} + cache {ms['cache']} + sampling "
+            f"{ms['sampling']} (+ scores {ms['scores']}) ms at {bw / 1e9:,.0f} GB/s")
 
 
 def median(xs):

@@ -7,6 +7,7 @@ run ends with one markdown table (printed, and written to --out with the date an
     python bench/gpu_check.py --tiny --device=cpu --dtype=float32   # ~35 s on 1 CPU thread (CI)
     python bench/gpu_check.py --skip=4,7               # leave steps out (they are numbered below)
     python bench/gpu_check.py --skip=3,5,6,7 --sampler_lens=300   # the sampler only (~2 min)
+    python bench/gpu_check.py --skip=3,4,5,6,7,8 --profile_sampler  # a decode step's profile
 
 Steps (one table row or more each; a step that fails is recorded FAIL with its one-line reason and
 the others still run; the exit status is 1 if any row is FAIL):
@@ -23,10 +24,11 @@ the others still run; the exit status is 1 if any row is FAIL):
    16 prompts x 8 samples of 300 and 3,000 tokens (--sampler_lens), 1,024 new tokens, no EOS:
    the eager path, the static path (graphs=True: each decode step one CUDA graph on a GPU; its
    capture time shown), HF generate (static cache where supported); tokens/s and the fraction of
-   the weight-bandwidth bound (rows x bandwidth / bytes of weights a step reads, the bandwidth a
-   measured device-to-device copy); every id drawn must be one the tokenizer decodes. Then 64
-   greedy tokens of the static path captured against it uncaptured (equal: PASS) and against the
-   eager path (shown).
+   the weights bound (rows x bandwidth / bytes of weights a step reads, the bandwidth a measured
+   device-to-device copy) and, for ours, of the weights + cache bound (the keys and values its
+   path reads added: common.decode_traffic, whose parts of a step are shown in ms); every id
+   drawn must be one the tokenizer decodes. Then 64 greedy tokens of the static path captured
+   against it uncaptured (equal: PASS) and against the eager path (shown).
 5. GRPO: one grpo.grpo_step at micro_batch 8 and 2 on 300- and 3,000-token prompts, float32
    weights under --dtype autocast as train_lang.py runs it; time and peak memory.
 6. stale weights: no optimizer step may run inside autocast (autocast caches the low-precision
@@ -37,6 +39,10 @@ the others still run; the exit status is 1 if any row is FAIL):
    (1 process), and a 3-step train_video.py RLVR run from the shipped checkpoint.
 8. FSDP: the 2-step train_lang.py run under torchrun (1 process) with --fsdp=1: fully_shard over
    NCCL, the weights gathered for the rollouts and for its checkpoints.
+9. profile (--profile_sampler only; ~1 min on a GPU): step 4's shape (its first prompt length) on
+   the static path uncaptured, a few decode steps under torch.profiler: the top ops by self device
+   time a step (on a CPU: self CPU time) as a markdown table, its time by section, and a chrome
+   trace (chrome://tracing, ui.perfetto.dev), written beside --out (*_sampler_profile.md, .json.gz).
 Memory: the step's peak of all the process holds (the models of earlier steps included):
 torch.cuda.max_memory_allocated on a GPU, on a CPU the peak RSS (VmHWM, reset before each step).
 Subprocess rows have no memory column; the GRPO rows also give runtime.memory_estimate's peak.
@@ -58,7 +64,7 @@ from pathlib import Path
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from common import ROOT, bandwidth, cpu_name, machine, print_table, weight_bytes
+from common import ROOT, bandwidth, cpu_name, decode_traffic, machine, print_table, traffic_text
 
 import engine  # noqa: E402
 import grpo  # noqa: E402
@@ -90,6 +96,9 @@ p.add_argument("--sub_timeout", type=int, default=240, help="seconds allowed eac
 p.add_argument("--hf_compile", type=int, default=0,
                help="1: let HF generate torch.compile its static-cache forward on a GPU (minutes "
                     "of compilation; 0: eager, as ours runs)")
+p.add_argument("--profile_sampler", action="store_true",
+               help="also run step 9, a profile of the static sampler's decode steps (~1 min on "
+                    "a GPU; with --skip=3,4,5,6,7,8 the profile alone)")
 args = p.parse_args()
 
 # bench-only references: imported after the flags, so --help needs neither
@@ -371,15 +380,32 @@ def sampled_ids_ok(toks):
             bad == 0 and dec == "decodes")
 
 
-def of_bound(n, sec, rows):
-    """Tokens/s and their fraction of the weight-bandwidth bound: rows tokens per decode step if a
-    step took only the reading of the weights once (bandwidth measured once, a copy on DEVICE)."""
-    ours, = need("ours")
-    if "bandwidth" not in STATE:
+def measured_bandwidth():
+    if "bandwidth" not in STATE:   # measured once: a copy on DEVICE
         STATE["bandwidth"] = bandwidth(DEVICE)
-    bound = rows * STATE["bandwidth"] / weight_bytes(ours)
-    return (f"{fmt_rate(n, sec)}, {n / sec / bound:.1%} of the weight-bandwidth bound "
-            f"({bound:,.0f} tok/s at {STATE['bandwidth'] / 1e9:,.0f} GB/s)")
+    return STATE["bandwidth"]
+
+
+def step_traffic(L, static):
+    """common.decode_traffic at step 4's shape with prompts of L tokens (static: the path)."""
+    ours, tok = need("ours", "tok")
+    B, G, _, new = S["sampler"]
+    return decode_traffic(ours.config, DTYPE.itemsize, B, L, G, new, tok.n_vocab, static)
+
+
+def of_bound(n, sec, L, static=None):
+    """Tokens/s and their fraction of the weights bound: B x G tokens a decode step if a step took
+    only the reading of the weights once. For ours (static: its path, True or False) also of the
+    weights + cache bound, the keys and values its path reads added, and the step's parts in ms."""
+    B, G, _, _ = S["sampler"]
+    bw, parts = measured_bandwidth(), step_traffic(L, bool(static))
+    bound = B * G * bw / parts["weights"]
+    text = f"{fmt_rate(n, sec)}, {n / sec / bound:.1%} of the weights bound ({bound:,.0f} tok/s"
+    if static is None:
+        return text + f" at {bw / 1e9:,.0f} GB/s)"
+    both = B * G * bw / (parts["weights"] + parts["cache"])
+    return (f"{text}), {n / sec / both:.1%} of the weights + cache bound ({both:,.0f} tok/s): "
+            f"{traffic_text(parts, bw)}")
 
 
 def step_sampler_ours(L, graphs):
@@ -400,7 +426,7 @@ def step_sampler_ours(L, graphs):
     text, ok = sampled_ids_ok(toks)
     if graphs and CUDA:   # the capture is inside the timed call
         text = f"CUDA graph captured in {engine.CAPTURE['seconds']:.2f} s; {text}"
-    return f"{of_bound(toks.numel(), sec, B * G)}; {text}", "PASS" if ok else "FAIL"
+    return f"{of_bound(toks.numel(), sec, L, graphs)}; {text}", "PASS" if ok else "FAIL"
 
 
 def step_graphs_greedy():
@@ -454,7 +480,7 @@ def step_sampler_hf(L):
     # and drew every token asked for
     padded = (toks >= tok.n_vocab).float().mean().item()
     compiled = "compiled" if args.hf_compile and CUDA and cache == "static" else "eager"
-    return (f"{of_bound(toks.numel(), sec, B * G)} ({cache} cache, {compiled}); "
+    return (f"{of_bound(toks.numel(), sec, L)} ({cache} cache, {compiled}); "
             f"{padded:.0%} of its ids padded", "PASS" if toks.shape == (B * G, new) else "FAIL")
 
 
@@ -636,6 +662,97 @@ def step_video():
 
 
 # -----------------------------------------------------------------------------
+# 9. where a decode step's time goes
+
+PROFILE = dict(wait=3, warmup=2, active=5)   # decode steps: run unrecorded, warming, recorded
+RANGES = ("decode_step", "decode_attention", "sample_next")   # engine's, timed by section
+
+
+def step_profile(L):
+    """Step 4's shape, prompts of L tokens, on the static path uncaptured
+    (engine.static_generate(capture=False): the kernels one at a time) under torch.profiler, a
+    schedule recording PROFILE["active"] decode steps; engine's RANGES are wrapped in named ranges
+    for the split by section (put back after). -> the top ops by self time a step (device time,
+    on a CPU CPU time) in a markdown table, and a chrome trace, beside --out."""
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule
+    if "ours" not in STATE:   # dropped for the scripts of steps 7-8: loaded again
+        step_load()
+    ours, tok = need("ours", "tok")
+    B, G, _, new = S["sampler"]
+    out = Path(args.out)
+    md, trace = (out.with_name(f"{out.stem}_sampler_profile{ext}") for ext in (".md", ".json.gz"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    seen = {}
+
+    def ready(prof):   # the recorded steps are over
+        prof.export_chrome_trace(str(trace))
+        seen.update(avg=prof.key_averages(), events=prof.events())
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])
+    prof = profile(activities=acts, schedule=schedule(**PROFILE, repeat=1), on_trace_ready=ready)
+    originals = {name: getattr(engine, name) for name in RANGES}
+
+    def ranged(name):
+        def fn(*a, **kw):
+            with record_function(name):
+                result = originals[name](*a, **kw)
+            if name == "decode_step":   # one profiler step per decode step, its kernels done
+                sync()
+                prof.step()
+            return result
+        return fn
+    try:
+        for name in RANGES:
+            setattr(engine, name, ranged(name))
+        with prof, torch.inference_mode():
+            engine.static_generate(ours, windows(B, L, seed=3), new, 1.0, None, None, None,
+                                   torch.Generator().manual_seed(0), G, tok.n_vocab,
+                                   capture=False)
+    finally:
+        for name, fn in originals.items():
+            setattr(engine, name, fn)
+    if "avg" not in seen:
+        raise RuntimeError(f"{new} new tokens: fewer decode steps than the profile's schedule")
+    return profile_table(seen, md, trace, L), "PASS"
+
+
+def profile_table(seen, md, trace, L):
+    """The recorded steps' events -> md written (the time a step by section, the top ops), and
+    the row's text."""
+    n, where = PROFILE["active"], "device" if CUDA else "CPU"
+
+    def spent(e):   # a range's time, its children's included (on a GPU: its kernels')
+        return (e.device_time_total if CUDA else e.cpu_time_total) / 1e3 / n   # ms a step
+    cpu_side = [e for e in seen["events"] if e.device_type == torch.autograd.DeviceType.CPU]
+    step = sum(spent(e) for e in cpu_side if e.name.startswith("ProfilerStep"))
+    # on a GPU: how many kernels (a CUDA graph replays as many, back to back)
+    kernels = f" in {sum(len(e.kernels) for e in cpu_side) / n:,.0f} kernels" if CUDA else ""
+    part = {name: sum(spent(e) for e in cpu_side if e.name == name) for name in RANGES}
+    sections = (f"decode_step {part['decode_step']:.3g} (of it decode_attention "
+                f"{part['decode_attention']:.3g}), sample_next {part['sample_next']:.3g}")
+    ops = [e for e in seen["avg"] if e.device_type == torch.autograd.DeviceType.CPU
+           and e.key not in RANGES and not e.key.startswith("ProfilerStep")]
+    self_ms = {e.key: (e.self_device_time_total if CUDA else e.self_cpu_time_total) / 1e3 / n
+               for e in ops}
+    top = sorted(ops, key=lambda e: -self_ms[e.key])[:20]
+    B, G, _, new = S["sampler"]
+    traffic = traffic_text(step_traffic(L, True), measured_bandwidth())
+    lines = [f"# sampler profile: {device_name()}", "",
+             f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}; {args.dtype}; {B} x {G} samples, "
+             f"prompt {L}, {new} new; the static path uncaptured, {n} decode steps recorded "
+             f"(chrome trace: {trace.name})", "",
+             f"{where} time a step: {step:.3g} ms{kernels}: {sections}; the traffic model: "
+             f"{traffic}", "",
+             f"| op | calls a step | self {where} ms a step | share |", "|---|---:|---:|---:|"]
+    lines += [f"| {e.key} | {e.count / n:g} | {self_ms[e.key]:.3f} | "
+              f"{self_ms[e.key] / step:.1%} |" for e in top]
+    md.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[4:]), flush=True)
+    heavy = ", ".join(f"{e.key} {self_ms[e.key] / step:.0%}" for e in top[:3])
+    return (f"{where} time {step:.3g} ms a step{kernels}: {sections}; top ops {heavy}; wrote {md}, "
+            f"{trace}")
+
+
+# -----------------------------------------------------------------------------
 
 def free_models():
     """Before the scripts load their own copies: drop ours (the GPU's memory goes to them)."""
@@ -683,13 +800,15 @@ def main():
             ("7c train_video rlvr", "3 steps from video_mle_4000", step_video)],
         8: [("8 train_lang fsdp", "torchrun, 1 process, 2 steps, --fsdp=1",
              lambda: step_lang(True, fsdp=True))],
+        9: [("9 sampler profile", f"{B} x {G} samples, prompt {lens[0]}, {new} new, static, "
+             "uncaptured", lambda: step_profile(lens[0]))] if args.profile_sampler else [],
     }
     try:
         for n, checks in steps.items():
             if n >= 7:
                 free_models()
             for name, shape, fn in checks if n not in SKIP else ():
-                check(name, shape, fn, memory=n < 7)
+                check(name, shape, fn, memory=n not in (7, 8))
     finally:
         if tmp is not None:
             tmp.cleanup()

@@ -1,7 +1,10 @@
 """bench/gpu_check.py --tiny on the CPU (~35 s on one thread): the scale path's checks (HF directory
 with a padded vocabulary, our loader, parity with transformers, the sampler, GRPO, the optimizer
 steps outside autocast, train_lang.py / torchrun / train_video.py runs) at a small shape, each
-row of its table PASS. The same script at the 1.5B shape is the GPU check (docstring there)."""
+row of its table PASS. The same script at the 1.5B shape is the GPU check (docstring there). And
+its profile of the sampler's decode steps (--profile_sampler), alone, in seconds."""
+import gzip
+import json
 import os
 import subprocess
 import sys
@@ -30,3 +33,23 @@ def test_gpu_check_tiny_on_cpu_passes_every_row(tmp_path):
     failed = [f"{r[0]}: {r[2]}" for r in rows if r[-1] != "PASS"]
     assert not failed, "\n".join(failed)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+
+
+def test_gpu_check_profiles_the_sampler_on_cpu(tmp_path):
+    """--profile_sampler (step 9) alone at the tiny shape, a few seconds: the top ops table and
+    the chrome trace beside --out, so the GPU session's profile does not rot."""
+    out = tmp_path / "gpu_check.md"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    p = subprocess.run([sys.executable, "bench/gpu_check.py", "--tiny", "--device=cpu",
+                        "--dtype=float32", "--skip=3,4,5,6,7,8", "--profile_sampler",
+                        f"--out={out}", f"--work_dir={tmp_path / 'work'}"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| 9 sampler")]
+    assert len(rows) == 1 and rows[0].endswith("| PASS |"), out.read_text()
+    table = (tmp_path / "gpu_check_sampler_profile.md").read_text()
+    ops = [line for line in table.splitlines() if line.startswith("| aten::")]
+    assert len(ops) == 20 and "aten::mm" in table and "decode_attention" in table, table
+    trace = (tmp_path / "gpu_check_sampler_profile.json.gz").read_bytes()
+    names = {e.get("name") for e in json.loads(gzip.decompress(trace))["traceEvents"]}
+    assert {"decode_step", "decode_attention", "sample_next"} <= names
