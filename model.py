@@ -185,9 +185,21 @@ class Block(nn.Module):
         self.ln_1, self.attn = make_norm(config), Attention(config)
         self.ln_2, self.mlp = make_norm(config), MLP(config)
 
-    def forward(self, x, rope):
+    def forward(self, x, rope, mask=None, cache=None, layer=None, rows=None):
+        """x (B, T, C) -> (B, T, C). With cache (a PromptCache, run_cached) the keys and values
+        pass through it as `layer`'s: rows None, a prompt pass keeps them; else row n's go after
+        prompt rows[n]'s, and mask (B, 1, T, P + T) is added to the scores."""
         # pre-norm residuals: tokens talk to each other, then each token thinks on its own
-        x = x + self.attn(self.ln_1(x), rope)
+        if cache is None:
+            x = x + self.attn(self.ln_1(x), rope)
+        else:
+            q, k, v = self.attn.qkv(self.ln_1(x), rope)   # (n, nkv, T, hd) for k and v
+            if rows is None:   # a prompt pass keeps its keys and values
+                cache.k[layer], cache.v[layer] = k.contiguous(), v.contiguous()
+            else:              # a continuation pass puts each row's prompt's first: P + T
+                k = torch.cat([cache.k[layer][rows], k], dim=2)
+                v = torch.cat([cache.v[layer][rows], v], dim=2)
+            x = x + self.attn.attend(q, k, v, mask)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -363,20 +375,6 @@ def additive(allowed, dtype):
     return mask.masked_fill_(~allowed, float("-inf"))
 
 
-def cached_block(block, x, rope, mask, cache, layer, rows):
-    """Block.forward with its keys and values passed through cache (see run_cached)."""
-    q, k, v = block.attn.qkv(block.ln_1(x), rope)   # (n, nkv, T, hd) for k and v
-    if rows is None:
-        # a prompt pass keeps its keys and values
-        cache.k[layer], cache.v[layer] = k.contiguous(), v.contiguous()
-    else:
-        # a continuation pass puts each row's prompt's first: (N, nkv, P + T, hd)
-        k = torch.cat([cache.k[layer][rows], k], dim=2)
-        v = torch.cat([cache.v[layer][rows], v], dim=2)
-    x = x + block.attn.attend(q, k, v, mask)
-    return x + block.mlp(block.ln_2(x))
-
-
 def run_cached(model, idx, pos, mask, cache, last=False, at=None):
     """GPT.forward's layers on idx (B, T) at positions pos (B, T), each attention's keys and values
     passed through cache (a PromptCache). mask: None (causal) or (B, 1, T, T_all) added to the
@@ -384,8 +382,9 @@ def run_cached(model, idx, pos, mask, cache, last=False, at=None):
     logits of those positions only, (k, vocab)."""
     x, rope = model.embed(idx, pos)
     for layer, block in enumerate(model.h):
-        # rows passed as they are now: a checkpointed block recomputes the same pass
-        x = model.run_block(cached_block, block, x, rope, mask, cache, layer, cache.rows)
+        # Block.forward's cached path; rows passed as they are now: a checkpointed block
+        # recomputes the same pass
+        x = model.run_block(block, x, rope, mask, cache, layer, cache.rows)
     # a prefill needs only the next token's logits
     if last:
         x = x[:, -1:]

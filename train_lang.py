@@ -29,17 +29,15 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from checkpoint import read_meta, write_json
 from eval import evaluate_checkpoints, print_comparison
-from grpo import PAPER_RECIPE, GRPOConfig, Source, make_policy, train_loop
+from grpo import PAPER_RECIPE, GRPOConfig
 import mle
 from model import GPT, GPTConfig
 from runtime import (ComputeBudget, Run, add_flags, check_ranges, fork_alongside, from_flags,
                      lr_at, memory_estimate, print_memory, prompts_per_chunk, rank_map)
-from tasks import (TASKS, PromptPool, encode, greedy_scores, keep_tokenizer, load_lang_model,
-                   load_splits, probe_rewards, reward_fn)
+from tasks import (TASKS, encode, greedy_scores, keep_tokenizer, load_lang_model, load_splits,
+                   train_rlvr)
 from tokenizer_text import Tokenizer
 
 ROOT = Path(__file__).resolve().parent
@@ -47,8 +45,6 @@ ROOT = Path(__file__).resolve().parent
 VOCAB_SIZE = 448        # BPE ranks trained on the train split (--init=scratch)
 MLE_WARMUP, MLE_WEIGHT_DECAY = mle.WARMUP, 0.1   # MLE's warm-up steps and AdamW weight decay
 EVAL_EVERY, VAL_N = 500, 200   # MLE's progress checks: every 500 steps, 200 val records
-UNCHANGED_FRAC = 0.3    # share of RL prompts drawn from records where nothing changes
-PROBE_N, PROBE_EVERY = 64, 10   # RLVR's probe: fixed train prompts, measured every 10 steps
 EVAL_WORKERS = 2        # processes sharing the final evaluation on a CPU
 
 # -----------------------------------------------------------------------------
@@ -152,7 +148,7 @@ cfg = dataclasses.replace(from_flags(args, GRPOConfig),
 out_dir = Path(args.out_dir or f"out/{args.task}")
 # one process, or one rank of torchrun; checks --device, seeds torch, sets autocast (1 thread)
 run = Run(args, out_dir, path_flags=("data_dir", "init", "out_dir", "tokenizer"))
-master, rank, world, autocast = run.master, run.rank, run.world, run.autocast
+master, world, autocast = run.master, run.world, run.autocast
 print0, fail = run.print0, run.fail
 if args.reward not in task.rewards:
     fail(f"--reward {args.reward}: the {args.task} task has rewards {task.rewards}")
@@ -255,43 +251,8 @@ def run_mle(model, name, pairs, steps, lr_of_step, budget=None):
 
 
 # -----------------------------------------------------------------------------
-# stage 2: RLVR with GRPO on the prompt pool's prompts; the reward is the task metric of the
-# decoded prediction (rewards.py)
-def run_rlvr(model, budget):
-    """GRPO from `model` for --rl_steps steps (grpo.train_loop); each step's compute is added to
-    `budget` (the control's, runtime.ComputeBudget), closed at the end -> the checkpoint."""
-    ckpt = out_dir / "rlvr.safetensors"   # resumable while it runs, the RLVR model once done
-    # the model trained, the frozen MLE start (the KL's reference), AdamW
-    policy = make_policy(run, model, cfg, grad_ckpt=args.grad_ckpt)
-    gen = torch.Generator().manual_seed(args.seed + 1000 + rank)   # prompts, samples, minibatches
-    # the prompt pool: every train prompt that leaves room for the longest answer, split into
-    # changed and unchanged records; draw(n) -> n token-id prompts and their records
-    room = policy.model.config.block_size - cfg.max_new_tokens
-    draw = PromptPool(train_recs, data.prompt_text, data.is_changed, tok, room, UNCHANGED_FRAC,
-                      gen)
-    # the probe set: fixed training prompts whose greedy and T=1 reward (4 samples each, a fixed
-    # seed) is logged every PROBE_EVERY steps: the reward GRPO optimises, on the same prompts
-    probe_prompts, probe_recs = draw(PROBE_N)
-
-    def probe(step, stats):   # grpo.train_loop's watch: the probe, and a line of text
-        with autocast:
-            more = probe_rewards(args.task, policy.model, tok, probe_prompts, probe_recs,
-                                 args.reward, cfg.max_new_tokens)
-        if stats:
-            print0(f"\nrlvr step {step}: reward {stats['reward_mean']:.3f} probe reward "
-                   f"{more['probe_reward']:.3f} (greedy {more['probe_greedy']:.3f}) groups kept "
-                   f"{stats['groups_kept']}/{stats['groups']} kl {stats['kl']:.5f} entropy "
-                   f"{stats['entropy']:.3f}")
-        return more
-
-    print0(f"rlvr: {len(draw.changed)} changed + {len(draw.unchanged)} unchanged train prompts; "
-           f"per step {cfg.prompts_per_step} groups with reward spread (up to {cfg.max_rounds} "
-           f"rounds) x {cfg.group_size} samples x {world} ranks; reward {args.reward}")
-    source = Source(draw, reward_fn(args.task, tok, args.reward), tok.eos_id)
-    train_loop(run, policy, source, cfg, gen, ckpt, args.rl_steps, budget, probe, PROBE_EVERY)
-    return ckpt
-
-
+# stage 2: RLVR with GRPO on the prompt pool's prompts (tasks.train_rlvr); the reward is the task
+# metric of the decoded prediction (rewards.py). Stage 3, the control:
 def control(budget):
     """The control: MLE continued from the start until it has used `budget`, at the start's own
     final MLE rate (mle.final_lr; an HF start records none: RLVR's rate, --rl_lr)."""
@@ -358,7 +319,9 @@ if args.stage in ("all", "rlvr"):
     # the start: the model loaded from --init, or a fresh copy of the MLE checkpoint (one copy
     # in memory: the name start_model lets go of it)
     model, start_model = start_model or load_lang_model(start, args.device)[0], None
-    rl_ckpt, model = run_rlvr(model, budget), None
+    rl_ckpt = train_rlvr(run, model, cfg, args.task, tok, train_recs, args.reward,
+                         out_dir / "rlvr.safetensors", args.rl_steps, budget)
+    model = None
     ckpts = {"mle": start, "rlvr": str(rl_ckpt)}
     if alongside:
         child.join()   # it stops at RLVR's compute, saves mle_more.safetensors and exits

@@ -8,19 +8,15 @@ import dataclasses
 import sys
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a file: the repository root
 from checkpoint import read_meta, write_json  # noqa: E402
 from eval import evaluate_checkpoints, print_comparison  # noqa: E402
-from grpo import GRPOConfig, Source, make_policy, train_loop  # noqa: E402
+from grpo import GRPOConfig  # noqa: E402
 import mle  # noqa: E402
 from runtime import ComputeBudget, Run, add_flags, from_flags  # noqa: E402
-from tasks import (TASKS, PromptPool, encode, keep_tokenizer, load_lang_model,  # noqa: E402
-                   load_splits, probe_rewards, reward_fn)
-
-UNCHANGED_FRAC, PROBE_N = 0.3, 64   # train_lang.py's
+from tasks import (TASKS, UNCHANGED_FRAC, encode, keep_tokenizer,  # noqa: E402
+                   load_lang_model, load_splits, train_rlvr)
 
 
 def parser(doc):
@@ -56,26 +52,12 @@ def setup(args, stage_files=("rlvr.safetensors", "mle_more.safetensors")):
 
 
 def rlvr(run, model, tok, args, records, score=None, unchanged_frac=UNCHANGED_FRAC):
-    """train_lang.py's RLVR stage on the prompt pool of `records`, rewarded by `score`
-    (default: the task's reward, as train_lang.py) -> the checkpoint."""
-    task = TASKS[args.task]
+    """train_lang.py's RLVR stage (tasks.train_rlvr) on the prompt pool of `records`, rewarded by
+    `score` (default: the task's reward, as train_lang.py) -> the checkpoint."""
     cfg = dataclasses.replace(from_flags(args, GRPOConfig), vocab=tok.n_vocab)
-    policy = make_policy(run, model, cfg, grad_ckpt=args.grad_ckpt)
-    gen = torch.Generator().manual_seed(args.seed + 1000)
-    room = model.config.block_size - cfg.max_new_tokens
-    draw = PromptPool(records, task.data.prompt_text, task.data.is_changed, tok, room,
-                      unchanged_frac, gen)
-    kind = args.reward or task.rewards[0]
-    probe_prompts, probe_recs = draw(PROBE_N)   # as train_lang.py draws them
-
-    def probe(step, stats):
-        with run.autocast:
-            return probe_rewards(args.task, policy.model, tok, probe_prompts, probe_recs, kind,
-                                 cfg.max_new_tokens)
-    ckpt = run.out_dir / "rlvr.safetensors"
-    source = Source(draw, score or reward_fn(args.task, tok, kind), tok.eos_id)
-    train_loop(run, policy, source, cfg, gen, ckpt, args.rl_steps, None, probe, 10)
-    return ckpt
+    return train_rlvr(run, model, cfg, args.task, tok, records,
+                      args.reward or TASKS[args.task].rewards[0], run.out_dir / "rlvr.safetensors",
+                      args.rl_steps, reward=score, unchanged_frac=unchanged_frac)
 
 
 def rl_compute(ckpt):
