@@ -163,6 +163,15 @@ def test_flag_budget():
         assert n <= most, f"{script} has {n} flags (at most {most})"
 
 
+def test_results_and_docs_stay_small():
+    """Issue 45's sizes: results/ at most 15 MB (what the tables cite), README + docs/ 1,500 lines."""
+    size = sum(p.stat().st_size for p in (ROOT / "results").rglob("*") if p.is_file())
+    assert size <= 15e6, f"results/ holds {size / 1e6:.1f} MB (at most 15)"
+    lines = sum(len(p.read_text().splitlines())
+                for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+    assert lines <= 1500, f"README.md + docs/ are {lines} lines (at most 1,500)"
+
+
 @pytest.mark.slow
 def test_every_documented_flag_exists():
     bad = [f"{page}: {script} {flag}" for page, script, flags in commands() for flag in flags
