@@ -1,20 +1,24 @@
-"""Verifiable rewards of the language world models: each task's metric, on the model's text.
+"""Verifiable rewards: each task's metric, measured on what the model wrote (text or frames).
 
-RLVR-World's point is that the reward is the metric itself, measured on what the model wrote. Every
-reward takes the model's output and the ground truth, returns a float, and never raises on model
-output: unreadable text scores 0. The video rewards and metrics live in rewards.py.
-
-The file, in reading order, and the reward each task uses. Each task's section opens with what the
-task registry (tasks.TASKS) calls on a decoded answer and its record: `reward_<task>(text, record,
-kind)`, RLVR's reward, and `score_<task>(text, record)`, the per-record metrics of the evaluation.
+RLVR-World's point is that the reward is the metric itself. Every reward takes the model's output
+and the ground truth and never raises on model output: unreadable text scores 0, an unscorable
+frame the worst video reward. Each language task's section opens with what the task registry
+(tasks.TASKS) calls on a decoded answer and its record: `reward_<task>(text, record, kind)`, RLVR's
+reward, and `score_<task>(text, record)`, the per-record metrics of the evaluation. In order:
 - text game (train_lang.py --task=textgame): `textgame_reward(text, state, next_state, kind)`, kind
   "binary" (1 for the exact next state, else 0; the default) or "task_specific" (partial credit, 0
   to 1.3). It parses the model's diff JSON (`parse_diff`), merges it into the current state
-  (`apply_diff`) and compares the merged state with the true next state (`_compare`).
+  (`apply_diff`) and compares the merged state with the true next state (`textgame_metrics`).
 - web page (train_lang.py --task=webpage): `web_f1(text, target_text)`, the F1 of the changed items.
+- video (train_video.py, eval.py): `VideoReward` and `video_reward(cfg, pred, true, ...)`,
+  "mae+ssim" = -(MAE + 1 - SSIM) (the default without LPIPS weights) or "mae+lpips" = -(MAE +
+  LPIPS), minus weighted terms for the error on the pixels that move, for erased objects and for
+  pushed blocks drawn where the push did not take them; `pick_reward` resolves "auto". Then the
+  metrics (mae, mse, psnr, ssim, moving_mae, object_miss, push_error, LPIPS) and
+  `repetition_rate`, an evaluation metric of multi-step video, not a reward.
 
 docs/rewards.md holds where each formula comes from, where and why it deviates from the official
-RLVR-World rewards, the text game's contract on truncated answers, and the bounds on the work.
+RLVR-World rewards, the text game's contract on truncated answers, the ranges and the work's bounds.
 """
 import itertools
 import json
@@ -41,6 +45,8 @@ MAX_ANSWER_CHARS = 100_000
 # "score" predicts no score, so it is never exact.
 
 TEXTGAME_KINDS = ("binary", "task_specific")
+_ABSENT = object()   # a field that does not exist in a state
+_INVALID = object()  # contents that are not a list of names: equal to nothing else
 
 
 def reward_textgame(text, record, kind):
@@ -50,9 +56,8 @@ def reward_textgame(text, record, kind):
 
 def score_textgame(text, record):
     """Exact next state (0/1) and the task-specific reward of one decoded prediction."""
-    state, next_state = record["state"], record["next_state"]
-    return {"accuracy": textgame_reward(text, state, next_state, "binary"),
-            "task_specific": textgame_reward(text, state, next_state, "task_specific")}
+    metrics = textgame_metrics(text, record["state"], record["next_state"])
+    return {"accuracy": metrics["binary"], "task_specific": metrics["task_specific"]}
 
 
 def textgame_reward(text, state: dict, next_state: dict, kind: str = "binary") -> float:
@@ -67,7 +72,8 @@ def textgame_reward(text, state: dict, next_state: dict, kind: str = "binary") -
 
 def textgame_metrics(text, state: dict, next_state: dict) -> dict:
     """All text-game metrics of one answer: parsed, exact (0/1), object_acc, score_acc, changed_acc
-    (None when nothing changed), and the two rewards binary and task_specific."""
+    (None when nothing changed), and the two rewards binary and task_specific. The formulas and
+    their sources: docs/rewards.md, "Where the formulas come from"."""
     diff = parse_diff(text)
     if diff is None:
         # unreadable, the wrong shape, or "modified" / "removed" missing: no credit at all;
@@ -76,11 +82,29 @@ def textgame_metrics(text, state: dict, next_state: dict) -> dict:
         return {"parsed": False, "exact": 0, "object_acc": 0.0, "score_acc": 0.0,
                 "changed_acc": 0.0 if changed else None, "binary": 0.0, "task_specific": 0.0}
     pred = apply_diff(state, diff)   # the predicted next state
-    return _compare(pred, state, next_state)
+    # object-property accuracy: the share of the checks on the true objects that the guess passes
+    correct, errors = _object_counts(pred, next_state)
+    object_acc = correct / (correct + errors) if correct + errors else 1.0
+    # score accuracy: the share of the true score keys (score, gameOver, gameWon) predicted equal
+    true_score = next_state["score"]
+    score_right = sum(1 for key, value in true_score.items()
+                      if key in pred["score"] and pred["score"][key] == value)
+    score_acc = score_right / len(true_score) if true_score else 1.0
+    exact = int(errors == 0 and score_right == len(true_score))   # every check right
+    # changed-field accuracy: a field changed when its value or presence differs between state and
+    # next state; the share of those that the prediction gets right, None when nothing changed
+    before, after, predicted = _fields(state), _fields(next_state), _fields(pred)
+    changed = [f for f in before.keys() | after.keys()
+               if before.get(f, _ABSENT) != after.get(f, _ABSENT)]
+    changed_acc = (sum(1 for f in changed if predicted.get(f, _ABSENT) == after.get(f, _ABSENT))
+                   / len(changed)) if changed else None
+    # official weights: the truth scores 1.3 on a changed transition, 0.3 on an unchanged one
+    task_specific = (9 * object_acc + score_acc + 20 * exact) / 100 + (changed_acc or 0.0)
+    return {"parsed": True, "exact": exact, "object_acc": object_acc, "score_acc": score_acc,
+            "changed_acc": changed_acc, "binary": float(exact), "task_specific": task_specific}
 
 
 # --------------------------------------------------------------------------------- parse the diff
-
 # the official extraction: the JSON follows the last "The final answer is:" (or "state is:", ...)
 _FINAL_ANSWER = re.compile(r"the final (?:answer|state|game state) is:", re.IGNORECASE)
 # models write Python's literals inside the JSON: they are read as JSON's
@@ -112,8 +136,7 @@ def parse_diff(text) -> dict | None:
                 obj, _ = decoder.raw_decode(candidate)   # the first JSON value; the rest is ignored
             except (ValueError, RecursionError):  # bad JSON, too-long integers, too-deep nesting
                 continue
-            diff = _validated(obj)
-            if diff is not None:
+            if (diff := _validated(obj)) is not None:
                 return diff
     return None
 
@@ -135,8 +158,7 @@ def _last_fenced(text: str) -> str | None:
     time on a long run of whitespace after an unclosed fence."""
     last, pos = None, 0
     while (start := text.find("```json", pos)) != -1:
-        end = text.find("```", start + 7)   # the closing fence
-        if end == -1:   # an unclosed fence (and no later one): the regex finds no match here either
+        if (end := text.find("```", start + 7)) == -1:   # unclosed: no block, for the regex too
             break
         last, pos = text[start + 7:end].strip(), end + 3
     return last
@@ -144,12 +166,10 @@ def _last_fenced(text: str) -> str | None:
 
 def _variants(text: str):
     """The text as is; then repaired (trailing commas dropped, unclosed brackets closed); then, when
-    it holds single quotes, repaired with them read as double quotes."""
+    it holds single quotes, repaired with them read as double quotes. Failed repairs (None) go."""
     yield text
-    for t in (text, text.replace("'", '"')) if "'" in text else (text,):
-        repaired = _close_brackets(_TRAILING_COMMA.sub(r"\1", t))
-        if repaired is not None:
-            yield repaired
+    quoted = (text, text.replace("'", '"')) if "'" in text else (text,)
+    yield from filter(None, (_close_brackets(_TRAILING_COMMA.sub(r"\1", t)) for t in quoted))
 
 
 def _close_brackets(text: str) -> str | None:
@@ -194,7 +214,6 @@ def _is_uuid(value) -> bool:
 
 
 # --------------------------------------------------------------------------------- merge it
-
 def apply_diff(state: dict, diff: dict) -> dict:
     """The predicted next state: `diff` merged into `state` (neither is modified).
 
@@ -213,37 +232,6 @@ def apply_diff(state: dict, diff: dict) -> dict:
 
 
 # --------------------------------------------------------------------------------- compare
-# The metrics compare the predicted next state with the true one; formulas and their sources:
-# docs/rewards.md, "Where the formulas come from".
-
-_ABSENT = object()   # a field that does not exist in a state
-_INVALID = object()  # contents that are not a list of names: equal to nothing else
-
-
-def _compare(pred: dict, state: dict, next_state: dict) -> dict:
-    """The metrics of an answer that parses, whose predicted next state is `pred`."""
-    # object-property accuracy: the share of the checks on the true objects that the guess passes
-    correct, errors = _object_counts(pred, next_state)
-    object_acc = correct / (correct + errors) if correct + errors else 1.0
-    # score accuracy: the share of the true score keys (score, gameOver, gameWon) predicted equal
-    true_score = next_state["score"]
-    score_right = sum(1 for key, value in true_score.items()
-                      if key in pred["score"] and pred["score"][key] == value)
-    score_acc = score_right / len(true_score) if true_score else 1.0
-    exact = int(errors == 0 and score_right == len(true_score))   # every check right
-    # changed-field accuracy: a field changed when its value or presence differs between state and
-    # next state; the share of those that the prediction gets right, None when nothing changed
-    before, after, predicted = _fields(state), _fields(next_state), _fields(pred)
-    changed = [f for f in before.keys() | after.keys()
-               if before.get(f, _ABSENT) != after.get(f, _ABSENT)]
-    changed_acc = (sum(1 for f in changed if predicted.get(f, _ABSENT) == after.get(f, _ABSENT))
-                   / len(changed)) if changed else None
-    # official weights: the truth scores 1.3 on a changed transition, 0.3 on an unchanged one
-    task_specific = (9 * object_acc + score_acc + 20 * exact) / 100 + (changed_acc or 0.0)
-    return {"parsed": True, "exact": exact, "object_acc": object_acc, "score_acc": score_acc,
-            "changed_acc": changed_acc, "binary": float(exact), "task_specific": task_specific}
-
-
 def _object_counts(pred: dict, true: dict) -> tuple[int, int]:
     """(correct, errors) of the object-property accuracy: the official `evaluate`, plus the
     predicted objects and properties that the truth lacks, counted as errors (docs/rewards.md,
@@ -277,22 +265,18 @@ def _fields(state: dict) -> dict:
     ("score", key) -> score value. An object that is absent has no fields."""
     fields = {}
     for obj in state["objects"]:
-        uuid = obj["uuid"]
-        if isinstance(obj.get("properties"), dict):
-            for key, value in obj["properties"].items():
-                fields[(uuid, "p", key)] = value
-        fields[(uuid, "contains")] = _contents(obj)
-    for key, value in state["score"].items():
-        fields[("score", key)] = value
-    return fields
+        properties = obj.get("properties")
+        for key, value in properties.items() if isinstance(properties, dict) else ():
+            fields[(obj["uuid"], "p", key)] = value
+        fields[(obj["uuid"], "contains")] = _contents(obj)
+    return fields | {("score", key): value for key, value in state["score"].items()}
 
 
 def _contents(obj: dict):
     """An object's contents as a sorted tuple of names (order does not matter), or _INVALID."""
     contains = obj.get("contains")
-    if isinstance(contains, list) and all(isinstance(name, str) for name in contains):
-        return tuple(sorted(contains))
-    return _INVALID
+    ok = isinstance(contains, list) and all(isinstance(name, str) for name in contains)
+    return tuple(sorted(contains)) if ok else _INVALID
 
 
 # ======================================================================================= web page
@@ -307,7 +291,7 @@ _SPACES = re.compile(r"\s+")
 
 def reward_webpage(text, record, kind):
     """RLVR's reward: the F1 of the predicted page changes (the only kind)."""
-    return web_prf(text, webpage_task.target_text(record))[2]
+    return web_f1(text, webpage_task.target_text(record))
 
 
 def score_webpage(text, record):
@@ -331,8 +315,7 @@ def web_prf(text, target_text) -> tuple[float, float, float]:
         return 0.0, 0.0, 0.0
     pred, true = parse_sections(text), parse_sections(target_text)
     matched = sum(sum((Counter(pred[k]) & Counter(true[k])).values()) for k in SECTION_KEYS)
-    n_pred = sum(len(pred[k]) for k in SECTION_KEYS)
-    n_true = sum(len(true[k]) for k in SECTION_KEYS)
+    n_pred, n_true = (sum(map(len, sections.values())) for sections in (pred, true))
     if n_pred == 0 and n_true == 0:   # "nothing changes", predicted right
         return 1.0, 1.0, 1.0
     precision = matched / n_pred if n_pred else 0.0
@@ -349,52 +332,22 @@ def parse_sections(text) -> dict[str, list[str]]:
     empty sections.
     """
     sections = {key: [] for key in SECTION_KEYS}
-    if not isinstance(text, str):
-        return sections
     current = None   # the list of the section being read
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line:
-            continue
+    for line in text.splitlines() if isinstance(text, str) else ():
+        line = _SPACES.sub(" ", line.strip())   # an item as compared: whitespace runs one space
         header = _HEADER.fullmatch(line)
-        if header:
-            current = sections[header.group(1).lower()]
-            rest = (header.group(2) or "").strip()
-            if rest:
-                current.append(_item(rest))
-        elif current is not None:
-            current.append(_item(line))
+        if header:   # the header line may hold the section's first item
+            current, line = sections[header.group(1).lower()], header.group(2) or ""
+        if line and current is not None:
+            current.append("None" if line.lower() == "none" else line)   # None spelled one way
     return sections
 
 
-def _item(line: str) -> str:
-    """An item as compared: inner whitespace runs made one space, None spelled one way."""
-    line = _SPACES.sub(" ", line)
-    return "None" if line.lower() == "none" else line
-
-
-# -------------------------------------------------------------------------------------------------
-# video rewards and metrics, on the decoded frames
-# Video rewards and metrics, computed on the *decoded* frames (train_video.py, eval.py).
-#
-# As for the text rewards (rewards.py), the reward is the metric itself, measured on what the model
-# drew, and never raises on model output: an unscorable frame gets the worst reward.
-#
-# The file, in reading order:
-# - `VideoReward` and `video_reward(cfg, pred, true, ...)`: "mae+ssim" = -(MAE + 1 - SSIM) (the
-#   default without LPIPS weights) or "mae+lpips" = -(MAE + LPIPS), minus weighted terms for the
-#   error on the pixels that move, for erased objects and for pushed blocks drawn where the push did
-#   not take them; `pick_reward` resolves "auto".
-# - the metrics: mae, mse, psnr, ssim, moving_mae, object_miss, push_error; then LPIPS (VGG16) and
-#   load_lpips.
-# - multi-step video: `repetition_rate`, an evaluation metric (eval.py), not a reward.
-# - the named rewards, REWARDS.
-#
-# docs/rewards.md holds where each formula comes from and the ranges.
+# =========================================================================================== video
 # Every function takes float tensors (N, 3, H, W) in [0, 1], the *decoded* prediction and the true
 # frames, and returns a per-sample tensor (N,): a reward for a whole GRPO batch at once. Wrong
 # shapes or dtypes and non-finite true frames are the caller's bug: a ValueError says what was
-# expected. Ranges and sources: docs/rewards.md.
+# expected.
 WORST_VIDEO_REWARD = -3.0   # the floor of -(MAE + (1 - SSIM)): MAE <= 1, SSIM >= -1
 # a pixel moved: it differs from the context frame by more than MOVE_TOL; an object pixel differs
 # from the background by more than OBJECT_TOL
@@ -402,6 +355,10 @@ MOVE_TOL, OBJECT_TOL = 0.1, 0.15
 # push_error's scale in pixels: one step of the robot (sim.SPEED), so a pushed block left where it
 # was scores about 1 after a full-speed push (pushes move a block 1.9 px on average)
 PUSH_SCALE = 3.0
+# the named rewards: "mae+lpips" = -(MAE + LPIPS), the paper's; "mae+ssim" = -(MAE + (1 - SSIM)),
+# the default without LPIPS weights (SSIM, like LPIPS, pays for structure MAE alone would blur)
+REWARDS = {"mae+ssim": lambda pred, true, lpips_net: -(mae(pred, true) + (1 - ssim(pred, true))),
+           "mae+lpips": lambda pred, true, lpips_net: -(mae(pred, true) + lpips_net(pred, true))}
 
 
 @dataclass
@@ -446,8 +403,7 @@ def video_reward(cfg, pred, true, lpips_net=None, context=None, background=None)
 
 
 def pick_reward(name, lpips_net):
-    """'auto' -> 'mae+lpips' when LPIPS weights are loaded, else 'mae+ssim'.
-    Raises on an impossible choice."""
+    """'auto' -> 'mae+lpips' with LPIPS weights loaded, else 'mae+ssim'; raises if impossible."""
     if name == "auto":
         name = "mae+lpips" if lpips_net is not None else "mae+ssim"
     if name not in REWARDS:
@@ -459,20 +415,20 @@ def pick_reward(name, lpips_net):
 
 
 # ---------------------------------------------------------------------------------- metrics
-
-def _check_frames(pred, true, min_side=None):
-    """Two float tensors of one shape (N, ...); with min_side, (N, 3, H, W) with H, W >= min_side.
-    Else ValueError."""
-    shapes = [f"{tuple(t.shape)} {t.dtype}" if torch.is_tensor(t) else type(t).__name__
-              for t in (pred, true)]
-    ok = (all(torch.is_tensor(t) and t.is_floating_point() for t in (pred, true))
-          and pred.shape == true.shape)
-    if ok and min_side is not None:
-        ok = pred.dim() == 4 and pred.shape[1] == 3 and min(pred.shape[2:]) >= min_side
-    if not ok or pred.dim() < 2:
-        need = f"(N, 3, H, W) with H, W >= {min_side}" if min_side else "(N, ...)"
-        raise ValueError(f"video metrics take two float tensors of one shape {need}, "
-                         f"got {shapes[0]} and {shapes[1]}")
+def _check_frames(pred, true, *others, min_side=None):
+    """true, pred and each of `others`: float tensors of one shape (N, ...); with min_side, (N, 3,
+    H, W) with H, W >= min_side. Else a ValueError naming the first pair (x, true) that fails."""
+    for x in (pred, *others):
+        shapes = [f"{tuple(t.shape)} {t.dtype}" if torch.is_tensor(t) else type(t).__name__
+                  for t in (x, true)]
+        ok = (all(torch.is_tensor(t) and t.is_floating_point() for t in (x, true))
+              and x.shape == true.shape)
+        if ok and min_side is not None:
+            ok = x.dim() == 4 and x.shape[1] == 3 and min(x.shape[2:]) >= min_side
+        if not ok or x.dim() < 2:
+            need = f"(N, 3, H, W) with H, W >= {min_side}" if min_side else "(N, ...)"
+            raise ValueError(f"video metrics take two float tensors of one shape {need}, "
+                             f"got {shapes[0]} and {shapes[1]}")
 
 
 def mae(pred, true):
@@ -494,18 +450,13 @@ def psnr(pred, true):
     return 10 * torch.log10(1.0 / mse(pred.double(), true.double()).clamp(min=1e-10)).float()
 
 
-def gaussian_taps(sigma=1.5, truncate=3.5):
-    """The normalised 1-D Gaussian window of SSIM, in float64."""
-    radius = int(truncate * sigma + 0.5)   # scipy.ndimage's rule: 5 for sigma 1.5 -> 11 taps
-    x = torch.arange(-radius, radius + 1, dtype=torch.float64)
-    w = torch.exp(-0.5 * (x / sigma) ** 2)
-    return w / w.sum()
-
-
 def ssim(pred, true, data_range=1.0, sigma=1.5):
     """Structural similarity per sample (Gaussian window, valid region, computed in float64),
     averaged over pixels and channels -> (N,)."""
-    w = gaussian_taps(sigma).to(pred.device)
+    # the normalised Gaussian window; scipy.ndimage's radius (truncate 3.5): 11 taps for sigma 1.5
+    radius = int(3.5 * sigma + 0.5)
+    w = torch.exp(-0.5 * (torch.arange(-radius, radius + 1, dtype=torch.float64) / sigma) ** 2)
+    w = (w / w.sum()).to(pred.device)
     k = len(w)
     _check_frames(pred, true, min_side=k)
     N, C, H, W = pred.shape
@@ -529,10 +480,8 @@ def ssim(pred, true, data_range=1.0, sigma=1.5):
 
 def moving_mae(pred, true, context, tol=MOVE_TOL):
     """MAE over the pixels that move: where the true frame differs from the context frame by > tol
-    in some channel (eval.py's mae_moving, per sample); 0 for a frame where nothing
-    moves. -> (N,)"""
-    _check_frames(pred, true)
-    _check_frames(context, true)
+    in some channel (eval.py's mae_moving, per sample); 0 where nothing moves. -> (N,)"""
+    _check_frames(pred, true, context)
     mask = ((true - context).abs().amax(1, keepdim=True) > tol).float()   # (N, 1, H, W)
     err = ((pred - true).abs() * mask).flatten(1).sum(1)   # summed over the moving pixels
     return err / (3 * mask.flatten(1).sum(1)).clamp(min=1)   # the mean over them, 3 channels each
@@ -540,10 +489,9 @@ def moving_mae(pred, true, context, tol=MOVE_TOL):
 
 def object_miss(pred, true, background, tol=OBJECT_TOL):
     """Share of the true frame's object pixels (differing from the background by > tol in some
-    channel) where the prediction shows none: 1 - eval.py's object recall, per
-    sample; 0 for a frame without objects. -> (N,)"""
-    _check_frames(pred, true)
-    _check_frames(background, true)
+    channel) where the prediction shows none: 1 - eval.py's object recall, per sample; 0 for a
+    frame without objects. -> (N,)"""
+    _check_frames(pred, true, background)
     shown = (true - background).abs().amax(1) > tol   # (N, H, W) objects in the truth
     drawn = (pred - background).abs().amax(1) > tol   # ... and in the prediction
     return (shown & ~drawn).flatten(1).sum(1) / shown.flatten(1).sum(1).clamp(min=1)
@@ -561,8 +509,7 @@ def push_error(pred, true, context, locate_blocks, scale=PUSH_SCALE, moved=0.5):
     over `scale` pixels, capped at 1 (1 where the prediction shows no such block); 0 for a frame
     where no block moved (nothing to check). locate_blocks: (H, W, 3) uint8 frame -> a list of
     block centres (x, y) or None, in a fixed order (data/robot/detect.locate_blocks). -> (N,)"""
-    _check_frames(pred, true)
-    _check_frames(context, true)
+    _check_frames(pred, true, context)
     p, t, c = (to_uint8(x.nan_to_num(0.0)) for x in (pred, true, context))
     err = []
     for pf, tf, cf in zip(p, t, c):
@@ -600,10 +547,8 @@ class LPIPS(nn.Module):
         self.features = nn.Sequential(*layers)
         self.lins = nn.ModuleList([nn.Conv2d(ch, 1, 1, bias=False) for ch in LIN_CHANNELS])
         # the official input scaling layer: [-1, 1] images shifted and scaled per channel
-        self.register_buffer("shift", torch.tensor([-0.030, -0.088, -0.188]).view(1, 3, 1, 1),
-                             persistent=False)
-        self.register_buffer("scale", torch.tensor([0.458, 0.448, 0.450]).view(1, 3, 1, 1),
-                             persistent=False)
+        for key, v in ("shift", [-0.030, -0.088, -0.188]), ("scale", [0.458, 0.448, 0.450]):
+            self.register_buffer(key, torch.tensor(v).view(1, 3, 1, 1), persistent=False)
 
     def forward(self, pred, true):
         """(N, 3, H, W) in [0, 1] twice, H, W >= 16 -> (N,) distances (computed on the network's
@@ -644,7 +589,6 @@ def load_lpips(path, device="cpu"):
 
 
 # ---------------------------------------------------------------------------------- repetition
-
 def repetition_rate(pred_codes, context_codes, true_frames, context_frame, tol=0.05):
     """Share of predicted frames that repeat the previous frame while the world moved, per sample.
 
@@ -659,18 +603,3 @@ def repetition_rate(pred_codes, context_codes, true_frames, context_frame, tol=0
     prev_true = torch.cat([context_frame[:, None], true_frames[:, :-1]], 1)
     changed = (true_frames - prev_true).abs().flatten(2).amax(-1) > tol      # (N, K)
     return (repeated & changed).sum(1).float() / changed.sum(1).clamp(min=1).float()
-
-
-# ---------------------------------------------------------------------------------- named rewards
-# "mae+lpips" = -(MAE + LPIPS), the paper's; "mae+ssim" = -(MAE + (1 - SSIM)), the default without
-# LPIPS weights (SSIM, like LPIPS, rewards structure that MAE alone would blur away)
-
-def reward_mae_ssim(pred, true, lpips_net=None):
-    return -(mae(pred, true) + (1 - ssim(pred, true)))
-
-
-def reward_mae_lpips(pred, true, lpips_net):
-    return -(mae(pred, true) + lpips_net(pred, true))
-
-
-REWARDS = {"mae+ssim": reward_mae_ssim, "mae+lpips": reward_mae_lpips}

@@ -51,25 +51,24 @@ class Tokenizer:
     before encoding."""
 
     def __init__(self, enc, eos_id, nfc=False, chat=None):
-        self.enc, self.eos_id, self.nfc = enc, int(eos_id), nfc
-        self.n_vocab = enc.n_vocab
+        self.enc, self.eos_id, self.nfc, self.n_vocab = enc, int(eos_id), nfc, enc.n_vocab
         self.chat = chat   # an HF chat model's (compiled chat template, its special tokens)
 
     def encode(self, text):
         """Text -> ids; "<|endoftext|>" in the text is plain text, never the special token."""
-        if self.nfc:
-            text = unicodedata.normalize("NFC", text)
-        return self.enc.encode_ordinary(text)
+        return self.enc.encode_ordinary(unicodedata.normalize("NFC", text) if self.nfc else text)
 
     def prompt(self, text):
-        """A prompt's ids: encode(text), or, for a chat model, the text rendered as one user
-        message with the generation prompt (`render_chat`), its special tokens read as such."""
+        """A prompt's ids: encode(text), or, for a chat model, the text as one user message and the
+        generation prompt, rendered by the chat template as apply_chat_template(...,
+        add_generation_prompt=True, tokenize=False) renders it, its special tokens read as such."""
         if self.chat is None:
             return self.encode(text)
-        text = render_chat(*self.chat, text)
-        if self.nfc:
-            text = unicodedata.normalize("NFC", text)
-        return self.enc.encode(text, allowed_special="all")
+        template, tokens = self.chat
+        text = template.render(messages=[{"role": "user", "content": text}],
+                               add_generation_prompt=True, **tokens)
+        return self.enc.encode(unicodedata.normalize("NFC", text) if self.nfc else text,
+                               allowed_special="all")
 
     def decode(self, ids):
         """Ids -> text; byte sequences that are not valid UTF-8 (a cut-off character) become
@@ -105,14 +104,12 @@ class Tokenizer:
     @classmethod
     def from_ranks(cls, ranks, name, pat_str=GPT2_PAT):
         """tiktoken's ranks {token bytes: rank}, then <|endoftext|> as the eos."""
-        n = len(ranks)
         enc = tiktoken.Encoding(name, pat_str=pat_str, mergeable_ranks=ranks,
-                                special_tokens={EOT: n})
-        return cls(enc, n)
+                                special_tokens={EOT: len(ranks)})
+        return cls(enc, len(ranks))
 
 
-# -----------------------------------------------------------------------------
-# training (see the module docstring)
+# ----------------------------------------------------------------------------- training
 
 def train_ranks(texts, vocab_size, pat_str):
     """Byte-level BPE trained on an iterable of strings, split into pre-tokens by the regex
@@ -143,10 +140,9 @@ def train_ranks(texts, vocab_size, pat_str):
         if pairs.get(pair) != -neg_count:
             continue  # stale heap entry: the pair's count changed since it was pushed
         merged = tokens[pair[0]] + tokens[pair[1]]
-        # rarely, another pair already built these bytes: reuse that token
-        new_id = ranks.get(merged)
-        if new_id is None:
-            new_id = ranks[merged] = len(tokens)
+        # a new token, or, rarely, the one that another pair already built from these bytes
+        new_id = ranks.setdefault(merged, len(tokens))
+        if new_id == len(tokens):
             tokens.append(merged)
         changed = set()
         for i in sorted(where.pop(pair)):
@@ -174,17 +170,13 @@ def _merge(word, pair, new_id):
     """Replace each non-overlapping occurrence of `pair` in `word`, left to right, by `new_id`."""
     out, i = [], 0
     while i < len(word):
-        if i + 1 < len(word) and word[i] == pair[0] and word[i + 1] == pair[1]:
-            out.append(new_id)
-            i += 2
-        else:
-            out.append(word[i])
-            i += 1
+        hit = i + 1 < len(word) and word[i] == pair[0] and word[i + 1] == pair[1]
+        out.append(new_id if hit else word[i])
+        i += 2 if hit else 1
     return out
 
 
-# -----------------------------------------------------------------------------
-# HF tokenizer files
+# ----------------------------------------------------------------------------- HF tokenizer files
 
 def bytes_to_unicode():
     """GPT-2's byte -> printable character table (see the module docstring)."""
@@ -256,30 +248,20 @@ def load_hf_tokenizer(path):
                          f"{sorted(specials)}")
     enc = tiktoken.Encoding(f"hf:{file.parent.name}", pat_str=pat_str, mergeable_ranks=ranks,
                             special_tokens=specials)
-    template = config.get("chat_template")   # a chat model's: prompts are rendered with it
-    chat = (compile_chat(template), tokens) if isinstance(template, str) else None
+    # a chat model's template renders its prompts: compiled in the sandboxed jinja2 environment
+    # transformers' apply_chat_template uses (jinja2 comes with torch)
+    template, chat = config.get("chat_template"), None
+    if isinstance(template, str):
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])
+        chat = (env.from_string(template), tokens)
     return Tokenizer(enc, specials[eos], nfc=normalizer is not None, chat=chat)
 
 
 # the special tokens transformers hands a chat template (its special_tokens_map), by name
 CHAT_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
                "mask_token")
-
-
-def compile_chat(template):
-    """A chat template (tokenizer_config.json "chat_template"), compiled in the sandboxed jinja2
-    environment transformers' apply_chat_template uses (jinja2 comes with torch)."""
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
-    return env.from_string(template)
-
-
-def render_chat(template, tokens, text):
-    """`text` as one user message and the generation prompt, rendered by a compiled chat template
-    as apply_chat_template(..., add_generation_prompt=True, tokenize=False) renders it."""
-    return template.render(messages=[{"role": "user", "content": text}],
-                           add_generation_prompt=True, **tokens)
 
 
 def hf_pattern(pre, unsupported):

@@ -1,4 +1,4 @@
-"""Property tests of every reward in rewards.py and rewards.py (hypothesis, derandomized so CI is deterministic):
+"""Property tests of every reward in rewards.py, text and video (hypothesis, derandomized so CI is deterministic):
 on >= 10,000 random and mutated inputs per reward (truncated JSON, wrong types, huge numbers, NaN, deep nesting,
 unicode, empty text, every prefix of true and mutated answers; NaN/inf/huge pixels in four dtypes), every result is a
 finite number in the documented range and nothing raises. Hypothesis costs ~1 ms per drawn example on a busy core, ten
