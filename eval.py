@@ -44,22 +44,19 @@ import torch
 from tqdm import tqdm
 
 from checkpoint import load_model, read_meta, write_json
-from data.robot.detect import gripper_response
 from data.robot.prepare import DATA_DIR, ensure_splits
-from data.robot.task import (Layout, clips, frame_codes, load_split, rollout, to_float,
-                             tokenize_split, windows)
+from data.robot.task import (EFFECTS, Layout, clips, frame_codes, load_split, object_scores,
+                             rollout, summarize_effects, to_float, tokenize_split, windows)
 from data.textgame.prepare import COMPOSE_PATH, ensure_compose
-from rewards import (MOVE_TOL, OBJECT_TOL, load_lpips, mae, mse, psnr, repetition_rate, ssim,
-                     to_uint8)
+from rewards import MOVE_TOL, load_lpips, mae, mse, psnr, repetition_rate, ssim
 from runtime import check_device, check_ranges, fork_map
 from tasks import TASKS, crop, generate_texts, load_lang_model
 from tokenizer_vq import load_vq
 
 
 # -------------------------------------------------------------------------------------------------
-# paired statistics: the bootstrap and the paired tables
-# Comparing two models evaluated on the same records: the paired bootstrap, and the paired table of
-# every model against one reference, overall and on the records that change something.
+# paired statistics and the tables, text and video alike: the paired bootstrap, the paired
+# differences of pairs of models (overall and on the records that change something), the printers.
 #
 # Paired means record by record: both models answered the same records in the same order (evaluate's
 # and eval_video's `per_record` lists), so the difference is taken per record first and only then
@@ -94,37 +91,51 @@ def paired_bootstrap(a, b, n_boot=10000, seed=0, clusters=None):
     return float(d.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
-def paired_table(rows, metric, against, subsets=("all", "changed")):
-    """Paired differences `name - against` of one per-record metric for every other model in rows
-    (name -> a result with "per_record": {metric: [...], "changed": [...]}), overall and on changed
-    records -> list of (name, subset, mean, low, high)."""
-    base = rows[against]["per_record"]
+def paired_diffs(rows, pairs, metrics, subsets=("all", "changed")):
+    """Paired differences a - b of per-record metrics with bootstrap 95% intervals. rows: name -> a
+    result with "per_record": {metric: [...], "changed": [...]} over the same records (a None
+    value: none for that record, e.g. no gripper move in the window); pairs: (a, b) names. Each
+    metric both have, on the records where both have a value, in each subset: "all" and "changed"
+    (the records b marks changed; left out when that is every record: it would repeat "all").
+    -> list of (a, b, metric, subset, mean, low, high), (None, None, None) for no record."""
     out = []
-    for name, r in rows.items():
-        if name == against:
-            continue
-        pr = r["per_record"]
-        for sub in subsets:
-            # the subset is the reference's: records it marks changed (or all of them)
-            keep = [sub == "all" or c for c in base["changed"]]
-            a = [x for x, k in zip(pr[metric], keep) if k]
-            b = [x for x, k in zip(base[metric], keep) if k]
-            out.append((name, sub, *paired_bootstrap(a, b)))
+    for a, b in pairs:
+        x, y = rows[a]["per_record"], rows[b]["per_record"]
+        for m in [m for m in metrics if m in x and m in y]:
+            if len(x[m]) != len(y[m]):
+                raise ValueError(f"{a} and {b} were evaluated on different records")
+            for sub in ("all",) if all(y["changed"]) else subsets:
+                both = [(u, v) for u, v, c in zip(x[m], y[m], y["changed"])
+                        if u is not None and v is not None and (sub == "all" or c)]
+                out.append((a, b, m, sub, *paired_bootstrap([u for u, _ in both],
+                                                            [v for _, v in both])))
     return out
 
 
+def print_diffs(title, diffs, points=False, file=None):
+    """Print paired_diffs' list under `title`: a - b, metric, subset, the mean difference and its
+    95% interval, in points (x 100: shares) or as they are; * marks an interval that excludes 0."""
+    print(title, file=file)
+    w = max([len(d[2]) for d in diffs], default=0)   # the metrics' column
+    for a, b, m, sub, *v in diffs:
+        if v[0] is not None:   # None: no record in this subset
+            mean, lo, hi = (f"{100 * x:+6.2f}" if points else f"{x:+.5f}" for x in v)
+            sig = "  *" if v[1] > 0 or v[2] < 0 else ""
+            print(f"  {a + ' - ' + b:<22} {m:<{w}} {sub:<8} {mean}  [{lo}, {hi}]{sig}", file=file)
+
+
+def print_rows(rows, widths, file=None):
+    """A table, one line per row of cells (strings): the first left-, the others right-aligned."""
+    # each column `widths` wide, or as wide as its widest cell
+    widths = [max([w] + [len(r[i]) for r in rows if len(r) > i]) for i, w in enumerate(widths)]
+    for cells in rows:
+        print(" ".join([f"{cells[0]:<{widths[0]}}"]
+                       + [f"{c:>{w}}" for c, w in zip(cells[1:], widths[1:])]), file=file)
+
+
 # -------------------------------------------------------------------------------------------------
-# the language tasks: greedy answers scored by the task, summaries and tables
-# How a language world model is scored on held-out records, and the tables that report it
-# (eval.py and train_lang.py print with them).
-#
-# `evaluate` decodes greedily (and optionally at T=1 and best-of-k) and returns the summary metrics
-# overall, on the records that change something (`_changed`) and on those that do not
-# (`_unchanged`), plus `per_record`: one value per record per metric, in file order, so two models
-# evaluated on the same records can be compared *paired* (eval.paired_table: the mean difference
-# with a bootstrap 95% interval over records).
-# -----------------------------------------------------------------------------
-# scoring
+# the language tasks: answers scored by the task (the metrics: the docstring above), summaries and
+# tables (eval.py and train_lang.py print them)
 
 def summarize(per_record, changed):
     """List of per-record metric dicts -> each metric's mean overall, on changed and on unchanged
@@ -204,16 +215,10 @@ def evaluate_checkpoints(task, ckpts, tok, splits, max_new_tokens, device="cpu",
                             desc=f"{split} {name}" if workers <= 1 and not share else None,
                             share=share)
 
-    outs = fork_map(run, jobs, workers)
-    results = {split: {} for split in splits}
-    for name in ckpts:   # in the checkpoints' order, whatever order the jobs ran in
-        for split in splits:
-            results[split][name] = outs[jobs.index((name, split))]
-    return results
+    outs = dict(zip(jobs, fork_map(run, jobs, workers)))
+    # in the checkpoints' order, whatever order the jobs ran in
+    return {split: {name: outs[name, split] for name in ckpts} for split in splits}
 
-
-# -----------------------------------------------------------------------------
-# printing
 
 def pct(x):
     """A share as a percentage, 6 wide with 2 decimals; "-" for None."""
@@ -225,40 +230,30 @@ def print_table(task, rows, file=None, metric=None):
     changed / unchanged, then T=1 and extras, then the always-no-change baseline."""
     h = metric or TASKS[task].headline
     extra = ["precision", "recall"] if task == "webpage" and h == TASKS[task].headline else []
-    print(f"{'model (' + h + ' %)':<28} {'overall':>7} {'changed':>7} {'unchanged':>9} {'T=1':>6}"
-          + "".join(f" {e:>9}" for e in extra), file=file)
     baseline = next(iter(rows.values()))["baseline_no_change"]   # the same records for every row
+    lines = [[f"model ({h} %)", "overall", "changed", "unchanged", "T=1", *extra]]
     for name, r in list(rows.items()) + [("always-no-change baseline", baseline)]:
-        s = r.get("sampled", {}).get(h)
-        print(f"{name:<28} {pct(r[h]):>7} {pct(r[h + '_changed']):>7} "
-              f"{pct(r[h + '_unchanged']):>9} {pct(s):>6}"
-              + "".join(f" {pct(r[e]):>9}" for e in extra), file=file)
+        lines.append([name, pct(r[h]), pct(r[h + "_changed"]), pct(r[h + "_unchanged"]),
+                      pct(r.get("sampled", {}).get(h)), *(pct(r[e]) for e in extra)])
+    print_rows(lines, (28, 7, 7, 9, 6, 9, 9), file)
 
 
-def print_paired(task, rows, against, file=None, metric=None):
-    """Paired differences of `metric` (default: the headline metric) against model `against`, in
-    points, with bootstrap 95% intervals; * marks an interval that excludes 0."""
-    h = metric or TASKS[task].headline
-    print(f"paired differences in {h} (points, bootstrap 95% CI over the same records):", file=file)
-    for name, sub, m, lo, hi in paired_table(rows, h, against):
-        if m is not None:   # None: no record in this subset
-            sig = "  *" if lo > 0 or hi < 0 else ""
-            print(f"  {name + ' - ' + against:<22} {sub:<8} {100 * m:+6.2f}  "
-                  f"[{100 * lo:+6.2f}, {100 * hi:+6.2f}]{sig}", file=file)
-
-
-def print_comparison(task, split, rows, file=None, metrics=None, what="transitions"):
-    """train_lang.py's report of one split (rows: name -> evaluate result, "mle" among them): the
-    table of metrics[0] (default: the headline metric), then the paired differences in each of
-    `metrics` against the MLE start and, when the control ran, against the control ("mle_more")."""
-    first, metrics = rows["mle"], metrics or (TASKS[task].headline,)
+def print_comparison(task, split, rows, file=None, metrics=None, what="transitions", pairs=None):
+    """The report of one split (rows: name -> evaluate result): the table of metrics[0] (default:
+    the headline metric), then the paired differences in each of `metrics` of `pairs` ((a, b)
+    names; None, train_lang.py's: every model against the MLE start "mle" and, when the control
+    ran, against the control "mle_more")."""
+    first, metrics = next(iter(rows.values())), metrics or (TASKS[task].headline,)
     print(f"\n{split} split ({first['n']} {what}, {first['n_changed']} changed), "
           f"{metrics[0]} % (greedy):", file=file, flush=True)
     print_table(task, rows, file, metrics[0])
-    for m in metrics:
-        print_paired(task, rows, "mle", file, m)
-        if "mle_more" in rows:
-            print_paired(task, {k: v for k, v in rows.items() if k != "mle"}, "mle_more", file, m)
+    if pairs is None:
+        pairs = [(k, "mle") for k in rows if k != "mle"]            # against the MLE start
+        if "mle_more" in rows:                                       # and against the control
+            pairs += [(k, "mle_more") for k in rows if k not in ("mle", "mle_more")]
+    for m in metrics if pairs else ():   # (no pairs: no paired differences)
+        print_diffs(f"paired differences in {m} (points, bootstrap 95% CI over the same records):",
+                    paired_diffs(rows, pairs, [m]), True, file)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -277,12 +272,9 @@ def print_comparison(task, split, rows, file=None, metrics=None, what="transitio
 #   lower MAE; action_response, how the predicted gripper follows the true move
 #   (data/robot/detect.gripper_response: 1 right, 0 no motion);
 # - per_record: one entry per window in a fixed order (mae, ssim, repetition, changed, and the
-#   action effects), for `paired_video` / `paired_effects`: paired differences between models with
-#   bootstrap 95% intervals (the paired statistics above), as the language tasks'.
+#   action effects), for the paired differences between models (the paired statistics above).
 # RLVR-World's video evaluation protocol: sampled at T=1, top-k 100
 OFFICIAL = dict(temperature=1.0, top_k=100)
-# the per-window action-effect metrics (eval_video's per_record, with the embedded robot data)
-EFFECTS = ("object_recall", "action_response")
 
 
 @dataclass
@@ -316,22 +308,15 @@ def load_video_model(path, device="cpu", copy_gate=-1):
     return model, vq, meta
 
 
-def metrics(pred, true, lpips_net):
-    """Per-frame mse, mae, psnr, ssim (and lpips with its network) of (N, 3, H, W) frames."""
-    row = dict(mse=mse(pred, true), mae=mae(pred, true), psnr=psnr(pred, true),
-               ssim=ssim(pred, true))
-    if lpips_net is not None:   # in chunks of 64 frames (the VGG's memory)
-        row["lpips"] = torch.cat([lpips_net(pred[i:i + 64], true[i:i + 64])
-                                  for i in range(0, len(pred), 64)])
-    return row
-
-
 def frame_scores(x, true, mask, lpips_net):
-    """Score frames x against the true frames -> (their metrics, their absolute error on the
-    moving pixels (mask: (N, 1, H, W)), the count of those pixel values), the last two summed over
-    batches for mae_moving = error / count."""
-    return (metrics(x, true, lpips_net), float(((x - true).abs() * mask).sum()),
-            float(mask.sum() * 3))
+    """Score frames x (N, 3, H, W) against the true frames -> (per frame mse, mae, psnr, ssim (and
+    lpips with its network); their absolute error on the moving pixels (mask: (N, 1, H, W)) and
+    the count of those pixel values, summed over batches for mae_moving = error / count)."""
+    row = dict(mse=mse(x, true), mae=mae(x, true), psnr=psnr(x, true), ssim=ssim(x, true))
+    if lpips_net is not None:   # in chunks of 64 frames (the VGG's memory)
+        row["lpips"] = torch.cat([lpips_net(x[i:i + 64], true[i:i + 64])
+                                  for i in range(0, len(x), 64)])
+    return row, float(((x - true).abs() * mask).sum()), float(mask.sum() * 3)
 
 
 @torch.no_grad()
@@ -375,19 +360,13 @@ def eval_video(model, vq, episodes, tokens, spec, lpips_net=None, grid_path=None
         pred = vq.detokenize(pc.flatten(0, 1).to(pc.device), cf).cpu()
         ceil = vq.detokenize(tc.flatten(0, 1).to(pc.device), cf).cpu()
         mask = ((tf - cf).abs().amax(1, keepdim=True) > MOVE_TOL).float()     # (B*K, 1, H, W)
-        part = dict(changed=mask.view(B, -1).amax(1) > 0, effects={k: [] for k in EFFECTS},
+        part = dict(changed=mask.view(B, -1).amax(1) > 0,
                     rows={name: frame_scores(x, tf, mask, lpips_net)
                           for name, x in (("pred", pred), ("copy", cf), ("ceiling", ceil))})
-        # objects: pixels away from the bare table, in the truth, the prediction and both
+        # the embedded robot data (a bare table per clip): the objects kept, the action followed
         if episodes[0]["background"] is not None:
-            bg = torch.stack([to_float(episodes[e]["background"]) for e, _ in batch])[:, None]
-            bg = bg.expand_as(true).flatten(0, 1)
-            ot = (tf - bg).abs().amax(1) > OBJECT_TOL
-            op = (pred - bg).abs().amax(1) > OBJECT_TOL
-            part["objects"] = dict(truth=float(ot.sum()), pred=float(op.sum()),
-                                   hit=float((ot & op).sum()), n=ot.numel())
-            add_effects(part["effects"], episodes, batch, context, horizon, ot.view(B, -1),
-                        op.view(B, -1), pred.view(B, horizon, *pred.shape[1:]))
+            part["objects"], part["effects"] = object_scores(episodes, batch, context, horizon,
+                                                             tf, pred)
         # the codes of "nothing changed" (per frame: the context's)
         still_codes = vq.tokenize(ctx, ctx).cpu()
         part["reps"] = repetition_rate(pc.cpu(), still_codes, true, ctx)
@@ -396,25 +375,16 @@ def eval_video(model, vq, episodes, tokens, spec, lpips_net=None, grid_path=None
                         for i in range(min(6 - s, B))]
         return part
 
-    # three rows scored alike: the model's prediction, copy-last-frame, the tokenizer's ceiling
-    acc = {k: [] for k in ("pred", "copy", "ceiling")}
-    moving = {k: [0.0, 0.0] for k in acc}
-    objects = dict(truth=0.0, pred=0.0, hit=0.0, n=0)
-    reps, changed, grid = [], [], []
-    effects = {k: [] for k in EFFECTS}                    # per window, with the objects
     bar = tqdm(range(0, len(wins), batch_size), desc=desc, leave=False, disable=desc is None)
-    for part in (share or map)(score, bar):               # the batches' parts, summed in order
-        for name, (m, error, count) in part["rows"].items():
-            acc[name].append(m)
-            moving[name][0] += error
-            moving[name][1] += count
-        for k, v in part.get("objects", {}).items():
-            objects[k] += v
-        for k in EFFECTS:
-            effects[k] += part["effects"][k]
-        reps.append(part["reps"])
-        changed.append(part["changed"])
-        grid += part["grid"]
+    parts = list((share or map)(score, bar))              # the batches' parts, summed in order
+    # three rows scored alike: the model's prediction, copy-last-frame, the tokenizer's ceiling
+    acc = {k: [p["rows"][k][0] for p in parts] for k in ("pred", "copy", "ceiling")}
+    moving = {k: [sum(p["rows"][k][i] for p in parts) for i in (1, 2)] for k in acc}
+    objects = {k: sum(p["objects"][k] for p in parts if "objects" in p)
+               for k in ("truth", "pred", "hit", "n")}
+    effects = {k: sum((p["effects"][k] for p in parts if "effects" in p), []) for k in EFFECTS}
+    reps, changed = (torch.cat([p[k] for p in parts]) for k in ("reps", "changed"))
+    grid = sum((p["grid"] for p in parts), [])
 
     def per_window(name, key):
         """One value per window (the mean over its `horizon` frames), in window order."""
@@ -429,11 +399,10 @@ def eval_video(model, vq, episodes, tokens, spec, lpips_net=None, grid_path=None
 
     res = dict(summary("pred"), n=sum(len(r["mae"]) for r in acc["pred"]), n_windows=len(wins),
                context=context, horizon=horizon, temperature=temperature, top_k=top_k,
-               repetition_rate=float(torch.cat(reps).mean()),
+               repetition_rate=float(reps.mean()),
                copy_last_frame=summary("copy"), tokenizer_ceiling=summary("ceiling"))
     res["per_record"] = dict(mae=per_window("pred", "mae"), ssim=per_window("pred", "ssim"),
-                             repetition=torch.cat(reps).tolist(),
-                             changed=torch.cat(changed).tolist(),
+                             repetition=reps.tolist(), changed=changed.tolist(),
                              windows=[list(w) for w in wins])
     res["copy_last_frame"]["per_record"] = dict(mae=per_window("copy", "mae"),
                                                 ssim=per_window("copy", "ssim"))
@@ -446,26 +415,6 @@ def eval_video(model, vq, episodes, tokens, spec, lpips_net=None, grid_path=None
     if grid_path:
         write_grid(grid, grid_path)
     return res
-
-
-def add_effects(effects, episodes, batch, context, horizon, truth, pred_objects, pred):
-    """Append a batch's per-window object_recall and action_response to `effects`. truth and
-    pred_objects (B, horizon * H * W) bool: the object pixels of the true and predicted frames;
-    pred (B, horizon, 3, H, W): the predicted frames."""
-    hit, n = (truth & pred_objects).sum(1).tolist(), truth.sum(1).tolist()
-    effects["object_recall"] += [h / t if t else None for h, t in zip(hit, n)]
-    for (e, t), p in zip(batch, to_uint8(pred)):
-        img = episodes[e]["image"]
-        effects["action_response"].append(
-            gripper_response(img[t + context - 1], img[t + context:t + context + horizon], p))
-
-
-def summarize_effects(effects):
-    """Per-window action-effect values -> their means over the windows that have one, and the
-    count of windows with a true gripper move."""
-    kept = {k: [x for x in v if x is not None] for k, v in effects.items()}
-    return dict({k: float(np.mean(v)) if v else None for k, v in kept.items()},
-                response_windows=len(kept["action_response"]))
 
 
 def write_grid(rows, path):
@@ -485,78 +434,48 @@ def write_grid(rows, path):
         imageio.imwrite(path, frames[-1])
 
 
-def print_video_table(rows, file=sys.stdout):
-    """rows: name -> eval_video dict; baselines are printed from the first row."""
+def print_video_table(rows, file=None):
+    """rows: name -> eval_video result; the baselines are printed from the first row."""
     cols = ("mae", "mse", "psnr", "ssim", "lpips", "mae_moving")
-    print(f"{'model':<22}" + "".join(f"{c:>11}" for c in cols) + f"{'repeat':>8}{'obj.recall':>11}"
-          f"{'response':>9}", file=file)
 
-    def line(name, r, rep="", rec="", resp=""):
-        vals = "".join(f"{'-':>11}" if r.get(c) is None else f"{r[c]:>11.4f}" for c in cols)
-        print(f"{name:<22}{vals}{rep:>8}{rec:>11}{resp:>9}", file=file)
+    def cells(r):   # the frame metrics ("-": lpips without its weights)
+        return ["-" if r.get(c) is None else f"{r[c]:.4f}" for c in cols]
 
+    lines = [["model", *cols, "repeat", "obj.recall", "response"]]
     for name, r in rows.items():
-        rec = f"{r['objects']['recall']:.3f}" if "objects" in r else "-"
         # the gripper's response to the action (mean over the windows where it truly moves)
         resp = r.get("action_effect", {}).get("action_response")
-        line(name, r, f"{r['repetition_rate']:.3f}", rec, "-" if resp is None else f"{resp:.3f}")
+        lines.append([name, *cells(r), f"{r['repetition_rate']:.3f}",
+                      f"{r['objects']['recall']:.3f}" if "objects" in r else "-",
+                      "-" if resp is None else f"{resp:.3f}"])
     first = next(iter(rows.values()))
-    line("copy-last-frame", first["copy_last_frame"])
-    line("tokenizer ceiling", first["tokenizer_ceiling"])
+    lines += [["copy-last-frame", *cells(first["copy_last_frame"])],
+              ["tokenizer ceiling", *cells(first["tokenizer_ceiling"])]]
+    print_rows(lines, (21,) + (10,) * 6 + (7, 10, 8), file)
 
 
-def paired_video(rows, pairs, metrics=("mae", "ssim")):
-    """Paired differences a - b over the same held-out windows, with bootstrap 95% intervals
-    (eval.paired_table). rows: name -> eval_video result of the same windows; "copy" names the
-    first row's copy-last-frame baseline. pairs: (a, b) names.
-    -> list of (a, b, metric, subset, mean, low, high); subset "all", and "moving" (the windows
-    whose truth moves) when some window does not move."""
-    first = next(iter(rows.values()))
-    # when every window moves, "moving" would repeat "all"
-    subsets = ("all",) if all(first["per_record"]["changed"]) else ("all", "changed")
-    per = {name: r["per_record"] for name, r in rows.items()}
-    per["copy"] = dict(first["copy_last_frame"]["per_record"],
-                       changed=first["per_record"]["changed"])
-    out = []
-    for a, b in pairs:
-        if len(per[a]["mae"]) != len(per[b]["mae"]):
-            raise ValueError(f"paired_video: {a} and {b} were evaluated on different windows")
-        for m in metrics:   # paired_table compares every row with `b`: here the one row `a`
-            two = {a: {"per_record": per[a]}, b: {"per_record": per[b]}}
-            for _, sub, mean, lo, hi in paired_table(two, m, b, subsets):
-                out.append((a, b, m, "moving" if sub == "changed" else sub, mean, lo, hi))
-    return out
-
-
-def paired_effects(rows, pairs, metrics=EFFECTS):
-    """Paired differences a - b of the per-window action-effect metrics (object_recall,
-    action_response) over the windows where both have a value, with bootstrap 95% intervals
-    (eval.paired_bootstrap). rows: name -> eval_video result; pairs: (a, b) model names.
-    -> list of (a, b, metric, "all", mean, low, high) as paired_video's; [] without the metrics."""
-    out = []
-    for a, b in pairs:
-        for m in metrics:
-            x, y = rows[a]["per_record"].get(m), rows[b]["per_record"].get(m)
-            if x is None or y is None:
-                continue
-            if len(x) != len(y):
-                raise ValueError(f"paired_effects: {a} and {b} were evaluated on different windows")
-            both = [(u, v) for u, v in zip(x, y) if u is not None and v is not None]
-            out.append((a, b, m, "all", *paired_bootstrap([u for u, _ in both],
-                                                         [v for _, v in both])))
-    return out
-
-
-def print_video_paired(diffs, file=sys.stdout):
-    """Print paired_video's (or paired_effects') list; * marks an interval that excludes 0 (MAE:
-    lower is better, SSIM, object_recall and action_response: higher)."""
-    print("paired differences over the same held-out windows "
-          "(bootstrap 95% CI; * = the CI excludes 0):", file=file)
-    for a, b, m, sub, mean, lo, hi in diffs:
-        if mean is not None:   # no window in this subset
-            sig = "  *" if lo > 0 or hi < 0 else ""
-            print(f"  {a + ' - ' + b:<18} {m:<5} {sub:<7} {mean:+.5f}  [{lo:+.5f}, {hi:+.5f}]{sig}",
-                  file=file)
+def print_video_report(rows, pairs, file=None):
+    """eval.py's and train_video.py's report. rows: name -> eval_video result, with the paper's
+    protocol's result under "sampled" when it ran; pairs: (a, b) names, b "copy" for the first
+    row's copy-last-frame. The table (each greedy row, then its sampled one), and the paired
+    differences of `pairs` greedy, then of the models' pairs sampled (copying does not sample)."""
+    tag = "T={temperature:g} top-k {top_k}".format(**OFFICIAL)
+    table = {}
+    for name, r in rows.items():
+        table[name] = r
+        if "sampled" in r:
+            table[f"{name} {tag}"] = r["sampled"]
+    print_video_table(table, file)
+    first, metrics = next(iter(rows.values())), ("mae", "ssim") + EFFECTS
+    copy = dict(per_record=dict(first["copy_last_frame"]["per_record"],
+                                changed=first["per_record"]["changed"]))
+    # MAE: lower is better; SSIM, object_recall and action_response: higher
+    title = "paired differences over the same held-out windows (bootstrap 95% CI; *: it excludes 0)"
+    print_diffs(title + ", greedy:", paired_diffs(rows | {"copy": copy}, pairs, metrics), file=file)
+    if "sampled" in first:
+        sampled = {k: r["sampled"] for k, r in rows.items()}
+        print_diffs(f"{title}, sampled at {tag}:", paired_diffs(
+            sampled, [(a, b) for a, b in pairs if b != "copy"], metrics), file=file)
 
 
 ROOT = Path(__file__).resolve().parent
@@ -565,34 +484,56 @@ ROOT = Path(__file__).resolve().parent
 def main():
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--task", default="textgame")
-    if pre.parse_known_args()[0].task == "video":  # decoded frames, not text: flags of its own
-        return video_main(sys.argv[1:])
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                allow_abbrev=False)
-    p.add_argument("--task", default="textgame", choices=sorted(TASKS) + ["video"],
-                   help="video: see python eval.py --task=video --help")
-    p.add_argument("--ckpt", required=True,
-                   help="our .safetensors checkpoint or an HF model directory")
-    p.add_argument("--compare", default=None, help="a second checkpoint, printed side by side")
-    p.add_argument("--data", default=None,
-                   help="JSONL records (default: the embedded split --split)")
-    p.add_argument("--split", default="test", choices=["val", "test"],
-                   help="the embedded split when --data is not given")
-    p.add_argument("--json", default=None, help="write the result here")
-    p.add_argument("--limit", type=int, default=0,
-                   help="evaluate the first N records only (0 = all)")
-    p.add_argument("--max_new_tokens", type=int, default=256)
-    p.add_argument("--batch_size", type=int, default=64)
-    p.add_argument("--pass_k", type=int, default=4, help="samples per record for pass@k (0 = skip)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (1 is fastest for tiny models)")
+    video = pre.parse_known_args()[0].task == "video"   # decoded frames, not text: flags of its own
+    p = argparse.ArgumentParser(
+        description=("evaluate a video world model on held-out episodes" if video
+                     else __doc__.split("\n\n")[0]), prog="eval.py --task=video" if video else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    add = p.add_argument
+    add("--task", default="textgame", choices=sorted(TASKS) + ["video"],
+        help="a language task, or video (its flags: python eval.py --task=video --help)")
+    add("--ckpt", required=True, help="our .safetensors checkpoint or an HF model directory "
+        "(video: a world-model checkpoint of train_video.py)")
+    add("--compare", default=None, help="a second checkpoint; paired differences: --ckpt - it")
+    add("--limit", type=int, default=0, help="the first N records (video: episodes) only (0 = all)")
+    add("--json", default=None, help="write the result here")
+    add("--seed", type=int, default=0, help="seed of the sampled answers (video: rollouts)")
+    add("--device", default="cpu")
+    add("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for tiny models)")
+    if not video:
+        add("--data", default=None, help="JSONL records (default: the embedded split --split)")
+        add("--split", default="test", choices=["val", "test"],
+            help="the embedded split when --data is not given")
+        add("--max_new_tokens", type=int, default=256)
+        add("--batch_size", type=int, default=64)
+        add("--pass_k", type=int, default=4, help="samples per record for pass@k (0 = skip)")
+    else:
+        add("--data", default=str(DATA_DIR),
+            help="episode directory (default: the embedded robot data)")
+        add("--split", default="test")
+        add("--mode", default=None, choices=["single", "multi"], help="default: the checkpoint's")
+        add("--temperature", type=float, default=0.0, help="0: greedy")
+        add("--top_k", type=int, default=0, help="sample among the k likeliest codes only (0: all)")
+        add("--copy_gate", type=int, default=-1, choices=[-1, 0, 1],
+            help="1 / 0: decode every model with / without the tokenizer's copy gate "
+                 "(train_video.py's RLVR and control decode with it); -1: as each was trained")
+        add("--official", type=int, default=0,
+            help="1: also the paper's protocol (T=1, top-k 100, seed --seed): \"sampled\"")
+        add("--lpips", default=None,
+            help="LPIPS-VGG safetensors (tools/convert_lpips.py); else lpips is null")
+        add("--grid", default=None, help="write a .gif or .png grid here")
     args = p.parse_args()
-    check_ranges(p, args, at_least_1=("max_new_tokens", "batch_size", "threads"),
-                 at_least_0=("limit", "pass_k"))
+    check_ranges(p, args, at_least_1=("threads",) if video else
+                 ("max_new_tokens", "batch_size", "threads"),
+                 at_least_0=("limit", "temperature", "top_k") if video else ("limit", "pass_k"))
     torch.set_num_threads(args.threads)
+    rows = video_main(args) if video else text_main(args)   # checkpoint -> result, reported
+    if args.json:   # the --ckpt's result, or with --compare both under their checkpoints
+        write_json(args.json, rows[args.ckpt] if not args.compare else rows)
+
+
+def text_main(args):
+    """A language task: --ckpt (and --compare) on the records, greedy, T=1 and pass@k."""
     T = TASKS[args.task]
     data = Path(args.data) if args.data else ROOT / "data" / args.task / f"{args.split}.jsonl"
     # the composition split: made from train when missing
@@ -618,103 +559,45 @@ def main():
     except ValueError as e:
         sys.exit(f"error: {e}")
     names = {k: f"{i}:{Path(k).name}" for i, k in enumerate(rows)}   # two files may share a name
-    print_table(args.task, {names[k]: v for k, v in rows.items()})
-    if args.compare:
-        print_paired(args.task, {names[k]: v for k, v in rows.items()}, names[args.compare])
+    print_comparison(args.task, data.stem, {names[k]: v for k, v in rows.items()},
+                     pairs=[(names[args.ckpt], names[args.compare])] if args.compare else [])
     if args.pass_k:
         for k, v in rows.items():
             print(f"{names[k]}: pass@{args.pass_k} = {pct(v[f'pass@{args.pass_k}'][T.headline])}")
-    if args.json:
-        result = rows[args.ckpt] if not args.compare else rows
-        write_json(args.json, result)
+    return rows
 
 
-def video_main(argv):
-    """--task=video: decoded frames, not text, so flags of their own
-    (`python eval.py --task=video -h`)."""
-    p = argparse.ArgumentParser(description="evaluate a video world model on held-out episodes",
-                                prog="eval.py --task=video", allow_abbrev=False)
-    p.add_argument("--task", default="video", choices=["video"])
-    p.add_argument("--ckpt", default=None, help="a world-model checkpoint of train_video.py")
-    p.add_argument("--compare", default=None,
-                   help="a second world model on the same windows; paired differences "
-                        "--ckpt minus --compare are printed")
-    p.add_argument("--data", default=str(DATA_DIR),
-                   help="episode directory (default: the embedded robot data)")
-    p.add_argument("--split", default="test")
-    p.add_argument("--mode", default=None, choices=["single", "multi"],
-                   help="default: the checkpoint's")
-    p.add_argument("--limit", type=int, default=0, help="first N episodes only (0 = all)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-    p.add_argument("--top_k", type=int, default=0,
-                   help="sample among the k likeliest codes only (0: all)")
-    p.add_argument("--copy_gate", type=int, default=-1, choices=[-1, 0, 1],
-                   help="1 / 0: decode every model with / without the per-frame tokenizer's "
-                        "copy gate (train_video.py's RLVR and control stages decode with it); "
-                        "-1: as each was trained")
-    p.add_argument("--official", type=int, default=0,
-                   help="1: also the paper's protocol, sampled at T=1 with top-k 100 "
-                        "(seed --seed), next to the --temperature row")
-    p.add_argument("--seed", type=int, default=0, help="seed of the sampled rollouts")
-    p.add_argument("--lpips", default=None,
-                   help="LPIPS-VGG safetensors (tools/convert_lpips.py); else lpips is null")
-    p.add_argument("--json", default=None)
-    p.add_argument("--grid", default=None, help="write a .gif or .png grid here")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=1)
-    args = p.parse_args(argv)
-    check_ranges(p, args, at_least_1=("threads",), at_least_0=("limit",))
-    torch.set_num_threads(args.threads)
-    if args.ckpt is None:
-        p.error("give --ckpt (a world model)")
-    if args.temperature < 0 or args.top_k < 0:
-        p.error(f"--temperature and --top_k must be >= 0, got {args.temperature} and {args.top_k}")
-    rows = {}                    # row name -> eval_video result; the JSON keeps the --ckpt greedy
-                                 # one at the top
+def video_main(args):
+    """--task=video: --ckpt (and --compare) on the windows of the episodes, each model in its own
+    mode, clip length and action bins; with --official, also the paper's sampling protocol."""
+    rows = {}
     try:
         check_device(args.device)
         # every model and the LPIPS weights first: a bad file stops before any data is generated
         models = {ck: load_video_model(ck, args.device, args.copy_gate)
                   for ck in [args.ckpt] + ([args.compare] if args.compare else [])}
         lpips_net = load_lpips(args.lpips, args.device)
-        ensure_data(args.data)
+        # the embedded robot data is generated when its folder holds no split (a ValueError when
+        # it holds some); any other --data is read as it is
+        if Path(args.data).resolve() == DATA_DIR.resolve():
+            ensure_splits(DATA_DIR)
         for ck, loaded in models.items():
-            res = eval_one(args, ck, loaded, lpips_net,
-                           dict(temperature=args.temperature, top_k=args.top_k or None))
+            rows[ck] = eval_one(args, ck, loaded, lpips_net,
+                                dict(temperature=args.temperature, top_k=args.top_k or None))
             if args.official:    # the same windows sampled with the paper's protocol
-                res["sampled"] = eval_one(args, ck, loaded, lpips_net, OFFICIAL, grid=False)
-            rows[ck] = res
+                rows[ck]["sampled"] = eval_one(args, ck, loaded, lpips_net, OFFICIAL, grid=False)
     except ValueError as e:
         sys.exit(f"error: {e}")
     names = {k: f"{i}:{Path(k).name}" if args.compare else Path(k).name for i, k in enumerate(rows)}
-    table = {}
-    for k, r in rows.items():    # the --temperature row, then the official row of each model
-        table[names[k]] = r
-        if args.official:
-            table[f"{names[k]} T=1 top-k 100"] = r["sampled"]
-    print_video_table(table)
-    if args.compare:             # --ckpt minus --compare over the same windows (and the official
-                                 # samples)
-        a, b = names[args.ckpt], names[args.compare]
-        for key in (None, "sampled") if args.official else (None,):
-            try:
-                # copying does not sample
-                pairs = [(a, b)] + ([(a, "copy"), (b, "copy")] if key is None else [])
-                print_video_paired(paired_video({names[k]: r[key] if key else r
-                                                 for k, r in rows.items()}, pairs))
-            except ValueError as e:   # another clip length or mode: not the same windows
-                sys.exit(f"error: --compare: {e}")
+    a, b = names[args.ckpt], names.get(args.compare)
+    try:   # each model against copying, and --ckpt minus --compare
+        print_video_report({names[k]: r for k, r in rows.items()},
+                           [(a, b), (a, "copy"), (b, "copy")] if b else [(a, "copy")])
+    except ValueError as e:   # another clip length or mode: not the same windows
+        sys.exit(f"error: --compare: {e}")
     if args.lpips is None:
         print("lpips: null (no --lpips weights given; see tools/convert_lpips.py)")
-    if args.json:
-        write_json(args.json, rows[args.ckpt] if not args.compare else rows)
-
-
-def ensure_data(data):
-    """The embedded robot data is generated when its folder holds no split (a ValueError when it
-    holds some); any other --data is read as it is."""
-    if Path(data).resolve() == DATA_DIR.resolve():
-        ensure_splits(DATA_DIR)
+    return rows
 
 
 def eval_one(args, ckpt, loaded, lpips_net, sampling, grid=True):

@@ -25,7 +25,6 @@ and push terms), `sampler` rolls out frame by frame injecting the true actions (
 """
 import argparse
 import copy
-import json
 import shutil
 import sys
 import time
@@ -37,12 +36,11 @@ import torch
 
 import mle
 import train_vq
-from checkpoint import atomic_write, atomic_write_text, read_meta, recorded_path
+from checkpoint import atomic_write, read_meta, recorded_path, write_json
 from data.robot.prepare import DATA_DIR
 from data.robot.task import (Clips, Layout, cached_tokens, make_draw, make_reward, make_sampler,
                              moving_windows, read_action_stats, windows)
-from eval import (OFFICIAL, EvalSpec, eval_video, load_video_model, paired_effects,
-                  paired_video, print_video_paired, print_video_table)
+from eval import OFFICIAL, EvalSpec, eval_video, load_video_model, print_video_report
 from grpo import GRPOConfig, Source, make_policy, train_loop
 from model import GPT, GPTConfig
 from rewards import VideoReward, load_lpips, pick_reward
@@ -152,9 +150,8 @@ master, world = run.master, run.world
 # print / stop on rank 0; sync ranks
 print0, fail, barrier = run.print0, run.fail, run.barrier
 # every file a run writes besides the tokenizer's resumable state (train_vq.train_file)
-FILES = dict(vq=out_dir / train_vq.VQ_FILE, mle=out_dir / "video_mle.safetensors",
-             rlvr=out_dir / "video_rlvr.safetensors",
-             mle_more=out_dir / "video_mle_more.safetensors")
+FILES = dict(vq=out_dir / train_vq.VQ_FILE,
+             **{k: out_dir / f"video_{k}.safetensors" for k in ("mle", "rlvr", "mle_more")})
 if args.init not in ("auto", "scratch") and not Path(args.init).is_file():
     fail(f"--init {args.init}: no such checkpoint file")
 if args.stage == "control" and not args.control_compute:
@@ -284,37 +281,33 @@ def grpo_config(args, horizon, L, D):
 # stage 4: the held-out comparison, greedy and with the paper's sampling protocol, paired over the
 # same test windows
 
-def evaluate_models(run, models, vq, episodes, ep_tokens, spec, lpips_net, workers=2):
+def evaluate_models(run, models, vq, episodes, ep_tokens, spec, lpips_net):
     """Evaluate every model of `models` (name -> (GPT, checkpoint path)) on the windows of
-    `episodes` (the --final_eval split's clips; ep_tokens: their tokens), greedy (the table) and
-    sampled at T=1 with top-k 100 (OFFICIAL, the paper's protocol; one seed for all models, so
-    their samples pair up), write eval.json = {name: eval_video result + "sampled" +
-    "checkpoint"} and print the paired differences. Called on every rank: under torchrun the
-    ranks share the work (rank 0 writes). On a CPU, `workers` forked processes share the jobs."""
-    args, print0 = run.args, run.print0
-    workers = workers if args.device == "cpu" and run.world == 1 else 1
+    `episodes` (the --final_eval split's clips; ep_tokens: their tokens), greedy and sampled at
+    T=1 with top-k 100 (OFFICIAL, the paper's protocol; one seed for all models, so their samples
+    pair up); rank 0 writes eval.json and prints the comparison. Called on every rank: under
+    torchrun the ranks share the work; on a CPU, two forked processes share the jobs."""
+    args = run.args
+    workers = 2 if args.device == "cpu" and run.world == 1 else 1
     sampled_spec = replace(spec, **OFFICIAL, seed=args.seed)
 
     def evaluate(job, share=None):
-        """One model under one protocol: greedy (with a grid of predictions; share: who scores
-        its batches, eval_video's) or the paper's sampling."""
+        """One model greedy (with a grid of predictions; share: who scores its batches,
+        eval_video's) or sampled with the paper's protocol; forked or shared: no progress bars."""
         name, official = job
-        m, desc = models[name][0], f"{args.final_eval} {name}"
-        quiet = workers > 1 or run.ddp
+        grid = run.out_dir / f"grid_{name}.{'gif' if spec.horizon > 1 else 'png'}"
+        desc = f"{args.final_eval} {name}" + (" T=1 top-k" if official else "")
         with run.autocast:
-            if official:
-                return eval_video(m, vq, episodes, ep_tokens, sampled_spec, lpips_net,
-                                  desc=None if quiet else f"{desc} T=1 top-k")
-            grid = run.out_dir / f"grid_{name}.{'gif' if spec.horizon > 1 else 'png'}"
-            return eval_video(m, vq, episodes, ep_tokens, spec, lpips_net,
-                              grid_path=grid if run.master else None,
-                              desc=None if quiet else desc, share=share)
+            return eval_video(models[name][0], vq, episodes, ep_tokens,
+                              sampled_spec if official else spec, lpips_net,
+                              grid_path=grid if run.master and not official else None,
+                              desc=None if workers > 1 or run.ddp else desc, share=share)
 
     # under torchrun the ranks share each greedy job's batches (runtime.rank_map), and the sampled
     # jobs go to the ranks whole (each draws one random stream through its batches in order)
     jobs = [(name, official) for name in models for official in (False, True)]
-    print0(f"evaluating {len(models)} models greedy and sampled on the {args.final_eval} windows "
-           f"({run.world if run.ddp else workers} processes)")
+    run.print0(f"evaluating {len(models)} models greedy and sampled on the {args.final_eval} "
+               f"windows ({run.world if run.ddp else workers} processes)")
     if run.ddp:
         outs = {job: evaluate(job, rank_map) for job in jobs if not job[1]}
         whole = [job for job in jobs if job[1]]
@@ -322,48 +315,24 @@ def evaluate_models(run, models, vq, episodes, ep_tokens, spec, lpips_net, worke
     else:
         outs = dict(zip(jobs, fork_map(evaluate, jobs, workers)))
     if run.master:                                # every rank holds the results; rank 0 reports
-        report(run, {name: with_sampled(outs[name, False], outs[name, True], path)
-                     for name, (_, path) in models.items()})
-
-
-def with_sampled(greedy, sampled, path):
-    """A model's eval.json row: its greedy result, the sampled run's summaries and per-window
-    values under "sampled" (its baselines are the greedy run's), and its checkpoint."""
-    greedy["sampled"] = {k: sampled[k] for k in (
-        "mae", "mse", "psnr", "ssim", "lpips", "mae_moving", "repetition_rate", "temperature",
-        "top_k", "per_record")}
-    if "action_effect" in sampled:               # the embedded robot data: objects and gripper
-        greedy["sampled"]["action_effect"] = sampled["action_effect"]
-    greedy["checkpoint"] = str(path)
-    return greedy
-
-
-def report(run, rows):
-    """Write eval.json and print the table and the paired differences, greedy and sampled."""
-    args, print0 = run.args, run.print0
-    atomic_write_text(run.out_dir / "eval.json", json.dumps(rows, indent=2) + "\n")
-    print0(f"\nheld-out {args.final_eval} episodes ({rows['mle']['n']} predicted frames, "
-          f"{args.mode}-step), greedy:")
-    print_video_table(rows)
-    # RLVR against its start, the equal-compute control and copying; the MLE start against copying
-    pairs = [(a, b) for a, b in (("rlvr", "mle"), ("rlvr", "mle_more"), ("rlvr", "copy"),
-                                 ("mle", "copy"), ("mle_more", "mle"))
-             if a in rows and (b in rows or b == "copy")]
-    print_video_paired(paired_video(rows, pairs))
-    # did the model keep the objects and follow the action? (copy-last-frame has no such values)
-    model_pairs = [(a, b) for a, b in pairs if b != "copy"]
-    effects = paired_effects(rows, model_pairs)
-    if effects:
-        print_video_paired(effects)
-    print0(f"\nsampled at T={OFFICIAL['temperature']:g}, top-k {OFFICIAL['top_k']}: " + "; ".join(
-        f"{k} mae {r['sampled']['mae']:.4f} ssim {r['sampled']['ssim']:.4f} "
-        f"mae_moving {r['sampled']['mae_moving']:.4f}" for k, r in rows.items()))
-    # the same pairs on the sampled predictions (copy-last-frame does not sample: its pairs above)
-    sampled = {k: dict(r["sampled"], copy_last_frame=r["copy_last_frame"]) for k, r in rows.items()}
-    print_video_paired(paired_video(sampled, model_pairs))
-    if effects:
-        print_video_paired(paired_effects(sampled, model_pairs))
-    print0(f"wrote {run.out_dir / 'eval.json'}")
+        # a model's row: its greedy result, the sampled run's summaries and per-window values under
+        # "sampled" (its baselines are the greedy run's), and its checkpoint
+        keep = ("mae", "mse", "psnr", "ssim", "lpips", "mae_moving", "repetition_rate",
+                "temperature", "top_k", "per_record", "action_effect")
+        rows = {}
+        for name, (_, path) in models.items():
+            sampled = outs[name, True]
+            rows[name] = dict(outs[name, False],
+                              sampled={k: sampled[k] for k in keep if k in sampled},
+                              checkpoint=str(path))
+        write_json(run.out_dir / "eval.json", rows)
+        run.print0(f"\nheld-out {args.final_eval} episodes ({rows['mle']['n']} predicted frames, "
+                   f"{args.mode}-step):")
+        # RLVR against its start, the equal-compute control and copying; the start against copying
+        print_video_report(rows, [(a, b) for a, b in (
+            ("rlvr", "mle"), ("rlvr", "mle_more"), ("rlvr", "copy"), ("mle", "copy"),
+            ("mle_more", "mle")) if a in rows and b in {*rows, "copy"}])
+        run.print0(f"wrote {run.out_dir / 'eval.json'}")
 
 
 # -----------------------------------------------------------------------------
@@ -442,9 +411,6 @@ if args.stage == "control":   # the control alone, for a given compute (the lr s
               "mle_more": (control(run, start_model, mle_path, FILES["mle_more"], layout, tokens,
                                    horizon, ComputeBudget(args.control_compute)),
                            FILES["mle_more"])}
-    # every rank evaluates its share; rank 0 writes
-    evaluate_models(run, models, vq, splits[args.final_eval], tokens[args.final_eval], spec,
-                    lpips_net)
 # RLVR, then the equal-compute control, then the held-out comparison of the three
 if args.stage in ("all", "rlvr"):
     try:
@@ -510,6 +476,7 @@ if args.stage in ("all", "rlvr"):
         rl_compute = read_meta(FILES["rlvr"])["metrics"].get("rl_compute", 0)
         models["mle_more"] = (control(run, mle_model, mle_path, FILES["mle_more"], layout, tokens,
                                       horizon, ComputeBudget(rl_compute)), FILES["mle_more"])
+if args.stage in ("all", "rlvr", "control"):
     # the final comparison: on the test split, or (--final_eval=val) the validation split; every
     # rank evaluates its share, rank 0 writes
     evaluate_models(run, models, vq, splits[args.final_eval], tokens[args.final_eval], spec,

@@ -1,7 +1,8 @@
-"""eval.py: the paired bootstrap and the paired table."""
+"""eval.py: the paired bootstrap and the paired differences."""
 import numpy as np
+import pytest
 
-from eval import paired_bootstrap, paired_table
+from eval import paired_bootstrap, paired_diffs
 
 
 def test_paired_bootstrap_matches_hand_computed_cases():
@@ -23,15 +24,28 @@ def test_paired_bootstrap_matches_hand_computed_cases():
     assert paired_bootstrap(b, a, seed=1)[0] == -0.2
 
 
-def test_paired_table_compares_every_row_with_the_reference_on_each_subset():
+def test_paired_diffs_compare_every_pair_on_each_subset():
     # three models on four records, none of which changes: the "changed" subset is empty (None)
     rows = {name: {"per_record": {"f1": x, "changed": [False] * 4}}
             for name, x in (("a", [1.0, 0.0, 1.0, 0.0]), ("ref", [0.5] * 4), ("b", [0.5] * 4))}
-    table = paired_table(rows, "f1", "ref")
-    assert [(n, s) for n, s, *_ in table] == [("a", "all"), ("a", "changed"), ("b", "all"), ("b", "changed")]
-    assert table[0][2] == 0.0 and table[2][2:] == (0.0, 0.0, 0.0)   # b equals the reference on every record
-    assert table[1][2:] == table[3][2:] == (None, None, None)
-    assert paired_table(rows, "f1", "ref", subsets=("all",)) == [table[0], table[2]]   # the same resamples
+    pairs = [("a", "ref"), ("b", "ref")]
+    table = paired_diffs(rows, pairs, ["f1"])
+    assert [d[:4] for d in table] == [("a", "ref", "f1", "all"), ("a", "ref", "f1", "changed"),
+                                      ("b", "ref", "f1", "all"), ("b", "ref", "f1", "changed")]
+    assert table[0][4] == 0.0 and table[2][4:] == (0.0, 0.0, 0.0)   # b equals the reference on every record
+    assert table[1][4:] == table[3][4:] == (None, None, None)
+    assert paired_diffs(rows, pairs, ["f1"], subsets=("all",)) == [table[0], table[2]]   # the same resamples
+
+
+def test_paired_diffs_skip_missing_values_and_metrics():
+    # a record where either has no value is left out, and so is a metric one of them lacks; every
+    # record changed: no "changed" row (it would repeat "all")
+    rows = {"x": {"per_record": {"f1": [1.0, None, 0.0], "r": [1.0] * 3, "changed": [True] * 3}},
+            "y": {"per_record": {"f1": [0.0, 1.0, 0.0], "changed": [True] * 3}}}
+    assert [d[:5] for d in paired_diffs(rows, [("x", "y")], ["f1", "r"])] == [("x", "y", "f1", "all", 0.5)]
+    rows["y"]["per_record"]["f1"] = [0.0, 1.0]
+    with pytest.raises(ValueError, match="x and y were evaluated on different records"):
+        paired_diffs(rows, [("x", "y")], ["f1"])
 
 
 def test_several_seeds_resample_seeds_and_records():

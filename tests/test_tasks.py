@@ -7,8 +7,7 @@ import pytest
 from data.lights.task import generate_split as lights_split
 from data.textgame.simulator import generate_split as textgame_split
 from data.webpage.simulator import generate_split as webpage_split
-from eval import print_paired, print_table, summarize
-from eval import paired_table
+from eval import paired_diffs, print_comparison, print_diffs, print_table, summarize
 from tasks import TASKS, Task, from_module
 
 
@@ -64,17 +63,33 @@ def test_prompts_longer_than_the_block_are_cropped_not_fatal():
     assert len(out) == 2 and all(isinstance(t, str) for t in out)
 
 
-def test_paired_table_and_print_use_the_changed_subset(capsys):
+def test_paired_diffs_and_print_use_the_changed_subset(capsys):
     changed = [True, True, False, False]
     rows = {"mle": {"per_record": {"accuracy": [0.0, 0.0, 1.0, 1.0], "changed": changed}},
             "rlvr": {"per_record": {"accuracy": [1.0, 1.0, 1.0, 0.0], "changed": changed}}}
-    table = paired_table(rows, "accuracy", "mle")
-    (n1, s1, m1, _, _), (n2, s2, m2, lo2, hi2) = table
-    assert (n1, s1, m1) == ("rlvr", "all", 0.25)
-    assert (n2, s2, m2, lo2, hi2) == ("rlvr", "changed", 1.0, 1.0, 1.0)
-    print_paired("textgame", rows, "mle")
+    table = paired_diffs(rows, [("rlvr", "mle")], ["accuracy"])
+    (a1, b1, _, s1, m1, _, _), (_, _, _, s2, m2, lo2, hi2) = table
+    assert (a1, b1, s1, m1) == ("rlvr", "mle", "all", 0.25)
+    assert (s2, m2, lo2, hi2) == ("changed", 1.0, 1.0, 1.0)
+    print_diffs("paired differences", table, points=True)
     out = capsys.readouterr().out
     assert "rlvr - mle" in out and "+25.00" in out and "+100.00" in out
+
+
+def test_print_comparison_pairs_every_model_with_the_start_then_the_control(capsys):
+    changed = [True, False]
+
+    def row(acc):   # an evaluate result of two records
+        per = [{"accuracy": a} for a in acc]
+        return dict(summarize(per, changed), n=2, n_changed=1, per_record={"accuracy": acc, "changed": changed},
+                    baseline_no_change=summarize([{"accuracy": 0.0}, {"accuracy": 1.0}], changed))
+
+    print_comparison("textgame", "test", {"mle": row([0.0, 1.0]), "rlvr": row([1.0, 1.0]), "mle_more": row([0.0, 0.0])})
+    out = capsys.readouterr().out
+    assert "test split (2 transitions, 1 changed), accuracy % (greedy):" in out and "always-no-change" in out
+    assert [tuple(line.split()[0:5:2]) for line in out.splitlines() if " - " in line] == [
+        ("rlvr", "mle", "all"), ("rlvr", "mle", "changed"), ("mle_more", "mle", "all"), ("mle_more", "mle", "changed"),
+        ("rlvr", "mle_more", "all"), ("rlvr", "mle_more", "changed")]
 
 
 def test_keep_tokenizer_copies_ours_and_points_at_an_hf_directory(tmp_path):

@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import numpy as np
@@ -6,7 +7,7 @@ import torch
 
 from data.robot import sim
 from data.robot.task import Layout, frame_codes, rollout
-from eval import EvalSpec, eval_video, load_video_model, paired_video, write_grid
+from eval import EvalSpec, eval_video, load_video_model, paired_diffs, print_video_report, write_grid
 from model import GPT, GPTConfig
 from rewards import mae
 from tokenizer_vq import VQConfig, VQVAE
@@ -58,7 +59,7 @@ def test_eval_video_reports_baselines_and_checks(tmp_path):
     assert (tmp_path / "g.gif").is_file()
 
 
-def test_per_record_values_and_paired_differences():
+def test_per_record_values_and_paired_differences(capsys):
     vq, lay, gpt = tiny()
     rng = np.random.default_rng(1)
     eps = [dict(sim.episode(rng, 5, 0.0)) for _ in range(2)]
@@ -77,21 +78,33 @@ def test_per_record_values_and_paired_differences():
     assert sampled["per_record"]["mae"] != pr["mae"]                              # an untrained GPT samples noise
     # paired differences: a model 0.01 worse on every window, against itself and against copying
     worse = dict(res, per_record=dict(pr, mae=[x + 0.01 for x in pr["mae"]]))
+    copy = {"per_record": dict(res["copy_last_frame"]["per_record"], changed=pr["changed"])}
     diffs = {(a, b, m, sub): (mean, lo_, hi_) for a, b, m, sub, mean, lo_, hi_ in
-             paired_video({"m": res, "worse": worse}, [("worse", "m"), ("m", "copy")])}
+             paired_diffs({"m": res, "worse": worse, "copy": copy}, [("worse", "m"), ("m", "copy")],
+                          ("mae", "ssim"))}
     mean, lo_, hi_ = diffs[("worse", "m", "mae", "all")]
     assert abs(mean - 0.01) < 1e-9 and abs(lo_ - 0.01) < 1e-9 and abs(hi_ - 0.01) < 1e-9
     assert diffs[("worse", "m", "ssim", "all")][0] == 0
     copy_gap = np.mean(pr["mae"]) - np.mean(res["copy_last_frame"]["per_record"]["mae"])
     assert abs(diffs[("m", "copy", "mae", "all")][0] - copy_gap) < 1e-9
-    # the "moving" rows only when some window is static (else they repeat "all")
-    assert (("worse", "m", "mae", "moving") in diffs) == (not all(pr["changed"]))
+    # the "changed" rows (windows whose truth moves) only when some window is static (else they
+    # repeat "all")
+    assert (("worse", "m", "mae", "changed") in diffs) == (not all(pr["changed"]))
     static = dict(res, per_record=dict(pr, changed=[True, False, True, True]))
-    subs = {d[3] for d in paired_video({"m": static, "worse": worse}, [("worse", "m")])}
-    assert subs == {"all", "moving"}
+    subs = {d[3] for d in paired_diffs({"m": static, "worse": worse}, [("worse", "m")], ["mae"])}
+    assert subs == {"all", "changed"}
     short = dict(res, per_record=dict(pr, mae=pr["mae"][:3]))
-    with pytest.raises(ValueError, match="different windows"):
-        paired_video({"m": res, "short": short}, [("short", "m")])
+    with pytest.raises(ValueError, match="different records"):
+        paired_diffs({"m": res, "short": short}, [("short", "m")], ["mae"])
+    # the report: the table with each model's sampled row, every pair greedy, the models' pairs
+    # sampled (copying does not sample)
+    print_video_report({"m": dict(res, sampled=sampled), "worse": dict(worse, sampled=sampled)},
+                       [("worse", "m"), ("m", "copy")])
+    out = capsys.readouterr().out
+    assert "m T=1 top-k 100" in out and "copy-last-frame" in out and "tokenizer ceiling" in out
+    greedy, sampled_part = out.split("sampled at T=1 top-k 100:")
+    assert re.search(r"worse - m +mae +all +\+0\.01000  \[\+0\.01000, \+0\.01000\]  \*", greedy)
+    assert "m - copy" in greedy and "worse - m" in sampled_part and "m - copy" not in sampled_part
 
 
 def test_write_grid_png(tmp_path):

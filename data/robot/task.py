@@ -32,7 +32,8 @@ from safetensors.torch import save_file
 
 from checkpoint import atomic_write, atomic_write_text
 from engine import generate
-from rewards import video_reward
+from data.robot.detect import gripper_response
+from rewards import OBJECT_TOL, to_uint8, video_reward
 
 N_BINS = 256
 STILL_TOL = 0.1     # a pixel is unchanged when no channel moves by more than this (rewards.MOVE_TOL)
@@ -434,3 +435,44 @@ def make_sampler(horizon, L):
         actions = torch.stack([it["actions"] for it in items])
         return rollout(m, prompts, actions, horizon, L, cfg.temperature, gen)
     return sampler if horizon > 1 else None
+
+
+# -----------------------------------------------------------------------------
+# the held-out evaluation's checks of the embedded robot data (eval.eval_video): did the predicted frames keep the
+# objects, and does the predicted gripper follow the action?
+
+EFFECTS = ("object_recall", "action_response")   # the per-window action-effect metrics
+
+
+def object_scores(episodes, batch, context, horizon, true, pred):
+    """The windows `batch` ((clip, first context frame) pairs of clips with a `background`, the bare table) scored
+    on their true and predicted frames true, pred (B * horizon, 3, H, W): object pixels are away from the table
+    (> OBJECT_TOL) -> (the object pixel counts, summed over batches: truth, pred, hit (both) and n (all pixels);
+    the per-window effects, EFFECTS -> list)."""
+    B = len(batch)
+    bg = torch.stack([to_float(episodes[e]["background"]) for e, _ in batch]).repeat_interleave(horizon, 0)
+    ot, op = ((x - bg).abs().amax(1) > OBJECT_TOL for x in (true, pred))         # (B * horizon, H, W)
+    effects = {k: [] for k in EFFECTS}
+    add_effects(effects, episodes, batch, context, horizon, ot.view(B, -1), op.view(B, -1),
+                pred.view(B, horizon, *pred.shape[1:]))
+    return dict(truth=float(ot.sum()), pred=float(op.sum()), hit=float((ot & op).sum()), n=ot.numel()), effects
+
+
+def add_effects(effects, episodes, batch, context, horizon, truth, pred_objects, pred):
+    """Append a batch's per-window object_recall and action_response to `effects`. truth and
+    pred_objects (B, horizon * H * W) bool: the object pixels of the true and predicted frames;
+    pred (B, horizon, 3, H, W): the predicted frames."""
+    hit, n = (truth & pred_objects).sum(1).tolist(), truth.sum(1).tolist()
+    effects["object_recall"] += [h / t if t else None for h, t in zip(hit, n)]
+    for (e, t), p in zip(batch, to_uint8(pred)):
+        img = episodes[e]["image"]
+        effects["action_response"].append(
+            gripper_response(img[t + context - 1], img[t + context:t + context + horizon], p))
+
+
+def summarize_effects(effects):
+    """Per-window action-effect values -> their means over the windows that have one, and the
+    count of windows with a true gripper move."""
+    kept = {k: [x for x in v if x is not None] for k, v in effects.items()}
+    return dict({k: float(np.mean(v)) if v else None for k, v in kept.items()},
+                response_windows=len(kept["action_response"]))

@@ -8,8 +8,9 @@ import torch
 
 from data.robot import sim
 from data.robot.detect import gripper_response
-from data.robot.task import Layout, find_still_code, still_cells, tokenize_split
-from eval import EFFECTS, EvalSpec, add_effects, eval_video, paired_effects, summarize_effects
+from data.robot.task import (EFFECTS, Layout, add_effects, find_still_code, still_cells, summarize_effects,
+                             tokenize_split)
+from eval import EvalSpec, eval_video, paired_diffs
 from research import action_diagnosis as ad
 from research import policy_eval as pe
 from model import GPT, GPTConfig
@@ -69,11 +70,11 @@ def test_eval_video_keeps_per_window_effects_and_their_paired_differences():
     better = dict(res, per_record=dict(pr, object_recall=[None if x is None else x + 0.1
                                                           for x in pr["object_recall"]]))
     diffs = {(a, b, m): (mean, lo_, hi_) for a, b, m, _, mean, lo_, hi_ in
-             paired_effects({"m": res, "better": better}, [("better", "m")])}
+             paired_diffs({"m": res, "better": better}, [("better", "m")], EFFECTS, ("all",))}
     assert diffs[("better", "m", "object_recall")] == pytest.approx((0.1, 0.1, 0.1))
     # without the robot data's background there are no effects, and nothing to pair
     plain = eval_video(gpt, vq, [dict(ep, background=None) for ep in eps], None, EvalSpec(lo, hi, 1, 2), desc=None)
-    assert "action_effect" not in plain and paired_effects({"a": plain, "b": plain}, [("a", "b")]) == []
+    assert "action_effect" not in plain and paired_diffs({"a": plain, "b": plain}, [("a", "b")], EFFECTS) == []
 
 
 def test_diagnosis_follow_and_loss(monkeypatch):
