@@ -426,8 +426,7 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_
             # the reference's (beta 0, no reference: the sampler's, so the KL logged is to it)
             b["ref_logp"] = fixed_logprobs(ref_model, b, first_epoch if cfg.beta > 0 else [], cfg,
                                            autocast, b["old_logp"].clone())
-            # bf16 / fp16: the sampler's are not the update's: recomputed on its path before the
-            # weights move (as verl does), so the first minibatch's ratio is exactly 1
+            # bf16 / fp16: the sampler's, recomputed on the update's path (as verl): first ratio 1
             fixed_logprobs(raw, b, first_epoch if low else [], cfg, autocast, b["old_logp"])
     # 5-7. PPO-clip + KL - entropy, token-mean, an optimizer step per minibatch
     sums, n_mb = update(policy, optimizer, b, plan, chunks, cfg, step, autocast)
