@@ -1,36 +1,27 @@
 """
 The sampler the runs use: `generate`, with a KV cache, fast on one CPU thread.
 
-model.py's `GPT.generate` is the plain version: one full forward pass per new token. This file
-draws the same tokens (tests/test_engine.py holds them equal) with far less work per token; an
-optional read. A decode step feeds one token per row: its matmuls are small, and reading the
-cached keys and values takes as long (docs/engineering.md: the profile behind each choice below):
+model.py's `GPT.generate` is the plain version, one full forward pass per new token; this file
+draws the same tokens (tests/test_engine.py) with far less work per token, an optional read. A
+decode step's matmuls are small, and reading the cache takes as long (docs/engineering.md):
 - Each prompt is prefilled once by the model's own layers (model.py's `run_cached` into a
   `PromptCache`), however many samples continue it (`num_samples`, GRPO's G): its keys and values
   are kept once per prompt, not once per sample.
 - The generated tokens' keys and values live in one tensor preallocated for all layers and both of
   k and v, written in place at each step: no concatenation, and dropping finished rows is one index.
 - The decode step walks the model's layers on (R, C) activations, one token per row, with no
-  transposes: RoPE rotates q and k in one call, and the attention output is laid out as c_proj
-  takes it.
+  transposes: RoPE rotates q and k in one call.
 - `decode_attention`: the queries that share a prompt (its S samples x the g query heads of a kv
-  head) attend to the prompt's keys in one matmul, and each row to its own generated keys in
-  another; one softmax joins the two parts.
+  head) attend to its keys in one matmul, each row to its own generated keys in another; one
+  softmax joins the two parts.
 - Rows that reached EOS leave the batch once they are a quarter of it.
-- Sampling is model.py's `sample_next`: one uniform per row, the CDF inverted.
 
-On a GPU the eager loop above is launch-bound: a decode step of a 1.5B model is ~3,000 small
-kernels, each launched by Python, and the GPU waits on the launches, not on the weights.
-`generate(graphs=True)` takes a static-shape path instead (`StaticCache`, `static_decode`): every
-row stays in the batch to the end (finished rows are masked, not dropped), the generated keys and
-values live at a fixed width (max_new_tokens, the positions not yet written masked out), and the
-step's position is a device tensor, so that every step runs the same kernels on the same buffers.
-On a GPU one step is then recorded once as a CUDA graph and replayed per token: one launch
-instead of thousands. EOS is checked on the device, the host looks at it every SYNC_EVERY tokens,
-and the uniforms are drawn SYNC_EVERY tokens at a time (from a CPU generator: pinned, copied
-without a sync). On a CPU the same step runs eagerly; tests/test_engine.py holds it equal to the
-eager path. `cast_copy`: the weights in the run's low-precision dtype once per RL step, instead of
-autocast recasting every Linear's float32 weight at every call.
+On a GPU that eager loop is launch-bound: a 1.5B model's decode step is ~3,000 small kernels, each
+launched by Python. `generate(graphs=True)` takes a static-shape path (`StaticCache`,
+`static_generate`): every row stays to the end (finished rows masked, not dropped), the generated
+keys and values at a fixed width, the step's position a device tensor, so that one step, recorded
+once as a CUDA graph, is replayed per token. The host looks at EOS every SYNC_EVERY tokens, and the
+uniforms are drawn as many at a time. On a CPU the same step runs eagerly.
 """
 import copy
 import time
@@ -43,7 +34,6 @@ from model import PromptCache, additive, apply_rope, is_fsdp, run_cached, sample
 class KVCache:
     """What the decode steps attend to, for a grid of N = B * S rows: S samples of each of B
     prompts, grid row b * S + s being sample s of prompt b. R of them are still decoding.
-
     The prompts' part, kept once per prompt by the prefill:
       prompt_k[layer], prompt_v[layer]  (B * nkv, P, hd)     one matrix per (prompt, kv head)
       prompt_mask                       (B * nkv, S * g, P)  -inf at the prompts' left padding
@@ -51,10 +41,8 @@ class KVCache:
       new_kv   (n_layer, 2, R, nkv, max_new, hd)  keys [:, 0] and values [:, 1], written in place
       length   how many positions of new_kv are written
       live     (R,) the grid rows still decoding, in order (all N until rows finish)
-
-    Query head h uses kv head h // g (g = n_head // n_kv_head). The prompt part is attended by
-    all the S * g queries sharing a (prompt, kv head) at once: `by_prompt` lays the decoding rows'
-    queries out that way, `by_row` takes the results back to one entry per decoding row."""
+    Query head h uses kv head h // g (g = n_head // n_kv_head). `by_prompt` lays the decoding
+    rows' queries out as the S * g sharing a (prompt, kv head), `by_row` takes them back."""
 
     def __init__(self, config, prompt, valid, samples, max_new):
         B, P = valid.shape
@@ -87,8 +75,7 @@ class KVCache:
 
     def by_prompt(self, x):
         """The decoding rows' (R, nkv, g, X) -> (B * nkv, S * g, X): for each (prompt, kv head),
-        the g query heads of its S samples stacked, as a matmul with the prompt's keys takes them.
-        Finished rows are zeros there. A view when S = 1 and all rows are decoding."""
+        the g query heads of its S samples stacked (finished rows: zeros), as its keys take them."""
         B, S, (R, nkv, g, X) = self.B, self.S, x.shape
         # rows have finished: back to the full grid, decoding row i at grid row live[i]
         if R < B * S:
@@ -117,18 +104,16 @@ class StaticCache(KVCache):
         self.steps = torch.arange(max_new, device=valid.device)
 
     def write(self, layer, k, v):
-        """Store k, v (N, nkv, hd) at position t of `layer` -> all the max_new positions,
-        (N * nkv, max_new, hd) each."""
+        """Store k, v (N, nkv, hd) at position t of `layer` -> all (N * nkv, max_new, hd) each."""
         kv = self.new_kv[layer]                                  # (2, N, nkv, max_new, hd)
         kv.index_copy_(3, self.t, torch.stack([k, v]).unsqueeze(3))
         return kv.flatten(1, 2)
 
 
 def decode_attention(q, k, v, cache, layer):
-    """One new query per row attends to its prompt's keys and to its own generated ones.
-
-    q (R, nh, hd), k and v (R, nkv, hd): the step's, for the R decoding rows; k and v go into the
-    cache first. Returns (R, nh * hd), the heads side by side as c_proj takes them."""
+    """One new query per row attends to its prompt's keys and to its own generated ones: q (R,
+    nh, hd), k and v (R, nkv, hd), the R decoding rows' (k and v go into the cache first)
+    -> (R, nh * hd), the heads side by side as c_proj takes them."""
     R, nh, hd = q.shape
     nkv, g, scale = cache.nkv, cache.g, hd ** -0.5
     kn, vn = cache.write(layer, k, v)                       # (R * nkv, T, hd) each
@@ -156,8 +141,7 @@ def decode_attention(q, k, v, cache, layer):
 
 def decode_step(model, tok, pos, cache):
     """Logits (R, vocab) of the next token of the R decoding rows, fed their last tokens tok (R,)
-    at positions pos (R,). GPT.forward's layers on (R, C) activations, one token per row; the
-    rows' keys and values are added to the cache, one position longer after the step."""
+    at positions pos (R,): GPT.forward's layers, one token per row; the cache grows by one."""
     c = model.config
     R, nh, nkv, hd = len(tok), c.n_head, c.n_kv_head, c.head_dim
     x, rope = model.embed(tok, pos)                            # (R, C); cos, sin (R, 1, hd)
@@ -175,10 +159,9 @@ def decode_step(model, tok, pos, cache):
 
 
 def prefill(model, prompts, max_new_tokens, samples, static=False):
-    """Run the B prompts once, left-padded to their longest length P; each row gets positions
-    0..len-1 for its own tokens and a mask hiding the pads, so a row's results do not depend on the
-    batch. Returns the logits (B * S, vocab) of every row's first new token, the rows' prompt
-    lengths (B * S,) and the KVCache (static: StaticCache) holding the prompts' keys and values."""
+    """Run the B prompts once, left-padded to length P, each row at positions 0..len-1 with its
+    pads masked (its results do not depend on the batch) -> the logits (B * S, vocab) of each
+    row's first new token, its prompt length (B * S,), the KVCache (static: StaticCache)."""
     device, B, dtype = model.wte.weight.device, len(prompts), model.wte.weight.dtype
     lens = torch.tensor([len(p) for p in prompts], device=device)
     assert B > 0 and int(lens.min()) >= 1, "engine.generate: every prompt needs at least one token"
@@ -207,16 +190,13 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=
              eos_id=None, generator=None, num_samples=1, vocab=None, graphs=False):
     """Sample continuations of a batch of prompts with a KV cache.
 
-    prompts: list of B token-id lists (lengths may differ; each >= 1); results do not depend on
-    the batch. num_samples: continuations per prompt; each prompt is prefilled once and its keys
-    and values shared by its samples (rows b*num_samples .. b*num_samples+num_samples-1 of the
-    output belong to prompt b). temperature 0 means greedy; top_k / top_p filter the distribution
-    before sampling (model.sample_next). vocab: draw only ids below it, the ones the tokenizer
-    decodes (Qwen2 pads its embedding past its tokenizer); None: every id of the model.
-    Returns (tokens, logprobs), both (B*num_samples, N) with N <= max_new_tokens (decoding stops
-    once every row is done): tokens is long, the sampled ids, with -1 after a row's eos_id (the
-    eos itself is kept); logprobs is float32, each sampled token's log-prob under the sampling
-    distribution (for greedy: under the model at T=1), 0 where tokens == -1.
+    prompts: B token-id lists (lengths may differ; each >= 1); results do not depend on the batch.
+    num_samples S: continuations per prompt (rows b*S .. b*S+S-1 of the output are prompt b's).
+    temperature 0 means greedy; top_k / top_p filter the distribution (model.sample_next). vocab:
+    draw only ids below it, the ones the tokenizer decodes; None: every id of the model.
+    Returns (tokens, logprobs), both (B*S, N), N <= max_new_tokens (it stops once every row is
+    done): tokens long, -1 after a row's eos_id (kept); logprobs float32, each sampled token's
+    log-prob under the sampling distribution (greedy: the model's at T=1), 0 where tokens == -1.
     graphs: the static-shape path (`static_generate`), its decode step a CUDA graph on a GPU."""
     if graphs:
         return static_generate(model, prompts, max_new_tokens, temperature, top_k, top_p, eos_id,
@@ -253,9 +233,8 @@ CAPTURE = dict(seconds=0.0)   # the last CUDA graph capture's time (bench/gpu_ch
 
 
 class Uniforms:
-    """The sampler's uniforms, (N, 1) per column of the output, drawn SYNC_EVERY columns at a time:
-    a CPU generator draws in order, so these are the numbers one draw per column gives. A block
-    drawn on the CPU for a GPU is pinned and copied without waiting (no sync per token)."""
+    """The sampler's uniforms, (N, 1) per column of the output, drawn SYNC_EVERY columns at a time
+    (the numbers one draw per column gives); a CPU block for a GPU is pinned, copied async."""
 
     def __init__(self, generator, N, max_new, device):
         self.gen, self.N, self.max_new, self.device = generator, N, max_new, device
@@ -274,12 +253,10 @@ class Uniforms:
 
 def static_generate(model, prompts, max_new, temperature, top_k, top_p, eos_id, generator,
                     num_samples, vocab, capture=True):
-    """generate(graphs=True): the same tokens as the eager path, at shapes fixed for the whole
-    call. Every row decodes every step (a finished row's tokens are -1, its log-probs 0, as in
-    the eager path), one uniform per row and step: seeded samples equal the eager path's when it
-    drops no row, that is without eos_id (with it, greedy tokens are equal). `step` changes only
-    buffers in place, so on a GPU it is captured once (`cuda_graph`) and replayed per token
-    (capture False: run eagerly there too, to compare)."""
+    """generate(graphs=True): the eager path's tokens at shapes fixed for the whole call. Every row
+    decodes every step, one uniform per row and step: seeded samples equal the eager path's when
+    it drops no row, without eos_id (with it, greedy tokens are equal). `step` changes buffers in
+    place only, so on a GPU it is captured once (`cuda_graph`; capture False: run eagerly)."""
     logits, lens, cache = prefill(model, prompts, max_new, num_samples, static=True)
     N, device = len(logits), logits.device
     tokens = torch.full((N, max_new), -1, dtype=torch.long, device=device)
@@ -327,9 +304,8 @@ def static_generate(model, prompts, max_new, temperature, top_k, top_p, eos_id, 
 
 def cuda_graph(step, state):
     """step() recorded once as a CUDA graph -> a function replaying it: one launch for the whole
-    decode step, on the same buffers (no allocation, no Python per kernel). As torch.cuda.graph
-    asks, a warm-up run goes first on a side stream (lazy initialisations, cuBLAS workspaces);
-    the buffers `state` that the warm-up moved are put back."""
+    decode step. As torch.cuda.graph asks, a warm-up runs first on a side stream (lazy
+    initialisations, cuBLAS workspaces); the buffers `state` it moved are put back."""
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     saved = [x.clone() for x in state]
@@ -350,8 +326,7 @@ def cuda_graph(step, state):
 
 def cast_copy(model):
     """Inside an autocast region of a low-precision dtype, a model with float32 weights -> a copy
-    whose weights are cast once to that dtype (autocast would recast every Linear's weight at
-    every call, each decode step); else `model`. Made once per RL step (grpo.sample_groups)."""
+    with its weights cast to that dtype once per RL step (grpo.sample_groups); else `model`."""
     device = model.wte.weight.device.type
     dtype = torch.get_autocast_dtype(device)
     if (not torch.is_autocast_enabled(device) or dtype == torch.float32

@@ -1,22 +1,20 @@
 """
-GRPO (Group Relative Policy Optimization) by hand, one `grpo_step` for every task: the README's
-"GRPO in seven steps", function by function.
+GRPO (Group Relative Policy Optimization) by hand: `grpo_step` is the README's "GRPO in seven
+steps", one function each, for every task.
 
 1-2. rollout, reward   `rollout`: G completions per prompt, the sampler's log-probs, the rewards
 3. dynamic sampling    `sample_groups`: drop groups without reward spread, sample more prompts
 4. advantages          `group_advantages`; `update_batch` lays the kept groups out as rows
 5-6. PPO-clip, KL      `clipped_objective`, `k3_kl` and an entropy bonus, in `grpo_loss`
 7. token-mean, step    `aggregate`; `update`: ppo_epochs x minibatches AdamW steps
-Log-probs use logits / temperature, the sampler's distribution. Special cases sit in one-line
-helpers: bf16 (`maybe_recompute_old_logp`), DDP and FSDP (`no_sync_unless_last`,
-`rows_on_all_ranks`, `join_with_zero_gradient`: each rank samples its own prompts, all take the
-same optimizer steps; `unsharded`: FSDP's full weights for the sampler).
-GRPOConfig holds every default of the RL stage; runtime.add_flags turns its knobs into a script's
-flags. `train_loop` runs grpo_step for a stage's steps (resume, NaN guard, compute, logs, saves).
+Log-probs use logits / temperature, the sampler's distribution. DDP and FSDP: each rank samples
+its own prompts, all take the same optimizer steps. GRPOConfig holds the RL stage's defaults
+(runtime.add_flags makes its knobs flags); `train_loop` runs grpo_step for a stage's steps.
 """
 import copy
 import math
 import time
+from collections import namedtuple
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
@@ -75,14 +73,11 @@ class GRPOConfig:
         assert self.loss_agg in ("token-mean", "seq-mean"), f"loss_agg: {self.loss_agg!r}"
 
 
-# The paper's recipe (train_lang.py --recipe=paper): GRPOConfig's fields per task. From
-# thuml/RLVR-World's lang_wm/verl/examples/grpo_trainer/run_text_game_rl.sh and
-# run_web_agent_rl.sh: train_batch_size prompts x rollout.n samples, actor.optim.lr,
-# max_response_length, ppo_mini_batch_size (64 of 128 and 16 of 64 prompts: 2 and 4 optimizer
-# steps a batch), kl_loss_coef 0.001 with kl_loss_type=low_var_kl (clamped to [-10, 10] in verl's
-# trainer/ppo/core_algos.py); the rest from verl's trainer/config/ppo_trainer.yaml: a constant lr
-# without warm-up, entropy_coeff 0.001, clip_ratio 0.2, temperature 1.0, ppo_epochs 1. Every
-# group is trained and none refilled, as there (data.need_filter=False).
+# The paper's recipe (train_lang.py --recipe=paper), from thuml/RLVR-World's lang_wm/verl
+# examples/grpo_trainer/run_{text_game,web_agent}_rl.sh: train_batch_size prompts x rollout.n,
+# actor.optim.lr, max_response_length, ppo_mini_batch_size (2 and 4 optimizer steps a batch),
+# kl_loss_coef 0.001, low_var_kl (clamped to [-10, 10]); the rest verl's ppo_trainer.yaml defaults.
+# Every group is trained and none refilled, as there (data.need_filter=False).
 PAPER_COMMON = dict(group_size=5, lr=1e-6, warmup=0, beta=0.001, kl_clamp=10.0, entropy_coef=0.001,
                     clip_eps=0.2, temperature=1.0, ppo_epochs=1, skip_zero_std=False, max_rounds=1)
 PAPER_RECIPE = {
@@ -90,14 +85,8 @@ PAPER_RECIPE = {
     "webpage": dict(PAPER_COMMON, prompts_per_step=64, minibatches=4, max_new_tokens=7288)}
 
 
-@dataclass
-class Group:
-    """A kept group (step 3): its prompt, the round's rollout holding its G rows, which rows those
-    are, and their rewards."""
-    prompt: list
-    rollout: dict
-    rows: slice
-    rewards: torch.Tensor
+# a kept group (step 3): its prompt, the rollout holding its G rows, which rows, their rewards
+Group = namedtuple("Group", "prompt rollout rows rewards")
 
 
 def make_optimizer(model, cfg):
@@ -123,9 +112,8 @@ def group_advantages(rewards, std_norm=True, eps=1e-6):
 
 
 def k3_kl(logp, ref_logp, clamp=0.0):
-    """Step 6. Per-token k3 estimate of KL(policy || ref) from the policy's samples. Not clamped
-    unless `clamp` (verl's low_var_kl clamps it at 10, a bias that cuts the gradient of far-off
-    tokens; --recipe=paper does)."""
+    """Step 6. Per-token k3 estimate of KL(policy || ref) from the policy's samples; `clamp`:
+    verl's low_var_kl clamps it at 10 (--recipe=paper), a bias cutting far-off tokens' gradient."""
     d = ref_logp - logp          # log(ref / pi) of the sampled token
     kl = torch.exp(d) - d - 1    # >= 0 per sample; its mean under pi is exactly KL(pi || ref)
     return kl.clamp(-clamp, clamp) if clamp else kl
@@ -171,28 +159,25 @@ def rollout(model, prompts, items, reward_fn, cfg, eos_id, generator, sampler=No
     (-1 after EOS), old_logp (N, T), mask (N, T) (the sampled tokens), rewards (N,), completions.
     sampler: None (engine.generate), or (model, prompts, items, cfg, generator) -> tokens,
     logprobs, sampled (N, T) when the task injects tokens (video's true actions: sampled False).
-    The sampling runs under `autocast` (engine.generate: on weights `sample_groups` cast to its
-    dtype once per step, engine.cast_copy), the reward outside it."""
+    The sampling runs under `autocast`, the reward outside it."""
     G = cfg.group_size
+    reps = [it for it in items for _ in range(G)]   # each prompt's item for each of its G rows
     model.eval()
     with autocast:
         if sampler is None:  # each prompt is prefilled once; its G samples share its KV cache
-            tokens, old_lp = generate(model, prompts, cfg.max_new_tokens,
-                                      temperature=cfg.temperature, eos_id=eos_id,
-                                      generator=generator, num_samples=G, vocab=cfg.vocab or None,
-                                      graphs=cfg.graphs)
+            tokens, old_lp = generate(model, prompts, cfg.max_new_tokens, cfg.temperature,
+                                      eos_id=eos_id, generator=generator, num_samples=G,
+                                      vocab=cfg.vocab or None, graphs=cfg.graphs)
             sampled = None
         else:
-            reps = [(p, it) for p, it in zip(prompts, items) for _ in range(G)]
-            tokens, old_lp, sampled = sampler(model, [p for p, _ in reps],
-                                              [it for _, it in reps], cfg, generator)
+            tokens, old_lp, sampled = sampler(model, [p for p in prompts for _ in range(G)], reps,
+                                              cfg, generator)
     model.train()
     # plain CPU tensors (generate's are inference-mode tensors)
     tokens, old_lp = tokens.cpu().clone(), old_lp.float().cpu().clone()
     mask = tokens >= 0 if sampled is None else sampled.cpu() & (tokens >= 0)
     completions = [row[:n] for row, n in zip(tokens.tolist(), (tokens >= 0).sum(1).tolist())]
-    rewards = reward_fn([it for it in items for _ in range(G)], completions)
-    rewards = torch.tensor(rewards, dtype=torch.float32)
+    rewards = torch.tensor(reward_fn(reps, completions), dtype=torch.float32)
     if not torch.isfinite(rewards).all():
         raise FloatingPointError("reward_fn returned a non-finite reward")
     return dict(tokens=tokens, old_logp=old_lp, mask=mask, rewards=rewards, completions=completions,
@@ -237,10 +222,9 @@ def update_batch(kept, cfg, device):
     tokens, old_logp, mask = (pad_sequence([row for k in kept for row in k.rollout[key][k.rows]],
                                            batch_first=True, padding_value=pad)
                               for key, pad in (("tokens", -1), ("old_logp", 0.0), ("mask", False)))
-    prompt_idx, prompt_len, idx, targets = pack([k.prompt for k in kept], tokens, mask)
     adv = group_advantages(torch.stack([k.rewards for k in kept]), cfg.std_norm, cfg.adv_eps)
-    b = dict(prompt_idx=prompt_idx, prompt_len=prompt_len, idx=idx, targets=targets,
-             old_logp=old_logp, adv=adv.view(-1))
+    b = dict(zip(("prompt_idx", "prompt_len", "idx", "targets"),
+                 pack([k.prompt for k in kept], tokens, mask)), old_logp=old_logp, adv=adv.view(-1))
     b = {k: t.to(device) for k, t in b.items()}
     b["rows"] = torch.arange(len(kept), device=device).repeat_interleave(cfg.group_size)
     b["mask"] = b["targets"] >= 0                   # EOS in; padding and injected tokens out
@@ -262,12 +246,10 @@ def pack(prompts, tokens, mask=None):
     return prompt_idx, prompt_len, idx, targets
 
 
-# Each prompt runs once for its G rows, not once per row as in a plain forward of prompt +
-# completion: measured 1.7x faster updates on the text game's defaults (1 CPU thread).
 def logprobs_shared_prompts(model, b, sel, cfg):
     """Log-probs (n, T) of the targets and entropies (n, T) of the rows `sel` of `update_batch`,
-    0 where a row has no target. Only the target positions get logits (no vocabulary-wide
-    tensors for padding), and only over the ids the tokenizer decodes (cfg.vocab)."""
+    0 where a row has no target. Each prompt runs once for its rows (1.7x faster updates on the
+    text game than once per row); logits only at the targets, over the ids cfg.vocab keeps."""
     used, rows = torch.unique(b["rows"][sel], return_inverse=True)
     # the chunk's prompts, their padding cut to the longest of them
     L = int(b["prompt_len"][used].max()) if len(used) else 0
@@ -276,8 +258,7 @@ def logprobs_shared_prompts(model, b, sel, cfg):
     at = targets >= 0                                # (n, T) the positions with a target
     # 1-token prompts: nothing to share, the prompt is idx's first token
     logits, _ = model(b["idx"][sel], prompts=prompts if L else None, at=at)   # (k, vocab)
-    if cfg.vocab:
-        logits = logits[:, :cfg.vocab]
+    logits = logits[:, :cfg.vocab or None]           # the ids the tokenizer decodes
     logp_all = F.log_softmax(logits.float() / cfg.temperature, dim=-1)   # the sampler's
     zeros = torch.zeros(at.shape, device=logits.device)
     logp = zeros.masked_scatter(at, logp_all.gather(-1, targets[at].unsqueeze(-1)).squeeze(-1))
@@ -287,14 +268,13 @@ def logprobs_shared_prompts(model, b, sel, cfg):
 
 
 @torch.no_grad()
-def reference_logprobs(ref_model, b, chunks, cfg, autocast):
-    """The reference's log-probs (N, T), on the update's own micro-batches `chunks`; beta 0 (no
-    reference model): the sampler's, so the logged KL is to the sampler."""
-    ref_logp = b["old_logp"].clone()
-    for chunk in chunks if cfg.beta > 0 else ():
+def fixed_logprobs(model, b, chunks, cfg, autocast, out):
+    """`model`'s log-probs of the update's rows, on its own micro-batches `chunks`, into `out`
+    (N, T) -> out: the reference's, and in bf16 / fp16 the sampler's recomputed (`grpo_step`)."""
+    for chunk in chunks:
         with autocast:
-            ref_logp[chunk] = logprobs_shared_prompts(ref_model, b, chunk, cfg)[0]
-    return ref_logp
+            out[chunk] = logprobs_shared_prompts(model, b, chunk, cfg)[0]
+    return out
 
 
 def low_precision(model, device):
@@ -304,24 +284,14 @@ def low_precision(model, device):
     return autocast or next(model.parameters()).dtype != torch.float32
 
 
-@torch.no_grad()
-def maybe_recompute_old_logp(model, b, chunks, cfg, autocast, low):
-    """In bf16 / fp16 (`low`) the sampler's log-probs are not the update's: recompute them on its
-    path before the weights move (as verl does), so the first minibatch's ratio is exactly 1."""
-    for chunk in chunks if low else ():
-        with autocast:
-            b["old_logp"][chunk] = logprobs_shared_prompts(model, b, chunk, cfg)[0]
-
-
 # -----------------------------------------------------------------------------
 # steps 5-7: the optimizer steps
 
 def minibatch_plan(N, cfg, generator):
     """Each epoch a fresh order of the N rows, cut into cfg.minibatches minibatches, each cut into
-    micro-batches ("chunks") of cfg.micro_batch rows -> (minibatches, their chunks). A minibatch
-    cut into several chunks is cut in row order, so that a prompt's samples sit together (rows are
-    grouped by prompt) and its prompt runs once for all of them (logprobs_shared_prompts); one
-    that fits a chunk keeps its drawn order (the same rows: no memory to save)."""
+    micro-batches ("chunks") of cfg.micro_batch rows -> (minibatches, their chunks). Several chunks
+    are cut in row order, so that a prompt's samples sit together and its prompt runs once for
+    them (logprobs_shared_prompts); a minibatch that fits one chunk keeps its drawn order."""
     per_mb = math.ceil(N / cfg.minibatches)
     orders = [torch.randperm(N, generator=generator).tolist() for _ in range(cfg.ppo_epochs)]
     plan = [order[m * per_mb:(m + 1) * per_mb] for order in orders for m in range(cfg.minibatches)]
@@ -333,22 +303,11 @@ def minibatch_plan(N, cfg, generator):
 
 def no_sync_unless_last(policy, last):
     """DDP all-reduces the gradients on a minibatch's last chunk only; FSDP reduce-scatters them
-    there, and keeps the full weights gathered by the minibatch's first forward until then, so
-    that every rank gathers and reduces once per minibatch, however many chunks it has (one
-    process: nothing to do)."""
+    there and keeps the weights its first forward gathered until then: once per minibatch."""
     if is_fsdp(policy):   # FSDP: switches, set before each chunk
         policy.set_requires_gradient_sync(last)
         policy.set_reshard_after_backward(last)
     return policy.no_sync() if not last and hasattr(policy, "no_sync") else nullcontext()
-
-
-def rows_on_all_ranks(policy, plan):
-    """Each minibatch's rows on all DDP / FSDP ranks together (else: here), so that a minibatch
-    empty everywhere is skipped everywhere (AdamW would move the weights on zero gradients)."""
-    sizes = torch.tensor([len(mb) for mb in plan], device=next(policy.parameters()).device)
-    if hasattr(policy, "no_sync") or is_fsdp(policy):
-        torch.distributed.all_reduce(sizes)
-    return sizes.tolist()
 
 
 @contextmanager
@@ -362,16 +321,9 @@ def unsharded(model):
         model.reshard()
 
 
-def join_with_zero_gradient(policy):
-    """DDP / FSDP, a rank with no rows in a minibatch others have: join their collectives."""
-    device = next(policy.parameters()).device
-    (policy(torch.zeros(1, 1, dtype=torch.long, device=device))[0].sum() * 0.0).backward()
-
-
 def micro_step(policy, b, chunk, n_tok, n_seqs, cfg, step, sums, first, autocast):
-    """Forward and backward one chunk: its share of its minibatch's loss (n_tok tokens, n_seqs
-    rows), so the chunks' gradients add up to the minibatch's; its share of the logged means.
-    The forward runs under `autocast`, the backward outside it."""
+    """Forward (under `autocast`) and backward one chunk: its share of its minibatch's loss (n_tok
+    tokens, n_seqs rows), so the chunks' gradients add up to the minibatch's, and of the log's."""
     with autocast:
         logp, ent = logprobs_shared_prompts(policy, b, chunk, cfg)   # (n, T) each, float32
     mask = b["mask"][chunk]
@@ -389,17 +341,18 @@ def micro_step(policy, b, chunk, n_tok, n_seqs, cfg, step, sums, first, autocast
 
 def update(policy, optimizer, b, plan, chunks, cfg, step, autocast):
     """Steps 5-7: an optimizer step per minibatch -> (the stats' sums, minibatches with rows).
-    Only the forwards run under `autocast`: it keeps a low-precision copy of each weight for its
-    whole region, so a forward after an optimizer step inside the same region would still see the
-    weights from before the step."""
+    Only the forwards run under `autocast`: its weight copies would outlive an optimizer step."""
     sums, n_mb = dict(loss=0.0, kl=0.0, entropy=0.0, clip=0.0, grad_norm=0.0, ratio=0.0), 0
-    sizes = rows_on_all_ranks(policy, plan)
-    for m, mb in enumerate(plan):
+    device = next(policy.parameters()).device
+    sizes = torch.tensor([len(mb) for mb in plan], device=device)
+    if hasattr(policy, "no_sync") or is_fsdp(policy):   # DDP / FSDP: the rows on all ranks
+        torch.distributed.all_reduce(sizes)
+    for m, (mb, size) in enumerate(zip(plan, sizes.tolist())):
         optimizer.zero_grad(set_to_none=True)
-        if not sizes[m]:   # no rows on any rank: nothing to learn from, no step
+        if not size:   # no rows on any rank: no step (AdamW would move on zero gradients)
             continue
-        if not mb:         # DDP: the other ranks have rows
-            join_with_zero_gradient(policy)
+        if not mb:   # DDP / FSDP: the other ranks have rows; join their collectives, gradient 0
+            (policy(torch.zeros(1, 1, dtype=torch.long, device=device))[0].sum() * 0.0).backward()
         n_tok = int(b["mask"][mb].sum()) if mb else 0   # the minibatch's loss tokens
         for c, chunk in enumerate(chunks[m]):
             with no_sync_unless_last(policy, c == len(chunks[m]) - 1):
@@ -417,10 +370,9 @@ def update(policy, optimizer, b, plan, chunks, cfg, step, autocast):
 # one GRPO step
 
 def compute_used(rounds, kept, cfg, recomputed):
-    """The step's compute in forward-token units (a token through the model forward counts 1,
-    forward and backward 3; model FLOPs ~ 2 x parameters x this), counted, not timed: the rollout
-    (each group's prompt once, every completion token), then per kept token the reference's and
-    (bf16) the recomputed old log-probs' forward and each epoch's forward + backward."""
+    """The step's compute in forward-token units (a token's forward 1, forward and backward 3;
+    FLOPs ~ 2 x parameters x this): the rollout (each prompt once, every completion token), then
+    per kept token the reference's and (bf16) old log-probs' forwards, each epoch's 3."""
     sampled = sum(s["prompt_tokens"] + int((s["tokens"] >= 0).sum()) for s in rounds)
     updated = sum(len(k.prompt) + int((k.rollout["tokens"][k.rows] >= 0).sum()) for k in kept)
     passes = 3 * cfg.ppo_epochs + (cfg.beta > 0) + recomputed
@@ -432,12 +384,11 @@ def step_stats(step, rounds, kept, sums, n_mb, ratio_tokens, cfg, eos_id, t0, t_
     rewards = torch.cat([s["rewards"] for s in rounds]).view(-1, cfg.group_size)  # (groups, G)
     lengths = torch.tensor([len(c) for s in rounds for c in s["completions"]], dtype=torch.float32)
     eos = [bool(c) and c[-1] == eos_id for s in rounds for c in s["completions"]]
-    mean = {k: v / n_mb if n_mb else float("nan") for k, v in sums.items()}
+    m = {k: v / n_mb if n_mb else float("nan") for k, v in sums.items()}   # means per minibatch
     return dict(step=step, reward_mean=rewards.mean().item(), reward_max=rewards.max().item(),
                 zero_std_frac=(rewards.std(1, unbiased=False) == 0).float().mean().item(),
-                rounds=len(rounds), groups=len(rewards), groups_kept=len(kept), kl=mean["kl"],
-                entropy=mean["entropy"], clip_frac=mean["clip"], loss=mean["loss"],
-                grad_norm=mean["grad_norm"],
+                rounds=len(rounds), groups=len(rewards), groups_kept=len(kept), kl=m["kl"],
+                entropy=m["entropy"], clip_frac=m["clip"], loss=m["loss"], grad_norm=m["grad_norm"],
                 ratio_first=sums["ratio"] / ratio_tokens if ratio_tokens else float("nan"),
                 response_len=lengths.mean().item(), eos_frac=sum(eos) / len(eos),
                 t_rollout=t_rollout, t_step=time.time() - t0)
@@ -448,10 +399,8 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_
     """The seven steps -> a dict of stats. policy: the GPT, maybe DDP-wrapped; ref_model: frozen
     (None if beta == 0); prompts, items: the first round's P token-id lists and task objects,
     scored by reward_fn(items, completions); next_prompts(n) -> a further round's (None: one
-    round); sampler: see `rollout`; autocast: the mixed-precision context of the forwards (e.g.
-    torch.autocast("cuda", torch.bfloat16)), entered here around each forward, never around an
-    optimizer step. A non-finite weight, reward, loss or gradient norm raises
-    FloatingPointError before the optimizer step it would corrupt."""
+    round); sampler: see `rollout`; autocast: the forwards' mixed precision (never around an
+    optimizer step). A non-finite weight, reward, loss or gradient norm: FloatingPointError."""
     t0 = time.time()
     raw = getattr(policy, "module", policy)   # the GPT itself
     device = raw.wte.weight.device
@@ -474,8 +423,11 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_
         plan, chunks = minibatch_plan(len(kept) * cfg.group_size, cfg, generator)
         if b is not None:   # the fixed log-probs, on the first epoch's chunks: every row once
             first_epoch = [c for mb in chunks[:cfg.minibatches] for c in mb]
-            b["ref_logp"] = reference_logprobs(ref_model, b, first_epoch, cfg, autocast)
-            maybe_recompute_old_logp(raw, b, first_epoch, cfg, autocast, low)
+            # the reference's (beta 0, no reference: the sampler's, so the KL logged is to it)
+            b["ref_logp"] = fixed_logprobs(ref_model, b, first_epoch if cfg.beta > 0 else [], cfg,
+                                           autocast, b["old_logp"].clone())
+            # bf16 / fp16: the sampler's, recomputed on the update's path (as verl): first ratio 1
+            fixed_logprobs(raw, b, first_epoch if low else [], cfg, autocast, b["old_logp"])
     # 5-7. PPO-clip + KL - entropy, token-mean, an optimizer step per minibatch
     sums, n_mb = update(policy, optimizer, b, plan, chunks, cfg, step, autocast)
     ratio_tokens = int(b["mask"][plan[0]].sum()) if b is not None else 0
@@ -495,21 +447,15 @@ class Source:
     sampler: Callable = None     # see `rollout`; None: engine.generate
 
 
-@dataclass
-class Policy:
-    """What the RL stage trains: the GPT, the module that steps (compiled and/or DDP-wrapped
-    around it), the frozen reference (None when beta is 0) and the optimizer."""
-    model: torch.nn.Module
-    trained: torch.nn.Module
-    ref: torch.nn.Module
-    opt: torch.optim.Optimizer
+# What the RL stage trains: the GPT, the module that steps (compiled and/or DDP-wrapped around it),
+# the frozen reference (None when beta is 0) and the optimizer
+Policy = namedtuple("Policy", "model trained ref opt")
 
 
 def make_policy(run, model, cfg, compile=False, grad_ckpt=False):
     """The RL stage's Policy from `model` (runtime.Run.wrap: on the device, compiled, DDP)."""
     # the frozen start, the KL's reference, kept in the forwards' dtype (bf16 under autocast)
-    ref = (copy.deepcopy(model).eval().requires_grad_(False).to(run.dtype) if cfg.beta > 0
-           else None)
+    ref = copy.deepcopy(model).eval().requires_grad_(False).to(run.dtype) if cfg.beta > 0 else None
     model, trained = run.wrap(model, compile=compile, grad_ckpt=grad_ckpt)
     return Policy(model, trained, ref, make_optimizer(model, cfg))
 
@@ -535,11 +481,12 @@ def train_loop(run, policy, source, cfg, gen, ckpt, steps, budget=None, watch=No
     bar = tqdm(total=steps, initial=step, desc=name, disable=not run.master)
     stats = {}
     while step < steps:
-        stats = guarded_step(run, policy, source, cfg, gen, step, name)
+        stats = guarded_step(run, policy, source, cfg, gen, step, name, totals, budget)
         step += 1
         bar.update(1)
         if stats:
-            log_step(run, stats, step, totals, budget, bar)
+            bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", kept=stats["groups_kept"],
+                            kl=f"{stats['kl']:.4f}")
             if watch and (step % every == 0 or step == steps):
                 stats.update(watched(run, policy, watch, step, stats))
             run.log({"stage": name, **stats})   # reward, KL, entropy, clip fraction, the watch's
@@ -554,33 +501,27 @@ def train_loop(run, policy, source, cfg, gen, ckpt, steps, budget=None, watch=No
 
 
 def watched(run, policy, watch, step, stats):
-    """watch(step, stats) on rank 0 -> its dict ({} elsewhere); under FSDP every rank gathers the
-    full weights for it."""
+    """watch(step, stats) on rank 0 -> its dict ({} elsewhere); FSDP: every rank gathers for it."""
     with unsharded(policy.model):
         return watch(step, stats) if run.master else {}
 
 
-def guarded_step(run, policy, source, cfg, gen, step, name):
-    """One GRPO step at step's learning rate -> its stats; {} for a step a NaN/inf skipped."""
+def guarded_step(run, policy, source, cfg, gen, step, name, totals, budget):
+    """GRPO step `step` at its learning rate -> its stats and the totals of time and compute
+    (its compute added to them and to `budget`); {} for a step a NaN/inf skipped."""
     set_lr(policy.opt, cfg, step)   # linear warm-up, then constant
     # the first round's prompts; grpo_step draws more if groups lack spread
     prompts, items = source.draw(cfg.prompts_per_step)
     try:   # rollout -> reward -> advantages -> PPO-clip + KL updates
-        return grpo_step(policy.trained, policy.ref, policy.opt, prompts, items, source.reward_fn,
-                         cfg, source.eos_id, gen, step, sampler=source.sampler,
-                         next_prompts=source.draw, autocast=run.autocast)
+        stats = grpo_step(policy.trained, policy.ref, policy.opt, prompts, items, source.reward_fn,
+                          cfg, source.eos_id, gen, step, sampler=source.sampler,
+                          next_prompts=source.draw, autocast=run.autocast)
     except FloatingPointError as e:   # grpo_step checks rewards, loss, gradient norm and weights
         run.nonfinite(name, step, policy.model, str(e))   # stops, or logs a skipped step
         return {}
-
-
-def log_step(run, stats, step, totals, budget, bar):
-    """A done step's stats: its number, the totals of time and compute (added to `budget`)."""
-    stats["step"] = step   # steps done: the log's step 0 is the watch before any update
+    stats["step"] = step + 1   # steps done: the log's step 0 is the watch before any update
     totals["rl_seconds"] += stats["t_step"]
     totals["rl_compute"] += stats["compute"]   # counted by compute_used
     if budget is not None:
         budget.add(stats["compute"])
-    stats.update(totals)
-    bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", kept=stats["groups_kept"],
-                    kl=f"{stats['kl']:.4f}")
+    return {**stats, **totals}

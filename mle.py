@@ -8,13 +8,9 @@ RLVR's compute.
 
 next_batch(gen) -> (idx, tgt) on the device (tgt -1 where no token is scored), val_loss(model) ->
 float (called in eval mode, under no_grad and autocast), and optionally val_metrics(model) ->
-(dict, words) for the log and the progress line. Each step: set the learning rate, draw a batch,
-forward under autocast, backward, clip the gradient norm to 1, and step AdamW only when the loss
-and the norm are finite (--on_nan). Every eval_every steps and at the end a validation line; every
---ckpt_every steps a resumable checkpoint (runtime.Run). The stage ends after `steps` steps,
-`minutes` of wall-clock or once its compute reaches `budget` (runtime.ComputeBudget), counted in
-forward-token units as grpo.compute_used counts RLVR's: each input token up to a row's last scored
-one, forward and backward, counts 3.
+(dict, words) for the log and the progress line. The stage ends after `steps` steps, `minutes` of
+wall-clock or once its compute reaches `budget` (runtime.ComputeBudget), counted in forward-token
+units as grpo.compute_used counts RLVR's.
 """
 import time
 from pathlib import Path
@@ -51,22 +47,18 @@ def batch_compute(tgt):
     """Forward-token units of one training step on the batch with targets tgt (B, T): every input
     position up to the row's last scored token (the padding after it is not counted), times 3."""
     scored = tgt >= 0
-    T = tgt.shape[1]
-    length = torch.where(scored.any(1), T - scored.flip(1).int().argmax(1), 0)   # (B,)
+    length = torch.where(scored.any(1), tgt.shape[1] - scored.flip(1).int().argmax(1), 0)   # (B,)
     return 3 * int(length.sum())
 
 
 def train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, minutes=0, budget=None,
           val_metrics=None, desc=None, compile=False, weight_decay=None, eval_every=None):
     """Train `model` by MLE as the stage `name`, checkpointing to `ckpt` -> the trained model
-    (the same object, on the device). Reads --seed from run.args, and --weight_decay and
-    --eval_every when not given. desc: the progress bar's label (default: name). compile:
-    torch.compile it."""
+    (the same object, on the device). Reads --seed; --weight_decay, --eval_every unless given."""
     args = run.args
     weight_decay = args.weight_decay if weight_decay is None else weight_decay
     eval_every = eval_every or args.eval_every
-    # trained: compiled and/or DDP-wrapped
-    model, trained = run.wrap(model, compile=compile, grad_ckpt=args.grad_ckpt)
+    model, trained = run.wrap(model, compile=compile, grad_ckpt=args.grad_ckpt)   # compiled, DDP
     opt = torch.optim.AdamW(model.parameters(), lr=lr_of_step(0), betas=(0.9, 0.95),
                             weight_decay=weight_decay)
     gen = torch.Generator().manual_seed(args.seed + run.rank)   # each rank its own batches
@@ -114,10 +106,9 @@ def train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, minut
 
 
 def micro_steps(run, trained, idx, tgt, weight=None):
-    """Forward and backward the batch idx, tgt (B, T) in micro-batches of --micro_batch rows,
-    each its share of the batch's mean loss, so their gradients add up to the whole batch's
-    -> that mean loss. Logits are computed at the scored positions only (tgt >= 0). weight (B, T):
-    a weighted mean instead (--change_weight)."""
+    """Forward and backward the batch idx, tgt (B, T) in micro-batches of --micro_batch rows, each
+    its share of the batch's mean loss, so their gradients add up to the batch's -> that mean loss.
+    Logits only where tgt >= 0. weight (B, T): a weighted mean instead (--change_weight)."""
     scored = tgt >= 0
     w = scored.float() if weight is None else weight * scored   # each scored token's weight
     total, loss = w.sum(), 0.0
@@ -157,8 +148,7 @@ def validate(run, model, name, step, loss, t_start, val_loss, val_metrics, compu
 # (prompt, answer) pairs: train_lang.py's batches
 
 def batch_from(pairs, device):
-    """(prompt, answer) id lists -> right-padded idx (B, T) and targets (B, T) on the device,
-    -1 outside the answer tokens."""
+    """(prompt, answer) id lists -> right-padded idx, targets (B, T) on the device (-1: no loss)."""
     T = max(len(a) + len(b) for a, b in pairs) - 1          # the longest sequence, but its last
     idx = torch.zeros(len(pairs), T, dtype=torch.long)       # padding 0 is never a target
     tgt = torch.full((len(pairs), T), -1, dtype=torch.long)  # -1 = ignored by the cross-entropy
@@ -179,9 +169,7 @@ def pair_batches(run, pairs, val_pairs, batch_size):
         return batch_from([pairs[i] for i in ids], device)
 
     def val_loss(model):
-        vl = []
-        for i in range(0, len(val_pairs), mb):
-            idx, tgt = batch_from(val_pairs[i:i + mb], device)
-            vl.append(model(idx, tgt, at=tgt >= 0)[1].item())   # logits of the answers only
+        batches = (batch_from(val_pairs[i:i + mb], device) for i in range(0, len(val_pairs), mb))
+        vl = [model(idx, tgt, at=tgt >= 0)[1].item() for idx, tgt in batches]   # answers' logits
         return sum(vl) / len(vl)
     return next_batch, val_loss

@@ -39,8 +39,8 @@ from data.robot.detect import locate_blocks, locate_gripper  # noqa: E402
 from data.robot.task import episode_files, read_npz  # noqa: E402
 from eval import to_float  # noqa: E402
 from research.policy_eval import load_world_model, sample_chunk  # noqa: E402
-from grpo import (GRPOConfig, group_advantages, make_optimizer, minibatch_plan, pack,  # noqa: E402
-                  reference_logprobs, update)
+from grpo import (GRPOConfig, fixed_logprobs, group_advantages, make_optimizer, minibatch_plan,  # noqa: E402
+                  pack, update)
 from rewards import VideoReward, video_reward  # noqa: E402
 
 
@@ -193,7 +193,8 @@ def main(argv=None):
                  old_logp=torch.stack(lp), adv=adv.repeat(args.chain), rows=torch.arange(N))
         b["mask"] = b["targets"] >= 0
         plan, chunks = minibatch_plan(N, cfg, gen)
-        b["ref_logp"] = reference_logprobs(ref, b, [c for mb in chunks for c in mb], cfg, nullcontext())
+        once = [c for mb in chunks for c in mb] if cfg.beta > 0 else []   # beta 0: the sampler's
+        b["ref_logp"] = fixed_logprobs(ref, b, once, cfg, nullcontext(), b["old_logp"].clone())
         sums, n_mb = update(policy, opt, b, plan, chunks, cfg, step, nullcontext())
         row = dict(step=step + 1, reward_mean=reward.mean().item(), kl=sums["kl"] / n_mb,
                    grad_norm=sums["grad_norm"] / n_mb, minutes=(time.time() - t0) / 60)
