@@ -158,7 +158,7 @@ class VQVAE(nn.Module):
         return keep * ctx + (1 - keep) * x
 
     def vocab(self):
-        """Code-token ranges for data/robot/task.Layout: context and future frames share one."""
+        """Code-token ranges for data/robot/task.Layout: one codebook for context and future."""
         c = self.config
         return dict(context_codes=c.n_codes, context_len=c.codes_per_frame, n_codes=c.n_codes,
                     codes_per_frame=c.codes_per_frame, code_offset=0)
