@@ -2,8 +2,7 @@
 The visual tokenizer: discrete codes for 64x64 frames and back (the context-conditioned tokenizer of
 the research, CondVQVAE, is research/cond_tokenizer.py; it has the same API):
 
-    codes = vq.tokenize(frames)              # frames: (N, H, W, 3) uint8 or (N, 3, H, W) float in
-                                             # [0, 1]
+    codes = vq.tokenize(frames)              # (N, H, W, 3) uint8 or (N, 3, H, W) float in [0, 1]
     frames = vq.detokenize(codes, context)   # codes (N, L) long -> (N, 3, H, W) float in [0, 1]
     ctx_codes = vq.tokenize_context(frames)  # the codes a context frame gets in the GPT's sequence
 
@@ -19,14 +18,10 @@ mirrors it with nearest-neighbour upsampling + conv 3x3. No normalisation layers
 convolutional, so it can train on 32x32 crops (4x cheaper on a CPU, the latent grid stays aligned
 because crops start at multiples of 8) and run on whole frames.
 
-The quantiser: nearest codebook vector, straight-through gradient (z + (q - z).detach()), codebook
-loss ||sg[z] - q||^2 + beta * commitment ||z - sg[q]||^2 (VQ-VAE, beta = 0.25). The codebook is
-initialised from the encoder outputs of the first training batch (random init leaves most codes
-unused), and `restart_dead` re-seeds codes whose running usage fell near zero with random encoder
-outputs (dead-code restart), so usage stays high.
-Usage statistics: `codebook_stats(codes)` gives the number of codes used and the perplexity exp(H)
-of their histogram.
-The tokenizer is trained by train_vq.py and frozen afterwards (MLE and RLVR only see codes).
+The quantiser: nearest codebook vector, straight-through gradient, codebook loss ||sg[z] - q||^2 +
+beta * commitment ||z - sg[q]||^2 (VQ-VAE). The codebook starts from encoder outputs (random init
+leaves most codes unused) and dead codes are re-seeded (restart_dead), so usage stays high.
+Trained by train_vq.py, then frozen (MLE and RLVR only see codes).
 """
 import json
 import math
@@ -52,15 +47,9 @@ class VQConfig:
     beta: float = 0.25                               # vq: commitment weight
 
     def __post_init__(self):
-        self.channels = tuple(self.channels)
-
-    @property
-    def grid(self):
-        return self.size // 2 ** len(self.channels)
-
-    @property
-    def codes_per_frame(self):
-        return self.grid ** 2
+        self.channels = tuple(self.channels)                # a list when read from JSON
+        self.grid = self.size // 2 ** len(self.channels)    # the code grid's side
+        self.codes_per_frame = self.grid ** 2
 
 
 class ResBlock(nn.Module):
@@ -101,8 +90,7 @@ class VectorQuantizer(nn.Module):
 
     @torch.no_grad()
     def restart(self, flat, which):
-        """Set the codes in `which` (bool mask) to random rows of flat (N, dim), with a little
-        noise."""
+        """Set the codes in `which` (bool mask) to random rows of flat (N, dim), plus noise."""
         n = int(which.sum())
         if n == 0:   # nothing to restart (and the std of no rows would warn)
             return 0
@@ -112,8 +100,7 @@ class VectorQuantizer(nn.Module):
         return n
 
     def restart_dead(self, flat, threshold=0.03):
-        """Dead-code restart: re-seed codes used less than `threshold` times per batch (running
-        mean) -> count."""
+        """Re-seed the codes used < `threshold` times per batch (running mean) -> their count."""
         return self.restart(flat, self.usage < threshold)
 
     def lookup(self, idx):
@@ -125,13 +112,12 @@ class VQVAE(nn.Module):
         super().__init__()
         self.config = c = config
         self.copy_gate = False   # True: detokenize copies the context in cells of its own code
-        qdim = c.code_dim
         enc, prev = [nn.Conv2d(3, c.channels[0], 3, padding=1)], c.channels[0]
         for ch in c.channels:
             enc += [nn.Conv2d(prev, ch, 4, stride=2, padding=1), ResBlock(ch)]
             prev = ch
-        self.encoder = nn.Sequential(*enc, nn.SiLU(), nn.Conv2d(prev, qdim, 1))
-        dec = [nn.Conv2d(qdim, prev, 1), ResBlock(prev)]
+        self.encoder = nn.Sequential(*enc, nn.SiLU(), nn.Conv2d(prev, c.code_dim, 1))
+        dec = [nn.Conv2d(c.code_dim, prev, 1), ResBlock(prev)]
         for ch in list(reversed(c.channels))[1:] + [c.channels[0]]:
             dec += [nn.Upsample(scale_factor=2, mode="nearest"), nn.Conv2d(prev, ch, 3, padding=1),
                     ResBlock(ch)]
@@ -140,21 +126,18 @@ class VQVAE(nn.Module):
         self.quantizer = VectorQuantizer(c.n_codes, c.code_dim, c.beta)
 
     def encode(self, x, ctx=None):
-        """x (B, 3, H, W) in [0, 1] -> pre-quantisation latents (B, qdim, H/8, W/8); ctx is
-        ignored."""
+        """x (B, 3, H, W) in [0, 1] -> latents (B, code_dim, H/8, W/8); ctx is ignored."""
         return self.encoder(x * 2 - 1)
 
     def forward(self, x, ctx=None):
-        """x (B, 3, H, W) in [0, 1] -> (reconstruction, quantiser loss, indices (B, h, w)); ctx is
-        ignored."""
+        """x (B, 3, H, W) in [0, 1] -> (reconstruction, quantiser loss, indices (B, h, w))."""
         z_q, qloss, idx = self.quantizer(self.encode(x))
         return self.decoder(z_q) + 0.5, qloss, idx
 
     @torch.no_grad()
     def tokenize(self, frames, context=None, batch_size=256):
-        """(N, H, W, 3) uint8 array or (N, 3, H, W) float tensor in [0, 1] -> codes (N, grid * grid)
-        long. context is ignored: a per-frame tokenizer codes every frame on its own."""
-        x = as_float_frames(frames, self.quantizer.lookup(torch.zeros(1, dtype=torch.long)).device)
+        """frames as in as_float_frames -> codes (N, grid * grid) long; context is ignored."""
+        x = as_float_frames(frames, self.quantizer.codebook.device)
         return torch.cat([self.quantizer(self.encode(x[i:i + batch_size]))[2].flatten(1)
                           for i in range(0, len(x), batch_size)])
 
@@ -162,9 +145,8 @@ class VQVAE(nn.Module):
 
     @torch.no_grad()
     def detokenize(self, codes, context=None):
-        """codes (N, grid * grid) long -> frames (N, 3, H, W) float in [0, 1]. The context frames
-        (as in tokenize) are ignored, unless self.copy_gate: then each cell whose code equals the
-        context frame's code there is the context's pixels."""
+        """codes (N, grid * grid) long -> frames (N, 3, H, W) float in [0, 1]; with self.copy_gate,
+        each cell whose code is the context frame's code there is the context's pixels."""
         g = self.config.grid
         z = self.quantizer.lookup(codes.view(-1, g, g)).permute(0, 3, 1, 2)
         x = (self.decoder(z) + 0.5).clamp(0, 1)                          # (N, 3, H, W)
@@ -176,24 +158,21 @@ class VQVAE(nn.Module):
         return keep * ctx + (1 - keep) * x
 
     def vocab(self):
-        """Code-token ranges for data/robot/task.Layout: context frames and future frames share one
-        codebook."""
+        """Code-token ranges for data/robot/task.Layout: one codebook for context and future."""
         c = self.config
         return dict(context_codes=c.n_codes, context_len=c.codes_per_frame, n_codes=c.n_codes,
                     codes_per_frame=c.codes_per_frame, code_offset=0)
 
 
 def as_float_frames(frames, device="cpu"):
-    """(N, H, W, 3) uint8 array -> (N, 3, H, W) float in [0, 1]; a float tensor passes through. On
-    `device`."""
+    """(N, H, W, 3) uint8 array -> (N, 3, H, W) float in [0, 1] on `device` (a tensor: as is)."""
     if isinstance(frames, np.ndarray):
         frames = torch.from_numpy(frames).permute(0, 3, 1, 2).float() / 255
     return frames.to(device)
 
 
 def codebook_stats(codes, n_codes):
-    """codes: any long tensor -> dict(used = distinct codes, perplexity = exp(entropy of the code
-    histogram))."""
+    """codes: a long tensor -> dict(used: distinct codes, perplexity: exp(entropy of their use))."""
     p = torch.bincount(codes.flatten(), minlength=n_codes).float()
     p = p / p.sum()
     nz = p[p > 0]
@@ -208,8 +187,7 @@ FORMATS = {"nanorlvr-vq-1": (VQVAE, VQConfig)}
 
 
 def save_vq(path, model, meta=None):
-    """Either tokenizer -> one .safetensors file: weights, and config + `meta` as JSON in the
-    header."""
+    """A tokenizer -> one .safetensors file: weights, and config + `meta` as JSON in the header."""
     model = getattr(model, "module", model)
     tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     fmt = next(name for name, (cls, _) in FORMATS.items() if type(model) is cls)
@@ -219,8 +197,7 @@ def save_vq(path, model, meta=None):
 
 
 def load_vq(path, device="cpu"):
-    """-> (the tokenizer in eval mode, header dict). A clear ValueError naming the file on any
-    problem."""
+    """-> (the tokenizer in eval mode, header dict); a ValueError naming the file on any problem."""
     path = Path(path)
     try:
         with safe_open(str(path), framework="pt") as f:

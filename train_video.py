@@ -9,19 +9,17 @@ checkpoints/video_mle_4000.safetensors (embedded robot-pushing data; research/RE
     python train_video.py --init=scratch       # tokenizer, MLE, RLVR and eval in one go
     torchrun --nproc_per_node=8 train_video.py --data=/path/rt1 --init=scratch --device=cuda \
         --dtype=bfloat16                       # converted RT-1 episodes, on GPUs
---stage: tokenizer | mle | rlvr | all, or control (the control alone for --control_compute, to
-choose --control_lr on validation). --out_dir gets video_vq, video_mle, video_rlvr and
-video_mle_more .safetensors, cached tokens, config.json, log.jsonl and eval.json = {"mle", "rlvr",
-"mle_more"}: each eval.py --task=video's JSON of the test split (greedy, "per_record" per window,
-"sampled" at T=1 top-k 100), then paired bootstrap intervals of RLVR - MLE, RLVR - mle_more, ...
-A re-run resumes where it stopped (runtime.Run); a NaN/inf stops the run naming the step.
+--out_dir gets video_vq, video_mle, video_rlvr and video_mle_more .safetensors, cached tokens,
+config.json, log.jsonl and eval.json = {"mle", "rlvr", "mle_more"}: each eval.py --task=video's
+JSON of the test split (greedy, "per_record" per window, "sampled" at T=1 top-k 100); it prints
+paired bootstrap intervals of RLVR - MLE, RLVR - mle_more, ... A re-run resumes where it stopped
+(runtime.Run); a NaN/inf stops the run naming the step.
 
 RLVR is grpo.train_loop over four pieces that a study may replace (research/video_terms.py):
 `draw` picks the step's prompts (train windows where the scene moves), `reward_fn` decodes each
-completion (a cell that keeps the context frame's code copies its pixels: the copy gate) and scores
-it (rewards.VideoReward: mae+ssim, or mae+lpips with --lpips, minus the mode's moving, object
-and push terms), `sampler` rolls out frame by frame injecting the true actions (multi-step), and
-`watch` scores the validation split every 20 steps.
+completion (with tokenizer_vq's copy gate) and scores it (rewards.VideoReward: mae+ssim, or
+mae+lpips with --lpips, minus the mode's moving, object and push terms), `sampler` rolls out frame
+by frame injecting the true actions (multi-step), and `watch` scores the validation split.
 """
 import argparse
 import copy
@@ -61,9 +59,8 @@ WATCH_EVERY = 20   # RLVR steps between greedy validation scores
 class Mode:
     """Defaults per mode, chosen on the validation split (research/README.md): a multi-step
     completion is 7 frames, so fewer prompts and steps fit the time box; RLVR erased objects unless
-    the reward's object term said otherwise; the single-step start follows the gripper, and the push
-    term beside the object term kept that best; the single-step control is level with its start at
-    0.3 x the start's final MLE rate, the multi-step one at 1."""
+    the reward's object term said otherwise; the push term kept the single-step start following the
+    gripper; the control is level with its start at 0.3 (single) or 1 x the start's final MLE lr."""
     rl_steps: int
     prompts_per_step: int
     reward: VideoReward
@@ -72,6 +69,15 @@ class Mode:
 
 MODES = dict(single=Mode(100, 8, VideoReward(moving=1.0, object=0.5, push=0.1), 0.3),
              multi=Mode(40, 4, VideoReward(moving=1.0, object=0.5, push=0.0), 1.0))
+
+
+def or_fail(run, fn, *a):
+    """fn(*a); a ValueError (a bad file or flag, in one line naming it) stops the run."""
+    try:
+        return fn(*a)
+    except ValueError as e:
+        run.fail(str(e))
+
 
 # -----------------------------------------------------------------------------
 # flags (allow_abbrev=False: a prefix of a flag is an error, not that flag)
@@ -91,38 +97,36 @@ add("--vq", default="auto", help="tokenizer file (train_vq.py) of a model from s
     "train one; --stage=mle: out_dir's, else the shipped one)")
 add("--resume", type=int, default=train_vq.RESUME, help="1: continue from out_dir's checkpoints")
 add("--clip_len", type=int, default=16, help="episodes are cut into clips of this many frames")
-g = p.add_argument_group("world model and MLE")
-g.add_argument("--horizon", type=int, default=train_vq.HORIZON,
-               help="multi mode's frames (paper: 7)")
-g.add_argument("--n_layer", type=int, default=4, help="GPT layers")
-g.add_argument("--n_embd", type=int, default=128, help="GPT width (heads of 32 channels)")
-g.add_argument("--mle_steps", type=int, default=1150, help="MLE optimizer steps")
-g.add_argument("--batch_size", type=int, default=16, help="MLE windows per step (per rank)")
-g.add_argument("--mle_lr", type=float, default=2e-3, help="MLE peak learning rate (cosine decay)")
-g.add_argument("--warmup", type=int, default=100, help="MLE warmup steps")
-g.add_argument("--weight_decay", type=float, default=0.1, help="AdamW weight decay of MLE")
-g.add_argument("--eval_every", type=int, default=500, help="MLE steps between validation losses")
-g.add_argument("--control_lr", type=float, default=0, help="the control's constant rate (0: the "
-               "mode's scale, single 0.3, multi 1, x the start's final MLE rate)")
-g.add_argument("--control_compute", type=float, default=0,
-               help="--stage=control: its compute (an RLVR run's rl_compute, in its log.jsonl)")
-g = p.add_argument_group("RLVR")
-g.add_argument("--rl_steps", type=int, default=None, help="GRPO steps (default: single 100, "
-               "multi 40)")
-g.add_argument("--prompts_per_step", type=int, default=None,
-               help="windows per GRPO step and rank (default: single 8, multi 4)")
-g.add_argument("--group_size", type=int, default=8, help="samples per prompt (G)")
-g.add_argument("--rl_lr", type=float, default=1e-4, help="GRPO learning rate")
-g.add_argument("--beta", type=float, default=0.02, help="KL coefficient")
-g.add_argument("--micro_batch", type=int, default=32, help="sequences per forward/backward")
-g.add_argument("--grad_ckpt", type=int, default=0, help="1: activation checkpointing")
-g.add_argument("--lpips", default=None, help="LPIPS-VGG weights (tools/convert_lpips.py): the "
-               "reward is mae+lpips, and the evaluation reports lpips")
-g = p.add_argument_group("evaluation and system")
-g.add_argument("--test_limit", type=int, default=0, help="test episodes in the final eval (0: all)")
-g.add_argument("--final_eval", default="test", choices=["val", "test"],
-               help="the split of eval.json: val to choose flags on, test once for the result")
-train_vq.add_run_flags(g)   # --train_limit and the system flags: one home
+add = p.add_argument_group("world model and MLE").add_argument
+add("--horizon", type=int, default=7, help="multi mode's frames (paper: 7)")
+add("--n_layer", type=int, default=4, help="GPT layers")
+add("--n_embd", type=int, default=128, help="GPT width (heads of 32 channels)")
+add("--mle_steps", type=int, default=1150, help="MLE optimizer steps")
+add("--batch_size", type=int, default=16, help="MLE windows per step (per rank)")
+add("--mle_lr", type=float, default=2e-3, help="MLE peak learning rate (cosine decay)")
+add("--warmup", type=int, default=100, help="MLE warmup steps")
+add("--weight_decay", type=float, default=0.1, help="AdamW weight decay of MLE")
+add("--eval_every", type=int, default=500, help="MLE steps between validation losses")
+add("--control_lr", type=float, default=0, help="the control's constant rate (0: the "
+    "mode's scale, single 0.3, multi 1, x the start's final MLE rate)")
+add("--control_compute", type=float, default=0,
+    help="--stage=control: its compute (an RLVR run's rl_compute, in its log.jsonl)")
+add = p.add_argument_group("RLVR").add_argument
+add("--rl_steps", type=int, default=None, help="GRPO steps (default: single 100, multi 40)")
+add("--prompts_per_step", type=int, default=None,
+    help="windows per GRPO step and rank (default: single 8, multi 4)")
+add("--group_size", type=int, default=8, help="samples per prompt (G)")
+add("--rl_lr", type=float, default=1e-4, help="GRPO learning rate")
+add("--beta", type=float, default=0.02, help="KL coefficient")
+add("--micro_batch", type=int, default=32, help="sequences per forward/backward")
+add("--grad_ckpt", type=int, default=0, help="1: activation checkpointing")
+add("--lpips", default=None, help="LPIPS-VGG weights (tools/convert_lpips.py): the "
+    "reward is mae+lpips, and the evaluation reports lpips")
+add = p.add_argument_group("evaluation and system").add_argument
+add("--test_limit", type=int, default=0, help="test episodes in the final eval (0: all)")
+add("--final_eval", default="test", choices=["val", "test"],
+    help="the split of eval.json: val to choose flags on, test once for the result")
+train_vq.add_run_flags(add)   # --train_limit and the system flags: one home
 args = p.parse_args()
 mode = MODES[args.mode]
 # the mode's defaults where a flag is not given
@@ -130,8 +134,8 @@ rl_steps = mode.rl_steps if args.rl_steps is None else args.rl_steps
 prompts_per_step = mode.prompts_per_step if args.prompts_per_step is None else args.prompts_per_step
 # every bad value stops here with one line naming its flag, before any data is read or file written
 check_ranges(p, args, at_least_1=("clip_len", "horizon", "n_layer", "n_embd", "mle_steps",
-                                  "batch_size", "group_size",
-                                  "micro_batch", "eval_every", "threads", "ckpt_every"),
+                                  "batch_size", "group_size", "micro_batch", "eval_every",
+                                  "threads", "ckpt_every"),
              at_least_0=("mle_lr", "warmup", "weight_decay", "control_lr", "control_compute",
                          "rl_lr", "beta", "test_limit", "train_limit"))
 if min(rl_steps, prompts_per_step) < 1:
@@ -141,15 +145,13 @@ if args.clip_len < 2 or args.n_embd % 32:
             f"{args.n_embd})")
 
 # -----------------------------------------------------------------------------
-# setup: distributed, devices, precision (runtime.py), then the data; every input is checked before
-# anything is written to out_dir
+# setup: torchrun ranks, --device checked, threads, seeds, autocast, log.jsonl (runtime.Run), then
+# the data; every input is checked before anything is written to out_dir
 out_dir = Path(args.out_dir)
-# torchrun ranks, --device checked, threads, seeds, autocast, log.jsonl
 run = Run(args, out_dir, path_flags=("data", "init", "out_dir", "vq", "lpips"))
 master, world = run.master, run.world
-# print / stop on rank 0; sync ranks
-print0, fail, barrier = run.print0, run.fail, run.barrier
-# every file a run writes besides the tokenizer's resumable state (train_vq.train_file)
+print0, fail, barrier = run.print0, run.fail, run.barrier   # rank 0 prints / stops; ranks sync
+# every file a run writes besides the tokenizer's resumable state (video_vq_train.safetensors)
 FILES = dict(vq=out_dir / train_vq.VQ_FILE,
              **{k: out_dir / f"video_{k}.safetensors" for k in ("mle", "rlvr", "mle_more")})
 if args.init not in ("auto", "scratch") and not Path(args.init).is_file():
@@ -157,13 +159,10 @@ if args.init not in ("auto", "scratch") and not Path(args.init).is_file():
 if args.stage == "control" and not args.control_compute:
     fail("--stage=control needs --control_compute (an RLVR run's rl_compute, in its log.jsonl)")
 train_vq.ensure_data(run)                       # the embedded robot data, generated on first use
-try:
-    if master:
-        read_action_stats(args.data)            # writes action_stats.json on first use
-    barrier()
-    lo, hi = read_action_stats(args.data)       # per-dimension action range: 256 bins each
-except ValueError as e:                         # a bad action_stats.json: one line naming it
-    fail(str(e))
+if master:
+    or_fail(run, read_action_stats, args.data)  # writes action_stats.json on first use
+barrier()
+lo, hi = or_fail(run, read_action_stats, args.data)   # per-dimension action range: 256 bins each
 
 # --init=auto: the shipped MLE model, when this run post-trains and its action dimensions fit
 init = args.init
@@ -183,10 +182,7 @@ if init == "scratch" and args.stage in ("rlvr", "control"):
 # with --resume=1, out_dir must hold no run with other flags (out_dir/config.json, runtime.py)
 record = run.check_config([FILES["mle"].name, FILES["rlvr"].name, FILES["mle_more"].name])
 
-# each split's clips of --clip_len frames: dicts of image (T, H, W, 3) uint8, action (T, D) float
-# and background (H, W, 3) or None
-limits = {"train": args.train_limit, "val": 0, "test": args.test_limit}   # episodes (0 = all)
-train_eps, val_eps, test_eps = train_vq.load_clips(run, limits, args.clip_len)
+train_eps, val_eps, test_eps = train_vq.load_clips(run, args.clip_len, args.test_limit)
 D, T = train_eps[0]["action"].shape[1], args.clip_len   # action dimensions, frames per clip
 if D != len(lo):
     fail(f"{Path(args.data) / 'action_stats.json'}: {len(lo)}-dim actions, the episodes have {D}; "
@@ -210,27 +206,23 @@ def run_mle(run, model, name, ckpt, layout, tokens, horizon, steps, lr_of_step, 
     run.print0(f"{name}: {model.num_params() / 1e6:.2f}M non-embedding parameters, windows of "
                f"{n} frames ({layout.window_len(C, horizon)} tokens), batch {args.batch_size} x "
                f"{run.world} ranks" + (" (until RLVR's compute)" if budget is not None else ""))
-    # the fixed validation set: consecutive windows of every val clip
-    val_windows = [(e, t) for e in range(len(val_tok["actions"])) for t in range(0, T - n + 1, n)]
+    # the fixed validation set: (clip, first frame) of consecutive windows of every val clip
+    val = torch.tensor([(e, t) for e in range(len(val_tok["actions"]))
+                        for t in range(0, T - n + 1, n)])
 
-    def next_batch(gen):
-        """Random windows; idx/tgt (B, n_tokens - 1): inputs, and targets that are -1 except
-        where the next token is a predicted frame's code (context codes and actions are given,
-        never predicted)."""
-        ids = torch.randint(len(train_tok["actions"]), (args.batch_size,), generator=gen)   # clips
-        starts = torch.randint(T - n + 1, (args.batch_size,), generator=gen)   # first frames
-        idx, tgt = layout.training_pair(windows(train_tok, layout, ids, starts, C, horizon), C)
+    def pair(tok, ids, starts):
+        """The windows of clips `ids` from frames `starts` -> inputs, and targets that are -1
+        except where the next token is a predicted frame's code (layout.training_pair)."""
+        idx, tgt = layout.training_pair(windows(tok, layout, ids, starts, C, horizon), C)
         return idx.to(args.device), tgt.to(args.device)
 
-    def val_loss(model):
-        """The mean cross-entropy of the chunks of 64 validation windows."""
-        losses = []
-        for i in range(0, len(val_windows), 64):
-            chunk = val_windows[i:i + 64]
-            seq = windows(val_tok, layout, [e for e, _ in chunk], [t for _, t in chunk], C, horizon)
-            idx, tgt = layout.training_pair(seq, C)
-            losses.append(model(idx.to(args.device), tgt.to(args.device))[1].item())
-        return float(np.mean(losses))
+    def next_batch(gen):   # random windows: a random clip and first frame each
+        ids = torch.randint(len(train_tok["actions"]), (args.batch_size,), generator=gen)
+        return pair(train_tok, ids, torch.randint(T - n + 1, (args.batch_size,), generator=gen))
+
+    def val_loss(model):   # the mean cross-entropy of the chunks of 64 validation windows
+        return float(np.mean([model(*pair(val_tok, val[i:i + 64, 0], val[i:i + 64, 1]))[1].item()
+                              for i in range(0, len(val), 64)]))
 
     return mle.train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, 0, budget)
 
@@ -248,9 +240,8 @@ def control(run, start, start_path, ckpt, layout, tokens, horizon, budget):
 
 
 # -----------------------------------------------------------------------------
-# stage 3: RLVR with GRPO; the reward is a metric of the decoded frames against the true frames.
-# Four pieces (the prompt draw, the reward and the multi-step sampler: data/robot/task.py's, as
-# tasks.py's for text; the validation watch), run by grpo.train_loop as train_lang.py's are.
+# stage 3: RLVR with GRPO over four pieces (the module's docstring): the prompt draw, the reward and
+# the multi-step sampler are data/robot/task.py's (as tasks.py's for text), the watch is below
 
 def make_watch(run, model, vq, episodes, tokens, spec):
     """grpo.train_loop's watch: greedy on the validation split (rank 0, every WATCH_EVERY steps
@@ -266,10 +257,9 @@ def make_watch(run, model, vq, episodes, tokens, spec):
 
 
 def grpo_config(args, horizon, L, D):
-    """grpo.GRPOConfig for video: a completion is every predicted frame's codes, with the injected
-    true actions between frames; one round of the draw's prompts a step, every kept group used
-    (prompts_per_step 0, max_rounds 1: no refill), no entropy bonus, AdamW with betas (0.9, 0.99),
-    no weight decay and a constant rate (no warm-up)."""
+    """grpo.GRPOConfig for video: a completion is the predicted frames' codes with the true actions
+    injected between them; one round of the draw's prompts a step (no refill), no entropy bonus,
+    AdamW with betas (0.9, 0.99), no weight decay and a constant rate (no warm-up)."""
     return GRPOConfig(group_size=args.group_size, max_new_tokens=horizon * L + (horizon - 1) * D,
                       temperature=1.0, clip_eps=0.2, beta=args.beta, minibatches=2,
                       micro_batch=args.micro_batch, prompts_per_step=0, max_rounds=1,
@@ -278,22 +268,19 @@ def grpo_config(args, horizon, L, D):
 
 
 # -----------------------------------------------------------------------------
-# stage 4: the held-out comparison, greedy and with the paper's sampling protocol, paired over the
-# same test windows
+# stage 4: the held-out comparison, greedy and sampled, paired over the same windows
 
 def evaluate_models(run, models, vq, episodes, ep_tokens, spec, lpips_net):
     """Evaluate every model of `models` (name -> (GPT, checkpoint path)) on the windows of
-    `episodes` (the --final_eval split's clips; ep_tokens: their tokens), greedy and sampled at
-    T=1 with top-k 100 (OFFICIAL, the paper's protocol; one seed for all models, so their samples
-    pair up); rank 0 writes eval.json and prints the comparison. Called on every rank: under
-    torchrun the ranks share the work; on a CPU, two forked processes share the jobs."""
+    `episodes` (ep_tokens: their tokens), greedy and sampled with the paper's protocol (OFFICIAL;
+    one seed for all, so their samples pair up); rank 0 writes eval.json and prints the comparison.
+    Called on every rank: the ranks share the work, or on a CPU two forked processes do."""
     args = run.args
     workers = 2 if args.device == "cpu" and run.world == 1 else 1
     sampled_spec = replace(spec, **OFFICIAL, seed=args.seed)
 
     def evaluate(job, share=None):
-        """One model greedy (with a grid of predictions; share: who scores its batches,
-        eval_video's) or sampled with the paper's protocol; forked or shared: no progress bars."""
+        """One model greedy (with a grid of predictions; share: eval_video's) or sampled."""
         name, official = job
         grid = run.out_dir / f"grid_{name}.{'gif' if spec.horizon > 1 else 'png'}"
         desc = f"{args.final_eval} {name}" + (" T=1 top-k" if official else "")
@@ -321,9 +308,8 @@ def evaluate_models(run, models, vq, episodes, ep_tokens, spec, lpips_net):
                 "temperature", "top_k", "per_record", "action_effect")
         rows = {}
         for name, (_, path) in models.items():
-            sampled = outs[name, True]
-            rows[name] = dict(outs[name, False],
-                              sampled={k: sampled[k] for k in keep if k in sampled},
+            out = outs[name, True]   # the sampled run's
+            rows[name] = dict(outs[name, False], sampled={k: out[k] for k in keep if k in out},
                               checkpoint=str(path))
         write_json(run.out_dir / "eval.json", rows)
         run.print0(f"\nheld-out {args.final_eval} episodes ({rows['mle']['n']} predicted frames, "
@@ -341,10 +327,7 @@ t_start = time.time()
 horizon = args.horizon if args.mode == "multi" else 1   # predicted frames per window
 start_model = None                                      # the GPT to train or post-train (None: new)
 if init != "scratch":           # a trained world model, loaded before anything is written
-    try:
-        start_model, _, init_meta = load_video_model(init, args.device)
-    except ValueError as e:
-        fail(str(e))
+    start_model, _, init_meta = or_fail(run, load_video_model, init, args.device)
 run.save_config(record)         # out_dir/config.json: the inputs are good; from here on it writes
 if init != "scratch":           # the world model's own tokenizer, named in its metadata
     vq_path = recorded_path(init_meta["args"]["vq"], Path(init).parent)
@@ -359,10 +342,7 @@ if args.stage == "tokenizer":              # the tokenizer file is written: noth
     sys.exit(0)
 if not Path(vq_path).is_file():
     fail(f"tokenizer {vq_path} not found (run --stage=tokenizer first or pass --vq)")
-try:
-    vq, vq_meta = load_vq(vq_path, args.device)  # frozen from here on
-except ValueError as e:
-    fail(str(e))
+vq, vq_meta = or_fail(run, load_vq, vq_path, args.device)   # frozen from here on
 vq.copy_gate = True   # decoded cells that keep the context frame's code copy its pixels
 layout = Layout.of(vq, D)   # token ids: context codes, predicted-frame codes, action bins
 # a checkpoint must fit this tokenizer and data: the same vocabulary, and room for a whole window
@@ -385,8 +365,7 @@ splits = {"train": train_eps, "val": val_eps, "test": test_eps}
 tokens = cached_tokens(run, FILES["vq"], vq, layout, splits, horizon, lo, hi, train_vq.SIZE)
 spec = EvalSpec(lo, hi, CONTEXT, horizon)   # the greedy evaluation of these windows
 
-# MLE: on its own (--stage=mle, from scratch or continuing --init), or as the first stage of a run
-# from scratch
+# MLE: on its own (--stage=mle, from scratch or continuing --init), or a run from scratch's first
 if args.stage == "mle" or (args.stage == "all" and start_model is None):
     if CONTEXT + horizon > T:
         fail(f"a window of {CONTEXT + horizon} frames does not fit clips of {T}")
@@ -401,48 +380,37 @@ if args.stage == "mle" or (args.stage == "all" and start_model is None):
 else:                                            # RLVR starts from --init as it is
     mle_path = Path(init)
 
-if args.stage in ("all", "rlvr", "control"):   # the evaluation's LPIPS (and RLVR's reward's)
-    try:
-        lpips_net = load_lpips(args.lpips, args.device)
-    except ValueError as e:
-        fail(str(e))
-if args.stage == "control":   # the control alone, for a given compute (the lr sweep)
-    models = {"mle": (start_model, mle_path),
-              "mle_more": (control(run, start_model, mle_path, FILES["mle_more"], layout, tokens,
-                                   horizon, ComputeBudget(args.control_compute)),
-                           FILES["mle_more"])}
-# RLVR, then the equal-compute control, then the held-out comparison of the three
-if args.stage in ("all", "rlvr"):
-    try:
-        reward = replace(mode.reward, name=pick_reward("auto", lpips_net))
-    except ValueError as e:
-        fail(str(e))
-    robot = train_eps[0]["background"] is not None   # the embedded robot's data has backgrounds
-    if not robot:   # e.g. Meta-World or RT-1 data: no object term, and the detectors do not apply
-        print0(f"reward: {args.data} has no background images, so no object term or push term")
-        reward = replace(reward, object=0.0, push=0.0)
-    print0(f"reward: {reward.name}"
-           + (f" - {reward.moving:g} x moving MAE" if reward.moving else "")
-           + (f" - {reward.object:g} x object miss" if reward.object else "")
-           + (f" - {reward.push:g} x push error" if reward.push else "")
-           + ("" if lpips_net else " (no LPIPS weights: --lpips=FILE enables mae+lpips)")
-           + "; frames decoded with the copy gate")
+if args.stage in ("all", "rlvr", "control"):
+    lpips_net = or_fail(run, load_lpips, args.lpips, args.device)   # the eval's (and reward's)
     mle_model = copy.deepcopy(start_model)   # kept for the comparison; RLVR updates start_model
     models = {"mle": (mle_model, mle_path)}  # name -> (model, its checkpoint file), evaluated below
+
+    def mle_more(budget):   # the equal-compute control: MLE from the start until `budget` is spent
+        return control(run, mle_model, mle_path, FILES["mle_more"], layout, tokens, horizon,
+                       budget), FILES["mle_more"]
+if args.stage == "control":   # the control alone, for a given compute (the lr sweep)
+    models["mle_more"] = mle_more(ComputeBudget(args.control_compute))
+# RLVR, then the equal-compute control, then the held-out comparison of the three
+if args.stage in ("all", "rlvr"):
+    reward = replace(mode.reward, name=or_fail(run, pick_reward, "auto", lpips_net))
+    if train_eps[0]["background"] is None:   # not the embedded robot's: e.g. Meta-World or RT-1
+        print0(f"reward: {args.data} has no background images, so no object term or push term")
+        reward = replace(reward, object=0.0, push=0.0)
+    terms = ((reward.moving, "moving MAE"), (reward.object, "object miss"),
+             (reward.push, "push error"))
+    print0(f"reward: {reward.name}" + "".join(f" - {w:g} x {what}" for w, what in terms if w)
+           + ("" if lpips_net else " (no LPIPS weights: --lpips=FILE enables mae+lpips)")
+           + "; frames decoded with the copy gate")
     rl_done = (args.resume and FILES["rlvr"].is_file()
                and read_meta(FILES["rlvr"])["metrics"].get("done"))
-    # The control, the same start trained further by MLE, gets RLVR's compute (ComputeBudget:
-    # counted in tokens, the same on any machine). On a CPU it runs in a forked process on the
-    # second core *while* RLVR runs, waiting whenever it is ahead (runtime.fork_alongside): the
-    # demo takes half as long. Otherwise (GPU, torchrun, a resumed run) it runs after RLVR, for the
-    # compute RLVR's checkpoint records. Its steps are the same either way.
+    # The control gets RLVR's compute (ComputeBudget: counted in tokens, the same on any machine).
+    # On a CPU it runs in a forked process on the second core *while* RLVR runs, waiting whenever
+    # it is ahead (runtime.fork_alongside): the demo takes half as long. Otherwise (GPU, torchrun,
+    # a resumed run) it runs after RLVR, for the compute RLVR's checkpoint records. Same steps.
     alongside = world == 1 and args.device == "cpu" and not rl_done
     budget = ComputeBudget()   # RLVR adds its compute step by step
     if alongside:
-        child = fork_alongside(
-            lambda: control(run, mle_model, mle_path, FILES["mle_more"], layout, tokens, horizon,
-                            budget),
-            out_dir / "control.log")
+        child = fork_alongside(lambda: mle_more(budget), out_dir / "control.log")
         print0(f"control: MLE continues from the start in process {child.pid} while RLVR runs "
                f"(progress: {out_dir / 'control.log'})")
     clips = Clips(train_eps, tokens["train"], layout, horizon, CONTEXT)
@@ -470,15 +438,12 @@ if args.stage in ("all", "rlvr"):
         if child.exitcode:
             fail(f"the control process failed (exit code {child.exitcode}); "
                  f"see {out_dir / 'control.log'}")
-        models["mle_more"] = (load_video_model(FILES["mle_more"], args.device)[0],
-                              FILES["mle_more"])
+        models["mle_more"] = load_video_model(FILES["mle_more"], args.device)[0], FILES["mle_more"]
     else:                # after RLVR, for the compute its checkpoint records
-        rl_compute = read_meta(FILES["rlvr"])["metrics"].get("rl_compute", 0)
-        models["mle_more"] = (control(run, mle_model, mle_path, FILES["mle_more"], layout, tokens,
-                                      horizon, ComputeBudget(rl_compute)), FILES["mle_more"])
+        models["mle_more"] = mle_more(ComputeBudget(
+            read_meta(FILES["rlvr"])["metrics"].get("rl_compute", 0)))
 if args.stage in ("all", "rlvr", "control"):
-    # the final comparison: on the test split, or (--final_eval=val) the validation split; every
-    # rank evaluates its share, rank 0 writes
+    # the final comparison on the --final_eval split: every rank evaluates its share, rank 0 writes
     evaluate_models(run, models, vq, splits[args.final_eval], tokens[args.final_eval], spec,
                     lpips_net)
     print0(f"total {(time.time() - t_start) / 60:.1f} min")

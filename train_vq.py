@@ -1,24 +1,15 @@
 """
-Train the video tokenizer on random crops of train frames; MLE and RLVR then see only its codes.
-The model is tokenizer_vq.VQVAE, a per-frame VQ-VAE (the context-conditioned one of the research
-is research/cond_tokenizer.py).
+Train the video tokenizer (tokenizer_vq.VQVAE, per frame; the research's context-conditioned one is
+research/cond_tokenizer.py) on random crops of train frames; MLE and RLVR then see only its codes.
 
     python train_vq.py                      # out/video/video_vq.safetensors
     python train_vq.py --steps=3 --n_codes=32 --out_dir=/tmp/vq   # a tiny one, for tests
 
-train_video.py calls frame_tokenizer for --stage=tokenizer and for a run from scratch, with the
-defaults of TokenizerConfig; `train_video.py --vq=FILE` uses one trained here.
-
-Writes to --out_dir (default out/video, where `train_video.py --stage=mle` looks):
-video_vq.safetensors, with its held-out statistics and the run's flags in its header, and a line
-of those statistics in log.jsonl. While it trains, video_vq_train.safetensors holds its resumable
-state (weights, optimizer and RNG, every --ckpt_every steps), removed once the tokenizer is
-written: a re-run resumes where it stopped, and reuses a finished tokenizer (give a new --out_dir
-for a new one).
-
-Training: Adam, 50 warm-up steps then cosine decay; loss = reconstruction MSE + the quantiser's
-loss. The codebook starts from the encoder outputs of a first batch, and codes unused lately are
-re-seeded every 50 steps (dead-code restart), except in the last 20% of the steps.
+train_video.py calls frame_tokenizer (--stage=tokenizer, a run from scratch) with TokenizerConfig's
+defaults; `train_video.py --vq=FILE` uses one trained here. It goes to --out_dir (default out/video,
+where `train_video.py --stage=mle` looks) as video_vq.safetensors, its held-out statistics and the
+flags in its header (and in log.jsonl). While it trains, video_vq_train.safetensors holds its
+resumable state (every --ckpt_every steps): a re-run resumes, and reuses a finished tokenizer.
 """
 import argparse
 import json
@@ -33,18 +24,13 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from data.robot.prepare import DATA_DIR, ensure_splits
-from data.robot.task import clips, episode_files, load_split
-from data.robot.task import to_float
+from data.robot.task import clips, episode_files, load_split, to_float
 from rewards import psnr
 from runtime import Run, check_ranges, lr_at
 from tokenizer_vq import VQConfig, VQVAE, codebook_stats, save_vq
 
-# the tokenizer file in --out_dir (while it trains, <stem>_train.safetensors: train_file)
-VQ_FILE = "video_vq.safetensors"
-# train_video.py's defaults too: the tokenizer goes where `train_video.py --stage=mle` looks for
-# it; the multi-step horizon (paper: 7); a re-run continues from out_dir's checkpoints; the frame
-# side (frames are resized to it)
-OUT_DIR, HORIZON, RESUME, SIZE = "out/video", 7, 1, 64
+VQ_FILE = "video_vq.safetensors"   # the tokenizer file in --out_dir
+OUT_DIR, RESUME, SIZE = "out/video", 1, 64   # train_video.py's too: --out_dir, --resume, frame side
 
 
 @dataclass
@@ -60,27 +46,24 @@ class TokenizerConfig:
     lr: float = 1e-3
 
 
-def add_run_flags(p):
-    """Add --train_limit and the system flags to parser `p` (this script's and train_video.py's)."""
-    p.add_argument("--train_limit", type=int, default=0, help="train episodes to use (0 = all)")
-    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                   help="autocast precision")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads; 1 is fastest for tiny models on 2 cores")
-    p.add_argument("--seed", type=int, default=1337, help="seed of every random stream")
-    p.add_argument("--ckpt_every", type=int, default=200,
-                   help="steps between resumable checkpoints")
+def add_run_flags(add):
+    """--train_limit and the system flags, added with `add` (add_argument; train_video.py's too)."""
+    add("--train_limit", type=int, default=0, help="train episodes to use (0 = all)")
+    add("--device", default="cpu", help="cpu | cuda | cuda:N")
+    add("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+        help="autocast precision")
+    add("--threads", type=int, default=1, help="torch CPU threads; 1 is fastest for tiny models "
+        "on 2 cores")
+    add("--seed", type=int, default=1337, help="seed of every random stream")
+    add("--ckpt_every", type=int, default=200, help="steps between resumable checkpoints")
 
 
 # -----------------------------------------------------------------------------
 # data
 
 def ensure_data(run):
-    """--data must hold every split's .npz episodes (a folder per split, or one folder split by
-    position: data/robot/task.episode_files), else the run stops with one line naming the folder
-    and the missing splits. The embedded robot data is the exception: its folder is generated
-    (~15 s, rank 0) when it holds no split."""
+    """--data must hold every split's .npz episodes (data/robot/task.episode_files), else the run
+    stops naming the missing splits; the embedded robot data's are generated (~15 s, rank 0)."""
     data = Path(run.args.data)
     missing = [s for s in ("train", "val", "test") if not episode_files(data, s)]
     ours = data.resolve() == DATA_DIR.resolve()
@@ -96,14 +79,13 @@ def ensure_data(run):
     run.barrier()   # the other ranks wait for rank 0's files
 
 
-def load_clips(run, limits, clip_len, size=SIZE):
-    """Each split's episodes (the first limits[split], 0 = all) from --data, resized to `size`
-    and cut into clips of `clip_len` frames: dicts of image (T, H, W, 3) uint8, action (T, D)
-    float and background (H, W, 3) or None -> [train, val, test] clips. Under torchrun each rank
-    reads its share of the train episodes only (every world-th from its rank's), the held-out
-    splits whole. A bad episode file or an empty split stops the run with one line."""
+def load_clips(run, clip_len, test_limit=0):
+    """[train, val, test] clips of `clip_len` frames from --data resized to SIZE: dicts of image
+    (T, H, W, 3) uint8, action (T, D) float, background (H, W, 3) or None. Under torchrun each
+    rank reads every world-th train episode from its rank's, the held-out splits whole."""
+    limits = {"train": run.args.train_limit, "val": 0, "test": test_limit}   # episodes (0: all)
     try:
-        splits = [clips(load_split(run.args.data, split, size, n,
+        splits = [clips(load_split(run.args.data, split, SIZE, n,
                                    *((run.rank, run.world) if split == "train" else (0, 1))),
                         clip_len)
                   for split, n in limits.items()]
@@ -115,9 +97,8 @@ def load_clips(run, limits, clip_len, size=SIZE):
 
 
 def crop_batch(frames, g, batch, crop, device, grid=8):
-    """Random crops of random train frames, frames (E, T, 3, H, W) uint8 -> (batch, 3, crop, crop)
-    float in [0, 1] on `device`; one crop offset for the batch, on the code grid (multiples of
-    `grid` pixels)."""
+    """Random crops of random frames (E, T, 3, H, W) uint8 -> (batch, 3, crop, crop) float in
+    [0, 1] on `device`; one offset for the batch, on the code grid (multiples of `grid` pixels)."""
     E, T, side = frames.shape[0], frames.shape[1], frames.shape[-1]   # square frames
     e = torch.randint(E, (batch,), generator=g)                          # a random clip each
     t = (torch.rand(batch, generator=g) * T).long()                     # a random frame each
@@ -138,19 +119,13 @@ def read_header(run, path):
                  f"pass --resume=0 or another --out_dir")
 
 
-def train_file(final):
-    """Where the tokenizer `final` keeps its resumable state: <stem>_train.safetensors."""
-    return final.with_name(final.stem + "_train" + final.suffix)
-
-
 def train_tokenizer(run, vq, cfg, batch, state):
     """Fit `vq` on batch(g) -> crops for cfg.steps steps or cfg.minutes (0: no limit),
     checkpointing to `state` -> (steps done, minutes). Loss: reconstruction MSE + quantiser loss."""
     g = torch.Generator().manual_seed(run.args.seed + run.rank)   # each rank draws its own crops
     with torch.no_grad():   # the codebook from encoder outputs (DDP copies rank 0's)
-        z = vq.encode(batch(g))                             # (B, code_dim, h, w) latents
-        every_code = torch.ones(cfg.n_codes, dtype=torch.bool)
-        vq.quantizer.restart(z.permute(0, 2, 3, 1).flatten(0, 2), every_code)
+        z = vq.encode(batch(g)).permute(0, 2, 3, 1).flatten(0, 2)   # (B*h*w, code_dim) latents
+        vq.quantizer.restart(z, torch.ones(cfg.n_codes, dtype=torch.bool))
         vq.quantizer.initialised.fill_(True)                # so the forward pass keeps it
     _, trained = run.wrap(vq)                               # DDP under torchrun
     opt = torch.optim.Adam(vq.parameters(), lr=cfg.lr)
@@ -189,17 +164,17 @@ def train_tokenizer(run, vq, cfg, batch, state):
     return step, (time.time() - t0) / 60
 
 
-def frame_tokenizer(run, cfg, train_eps, held_eps, final, size=SIZE):
+def frame_tokenizer(run, cfg, train_eps, held_eps, final):
     """The per-frame VQ at `final`: reused if complete, else trained under TokenizerConfig `cfg` on
     train_eps and checked on every frame of held_eps -> its path."""
     if run.args.resume and final.is_file() and read_header(run, final).get("done"):
         run.print0(f"tokenizer: {final} is complete, reusing it")
         return final
+    state = final.with_name(final.stem + "_train" + final.suffix)   # its resumable state
     frames = torch.from_numpy(np.stack([ep["image"] for ep in train_eps])).permute(0, 1, 4, 2, 3)
-    vq = VQVAE(VQConfig(size=size, n_codes=cfg.n_codes)).to(run.args.device)
+    vq = VQVAE(VQConfig(size=SIZE, n_codes=cfg.n_codes)).to(run.args.device)
     step, minutes = train_tokenizer(
-        run, vq, cfg, lambda g: crop_batch(frames, g, cfg.batch, cfg.crop, run.args.device),
-        train_file(final))
+        run, vq, cfg, lambda g: crop_batch(frames, g, cfg.batch, cfg.crop, run.args.device), state)
     vq.eval()
     # held-out check: every held-out frame encoded and decoded whole (the model saw crops)
     held = np.concatenate([ep["image"] for ep in held_eps])         # (N, H, W, 3)
@@ -210,12 +185,11 @@ def frame_tokenizer(run, cfg, train_eps, held_eps, final, size=SIZE):
                  **codebook_stats(codes, vq.config.n_codes), n_codes=vq.config.n_codes,
                  steps=step, minutes=minutes)
     run.print0(f"tokenizer: held-out PSNR {stats['psnr_heldout']:.2f} dB on {len(held)} frames, "
-               f"{stats['used']}/{stats['n_codes']} codes used, "
-               f"perplexity {stats['perplexity']:.1f}")
+               f"{stats['used']}/{cfg.n_codes} codes used, perplexity {stats['perplexity']:.1f}")
     run.log({"stage": "tokenizer", **stats})
     if run.master:   # the final file; nothing left to resume
         save_vq(final, vq, {**stats, "done": True, "args": run.recorded_args()})
-        for f in (train_file(final), train_file(final).with_suffix(".json")):
+        for f in (state, state.with_suffix(".json")):
             f.unlink(missing_ok=True)
     run.barrier()
     return final
@@ -228,34 +202,29 @@ def main():
     p = argparse.ArgumentParser(description="train the video tokenizer of train_video.py",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                                 allow_abbrev=False)
-    p.add_argument("--data", default=str(DATA_DIR),
-                   help="episode .npz directory (the embedded data is generated when its folder "
-                        "holds no split)")
-    p.add_argument("--out_dir", default=OUT_DIR,
-                   help="the tokenizer goes here (train_video.py's default --out_dir)")
-    p.add_argument("--resume", type=int, default=RESUME,
-                   help="1: continue from out_dir's checkpoint")
-    p.add_argument("--clip_len", type=int, default=16,
-                   help="episodes are cut into clips of this many frames")
-    d = TokenizerConfig()
+    add = p.add_argument
+    add("--data", default=str(DATA_DIR), help="episode .npz directory (the embedded data is "
+        "generated when its folder holds no split)")
+    add("--out_dir", default=OUT_DIR, help="the tokenizer goes here (train_video.py's default "
+        "--out_dir)")
+    add("--resume", type=int, default=RESUME, help="1: continue from out_dir's checkpoint")
+    add("--clip_len", type=int, default=16, help="episodes are cut into clips of this many frames")
     for name, kind, what in (("n_codes", int, "codebook size"), ("steps", int, "training steps"),
                              ("minutes", float, "stop after this wall-clock (0 = off)"),
                              ("batch", int, "crops per step"),
                              ("crop", int, "crop side (a multiple of 8)"),
                              ("lr", float, "peak learning rate (cosine decay)")):
-        p.add_argument(f"--{name}", type=kind, default=getattr(d, name), help=what)
-    add_run_flags(p)
+        add(f"--{name}", type=kind, default=getattr(TokenizerConfig, name), help=what)
+    add_run_flags(add)
     args = p.parse_args()
     check_ranges(p, args, at_least_1=("clip_len", "n_codes", "steps", "batch", "crop", "threads",
-                                      "ckpt_every"),
-                 at_least_0=("minutes", "lr", "train_limit"))
+                                      "ckpt_every"), at_least_0=("minutes", "lr", "train_limit"))
     if args.crop % 8 or args.crop > SIZE or args.clip_len < 2:
         p.error(f"--crop must be a multiple of 8 and <= {SIZE}, --clip_len >= 2")
     # torchrun ranks, --device checked, threads, seeds, autocast, log.jsonl
     run = Run(args, args.out_dir, path_flags=("data", "out_dir"))
     ensure_data(run)
-    limits = {"train": args.train_limit, "val": 0, "test": 0}
-    train_eps, val_eps, test_eps = load_clips(run, limits, args.clip_len)
+    train_eps, val_eps, test_eps = load_clips(run, args.clip_len)
     if run.master:   # the data is good: from here on the run writes
         run.out_dir.mkdir(parents=True, exist_ok=True)
     run.print0(f"data: {len(train_eps)} train / {len(val_eps)} val / {len(test_eps)} test clips "
