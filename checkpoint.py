@@ -152,9 +152,8 @@ def read_checkpoint(path, with_tensors=True):
 
 
 def load_model(path, device="cpu", dtype=None):
-    """Our checkpoint (a .safetensors file) or an HF model directory -> (GPT on `device`, meta).
-    dtype: the weights' (None: as saved in ours, float32 from HF). An HF directory's meta names
-    the directory as the tokenizer (absolute), as our checkpoints name theirs in their args."""
+    """Our checkpoint (.safetensors) or an HF model directory -> (GPT on `device`, meta). dtype: the
+    weights' (None: as saved, float32 from HF); an HF meta names the directory as the tokenizer."""
     path = Path(path)
     if path.is_dir():
         return load_hf(path, device, dtype or torch.float32)
@@ -318,8 +317,7 @@ def rope_scaling(hf, where):
         out = {"rope_type": kind, **{k: float(rope[k]) for k in keys[kind]}}
     except (KeyError, TypeError, ValueError):
         raise ValueError(f"{where}: rope scaling {kind!r} needs numbers {keys[kind]}") from None
-    if kind == "llama3":
-        # the context the model was pretrained on, before scaling
+    if kind == "llama3":   # the context the model was pretrained on, before scaling
         original = rope.get("original_max_position_embeddings", hf["max_position_embeddings"])
         out["original_max_position_embeddings"] = int(original)
     return out
