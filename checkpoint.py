@@ -2,13 +2,11 @@
 Checkpoints: one safetensors file per checkpoint, never pickle; and `load_model`, the one loader of
 a GPT, from our checkpoint or from an HF model directory (`load_hf`: GPT-2, Qwen2, Llama).
 
-`<name>.safetensors` holds the model weights (keys `model.*`), optionally the optimizer's tensors
-(`optim.<i>.<name>`) and extra state tensors such as RNG states (`state.<name>`), and in its header,
-as JSON, everything else: the model config, the script's `vars(args)`, the step, metrics and the
-optimizer's hyper-parameters, so weights and metadata can never disagree; a `<name>.json` sidecar
-repeats the metadata for humans. Any module whose `.config` is a dataclass can be saved and resumed
-(the GPT, and the video tokenizer while it trains). docs/engineering.md says more: atomic writes,
-FSDP's checkpoints, HF directories, why no code runs from a file.
+`<name>.safetensors` holds the weights (`model.*`), optionally the optimizer's tensors
+(`optim.<i>.<name>`) and RNG states (`state.<name>`), and in its header, as JSON, the model config,
+the script's `vars(args)`, the step, metrics and the optimizer's hyper-parameters, so weights and
+metadata never disagree; a `<name>.json` sidecar repeats the metadata for humans. Any module whose
+`.config` is a dataclass can be saved and resumed. docs/engineering.md says more.
 """
 import json
 import os
@@ -32,8 +30,7 @@ ROOT = Path(__file__).resolve().parent   # the repository: paths inside it are r
 
 def atomic_write(path, write):
     """Write `path` all or nothing: `write(tmp)` fills a temp file beside it, then renamed over
-    `path`, so a crash leaves the old file (or none), never half a file; the debris of a crashed
-    write (`<name>.tmp`) is overwritten by the next one. One process writes a given file."""
+    `path`, so a crash leaves the old file (or none), never half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -61,9 +58,8 @@ def write_jsonl(path, records):
 
 
 def relative_path(path, folder):
-    """`path` (absolute, or relative to the working directory) as a file in `folder` records it:
-    relative to `folder` when it lies inside `folder`, or when both lie inside the repository
-    (they move together); else absolute."""
+    """`path` as a file in `folder` records it: relative to `folder` when it lies inside it, or
+    when both lie inside the repository (they move together); else absolute."""
     path, folder = Path(path).resolve(), Path(folder).resolve()
     if path.is_relative_to(folder) or (path.is_relative_to(ROOT) and folder.is_relative_to(ROOT)):
         return os.path.relpath(path, folder)
@@ -71,8 +67,7 @@ def relative_path(path, folder):
 
 
 def recorded_path(value, folder):
-    """A path that a file in `folder` records -> a path to open: a relative one is relative to
-    `folder`, an absolute one is used as it is."""
+    """A path that a file in `folder` records -> a path to open (a relative one: in `folder`)."""
     return Path(folder) / value
 
 
@@ -105,9 +100,8 @@ def save_checkpoint(path, model, *, args=None, step=0, metrics=None, optimizer=N
 
 
 def gather_state(model, optimizer=None):
-    """An FSDP model's full weights and optimizer state (None: no optimizer) on rank 0's CPU, as an
-    unsharded model's state_dict() and optimizer.state_dict() lay them out (parameters numbered,
-    not named). Every rank calls it: each sends its shards."""
+    """An FSDP model's full weights and optimizer state (None: no optimizer) on rank 0's CPU, laid
+    out as an unsharded model's (parameters numbered). All ranks call it: each sends its shards."""
     from torch.distributed.checkpoint import state_dict as dcp   # here: it takes a second to import
     full = dcp.StateDictOptions(full_state_dict=True, cpu_offload=True)   # to rank 0's CPU
     sd = dcp.get_model_state_dict(model, options=full)
@@ -125,14 +119,12 @@ def renamed(osd, name):
 
 
 def read_meta(path):
-    """-> the metadata of a checkpoint, its tensors unread (a quick check of a file before a run
-    starts). The same ValueErrors as read_checkpoint."""
+    """-> a checkpoint's metadata, its tensors unread; the same ValueErrors as read_checkpoint."""
     return read_checkpoint(path, with_tensors=False)[1]
 
 
 def read_checkpoint(path, with_tensors=True):
-    """-> (tensors: name -> tensor, {} without with_tensors; meta: dict). A ValueError naming the
-    file on any problem."""
+    """-> (tensors, {} without with_tensors; meta). A ValueError naming the file on any problem."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: checkpoint file not found")
@@ -160,9 +152,8 @@ def read_checkpoint(path, with_tensors=True):
 
 
 def load_model(path, device="cpu", dtype=None):
-    """Our checkpoint (a .safetensors file) or an HF model directory -> (GPT on `device`, meta).
-    dtype: the weights' (None: as saved in ours, float32 from HF). An HF directory's meta names
-    the directory as the tokenizer (absolute), as our checkpoints name theirs in their args."""
+    """Our checkpoint (.safetensors) or an HF model directory -> (GPT on `device`, meta). dtype: the
+    weights' (None: as saved, float32 from HF); an HF meta names the directory as the tokenizer."""
     path = Path(path)
     if path.is_dir():
         return load_hf(path, device, dtype or torch.float32)
@@ -201,8 +192,7 @@ def load_weights(model, sd, path, assign=False):
 
 
 def resume(path, model, optimizer=None):
-    """Load weights, optimizer and extra state from `path` into existing objects
-    -> (meta, state tensors)."""
+    """Load weights, optimizer and extra state from `path` into these objects -> (meta, state)."""
     tensors, meta = read_checkpoint(path)
     model = getattr(model, "module", model)
     ours = json.loads(json.dumps(asdict(model.config)))  # tuples become lists, as in the file
@@ -253,8 +243,7 @@ def load_hf(path, device, dtype):
     with torch.device("meta"):
         model = GPT(config)
     with ExitStack() as stack:
-        # each HF name -> its reader, which hf_to_ours calls when it takes that tensor
-        readers = {}
+        readers = {}   # HF name -> its reader, called when hf_to_ours takes that tensor
         for f in files:
             try:
                 st = stack.enter_context(safe_open(str(path / f), "pt", device=str(device)))
@@ -314,9 +303,8 @@ def config_from_hf(hf, where):
 
 
 def rope_scaling(hf, where):
-    """HF's RoPE scaling -> GPTConfig.rope_scaling: None, or the parameters of "linear" or
-    "llama3" (Llama 3.1+); refused if another kind."""
-    # "rope_scaling" in transformers 4 (older files say "type"), "rope_parameters" in 5
+    """HF's RoPE scaling (transformers 4: "rope_scaling", older "type"; 5: "rope_parameters") ->
+    GPTConfig.rope_scaling: None, or the parameters of "linear" or "llama3" (Llama 3.1+)."""
     rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
     kind = rope.get("rope_type", rope.get("type", "default"))
     keys = dict(default=(), linear=("factor",),
@@ -329,8 +317,7 @@ def rope_scaling(hf, where):
         out = {"rope_type": kind, **{k: float(rope[k]) for k in keys[kind]}}
     except (KeyError, TypeError, ValueError):
         raise ValueError(f"{where}: rope scaling {kind!r} needs numbers {keys[kind]}") from None
-    if kind == "llama3":
-        # the context the model was pretrained on, before scaling
+    if kind == "llama3":   # the context the model was pretrained on, before scaling
         original = rope.get("original_max_position_embeddings", hf["max_position_embeddings"])
         out["original_max_position_embeddings"] = int(original)
     return out
@@ -339,10 +326,6 @@ def rope_scaling(hf, where):
 def hf_to_ours(sd, config, kind):
     """Rename HF tensors to ours, explicitly. sd: HF name -> a function reading that tensor; out:
     our name -> tensor (an HF tensor we do not use appears as "unused:<name>", unread)."""
-    # GPT-2: names with or without the "transformer." prefix; attn.bias buffers are causal masks
-    if kind == "gpt2":
-        sd = {k.removeprefix("transformer."): v for k, v in sd.items()
-              if not k.endswith((".attn.bias", ".attn.masked_bias"))}
     out = {}
 
     def take(k):
@@ -351,8 +334,10 @@ def hf_to_ours(sd, config, kind):
         return sd.pop(k)()   # read now, one tensor at a time
 
     if kind == "gpt2":
-        for name in ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"):
-            out[name] = take(name)
+        # names with or without the "transformer." prefix; attn.bias buffers are causal masks
+        sd = {k.removeprefix("transformer."): v for k, v in sd.items()
+              if not k.endswith((".attn.bias", ".attn.masked_bias"))}
+        out.update({k: take(k) for k in ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias")})
         for i in range(config.n_layer):
             p = f"h.{i}."
             for name in ("ln_1.weight", "ln_1.bias", "ln_2.weight", "ln_2.bias", "attn.c_attn.bias",
@@ -361,7 +346,6 @@ def hf_to_ours(sd, config, kind):
             # Conv1D stores (in, out), nn.Linear (out, in)
             for name in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"):
                 out[p + name + ".weight"] = take(p + name + ".weight").t().contiguous()
-        sd.pop("lm_head.weight", None)  # tied to wte
     else:
         out["wte.weight"] = take("model.embed_tokens.weight")
         for i in range(config.n_layer):
@@ -372,14 +356,14 @@ def hf_to_ours(sd, config, kind):
                 out[q + f"attn.c_attn.{w}"] = torch.cat([take(p + f"self_attn.{x}_proj.{w}")
                                                         for x in "qkv"])
             out[q + "attn.c_proj.weight"] = take(p + "self_attn.o_proj.weight")
-            gate_up = [take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]
-            out[q + "mlp.c_fc.weight"] = torch.cat(gate_up)
+            out[q + "mlp.c_fc.weight"] = torch.cat([take(p + f"mlp.{x}_proj.weight")
+                                                    for x in ("gate", "up")])
             out[q + "mlp.c_proj.weight"] = take(p + "mlp.down_proj.weight")
         out["ln_f.weight"] = take("model.norm.weight")
-        if config.tie_embeddings:
-            sd.pop("lm_head.weight", None)
-        else:
-            out["lm_head.weight"] = take("lm_head.weight")
+    if config.tie_embeddings:   # lm_head is wte (GPT-2 always)
+        sd.pop("lm_head.weight", None)
+    else:
+        out["lm_head.weight"] = take("lm_head.weight")
     # anything left over is a tensor we do not understand
     out.update({"unused:" + k: v for k, v in sd.items()})
     return out

@@ -4,16 +4,12 @@ One GPT for every task in nanoRLVR: a decoder-only transformer in two families.
   tied input and output embeddings;
 - Llama / Qwen2: RMSNorm, rotary positions (RoPE), SwiGLU MLP, grouped-query attention
   (n_kv_head < n_head), optional q/k/v bias (Qwen2 has it, Llama does not), tied or untied output.
-q, k and v share one Linear (`c_attn`), as do SwiGLU's gate and up (`c_fc`): fewer matmuls, which
-matters on small CPUs (checkpoint.py's HF loader concatenates HF's separate tensors).
+q, k and v share one Linear (`c_attn`), as do SwiGLU's gate and up (`c_fc`): fewer matmuls.
 
-Read it top down: the config, the building blocks bottom up, then `GPT` with its plain
-`forward(idx, targets)` (training batches are right-padded: no attention mask), a plain
-`generate` (one full forward pass per new token) and `sample_next`, the sampling rule. Then the
-fast path: `forward(idx, prompts=)` runs each prompt once for all the rows continuing it (the GRPO
-update: most of a text-game sequence is its prompt); engine.py, the KV-cache sampler the runs use,
-prefills with the same `run_cached` and samples with `sample_next` (tests/test_engine.py holds it
-equal to `GPT.generate`). This file imports nothing of the project: checkpoint.py loads weights.
+Read it top down: the config, the blocks bottom up, `GPT` with its plain `forward(idx, targets)`
+and `generate`, `sample_next` (the sampling rule), then the fast path: `forward(idx, prompts=)`
+runs each prompt once for all the rows continuing it (the GRPO update); engine.py's KV-cache
+sampler prefills with the same `run_cached`. checkpoint.py loads weights.
 """
 import math
 from dataclasses import dataclass
@@ -77,10 +73,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        # normalise in float32, as HF does: x / RMS(x), no mean subtracted
+        # x / RMS(x) in float32 as HF does (no mean subtracted), then a learned gain per channel
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        # then a learned gain per channel
         return self.weight * xf.to(x.dtype)
 
 
@@ -91,8 +86,7 @@ def make_norm(config):
 
 
 def rope_tables(head_dim, length, theta, scaling=None):
-    """cos and sin (length, head_dim) of RoPE's angles: position x one frequency per dim pair.
-    scaling: None, or GPTConfig.rope_scaling (see scale_frequencies)."""
+    """cos and sin (length, head_dim) of RoPE's angles: position x one frequency per dim pair."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
     if scaling is not None:
         inv_freq = scale_frequencies(inv_freq, scaling)
@@ -131,9 +125,6 @@ class Attention(nn.Module):
         self.c_attn = nn.Linear(config.n_embd, qkv_out, bias=config.bias or config.qkv_bias)
         self.c_proj = nn.Linear(config.n_head * config.head_dim, config.n_embd, bias=config.bias)
 
-    def forward(self, x, rope):
-        return self.attend(*self.qkv(x, rope))
-
     def qkv(self, x, rope):
         """x (B, T, C) -> q (B, nh, T, hd), k and v (B, nkv, T, hd); rope None: no rotation."""
         B, T, _ = x.size()
@@ -169,12 +160,10 @@ class MLP(nn.Module):
 
     def forward(self, x):
         h = self.c_fc(x)  # (B, T, hidden), or SwiGLU's gate and up side by side
-        if self.swiglu:
-            # the gate decides how much of each up channel passes
+        if self.swiglu:   # the gate decides how much of each up channel passes
             gate, up = h.chunk(2, dim=-1)
             h = F.silu(gate) * up
-        else:
-            # GPT-2's "gelu_new"
+        else:             # GPT-2's "gelu_new"
             h = F.gelu(h, approximate="tanh")
         return self.c_proj(h)
 
@@ -190,16 +179,13 @@ class Block(nn.Module):
         pass through it as `layer`'s: rows None, a prompt pass keeps them; else row n's go after
         prompt rows[n]'s, and mask (B, 1, T, P + T) is added to the scores."""
         # pre-norm residuals: tokens talk to each other, then each token thinks on its own
-        if cache is None:
-            x = x + self.attn(self.ln_1(x), rope)
-        else:
-            q, k, v = self.attn.qkv(self.ln_1(x), rope)   # (n, nkv, T, hd) for k and v
-            if rows is None:   # a prompt pass keeps its keys and values
-                cache.k[layer], cache.v[layer] = k.contiguous(), v.contiguous()
-            else:              # a continuation pass puts each row's prompt's first: P + T
-                k = torch.cat([cache.k[layer][rows], k], dim=2)
-                v = torch.cat([cache.v[layer][rows], v], dim=2)
-            x = x + self.attn.attend(q, k, v, mask)
+        q, k, v = self.attn.qkv(self.ln_1(x), rope)
+        if cache is not None and rows is None:   # a prompt pass keeps its keys and values
+            cache.k[layer], cache.v[layer] = k.contiguous(), v.contiguous()
+        elif cache is not None:   # a continuation pass puts each row's prompt's first: P + T
+            k = torch.cat([cache.k[layer][rows], k], dim=2)
+            v = torch.cat([cache.v[layer][rows], v], dim=2)
+        x = x + self.attn.attend(q, k, v, mask)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -211,8 +197,8 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
-        learned = config.pos == "learned"
-        self.wpe = nn.Embedding(config.block_size, config.n_embd) if learned else None
+        self.wpe = nn.Embedding(config.block_size, config.n_embd) if config.pos == "learned" \
+            else None
         self.h = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
         self.ln_f = make_norm(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -244,8 +230,7 @@ class GPT(nn.Module):
         return n
 
     def embed(self, idx, pos):
-        """Token ids idx at positions pos (same shape) -> (their embeddings, RoPE's cos and sin for
-        the attention or None)."""
+        """Token ids idx at positions pos (same shape) -> (embeddings, RoPE's cos, sin or None)."""
         x = self.wte(idx)
         # GPT-2: a learned vector per position, added once
         if self.wpe is not None:
@@ -256,14 +241,10 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None, prompts=None, at=None):
         """idx (N, T) -> logits (N, T, vocab); with targets (N, T) also the mean cross-entropy
-        (targets -1 are ignored).
-
-        prompts: None, or (prompt_idx (B, L) right-padded, prompt_len (B,), rows (N,)): row n of idx
-        continues prompt rows[n] (its first prompt_len tokens), so idx holds only the continuations;
-        see forward_shared_prompts. at: None, or a bool (N, T): the logits of those positions only,
-        (k, vocab), and the loss over them (a vocabulary-wide tensor only where it is used)."""
-        if prompts is not None:
-            # the fast path (below): each prompt runs once for all the rows continuing it
+        (targets -1 are ignored). prompts: None, or (prompt_idx (B, L) right-padded, prompt_len
+        (B,), rows (N,)): row n of idx continues prompt rows[n] (forward_shared_prompts). at: None,
+        or a bool (N, T): the logits of those positions only, (k, vocab), and the loss over them."""
+        if prompts is not None:   # the fast path (below)
             logits = forward_shared_prompts(self, idx, prompts, at)
         else:
             N, T = idx.size()
@@ -277,8 +258,7 @@ class GPT(nn.Module):
                 x = x[at]                             # (k, C)
             logits = self.lm_head(self.ln_f(x))       # (N, T, vocab) or (k, vocab)
         loss = None
-        # float32 cross-entropy even under autocast; -1 marks tokens nobody scores
-        if targets is not None:
+        if targets is not None:   # float32 cross-entropy even under autocast
             targets = targets if at is None else targets[at]
             flat = logits.float().view(-1, logits.size(-1))
             loss = F.cross_entropy(flat, targets.reshape(-1), ignore_index=-1)
@@ -295,9 +275,8 @@ class GPT(nn.Module):
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_id=None,
                  generator=None):
         """Continue the rows of idx (B, T) by up to max_new_tokens tokens -> (B, T + n), one full
-        forward pass per new token, no cache, stopping once every row has drawn eos_id. Tokens are
-        drawn by sample_next, as engine.generate draws them: for one row (or several without
-        eos_id) a seeded call draws engine.generate's tokens."""
+        forward pass per new token, no cache, until every row has drawn eos_id. Tokens are drawn
+        by sample_next, as engine.generate draws them (tests/test_engine.py holds the two equal)."""
         T = idx.size(1)
         for _ in range(max_new_tokens):
             # the model sees at most block_size tokens: crop the oldest ones
@@ -343,10 +322,9 @@ def sample_next(logits, temperature, top_k, top_p, generator, u=None):
         drop = probs.cumsum(-1) - probs >= top_p
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     logp = torch.log_softmax(logits, -1)
-    # inverse-CDF sampling: one uniform per row (multinomial draws one exponential per vocabulary
-    # entry). The CDF is summed in float64 and u kept below its total, so the first entry above u
-    # is a token of non-zero probability. u is drawn where the generator lives (a CPU generator
-    # cannot draw on a GPU), then moved: the same stream on every device.
+    # inverse-CDF sampling: one uniform per row. The CDF is summed in float64 and u kept below its
+    # total, so the first entry above u has non-zero probability. u is drawn where the generator
+    # lives (a CPU generator cannot draw on a GPU), then moved: the same stream on every device.
     cdf = logp.exp().cumsum(-1, dtype=torch.float64)
     if u is None:
         where = generator.device if generator is not None else logits.device
@@ -362,8 +340,7 @@ def sample_next(logits, temperature, top_k, top_p, generator, u=None):
 
 class PromptCache:
     """Keys and values of a batch of prompts, k[layer] and v[layer] (B, n_kv_head, P, head_dim),
-    kept by a prompt pass (`rows` None); then `rows` (N,) long makes the passes continuation
-    passes, row n continuing prompt rows[n]. engine.py's decode steps read k and v directly."""
+    kept by a prompt pass (`rows` None); then `rows` (N,): row n continues prompt rows[n]."""
 
     def __init__(self, n_layer):
         self.k, self.v, self.rows = [None] * n_layer, [None] * n_layer, None
@@ -376,16 +353,13 @@ def additive(allowed, dtype):
 
 
 def run_cached(model, idx, pos, mask, cache, last=False, at=None):
-    """GPT.forward's layers on idx (B, T) at positions pos (B, T), each attention's keys and values
-    passed through cache (a PromptCache). mask: None (causal) or (B, 1, T, T_all) added to the
-    scores. last: the logits of the last position only, (B, 1, vocab); at: a bool (B, T), the
-    logits of those positions only, (k, vocab)."""
+    """GPT.forward's layers on idx (B, T) at positions pos (B, T), keys and values passed through
+    cache (a PromptCache). mask: None (causal) or (B, 1, T, T_all) added to the scores. last: the
+    logits of the last position only (a prefill); at: as in GPT.forward."""
     x, rope = model.embed(idx, pos)
     for layer, block in enumerate(model.h):
-        # Block.forward's cached path; rows passed as they are now: a checkpointed block
-        # recomputes the same pass
+        # rows passed as they are now: a checkpointed block recomputes the same pass
         x = model.run_block(block, x, rope, mask, cache, layer, cache.rows)
-    # a prefill needs only the next token's logits
     if last:
         x = x[:, -1:]
     if at is not None:
@@ -394,11 +368,9 @@ def run_cached(model, idx, pos, mask, cache, last=False, at=None):
 
 
 def forward_shared_prompts(model, idx, prompts, at=None):
-    """GPT.forward(idx, prompts=(prompt_idx, prompt_len, rows)) -> logits (N, T, vocab).
-
-    Each of the B prompts runs once, however many rows continue it (GRPO's G samples of a prompt),
-    then the N rows run with their prompt's keys and values in front of their own: the logits equal
-    those of the concatenated sequences prompt + row."""
+    """GPT.forward(idx, prompts=(prompt_idx, prompt_len, rows)) -> logits (N, T, vocab). Each of
+    the B prompts runs once, however many rows continue it (GRPO's G samples of a prompt), then the
+    N rows run with their prompt's keys and values in front: the logits of prompt + row."""
     prompt_idx, prompt_len, rows = prompts
     (B, L), (N, T), device = prompt_idx.size(), idx.size(), idx.device
     assert L + T <= model.config.block_size, \

@@ -1,8 +1,7 @@
 """
 The run plumbing both training scripts share (train_lang.py, train_video.py): *how* a run executes
-(one process or torchrun ranks, devices, precision, logging, checkpoints that resume) and nothing
-about *what* it trains, so the scripts stay straight-line nanoGPT style. Why it is built this way:
-docs/engineering.md (The GPU path, Reliability).
+(torchrun ranks, devices, precision, logging, checkpoints that resume), not *what* it trains, so the
+scripts stay straight-line nanoGPT style. Why: docs/engineering.md (The GPU path, Reliability).
 
     run = Run(args, out_dir, path_flags)    # after argparse: DDP, device per rank, seed, autocast
     record = run.check_config(stage_files)  # a re-run with other flags stops here
@@ -40,12 +39,9 @@ from model import GPT, finite_weights
 DIST_TIMEOUT = datetime.timedelta(minutes=60)
 MAX_SKIPS = 10   # --on_nan=skip stops the run after this many skipped steps in a row
 CONFIG = "config.json"   # in out_dir: the flags of the run that trains there
-# flags that cannot change the trained weights: how and where the run executes (device, threads,
-# compilation, activation checkpointing, evaluation workers, the control beside RLVR or after it:
-# it trains for RLVR's counted compute either way, its own flags are checked), how often it
-# checkpoints (a resume ends bit-identical), what it does on a NaN (whose message suggests
-# --on_nan=skip), what it logs (validation and probe draw no random numbers), which stages this
-# invocation runs, where it writes, whether it resumes; FSDP takes DDP's steps, writes its files
+# flags that cannot change the trained weights (docs/engineering.md, Reliability): how and where
+# the run executes (the control beside RLVR or after it trains for RLVR's counted compute; FSDP
+# takes DDP's steps), how often it checkpoints and logs, what it does on a NaN, which stages run
 FREE_FLAGS = {"device", "threads", "compile", "grad_ckpt", "eval_workers", "control_alongside",
               "ckpt_every", "on_nan", "eval_every", "val_n", "probe_every", "stage", "control",
               "out_dir", "resume", "fsdp"}
@@ -57,8 +53,7 @@ class Run:
     """Rank, world size, device and precision of this process, and the helpers that need them."""
 
     def __init__(self, args, out_dir, path_flags=()):
-        """path_flags: the flags that hold paths (relative to the working directory or absolute),
-        recorded relative to out_dir in config.json and in checkpoints (`recorded_args`)."""
+        """path_flags: the flags holding paths, recorded relative to out_dir (`recorded_args`)."""
         self.args, self.out_dir, self.path_flags = args, Path(out_dir), path_flags
         self.recorded = {}   # entries recorded beside the flags (train_lang.py: its tokenizer)
         try:
@@ -109,8 +104,7 @@ class Run:
 
     def recorded_args(self):
         """vars(args) and `recorded` as config.json and checkpoints record them: each path flag
-        relative to out_dir where it can be (checkpoint.relative_path); "auto" and "scratch" are
-        words, not paths."""
+        relative to out_dir where it can be ("auto" and "scratch" are words, not paths)."""
         record = {**vars(self.args), **self.recorded}
         for name in self.path_flags:
             if record.get(name) not in (None, "auto", "scratch"):
@@ -118,11 +112,9 @@ class Run:
         return json.loads(json.dumps(record))   # as it reads back: lists for tuples
 
     def check_config(self, stage_files):
-        """Before anything runs: may this run continue in out_dir? With --resume=1,
-        out_dir/config.json must hold the same flags (but FREE_FLAGS; EVAL_FLAGS may change and are
-        re-evaluated), and an out_dir without it must hold none of `stage_files` (checkpoints of
-        unknown flags); otherwise one line and exit
-        -> this run's record, for save_config once its inputs are checked."""
+        """May this run continue in out_dir? With --resume=1, out_dir/config.json must hold the same
+        flags (but FREE_FLAGS and EVAL_FLAGS), an out_dir without it none of `stage_files`; else one
+        line and exit -> this run's record, for save_config once its inputs are checked."""
         record = self.recorded_args()
         path = self.out_dir / CONFIG
         ways_out = f"use a new --out_dir, or --resume=0 to start over in {self.out_dir}"
@@ -160,8 +152,9 @@ class Run:
         return os.path.relpath(path) if shown and path.is_relative_to(Path.cwd()) else str(path)
 
     def save_config(self, record):
-        """check_config's record to out_dir/config.json (rank 0, atomically), before any stage."""
-        if self.master:
+        """check_config's record to out_dir/config.json (rank 0, atomically), before any stage; a
+        run that writes nothing has record False."""
+        if self.master and record:
             write_json(self.out_dir / CONFIG, record)
 
     def log(self, row):
@@ -175,9 +168,8 @@ class Run:
             dist.barrier()
 
     def any_rank(self, flag):
-        """`flag` on one rank -> True on every rank if any rank says True, so ranks that must stop
-        together (a wall-clock budget) never disagree: one rank leaving the loop alone would hang
-        the others' all-reduce."""
+        """`flag` on one rank -> True on every rank if any rank says True: ranks that must stop
+        together never disagree (one rank leaving a loop alone would hang the others)."""
         if not self.ddp:
             return flag
         t = torch.tensor([int(flag)], device=self.args.device)
@@ -191,8 +183,7 @@ class Run:
 
     def wrap(self, model, compile=False, grad_ckpt=False):
         """-> (model on the device, the module to train: compiled and/or DDP-wrapped around it).
-        grad_ckpt: a GPT recomputes each block's activations in the backward pass. --fsdp=1: the
-        model itself is sharded (one FSDP unit, docs/engineering.md says why), no DDP."""
+        grad_ckpt: activation checkpointing per block; --fsdp=1: the model sharded, no DDP."""
         model = model.to(self.args.device)
         if grad_ckpt:
             model.grad_ckpt = True
@@ -205,9 +196,8 @@ class Run:
         return model, trained
 
     def save_stage(self, ckpt, model, opt, step, metrics, g, done):
-        """Checkpoint a stage every --ckpt_every steps and when it is done: weights, optimizer,
-        every rank's sampling generator and global CPU generator, so a re-run resumes exactly. A
-        finished stage keeps weights and metadata."""
+        """Checkpoint a stage every --ckpt_every steps and when it is done (then weights only):
+        weights, optimizer, every rank's generators, so a re-run resumes exactly."""
         if step % self.args.ckpt_every and not done:
             return
         states = [(g.get_state(), torch.get_rng_state())] * self.world   # DDP: every rank's
@@ -223,8 +213,7 @@ class Run:
                             state=None if done else state)
 
     def resume_stage(self, ckpt, model, opt, g, name):
-        """-> (step to continue from, done?). Restores weights, and for an unfinished stage
-        optimizer and generators."""
+        """-> (step to go on from, done?); restores weights (unfinished: optimizer, generators)."""
         if not (self.args.resume and ckpt.is_file()):
             return 0, False
         try:
@@ -245,10 +234,9 @@ class Run:
         return meta["step"], False
 
     def nonfinite(self, stage, step, model, what):
-        """A NaN/inf `what` (loss, reward, gradient, weight) at `step`: --on_nan=stop ends the run
-        with one line; --on_nan=skip logs it and returns so the caller drops the rest of the step,
-        unless the weights themselves are non-finite or more than MAX_SKIPS steps in a row were
-        skipped (then it stops too)."""
+        """A NaN/inf `what` at `step`: --on_nan=stop ends the run with one line; --on_nan=skip logs
+        it and returns (the caller drops the step), unless the weights are non-finite or more than
+        MAX_SKIPS steps in a row were skipped."""
         msg = f"{stage}: {re.sub(r' at step [0-9]+$', '', what)} at step {step}"
         if not finite_weights(model):
             self.fail(f"{msg}: the weights are non-finite; stopping "
@@ -265,9 +253,8 @@ class Run:
                   f"--on_nan=skip skips such steps)")
 
     def finite(self, stage, step, model, loss, grad_norm=None):
-        """May the optimizer step? True when `loss` (and `grad_norm`, when given) are finite;
-        otherwise the fault goes to `nonfinite` (stop the run, or skip this step) and the answer is
-        False, so it never reaches the weights."""
+        """May the optimizer step? True when `loss` (and `grad_norm`, when given) are finite; else
+        `nonfinite` stops the run or the answer is False (the step is skipped)."""
         for what, x in (("loss", loss), ("gradient norm", grad_norm)):
             if x is not None and not torch.isfinite(x):
                 self.nonfinite(stage, step, model, f"non-finite {what} ({x.item()})")
@@ -275,8 +262,7 @@ class Run:
         return True
 
     def check_ranks_in_sync(self, model, stage):
-        """Under DDP every rank must hold the same weights; log their checksums and stop on a
-        mismatch (a bug). Under FSDP each rank holds its own shard: nothing to compare."""
+        """Under DDP (not FSDP: shards) log each rank's weight checksum, stop on a mismatch."""
         if not self.ddp or self.fsdp:
             return
         sums = [None] * self.world
@@ -303,8 +289,7 @@ def check_device(device):
 
 
 def check_ranges(parser, args, at_least_1=(), at_least_0=()):
-    """Stop with parser.error naming the first flag out of range: at_least_1 must be >= 1,
-    at_least_0 >= 0 (a NaN is out of range)."""
+    """parser.error on the first flag out of range: at_least_1 >= 1, at_least_0 >= 0 (not NaN)."""
     for low, names in ((1, at_least_1), (0, at_least_0)):
         for name in names:
             if not getattr(args, name) >= low:
@@ -312,8 +297,7 @@ def check_ranges(parser, args, at_least_1=(), at_least_0=()):
 
 
 def add_flags(group, cls):
-    """The knobs (grpo.knob fields) of dataclass `cls` as flags of an argparse group; a bool is a
-    0/1 int. `from_flags` reads them back."""
+    """The knobs (grpo.knob fields) of dataclass `cls` as argparse flags; a bool is a 0/1 int."""
     for f in fields(cls):
         if f.metadata:
             kind = int if f.type is bool else f.type
@@ -341,8 +325,9 @@ def lr_at(step, total, base, warmup):
 
 
 # -----------------------------------------------------------------------------
-# two cores: a second process beside the run (fork: the child inherits the loaded data and models,
-# nothing is pickled but jobs and results; CPU only, where forking after torch has run is safe)
+# more processes: on two cores a second one beside the run (fork: the child inherits the loaded
+# data and models, nothing is pickled but jobs and results; CPU only, where forking after torch has
+# run is safe); under torchrun the ranks share jobs (rank_map: the final evaluations' batches)
 
 def fork_alongside(target, log_path):
     """Start target() in a forked process whose prints and progress bars go to log_path, not over
@@ -358,11 +343,9 @@ def fork_alongside(target, log_path):
 
 
 class ComputeBudget:
-    """The control's allowance: RLVR's compute in forward-token units (grpo.compute_used), counted,
-    so the control gets the same compute on any machine, loaded or not. ComputeBudget(total): a
-    finished RLVR's. ComputeBudget(): shared with a control forked beside a running RLVR
-    (fork_alongside): RLVR `add`s each step's compute and `close`s at its end; the control's
-    `reached(used)` waits while the control is ahead of an unfinished RLVR."""
+    """The control's allowance: RLVR's compute in forward-token units (grpo.compute_used), the same
+    on any machine. ComputeBudget(total): a finished RLVR's. ComputeBudget(): shared with a control
+    forked beside a running RLVR, which `add`s each step's compute and `close`s at its end."""
 
     def __init__(self, total=None):
         fork = mp.get_context("fork")
@@ -392,8 +375,7 @@ class ComputeBudget:
 
 def fork_map(fn, jobs, workers):
     """[fn(job) for job in jobs], in order; with workers > 1, computed by that many forked processes
-    (jobs first to last, one at a time each: put the largest first). Each job computes what it would
-    alone."""
+    (jobs first to last, one at a time each: put the largest first)."""
     if workers <= 1:
         return [fn(job) for job in jobs]
     global _fork_fn
@@ -407,14 +389,9 @@ def _call_fork_fn(job):
     return _fork_fn(job)
 
 
-# -----------------------------------------------------------------------------
-# torchrun ranks: jobs shared by every rank (the final evaluations' batches)
-
 def rank_map(fn, jobs):
     """[fn(job) for job in jobs] on every rank, in order; under torchrun rank r computes jobs r,
-    r + world, ... and the ranks exchange their results (all_gather_object), so each job runs once.
-    Every rank must call it with the same jobs. Without a process group one process computes them
-    all."""
+    r + world, ... and the ranks exchange their results. Every rank calls it with the same jobs."""
     jobs = list(jobs)
     if not dist.is_initialized():
         return [fn(job) for job in jobs]
@@ -429,9 +406,8 @@ def rank_map(fn, jobs):
 # (docs/engineering.md: --stage=memory, and the measured peaks it is held to)
 
 def prompts_per_chunk(prompts, samples, minibatches, micro_batch):
-    """The prompts one micro-batch of the GRPO update holds (grpo.minibatch_plan): a minibatch
-    that fits one micro-batch holds its rows as drawn, from up to all the prompts; one cut into
-    several is cut in row order, so a micro-batch spans the prompts of its rows and one more."""
+    """The prompts one micro-batch of the GRPO update holds (grpo.minibatch_plan): up to all of
+    them if a minibatch fits one; else (cut in row order) the prompts of its rows and one more."""
     rows = prompts * samples // minibatches   # a minibatch's rows
     return min(prompts, rows if rows <= micro_batch else -(-micro_batch // samples) + 1)
 
@@ -439,11 +415,9 @@ def prompts_per_chunk(prompts, samples, minibatches, micro_batch):
 def memory_estimate(config, low_precision, reference, grad_ckpt, prompt_len, new_tokens, prompts,
                     samples, micro_batch, prompts_per_chunk):
     """Bytes of one RLVR step's peak, by part -> dict (name -> bytes, "peak" their sum at the
-    worst moment). The policy keeps float32 weights, gradients and AdamW's two moments; the
-    forwards run in bf16 under autocast when `low_precision` (2-byte activations, a bf16 copy of
-    the weights per forward region, a bf16 reference); `prompts` x `samples` rows are sampled
-    with a KV cache holding each prompt once; a micro-batch of the update holds `micro_batch`
-    rows of `new_tokens` and `prompts_per_chunk` prompts of `prompt_len` tokens."""
+    worst moment). `low_precision`: bf16 forwards under autocast; `prompts` x `samples` rows are
+    sampled with a KV cache holding each prompt once; a micro-batch of the update holds
+    `micro_batch` rows of `new_tokens` and `prompts_per_chunk` prompts of `prompt_len` tokens."""
     with torch.device("meta"):   # the GPT's parameters, counted without memory or time
         c, P = config, sum(p.numel() for p in GPT(config).parameters())
     act = 2 if low_precision else 4                         # bytes of an activation

@@ -7,21 +7,14 @@ webpage (F1 of the page changes), and any task registered in tasks.py (docs/task
     python train_lang.py                 # CPU: RLVR from the shipped MLE checkpoint, control, eval
     python train_lang.py --task=webpage  # the web page task
     python train_lang.py --init=scratch  # everything from scratch: data, tokenizer, MLE, RLVR
-1 GPU from pretrained HF weights (e.g. DeepSeek-R1-Distill-Qwen-1.5B, the paper's base: SFT first,
-then RLVR), and 8 GPUs:
+1 GPU from pretrained HF weights (the paper's base: DeepSeek-R1-Distill-Qwen-1.5B), and 8 GPUs:
     python train_lang.py --init=/path/to/hf_dir --device=cuda --dtype=bfloat16 --micro_batch=8
     torchrun --nproc_per_node=8 train_lang.py --init=/path/to/hf_dir --device=cuda --dtype=bfloat16
 
-Writes to --out_dir (default out/<task>): mle / rlvr / mle_more (the control) .safetensors with
-.json sidecars, the tokenizer, config.json (the run's flags), log.jsonl (a JSON line per logged
-step), eval.json (test) and eval_val.json (validation), each {"mle": M, "rlvr": M, "mle_more": M},
-M = eval.evaluate's result (summary and per-record metrics). Stages checkpoint every
---ckpt_every steps and a re-run of the same command resumes (also under torchrun
---max-restarts=N); a re-run with other flags stops, naming them (runtime.Run.check_config: use
-another --out_dir, or --resume=0 to start over). A NaN/inf loss, reward or gradient stops the run
-naming the step (--on_nan=skip skips it); bad input is one "error:" line, before anything is
-written. The studies (placebo, label fractions, k-step chains, the control's rate) are scripts in
-research/ that import the same pieces.
+Writes to --out_dir (default out/<task>): mle / rlvr / mle_more (the control) checkpoints, the
+tokenizer, config.json (the run's flags), log.jsonl, eval.json (test) and eval_val.json (val).
+A re-run of the same command resumes (also under torchrun --max-restarts=N); a re-run with other
+flags stops, naming them; bad input is one "error:" line, before anything is written.
 """
 import argparse
 import dataclasses
@@ -55,9 +48,8 @@ p = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatt
                                                             "model, against equal-compute MLE")
 g = p.add_argument_group("task and data")
 g.add_argument("--task", default="textgame", choices=sorted(TASKS), help="which world to model")
-g.add_argument("--data_dir", default=None,
-               help="holds train/val/test.jsonl; default data/<task> (generated when it holds "
-                    "none)")
+g.add_argument("--data_dir", default=None, help="holds train/val/test.jsonl; default "
+                                                "data/<task> (generated when it holds none)")
 g.add_argument("--out_dir", default=None,
                help="checkpoints, logs and eval JSON; default out/<task>")
 g = p.add_argument_group("stages and initialisation")
@@ -123,33 +115,29 @@ if flags.n_embd % 32:
     p.error(f"--n_embd must be a multiple of 32 (heads of 32 channels), got {flags.n_embd}")
 if flags.recipe == "paper" and not recipe:
     p.error(f"--recipe=paper: the paper has recipes for {sorted(PAPER_RECIPE)}, not {flags.task}")
-check_ranges(p, flags,
-             at_least_1=("n_layer", "n_embd", "block_size", "mle_steps", "batch_size",
-                         "rl_steps", "prompts_per_step", "group_size", "micro_batch",
-                         "max_new_tokens", "ckpt_every"),
-             at_least_0=("mle_lr", "rl_lr", "eval_limit"))
+check_ranges(p, flags, at_least_0=("mle_lr", "rl_lr", "eval_limit"),
+             at_least_1=("n_layer", "n_embd", "block_size", "mle_steps", "batch_size", "rl_steps",
+                         "prompts_per_step", "group_size", "micro_batch", "max_new_tokens",
+                         "ckpt_every"))
 task = TASKS[flags.task]   # data module, per-record scores, rewards (tasks.py)
 data = task.data           # load_records, prompt_text, target_text, is_changed
 # the defaults that depend on the task and the shipped checkpoints, resolved once: --init=auto is
 # the shipped MLE checkpoint for RLVR (MLE alone starts from scratch)
 shipped = ROOT / "checkpoints" / flags.task / "mle.safetensors"
 auto = str(shipped) if shipped.is_file() and flags.stage != "mle" else "scratch"
-args = argparse.Namespace(**{**vars(flags), "data_dir": flags.data_dir or str(ROOT / "data" /
-                                                                               flags.task),
-                             "reward": flags.reward or task.rewards[0],
+args = argparse.Namespace(**{**vars(flags), "reward": flags.reward or task.rewards[0],
+                             "data_dir": flags.data_dir or str(ROOT / "data" / flags.task),
                              "init": auto if flags.init == "auto" else flags.init})
 # the RL stage's settings (the recipe's fields that are no flag, too); its vocab is set once known
 cfg = dataclasses.replace(from_flags(args, GRPOConfig),
                           **{k: v for k, v in recipe.items() if k not in knobs})
 
 # -----------------------------------------------------------------------------
-# setup: distributed, devices, precision (runtime.py); every input is checked before anything is
-# written
+# setup (runtime.Run): one process or a torchrun rank; checks --device, seeds torch, sets
+# autocast (1 thread). Every input is checked before anything is written
 out_dir = Path(args.out_dir or f"out/{args.task}")
-# one process, or one rank of torchrun; checks --device, seeds torch, sets autocast (1 thread)
 run = Run(args, out_dir, path_flags=("data_dir", "init", "out_dir", "tokenizer"))
-master, world, autocast = run.master, run.world, run.autocast
-print0, fail = run.print0, run.fail
+master, world, autocast, print0, fail = run.master, run.world, run.autocast, run.print0, run.fail
 if args.reward not in task.rewards:
     fail(f"--reward {args.reward}: the {args.task} task has rewards {task.rewards}")
 init_is_ckpt = args.init != "scratch" and Path(args.init).is_file()   # else scratch or HF dir
@@ -167,8 +155,7 @@ if init_is_ckpt:   # its header only: a readable checkpoint of a language model
              f"codes, not text); start from a train_lang.py checkpoint or an HF directory")
 # with --resume=1, out_dir must hold no run with other flags (out_dir/config.json, runtime.py)
 writes = args.stage != "memory"   # --stage=memory only reads
-record = writes and run.check_config(["mle.safetensors", "rlvr.safetensors",
-                                      "mle_more.safetensors"])
+record = writes and run.check_config([f"{n}.safetensors" for n in ("mle", "rlvr", "mle_more")])
 
 # -----------------------------------------------------------------------------
 # data: generated on first run, like nanoGPT's prepare.py
@@ -185,23 +172,20 @@ if args.init != "scratch":   # loaded before anything is written
         fail(str(e))
     except (OSError, KeyError, TypeError) as e:   # e.g. an HF config.json without a key we need
         fail(f"--init {args.init}: cannot load ({type(e).__name__}: {e})")
-if writes:
-    run.save_config(record)   # out_dir/config.json: the inputs are good; from here on it writes
+run.save_config(record)   # out_dir/config.json: the inputs are good; from here on it writes
+texts = [data.prompt_text(r) + data.target_text(r) for r in train_recs]   # what BPE learns from
 if args.init == "scratch" and not writes:   # the estimate needs the vocabulary: BPE, not saved
-    start_model, tok = None, Tokenizer.train([data.prompt_text(r) + data.target_text(r)
-                                              for r in train_recs], VOCAB_SIZE)
+    start_model, tok = None, Tokenizer.train(texts, VOCAB_SIZE)
 elif args.init == "scratch":
     tok_file = out_dir / "tokenizer.tiktoken"
-    # BPE on the train split's prompts and answers (again when starting over: the flags may differ)
+    # BPE trained again when starting over: the flags may differ
     if master and (not args.resume or not tok_file.is_file()):
         t0 = time.time()
-        texts = [data.prompt_text(r) + data.target_text(r) for r in train_recs]
         Tokenizer.train(texts, VOCAB_SIZE).save(tok_file)   # written atomically
         print0(f"tokenizer: trained {VOCAB_SIZE} BPE ranks in {time.time() - t0:.1f}s "
                f"-> {tok_file}")
     run.barrier()   # the other ranks wait for rank 0's file
-    # the model is built once the vocab is known
-    start_model, tok = None, Tokenizer.from_tiktoken_file(tok_file)
+    start_model, tok = None, Tokenizer.from_tiktoken_file(tok_file)   # the model: once vocab known
     # in every checkpoint's args (relative to its folder): eval.py finds the tokenizer through it
     run.recorded["tokenizer"] = str(tok_file)
 else:   # HF: its directory; ours: a copy beside the run's checkpoints
@@ -215,8 +199,7 @@ cfg = dataclasses.replace(cfg, vocab=tok.n_vocab)   # only ids the tokenizer dec
 # stage 1: MLE on (prompt -> state difference) pairs, loss on the answer tokens only (mle.py).
 # The same loop trains the control (MLE continued from the RLVR start for RLVR's compute).
 def run_mle(model, name, pairs, steps, lr_of_step, budget=None):
-    """mle.train on the pairs that fit the model's block, for `steps` steps or RLVR's compute
-    (`budget`, runtime.ComputeBudget) -> the checkpoint out_dir/<name>.safetensors."""
+    """mle.train for `steps` steps or RLVR's compute (`budget`) -> out_dir/<name>.safetensors."""
     ckpt = out_dir / f"{name}.safetensors"   # resumable while it runs, the model once done
 
     def fits(pair):   # a whole (prompt, answer) pair fits the model's context
@@ -235,18 +218,16 @@ def run_mle(model, name, pairs, steps, lr_of_step, budget=None):
             return {}, ""
         recs = val_recs[:VAL_N]
         with autocast:
-            right = [s[task.headline] for s in greedy_scores(args.task, model, tok, recs,
-                                                              cfg.max_new_tokens)]
+            scores = greedy_scores(args.task, model, tok, recs, cfg.max_new_tokens)
+        right = [s[task.headline] for s in scores]
         changed = [x for x, r in zip(right, recs) if data.is_changed(r)]
         more = {"val": sum(right) / len(right),
                 "val_changed": sum(changed) / len(changed) if changed else None}
         return more, f" val {task.headline} {more['val']:.3f}"
 
-    # the bar's label: the control stops at RLVR's compute
-    until = " (until RLVR's compute)" if budget is not None else ""
+    until = " (until RLVR's compute)" if budget is not None else ""   # the progress bar's label
     mle.train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, 0, budget,
-              val_metrics, desc=name + until, weight_decay=MLE_WEIGHT_DECAY,
-              eval_every=EVAL_EVERY)
+              val_metrics, desc=name + until, weight_decay=MLE_WEIGHT_DECAY, eval_every=EVAL_EVERY)
     return ckpt
 
 
@@ -259,9 +240,8 @@ def control(budget):
     final = mle.final_lr(start)
     lr = cfg.lr if final is None else final
     print0(f"control: MLE continued from the start at lr {lr:.3g} for RLVR's compute")
-    model = load_lang_model(start, args.device)[0]
-    return run_mle(model, "mle_more", all_pairs, 10 ** 9, mle.control_lr(lr),
-                   budget)   # 10 warm-up steps, then constant
+    model = load_lang_model(start, args.device)[0]   # control_lr: 10 warm-up steps, then constant
+    return run_mle(model, "mle_more", all_pairs, 10 ** 9, mle.control_lr(lr), budget)
 
 
 # -----------------------------------------------------------------------------
@@ -276,16 +256,14 @@ config = start_model.config if start_model else GPTConfig.llama(
 low = args.dtype != "float32"
 train_mle = args.stage == "mle" or (args.stage in ("all", "memory") and not init_is_ckpt)
 if train_mle:
-    # MLE: a micro-batch of the longest pair that fits, logits on its answer (no reference, no
-    # sampling)
+    # MLE: a micro-batch of the longest pair that fits (no reference, no sampling)
     fit = [(len(p), len(a)) for p, a in all_pairs if len(p) + len(a) <= config.block_size + 1]
     p_len, a_len = max(fit or [(config.block_size // 2, config.block_size // 2)], key=sum)
     mb = min(cfg.micro_batch, args.batch_size)
     print_memory("mle", memory_estimate(config, low, False, args.grad_ckpt, p_len, a_len, 0, 1,
                                         mb, mb), print0)
 if args.stage in ("all", "rlvr", "memory"):
-    # RLVR at its longest prompt
-    room = config.block_size - cfg.max_new_tokens
+    room = config.block_size - cfg.max_new_tokens   # RLVR at its longest prompt
     longest = max([len(p) for p, _ in all_pairs if len(p) <= room] or [room])
     chunk_prompts = prompts_per_chunk(cfg.prompts_per_step, cfg.group_size, cfg.minibatches,
                                       cfg.micro_batch)
@@ -297,31 +275,25 @@ if not writes:
     raise SystemExit(0)
 start = args.init   # the checkpoint RLVR and the control start from
 if train_mle:
-    model = start_model or GPT(config)
-    start = str(run_mle(model, "mle", all_pairs, args.mle_steps,
+    start = str(run_mle(start_model or GPT(config), "mle", all_pairs, args.mle_steps,
                         lambda s: lr_at(s, args.mle_steps, args.mle_lr, MLE_WARMUP)))
-    start_model = model = None   # RLVR and the control start from the checkpoint: free its memory
+    start_model = None   # RLVR and the control start from the checkpoint: free its memory
 if args.stage in ("all", "rlvr"):
     rl_file = out_dir / "rlvr.safetensors"
     rl_done = args.resume and rl_file.is_file() and read_meta(rl_file)["metrics"].get("done")
-    # The control, MLE continued from the same start, gets RLVR's compute (ComputeBudget: counted
-    # in tokens, the same on any machine). On a CPU it runs in a forked process on the second core
-    # *while* RLVR runs, waiting whenever it is ahead: the demo takes half as long. Otherwise (GPU,
-    # torchrun, a resumed run) it runs after RLVR. Its steps are the same either way.
+    # The control gets RLVR's compute (ComputeBudget: counted in tokens, the same on any machine):
+    # on a CPU in a forked process on the second core *while* RLVR runs, waiting whenever it is
+    # ahead (half the time); otherwise (GPU, torchrun, a resumed run) after RLVR, the same steps.
     alongside = args.control and world == 1 and args.device == "cpu" and not rl_done
     budget = ComputeBudget()   # RLVR adds its compute step by step
-    if alongside:
-        # runtime.fork_alongside: the child shares the loaded data and tokenizer and prints to
-        # control.log
+    if alongside:   # the child shares the loaded data and tokenizer, and prints to control.log
         child = fork_alongside(lambda: control(budget), out_dir / "control.log")
         print0(f"control: MLE continues from the start in process {child.pid} while RLVR runs "
                f"(progress: {out_dir / 'control.log'})")
-    # the start: the model loaded from --init, or a fresh copy of the MLE checkpoint (one copy
-    # in memory: the name start_model lets go of it)
-    model, start_model = start_model or load_lang_model(start, args.device)[0], None
-    rl_ckpt = train_rlvr(run, model, cfg, args.task, tok, train_recs, args.reward,
-                         out_dir / "rlvr.safetensors", args.rl_steps, budget)
-    model = None
+    # the start: the model loaded from --init, or a fresh copy of the MLE checkpoint
+    rl_ckpt = train_rlvr(run, start_model or load_lang_model(start, args.device)[0], cfg,
+                         args.task, tok, train_recs, args.reward, rl_file, args.rl_steps, budget)
+    start_model = None   # RLVR trained it in place: let go of its memory
     ckpts = {"mle": start, "rlvr": str(rl_ckpt)}
     if alongside:
         child.join()   # it stops at RLVR's compute, saves mle_more.safetensors and exits
@@ -335,16 +307,14 @@ if args.stage in ("all", "rlvr"):
     # every model, loaded from its checkpoint, greedy on the same records: differences are paired
     limit = args.eval_limit or None   # the first N records of each split (None: all)
     splits = {"val": val_recs[:limit], "test": test_recs[:limit]}
-    # one process on a CPU: the jobs split over the cores; under torchrun every rank decodes its
-    # share of each job's batches (runtime.rank_map), and every rank gets the same results
+    # a CPU: the jobs split over the cores; torchrun: each rank decodes a share, all get all results
     workers = EVAL_WORKERS if args.device == "cpu" and world == 1 else 1
     results = evaluate_checkpoints(args.task, ckpts, tok, splits, cfg.max_new_tokens, args.device,
                                    autocast, workers, rank_map if world > 1 else None)
     if master:
         for split, r in results.items():
             write_json(out_dir / ("eval.json" if split == "test" else "eval_val.json"), r)
-            # the table, RLVR - MLE start, RLVR - control: paired 95% CIs
-            print_comparison(args.task, split, r)
+            print_comparison(args.task, split, r)   # RLVR - start, RLVR - control: paired 95% CIs
         print0(f"wrote eval.json (test) / eval_val.json (val) in {out_dir}; "
                f"total {(time.time() - t0) / 60:.1f} min")
 run.finish()
