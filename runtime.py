@@ -56,10 +56,7 @@ class Run:
         """path_flags: the flags holding paths, recorded relative to out_dir (`recorded_args`)."""
         self.args, self.out_dir, self.path_flags = args, Path(out_dir), path_flags
         self.recorded = {}   # entries recorded beside the flags (train_lang.py: its tokenizer)
-        try:
-            check_device(args.device)
-        except ValueError as e:
-            self.fail(str(e))
+        self.or_fail(check_device, args.device)
         self.rank, self.world = 0, 1
         self.ddp = int(os.environ.get("RANK", -1)) != -1   # launched by torchrun
         if self.ddp:
@@ -101,6 +98,13 @@ class Run:
             bar.close()
         print(f"error: {msg}", file=sys.stderr, flush=True)
         sys.exit(1)
+
+    def or_fail(self, fn, *a):
+        """fn(*a); a ValueError (a bad file or flag, in one line naming it) stops the run."""
+        try:
+            return fn(*a)
+        except ValueError as e:
+            self.fail(str(e))
 
     def recorded_args(self):
         """vars(args) and `recorded` as config.json and checkpoints record them: each path flag

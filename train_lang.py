@@ -146,10 +146,7 @@ if args.init != "scratch" and not Path(args.init).exists():
 if args.stage == "rlvr" and args.init == "scratch":
     fail("--stage=rlvr needs --init=<checkpoint or HF dir> (it post-trains a trained model)")
 if init_is_ckpt:   # its header only: a readable checkpoint of a language model
-    try:
-        init_args = read_meta(args.init)["args"]
-    except ValueError as e:
-        fail(str(e))
+    init_args = run.or_fail(read_meta, args.init)["args"]
     if "vq" in init_args:   # train_video.py's checkpoints name their frame tokenizer (vq)
         fail(f"--init {args.init}: a video world model of train_video.py (its tokens are frame "
              f"codes, not text); start from a train_lang.py checkpoint or an HF directory")

@@ -71,14 +71,6 @@ MODES = dict(single=Mode(100, 8, VideoReward(moving=1.0, object=0.5, push=0.1), 
              multi=Mode(40, 4, VideoReward(moving=1.0, object=0.5, push=0.0), 1.0))
 
 
-def or_fail(run, fn, *a):
-    """fn(*a); a ValueError (a bad file or flag, in one line naming it) stops the run."""
-    try:
-        return fn(*a)
-    except ValueError as e:
-        run.fail(str(e))
-
-
 # -----------------------------------------------------------------------------
 # flags (allow_abbrev=False: a prefix of a flag is an error, not that flag)
 p = argparse.ArgumentParser(description="tokenizer, MLE then RLVR for a video world model",
@@ -160,9 +152,9 @@ if args.stage == "control" and not args.control_compute:
     fail("--stage=control needs --control_compute (an RLVR run's rl_compute, in its log.jsonl)")
 train_vq.ensure_data(run)                       # the embedded robot data, generated on first use
 if master:
-    or_fail(run, read_action_stats, args.data)  # writes action_stats.json on first use
+    run.or_fail(read_action_stats, args.data)  # writes action_stats.json on first use
 barrier()
-lo, hi = or_fail(run, read_action_stats, args.data)   # per-dimension action range: 256 bins each
+lo, hi = run.or_fail(read_action_stats, args.data)   # per-dimension action range: 256 bins each
 
 # --init=auto: the shipped MLE model, when this run post-trains and its action dimensions fit
 init = args.init
@@ -327,7 +319,7 @@ t_start = time.time()
 horizon = args.horizon if args.mode == "multi" else 1   # predicted frames per window
 start_model = None                                      # the GPT to train or post-train (None: new)
 if init != "scratch":           # a trained world model, loaded before anything is written
-    start_model, _, init_meta = or_fail(run, load_video_model, init, args.device)
+    start_model, _, init_meta = run.or_fail(load_video_model, init, args.device)
 run.save_config(record)         # out_dir/config.json: the inputs are good; from here on it writes
 if init != "scratch":           # the world model's own tokenizer, named in its metadata
     vq_path = recorded_path(init_meta["args"]["vq"], Path(init).parent)
@@ -342,7 +334,7 @@ if args.stage == "tokenizer":              # the tokenizer file is written: noth
     sys.exit(0)
 if not Path(vq_path).is_file():
     fail(f"tokenizer {vq_path} not found (run --stage=tokenizer first or pass --vq)")
-vq, vq_meta = or_fail(run, load_vq, vq_path, args.device)   # frozen from here on
+vq, vq_meta = run.or_fail(load_vq, vq_path, args.device)   # frozen from here on
 vq.copy_gate = True   # decoded cells that keep the context frame's code copy its pixels
 layout = Layout.of(vq, D)   # token ids: context codes, predicted-frame codes, action bins
 # a checkpoint must fit this tokenizer and data: the same vocabulary, and room for a whole window
@@ -381,7 +373,7 @@ else:                                            # RLVR starts from --init as it
     mle_path = Path(init)
 
 if args.stage in ("all", "rlvr", "control"):
-    lpips_net = or_fail(run, load_lpips, args.lpips, args.device)   # the eval's (and reward's)
+    lpips_net = run.or_fail(load_lpips, args.lpips, args.device)   # the eval's (and reward's)
     mle_model = copy.deepcopy(start_model)   # kept for the comparison; RLVR updates start_model
     models = {"mle": (mle_model, mle_path)}  # name -> (model, its checkpoint file), evaluated below
 
@@ -392,7 +384,7 @@ if args.stage == "control":   # the control alone, for a given compute (the lr s
     models["mle_more"] = mle_more(ComputeBudget(args.control_compute))
 # RLVR, then the equal-compute control, then the held-out comparison of the three
 if args.stage in ("all", "rlvr"):
-    reward = replace(mode.reward, name=or_fail(run, pick_reward, "auto", lpips_net))
+    reward = replace(mode.reward, name=run.or_fail(pick_reward, "auto", lpips_net))
     if train_eps[0]["background"] is None:   # not the embedded robot's: e.g. Meta-World or RT-1
         print0(f"reward: {args.data} has no background images, so no object term or push term")
         reward = replace(reward, object=0.0, push=0.0)
