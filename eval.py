@@ -49,7 +49,7 @@ from data.robot.task import (EFFECTS, Layout, clips, frame_codes, load_split, ob
                              rollout, summarize_effects, to_float, tokenize_split, windows)
 from data.textgame.prepare import COMPOSE_PATH, ensure_compose
 from rewards import MOVE_TOL, load_lpips, mae, mse, psnr, repetition_rate, ssim
-from runtime import check_device, check_ranges, fork_map
+from runtime import check_device, check_ranges, fork_map, rank_map
 from tasks import TASKS, crop, generate_texts, load_lang_model
 from tokenizer_vq import load_vq
 
@@ -254,6 +254,21 @@ def print_comparison(task, split, rows, file=None, metrics=None, what="transitio
     for m in metrics if pairs else ():   # (no pairs: no paired differences)
         print_diffs(f"paired differences in {m} (points, bootstrap 95% CI over the same records):",
                     paired_diffs(rows, pairs, [m]), True, file)
+
+
+def compare_checkpoints(run, task, ckpts, tok, splits, max_new_tokens):
+    """A text run's final comparison (train_lang.py's, a study's): every checkpoint of {name: path}
+    greedy on every split {split: records}, paired; rank 0 writes eval.json (test) and
+    eval_val.json (val) in out_dir and prints each split's report -> {split: {name: result}}."""
+    # a CPU: two processes share the jobs; torchrun: each rank decodes a share of every job
+    workers = 2 if run.args.device == "cpu" and run.world == 1 else 1
+    results = evaluate_checkpoints(task, ckpts, tok, splits, max_new_tokens, run.args.device,
+                                   run.autocast, workers, rank_map if run.world > 1 else None)
+    if run.master:
+        for split, r in results.items():
+            write_json(run.out_dir / ("eval.json" if split == "test" else "eval_val.json"), r)
+            print_comparison(task, split, r)   # RLVR - start, RLVR - control: paired 95% CIs
+    return results
 
 
 # -------------------------------------------------------------------------------------------------

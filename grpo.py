@@ -424,10 +424,11 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_
         if b is not None:   # the fixed log-probs, on the first epoch's chunks: every row once
             first_epoch = [c for mb in chunks[:cfg.minibatches] for c in mb]
             # the reference's (beta 0, no reference: the sampler's, so the KL logged is to it)
-            b["ref_logp"] = fixed_logprobs(ref_model, b, first_epoch if cfg.beta > 0 else [], cfg,
-                                           autocast, b["old_logp"].clone())
-            # bf16 / fp16: the sampler's, recomputed on the update's path (as verl): first ratio 1
-            fixed_logprobs(raw, b, first_epoch if low else [], cfg, autocast, b["old_logp"])
+            b["ref_logp"] = b["old_logp"].clone()
+            if cfg.beta > 0:
+                fixed_logprobs(ref_model, b, first_epoch, cfg, autocast, b["ref_logp"])
+            if low:   # bf16 / fp16: the sampler's, recomputed on the update's path (as verl):
+                fixed_logprobs(raw, b, first_epoch, cfg, autocast, b["old_logp"])   # ratio 1
     # 5-7. PPO-clip + KL - entropy, token-mean, an optimizer step per minibatch
     sums, n_mb = update(policy, optimizer, b, plan, chunks, cfg, step, autocast)
     ratio_tokens = int(b["mask"][plan[0]].sum()) if b is not None else 0
@@ -447,16 +448,16 @@ class Source:
     sampler: Callable = None     # see `rollout`; None: engine.generate
 
 
-# What the RL stage trains: the GPT, the module that steps (compiled and/or DDP-wrapped around it),
+# What the RL stage trains: the GPT, the module that steps (DDP-wrapped around it under torchrun),
 # the frozen reference (None when beta is 0) and the optimizer
 Policy = namedtuple("Policy", "model trained ref opt")
 
 
-def make_policy(run, model, cfg, compile=False, grad_ckpt=False):
-    """The RL stage's Policy from `model` (runtime.Run.wrap: on the device, compiled, DDP)."""
+def make_policy(run, model, cfg, grad_ckpt=False):
+    """The RL stage's Policy from `model` (runtime.Run.wrap: on the device, DDP)."""
     # the frozen start, the KL's reference, kept in the forwards' dtype (bf16 under autocast)
     ref = copy.deepcopy(model).eval().requires_grad_(False).to(run.dtype) if cfg.beta > 0 else None
-    model, trained = run.wrap(model, compile=compile, grad_ckpt=grad_ckpt)
+    model, trained = run.wrap(model, grad_ckpt=grad_ckpt)
     return Policy(model, trained, ref, make_optimizer(model, cfg))
 
 

@@ -52,13 +52,13 @@ def batch_compute(tgt):
 
 
 def train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, minutes=0, budget=None,
-          val_metrics=None, desc=None, compile=False, weight_decay=None, eval_every=None):
+          val_metrics=None, desc=None, weight_decay=None, eval_every=None):
     """Train `model` by MLE as the stage `name`, checkpointing to `ckpt` -> the trained model
     (the same object, on the device). Reads --seed; --weight_decay, --eval_every unless given."""
     args = run.args
     weight_decay = args.weight_decay if weight_decay is None else weight_decay
     eval_every = eval_every or args.eval_every
-    model, trained = run.wrap(model, compile=compile, grad_ckpt=args.grad_ckpt)   # compiled, DDP
+    model, trained = run.wrap(model, grad_ckpt=args.grad_ckpt)   # on the device, DDP
     opt = torch.optim.AdamW(model.parameters(), lr=lr_of_step(0), betas=(0.9, 0.95),
                             weight_decay=weight_decay)
     gen = torch.Generator().manual_seed(args.seed + run.rank)   # each rank its own batches

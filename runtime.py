@@ -7,7 +7,7 @@ scripts stay straight-line nanoGPT style. Why: docs/engineering.md (The GPU path
     record = run.check_config(stage_files)  # a re-run with other flags stops here
     run.save_config(record)                 # out_dir/config.json, once the inputs are checked
     run.print0(...), run.log({...}), run.barrier(), run.fail("message")
-    model, trained = run.wrap(model)        # to device, torch.compile, DDP (FSDP with --fsdp=1)
+    model, trained = run.wrap(model)        # to the device, DDP (FSDP with --fsdp=1)
     step, done = run.resume_stage(ckpt, model, opt, g, "mle")   # then each step:
     run.save_stage(ckpt, model, opt, step, metrics, g, done=step == total)
     child = fork_alongside(train_control, out_dir / "control.log")   # on the second core
@@ -42,9 +42,8 @@ CONFIG = "config.json"   # in out_dir: the flags of the run that trains there
 # flags that cannot change the trained weights (docs/engineering.md, Reliability): how and where
 # the run executes (the control beside RLVR or after it trains for RLVR's counted compute; FSDP
 # takes DDP's steps), how often it checkpoints and logs, what it does on a NaN, which stages run
-FREE_FLAGS = {"device", "threads", "compile", "grad_ckpt", "eval_workers", "control_alongside",
-              "ckpt_every", "on_nan", "eval_every", "val_n", "probe_every", "stage", "control",
-              "out_dir", "resume", "fsdp"}
+FREE_FLAGS = {"device", "threads", "grad_ckpt", "ckpt_every", "on_nan", "eval_every", "stage",
+              "control", "out_dir", "resume", "fsdp"}
 # the final evaluation's flags: a re-run with other values evaluates the same trained models again
 EVAL_FLAGS = {"final_eval", "eval_limit", "test_limit"}
 
@@ -185,8 +184,8 @@ class Run:
             dist.barrier()   # no rank tears the group down while another still talks to it
             dist.destroy_process_group()
 
-    def wrap(self, model, compile=False, grad_ckpt=False):
-        """-> (model on the device, the module to train: compiled and/or DDP-wrapped around it).
+    def wrap(self, model, grad_ckpt=False):
+        """-> (model on the device, the module to train: DDP-wrapped around it under torchrun).
         grad_ckpt: activation checkpointing per block; --fsdp=1: the model sharded, no DDP."""
         model = model.to(self.args.device)
         if grad_ckpt:
@@ -194,10 +193,9 @@ class Run:
         if self.fsdp:   # (imported here: the import takes most of a second)
             from torch.distributed.fsdp import fully_shard
             fully_shard(model)
-        trained = torch.compile(model) if compile else model
         if self.ddp and not self.fsdp:
-            trained = torch.nn.parallel.DistributedDataParallel(trained)
-        return model, trained
+            return model, torch.nn.parallel.DistributedDataParallel(model)
+        return model, model
 
     def save_stage(self, ckpt, model, opt, step, metrics, g, done):
         """Checkpoint a stage every --ckpt_every steps and when it is done (then weights only):

@@ -1,9 +1,9 @@
 """
 The language tasks and what training needs of them: the registry (TASKS) that train_lang.py,
 eval.py and the research scripts share, loading a language world model and its splits, decoding,
-RLVR's prompt pool, reward and probe, and the RLVR stage itself (`train_rlvr`). Scoring whole splits
-is eval.py's job. docs/tasks.md adds a task: one module (data/lights/task.py is the worked example)
-and one line in TASKS.
+RLVR's prompt pool, reward and probe, and the stages on text: MLE and its control (`train_mle`,
+`train_control`) and RLVR (`train_rlvr`). Scoring whole splits is eval.py's job. docs/tasks.md
+adds a task: one module (data/lights/task.py is the worked example) and one line in TASKS.
 """
 import filecmp
 import shutil
@@ -21,6 +21,7 @@ from data.textgame import prepare as textgame_prepare, task as textgame_task
 from data.webpage import prepare as webpage_prepare, task as webpage_task
 from engine import generate
 from grpo import Source, make_policy, train_loop
+import mle
 from rewards import reward_textgame, reward_webpage, score_textgame, score_webpage
 from tokenizer_text import load_tokenizer
 
@@ -258,3 +259,59 @@ def train_rlvr(run, model, cfg, task, tok, records, kind, ckpt, steps, budget=No
     source = Source(draw, reward or reward_fn(task, tok, kind), tok.eos_id)
     train_loop(run, policy, source, cfg, gen, ckpt, steps, budget, probe, PROBE_EVERY)
     return ckpt
+
+
+# -----------------------------------------------------------------------------
+# the MLE stage on (prompt -> answer) pairs, loss on the answer tokens only (mle.py): train_lang's
+# MLE, and the control (MLE continued from the RLVR start for RLVR's compute) of every text run
+
+MLE_WEIGHT_DECAY = 0.1         # AdamW's weight decay in MLE and the control
+EVAL_EVERY, VAL_N = 500, 200   # MLE's progress checks: every 500 steps, VAL_N val records greedy
+
+
+def train_mle(run, task, tok, model, name, pairs, val_recs, steps, lr_of_step, max_new_tokens,
+              budget=None):
+    """mle.train on the `pairs` that fit the model for `steps` steps or RLVR's compute (`budget`,
+    runtime.ComputeBudget), at lr_of_step(step) -> its checkpoint, out_dir/<name>.safetensors."""
+    ckpt = run.out_dir / f"{name}.safetensors"   # resumable while it runs, the model once done
+
+    def fits(pair):   # a whole (prompt, answer) pair fits the model's context
+        return len(pair[0]) + len(pair[1]) <= model.config.block_size + 1
+
+    keep = [pr for pr in pairs if fits(pr)]
+    run.print0(f"{name}: {len(keep)}/{len(pairs)} train pairs fit block_size "
+               f"{model.config.block_size}; {model.num_params() / 1e6:.2f}M non-embedding "
+               f"parameters")
+    if not keep:
+        run.fail("no training pair fits the model's block_size (raise --block_size)")
+    val_pairs = [pr for pr in (encode(task, tok, r) for r in val_recs[:256]) if fits(pr)]
+    next_batch, val_loss = mle.pair_batches(run, keep, val_pairs, run.args.batch_size)
+    data, headline = TASKS[task].data, TASKS[task].headline
+
+    def val_metrics(model):   # rank 0: greedy decoding of the first VAL_N validation records
+        if not run.master:
+            return {}, ""
+        recs = val_recs[:VAL_N]
+        with run.autocast:
+            right = [s[headline] for s in greedy_scores(task, model, tok, recs, max_new_tokens)]
+        changed = [x for x, r in zip(right, recs) if data.is_changed(r)]
+        more = {"val": sum(right) / len(right),
+                "val_changed": sum(changed) / len(changed) if changed else None}
+        return more, f" val {headline} {more['val']:.3f}"
+
+    until = " (until RLVR's compute)" if budget is not None else ""   # the progress bar's label
+    mle.train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, 0, budget,
+              val_metrics, desc=name + until, weight_decay=MLE_WEIGHT_DECAY, eval_every=EVAL_EVERY)
+    return ckpt
+
+
+def train_control(run, task, tok, start, pairs, val_recs, budget, max_new_tokens, lr=None):
+    """The control: MLE continued from the checkpoint `start` until it has used `budget`, at `lr`,
+    by default the start's own final MLE rate (mle.final_lr; an HF start records none: RLVR's
+    rate, --rl_lr) -> its checkpoint, out_dir/mle_more.safetensors."""
+    final = mle.final_lr(start)
+    lr = lr or (run.args.rl_lr if final is None else final)
+    run.print0(f"control: MLE continued from the start at lr {lr:.3g} for RLVR's compute")
+    model = load_model(start, run.args.device)[0]   # control_lr: 10 warm-up steps, then constant
+    return train_mle(run, task, tok, model, "mle_more", pairs, val_recs, 10 ** 9,
+                     mle.control_lr(lr), max_new_tokens, budget)

@@ -22,23 +22,20 @@ import sys
 import time
 from pathlib import Path
 
-from checkpoint import read_meta, write_json
-from eval import evaluate_checkpoints, print_comparison
+from checkpoint import read_meta
+from eval import compare_checkpoints
 from grpo import PAPER_RECIPE, GRPOConfig
 import mle
 from model import GPT, GPTConfig
 from runtime import (ComputeBudget, Run, add_flags, check_ranges, fork_alongside, from_flags,
-                     lr_at, memory_estimate, print_memory, prompts_per_chunk, rank_map)
-from tasks import (TASKS, encode, greedy_scores, keep_tokenizer, load_lang_model, load_splits,
-                   train_rlvr)
+                     lr_at, memory_estimate, print_memory, prompts_per_chunk)
+from tasks import (TASKS, encode, keep_tokenizer, load_lang_model, load_splits, train_control,
+                   train_mle, train_rlvr)
 from tokenizer_text import Tokenizer
 
 ROOT = Path(__file__).resolve().parent
 # settings a user rarely changes, in one place
 VOCAB_SIZE = 448        # BPE ranks trained on the train split (--init=scratch)
-MLE_WARMUP, MLE_WEIGHT_DECAY = mle.WARMUP, 0.1   # MLE's warm-up steps and AdamW weight decay
-EVAL_EVERY, VAL_N = 500, 200   # MLE's progress checks: every 500 steps, 200 val records
-EVAL_WORKERS = 2        # processes sharing the final evaluation on a CPU
 
 # -----------------------------------------------------------------------------
 # flags; the RL stage's come from grpo.GRPOConfig (`runtime.add_flags`), the home of their defaults
@@ -193,52 +190,13 @@ cfg = dataclasses.replace(cfg, vocab=tok.n_vocab)   # only ids the tokenizer dec
 
 
 # -----------------------------------------------------------------------------
-# stage 1: MLE on (prompt -> state difference) pairs, loss on the answer tokens only (mle.py).
-# The same loop trains the control (MLE continued from the RLVR start for RLVR's compute).
-def run_mle(model, name, pairs, steps, lr_of_step, budget=None):
-    """mle.train for `steps` steps or RLVR's compute (`budget`) -> out_dir/<name>.safetensors."""
-    ckpt = out_dir / f"{name}.safetensors"   # resumable while it runs, the model once done
-
-    def fits(pair):   # a whole (prompt, answer) pair fits the model's context
-        return len(pair[0]) + len(pair[1]) <= model.config.block_size + 1
-
-    keep = [pr for pr in pairs if fits(pr)]
-    print0(f"{name}: {len(keep)}/{len(pairs)} train pairs fit block_size "
-           f"{model.config.block_size}; {model.num_params() / 1e6:.2f}M non-embedding parameters")
-    if not keep:
-        fail("no training pair fits the model's block_size (raise --block_size)")
-    val_pairs = [pr for pr in (encode(args.task, tok, r) for r in val_recs[:256]) if fits(pr)]
-    next_batch, val_loss = mle.pair_batches(run, keep, val_pairs, args.batch_size)
-
-    def val_metrics(model):   # rank 0: greedy decoding of the first VAL_N validation records
-        if not master:
-            return {}, ""
-        recs = val_recs[:VAL_N]
-        with autocast:
-            scores = greedy_scores(args.task, model, tok, recs, cfg.max_new_tokens)
-        right = [s[task.headline] for s in scores]
-        changed = [x for x, r in zip(right, recs) if data.is_changed(r)]
-        more = {"val": sum(right) / len(right),
-                "val_changed": sum(changed) / len(changed) if changed else None}
-        return more, f" val {task.headline} {more['val']:.3f}"
-
-    until = " (until RLVR's compute)" if budget is not None else ""   # the progress bar's label
-    mle.train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, 0, budget,
-              val_metrics, desc=name + until, weight_decay=MLE_WEIGHT_DECAY, eval_every=EVAL_EVERY)
-    return ckpt
-
-
-# -----------------------------------------------------------------------------
-# stage 2: RLVR with GRPO on the prompt pool's prompts (tasks.train_rlvr); the reward is the task
-# metric of the decoded prediction (rewards.py). Stage 3, the control:
+# the stages (tasks.py): MLE on (prompt -> state difference) pairs, loss on the answer tokens only;
+# RLVR with GRPO on the prompt pool's prompts, the reward the task metric of the decoded prediction
+# (rewards.py); the control, MLE continued from the RLVR start for RLVR's compute
 def control(budget):
-    """The control: MLE continued from the start until it has used `budget`, at the start's own
-    final MLE rate (mle.final_lr; an HF start records none: RLVR's rate, --rl_lr)."""
-    final = mle.final_lr(start)
-    lr = cfg.lr if final is None else final
-    print0(f"control: MLE continued from the start at lr {lr:.3g} for RLVR's compute")
-    model = load_lang_model(start, args.device)[0]   # control_lr: 10 warm-up steps, then constant
-    return run_mle(model, "mle_more", all_pairs, 10 ** 9, mle.control_lr(lr), budget)
+    """The control, from the RLVR start `start`, trained on every train pair until `budget`."""
+    return train_control(run, args.task, tok, start, all_pairs, val_recs, budget,
+                         cfg.max_new_tokens)
 
 
 # -----------------------------------------------------------------------------
@@ -251,8 +209,8 @@ config = start_model.config if start_model else GPTConfig.llama(
     vocab_size=tok.n_vocab, block_size=args.block_size, n_layer=args.n_layer,
     n_head=args.n_embd // 32, n_embd=args.n_embd)
 low = args.dtype != "float32"
-train_mle = args.stage == "mle" or (args.stage in ("all", "memory") and not init_is_ckpt)
-if train_mle:
+do_mle = args.stage == "mle" or (args.stage in ("all", "memory") and not init_is_ckpt)
+if do_mle:
     # MLE: a micro-batch of the longest pair that fits (no reference, no sampling)
     fit = [(len(p), len(a)) for p, a in all_pairs if len(p) + len(a) <= config.block_size + 1]
     p_len, a_len = max(fit or [(config.block_size // 2, config.block_size // 2)], key=sum)
@@ -271,9 +229,11 @@ if not writes:
     run.finish()
     raise SystemExit(0)
 start = args.init   # the checkpoint RLVR and the control start from
-if train_mle:
-    start = str(run_mle(start_model or GPT(config), "mle", all_pairs, args.mle_steps,
-                        lambda s: lr_at(s, args.mle_steps, args.mle_lr, MLE_WARMUP)))
+if do_mle:
+    start = str(train_mle(run, args.task, tok, start_model or GPT(config), "mle", all_pairs,
+                          val_recs, args.mle_steps,
+                          lambda s: lr_at(s, args.mle_steps, args.mle_lr, mle.WARMUP),
+                          cfg.max_new_tokens))
     start_model = None   # RLVR and the control start from the checkpoint: free its memory
 if args.stage in ("all", "rlvr"):
     rl_file = out_dir / "rlvr.safetensors"
@@ -301,17 +261,12 @@ if args.stage in ("all", "rlvr"):
     elif args.control:   # after RLVR, for the compute its checkpoint records
         rl_compute = read_meta(rl_ckpt)["metrics"].get("rl_compute", 0)
         ckpts["mle_more"] = str(control(ComputeBudget(rl_compute)))
-    # every model, loaded from its checkpoint, greedy on the same records: differences are paired
-    limit = args.eval_limit or None   # the first N records of each split (None: all)
-    splits = {"val": val_recs[:limit], "test": test_recs[:limit]}
-    # a CPU: the jobs split over the cores; torchrun: each rank decodes a share, all get all results
-    workers = EVAL_WORKERS if args.device == "cpu" and world == 1 else 1
-    results = evaluate_checkpoints(args.task, ckpts, tok, splits, cfg.max_new_tokens, args.device,
-                                   autocast, workers, rank_map if world > 1 else None)
-    if master:
-        for split, r in results.items():
-            write_json(out_dir / ("eval.json" if split == "test" else "eval_val.json"), r)
-            print_comparison(args.task, split, r)   # RLVR - start, RLVR - control: paired 95% CIs
-        print0(f"wrote eval.json (test) / eval_val.json (val) in {out_dir}; "
-               f"total {(time.time() - t0) / 60:.1f} min")
+    # every model, loaded from its checkpoint, greedy on the first --eval_limit records of each
+    # split (all: None), the same for every model: differences are paired (eval.py)
+    limit = args.eval_limit or None
+    compare_checkpoints(run, args.task, ckpts, tok, {"val": val_recs[:limit],
+                                                     "test": test_recs[:limit]},
+                        cfg.max_new_tokens)
+    print0(f"wrote eval.json (test) / eval_val.json (val) in {out_dir}; "
+           f"total {(time.time() - t0) / 60:.1f} min")
 run.finish()

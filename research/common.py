@@ -1,7 +1,7 @@
 """
 What the text studies share: train_lang.py's stages as functions of their inputs, so a study
 changes the one piece it studies (the reward, the prompt pool, the MLE data) and keeps the rest.
-Built on the core only: tasks.py, mle.py, grpo.py, eval.py, runtime.py.
+Built on the core only: tasks.py, grpo.py, eval.py, runtime.py.
 """
 import argparse
 import dataclasses
@@ -10,13 +10,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a file: the repository root
-from checkpoint import read_meta, write_json  # noqa: E402
-from eval import evaluate_checkpoints, print_comparison  # noqa: E402
+from checkpoint import read_meta  # noqa: E402
+from eval import compare_checkpoints  # noqa: E402
 from grpo import GRPOConfig  # noqa: E402
-import mle  # noqa: E402
 from runtime import ComputeBudget, Run, add_flags, from_flags  # noqa: E402
 from tasks import (TASKS, UNCHANGED_FRAC, encode, keep_tokenizer,  # noqa: E402
-                   load_lang_model, load_splits, train_rlvr)
+                   load_lang_model, load_splits, train_control, train_rlvr)
 
 
 def parser(doc):
@@ -66,21 +65,11 @@ def rl_compute(ckpt):
 
 
 def control(run, start, tok, args, train, val, compute, lr=None):
-    """MLE continued from `start` on every train record for `compute` (forward-token units), at
-    `lr` (default: the start's final MLE rate, as train_lang.py) -> the checkpoint."""
-    model = load_lang_model(start, args.device)[0]
-
-    def fits(pr):
-        return len(pr[0]) + len(pr[1]) <= model.config.block_size + 1
-    pairs = [pr for pr in (encode(args.task, tok, r) for r in train) if fits(pr)]
-    val_pairs = [pr for pr in (encode(args.task, tok, r) for r in val[:256]) if fits(pr)]
-    next_batch, val_loss = mle.pair_batches(run, pairs, val_pairs, args.batch_size)
-    final = mle.final_lr(start)
-    lr = lr or (args.rl_lr if final is None else final)
-    ckpt = run.out_dir / "mle_more.safetensors"
-    mle.train(run, model, "mle_more", ckpt, 10 ** 9, next_batch, val_loss, mle.control_lr(lr),
-              budget=ComputeBudget(compute), weight_decay=0.1, eval_every=500)
-    return ckpt
+    """train_lang.py's control (tasks.train_control): MLE continued from `start` on every train
+    record for `compute` (forward-token units), at `lr` (default: the start's final MLE rate)."""
+    pairs = [encode(args.task, tok, r) for r in train]
+    return train_control(run, args.task, tok, start, pairs, val, ComputeBudget(compute),
+                         from_flags(args, GRPOConfig).max_new_tokens, lr)
 
 
 def compare(run, tok, args, init, rl, train, val, test):
@@ -96,11 +85,5 @@ def evaluate(run, tok, args, ckpts, val, test=None):
     """train_lang.py's final comparison: eval_val.json and eval.json (test None: none) in out_dir,
     and the tables."""
     splits = {"val": val[:args.val_limit or None], "test": (test or [])[:args.test_limit or None]}
-    splits = {k: v for k, v in splits.items() if v}
-    results = evaluate_checkpoints(args.task, ckpts, tok, splits,
-                                   from_flags(args, GRPOConfig).max_new_tokens, args.device,
-                                   run.autocast, 2 if args.device == "cpu" else 1)
-    for split, r in results.items():
-        write_json(run.out_dir / ("eval.json" if split == "test" else "eval_val.json"), r)
-        print_comparison(args.task, split, r)
-    return results
+    return compare_checkpoints(run, args.task, ckpts, tok, {k: v for k, v in splits.items() if v},
+                               from_flags(args, GRPOConfig).max_new_tokens)
