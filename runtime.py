@@ -375,6 +375,30 @@ class ComputeBudget:
         return used >= self.rl.value
 
 
+def rlvr_and_control(run, rlvr, control, rl_file):
+    """RLVR, rlvr(budget) -> its result (it adds each step's compute to budget and saves rl_file),
+    and its control, control(budget): the start trained further by MLE until it has used RLVR's
+    compute (ComputeBudget: counted in tokens, the same on any machine); None: no control. On a
+    CPU the control runs in a forked process on the second core *while* RLVR runs, waiting
+    whenever it is ahead (the run takes half as long); otherwise (GPU, torchrun, a resumed run)
+    after RLVR, for the compute rl_file records: the same steps. -> rlvr's result."""
+    done = run.args.resume and rl_file.is_file() and read_meta(rl_file)["metrics"].get("done")
+    alongside = control and run.world == 1 and run.args.device == "cpu" and not done
+    budget, log = ComputeBudget(), run.out_dir / "control.log"
+    if alongside:   # the child shares the loaded data and models, and prints to control.log
+        child = fork_alongside(lambda: control(budget), log)
+        run.print0(f"control: MLE continues from the start in process {child.pid} while RLVR "
+                   f"runs (progress: {log})")
+    result = rlvr(budget)
+    if alongside:
+        child.join()   # it stops at RLVR's compute, saves its checkpoint and exits
+        if child.exitcode:
+            run.fail(f"the control process failed (exit code {child.exitcode}); see {log}")
+    elif control:
+        control(ComputeBudget(read_meta(rl_file)["metrics"].get("rl_compute", 0)))
+    return result
+
+
 def fork_map(fn, jobs, workers):
     """[fn(job) for job in jobs], in order; with workers > 1, computed by that many forked processes
     (jobs first to last, one at a time each: put the largest first)."""

@@ -27,8 +27,8 @@ from eval import compare_checkpoints
 from grpo import PAPER_RECIPE, GRPOConfig
 import mle
 from model import GPT, GPTConfig
-from runtime import (ComputeBudget, Run, add_flags, check_ranges, fork_alongside, from_flags,
-                     lr_at, memory_estimate, print_memory, prompts_per_chunk)
+from runtime import (Run, add_flags, check_ranges, from_flags, lr_at, memory_estimate, print_memory,
+                     prompts_per_chunk, rlvr_and_control)
 from tasks import (TASKS, encode, keep_tokenizer, load_lang_model, load_splits, train_control,
                    train_mle, train_rlvr)
 from tokenizer_text import Tokenizer
@@ -134,7 +134,7 @@ cfg = dataclasses.replace(from_flags(args, GRPOConfig),
 # autocast (1 thread). Every input is checked before anything is written
 out_dir = Path(args.out_dir or f"out/{args.task}")
 run = Run(args, out_dir, path_flags=("data_dir", "init", "out_dir", "tokenizer"))
-master, world, autocast, print0, fail = run.master, run.world, run.autocast, run.print0, run.fail
+master, print0, fail = run.master, run.print0, run.fail
 if args.reward not in task.rewards:
     fail(f"--reward {args.reward}: the {args.task} task has rewards {task.rewards}")
 init_is_ckpt = args.init != "scratch" and Path(args.init).is_file()   # else scratch or HF dir
@@ -237,30 +237,17 @@ if do_mle:
     start_model = None   # RLVR and the control start from the checkpoint: free its memory
 if args.stage in ("all", "rlvr"):
     rl_file = out_dir / "rlvr.safetensors"
-    rl_done = args.resume and rl_file.is_file() and read_meta(rl_file)["metrics"].get("done")
-    # The control gets RLVR's compute (ComputeBudget: counted in tokens, the same on any machine):
-    # on a CPU in a forked process on the second core *while* RLVR runs, waiting whenever it is
-    # ahead (half the time); otherwise (GPU, torchrun, a resumed run) after RLVR, the same steps.
-    alongside = args.control and world == 1 and args.device == "cpu" and not rl_done
-    budget = ComputeBudget()   # RLVR adds its compute step by step
-    if alongside:   # the child shares the loaded data and tokenizer, and prints to control.log
-        child = fork_alongside(lambda: control(budget), out_dir / "control.log")
-        print0(f"control: MLE continues from the start in process {child.pid} while RLVR runs "
-               f"(progress: {out_dir / 'control.log'})")
-    # the start: the model loaded from --init, or a fresh copy of the MLE checkpoint
-    rl_ckpt = train_rlvr(run, start_model or load_lang_model(start, args.device)[0], cfg,
-                         args.task, tok, train_recs, args.reward, rl_file, args.rl_steps, budget)
+
+    def rlvr(budget):   # from the model loaded from --init, or a fresh copy of the MLE checkpoint
+        return train_rlvr(run, start_model or load_lang_model(start, args.device)[0], cfg,
+                          args.task, tok, train_recs, args.reward, rl_file, args.rl_steps, budget)
+
+    # RLVR and the control for its compute: beside it on a CPU, else after it (runtime.py)
+    rlvr_and_control(run, rlvr, control if args.control else None, rl_file)
     start_model = None   # RLVR trained it in place: let go of its memory
-    ckpts = {"mle": start, "rlvr": str(rl_ckpt)}
-    if alongside:
-        child.join()   # it stops at RLVR's compute, saves mle_more.safetensors and exits
-        if child.exitcode:
-            fail(f"the control process failed (exit code {child.exitcode}); "
-                 f"see {out_dir / 'control.log'}")
+    ckpts = {"mle": start, "rlvr": str(rl_file)}
+    if args.control:
         ckpts["mle_more"] = str(out_dir / "mle_more.safetensors")
-    elif args.control:   # after RLVR, for the compute its checkpoint records
-        rl_compute = read_meta(rl_ckpt)["metrics"].get("rl_compute", 0)
-        ckpts["mle_more"] = str(control(ComputeBudget(rl_compute)))
     # every model, loaded from its checkpoint, greedy on the first --eval_limit records of each
     # split (all: None), the same for every model: differences are paired (eval.py)
     limit = args.eval_limit or None

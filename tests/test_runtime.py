@@ -18,8 +18,9 @@ from safetensors.torch import save_file
 
 from model import GPT, GPTConfig
 import runtime
+from checkpoint import save_checkpoint
 from runtime import (MAX_SKIPS, ComputeBudget, Run, check_device, check_ranges, checksum, fork_alongside,
-                     fork_map, lr_at, rank_map)
+                     fork_map, lr_at, rank_map, rlvr_and_control)
 from tasks import generate_texts
 
 torch.set_num_threads(1)
@@ -189,6 +190,34 @@ def test_fork_map_and_fork_alongside(tmp_path):
     child.join(10)
     assert child.exitcode == 0
     assert (tmp_path / "child.log").read_text() == f"stopped at 5 in {child.pid}\n"
+
+
+@pytest.mark.parametrize("resumed", [0, 1])
+def test_rlvr_and_control_spends_rlvr_compute_beside_it_or_after_it(tmp_path, resumed):
+    """The control stops at RLVR's compute whether it runs in a forked process beside RLVR (a fresh run on a CPU) or
+    after it (RLVR's checkpoint already done: a resumed run), and RLVR's result comes back either way."""
+    run = make_run(tmp_path)
+    rl_file = tmp_path / "rlvr.safetensors"
+    if resumed:   # what train_loop leaves at its end: done, and the compute it used
+        save_checkpoint(rl_file, tiny(), metrics=dict(done=True, rl_compute=5))
+
+    def rlvr(budget):   # five steps of one unit each, then the end of RLVR
+        for _ in range(5):
+            budget.add(1)
+            time.sleep(0.02)
+        budget.close()
+        return "rlvr result"
+
+    def control(budget):   # one unit a step until the budget is reached; who ran it, and where it stopped
+        used = 1
+        while not budget.reached(used):
+            used += 1
+        (tmp_path / "control.txt").write_text(f"{used} {os.getpid()}")
+
+    assert rlvr_and_control(run, rlvr, control, rl_file) == "rlvr result"
+    used, pid = (tmp_path / "control.txt").read_text().split()
+    assert int(used) == 5 and (int(pid) == os.getpid()) == bool(resumed)
+    assert (tmp_path / "control.log").is_file() != bool(resumed)   # the forked control prints to its log
 
 
 def config_run(out, capsys=None, **flags):
