@@ -5,14 +5,13 @@ Plot what an RLVR run did, from its log.jsonl: does the optimiser climb its own 
         --out=docs/img/textgame_rl.png
 
 Panels, against the GRPO step: the reward on the fixed probe set of training prompts (mean of 4 samples at T=1, and
-greedy), the on-policy reward of each step's rollouts, KL to the MLE start and the policy's entropy, and the weight
-movement (distance from the start over the path walked: ~1 for a steady direction, ~1/sqrt(steps) for a random walk).
-A working optimiser shows the probe reward rising and straightness well above the random-walk line; the placebo
-(rewards shuffled within each batch) shows neither. Needs matplotlib (requirements-dev.txt).
+greedy), the on-policy reward of each step's rollouts, and KL to the MLE start with the policy's entropy. A working
+optimiser shows the probe reward rising; the placebo (rewards permuted within each group) does not. (The weight
+movement panel went with the core's weight-path log at 107457f: it did not tell the two apart, research/README.md.)
+Needs matplotlib (requirements-dev.txt).
 """
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -58,15 +57,12 @@ def smooth(ys, k):
     return [sum(ys[max(0, i - k + 1):i + 1]) / len(ys[max(0, i - k + 1):i + 1]) for i in range(len(ys))]
 
 
-fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
-(ax_probe, ax_reward), (ax_kl, ax_move) = axes
+fig, (ax_probe, ax_reward, ax_kl) = plt.subplots(1, 3, figsize=(16, 4.5))
 ax_ent = ax_kl.twinx()
-max_step = 1
 for path, label, color in zip(args.logs, labels, plt.rcParams["axes.prop_cycle"].by_key()["color"]):
     rows = rlvr_rows(path)
     if not rows:
         sys.exit(f"error: {path}: no RLVR rows (is it a train_lang.py log?)")
-    max_step = max(max_step, rows[-1]["step"])
     x, y = series(rows, "probe_reward")
     ax_probe.plot(x, y, "o-", color=color, label=f"{label}: T=1 (4 samples)")
     x, y = series(rows, "probe_greedy")
@@ -77,16 +73,11 @@ for path, label, color in zip(args.logs, labels, plt.rcParams["axes.prop_cycle"]
     ax_kl.plot(x, y, color=color, label=f"{label}: KL")
     x, y = series(rows, "entropy")
     ax_ent.plot(x, y, ":", color=color, label=f"{label}: entropy")
-    x, y = series(rows, "w_straightness")
-    ax_move.plot(x, y, color=color, label=label)
-xs = list(range(1, max_step + 1))
-ax_move.plot(xs, [1 / math.sqrt(s) for s in xs], "k--", label="random walk, 1/sqrt(step)")
 ax_probe.set(title="reward on the fixed probe set of training prompts", xlabel="GRPO step", ylabel="reward")
 ax_reward.set(title=f"on-policy reward of the step's rollouts ({args.smooth}-step mean)", xlabel="GRPO step")
 ax_kl.set(title="KL to the MLE start (solid) and entropy (dotted)", xlabel="GRPO step", ylabel="KL per token")
 ax_ent.set_ylabel("entropy per token (nats)")
-ax_move.set(title="weight movement: distance from start / path length", xlabel="GRPO step", ylim=(0, 1.05))
-for ax in (ax_probe, ax_reward, ax_move):
+for ax in (ax_probe, ax_reward):
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
 ax_kl.legend(fontsize=8, loc="upper left")

@@ -7,12 +7,12 @@ reward_fn, in place of data/robot/task.make_draw and make_reward) and MLE (next_
   the true gripper the prediction draws it (data/robot/detect.locate_gripper). Finding: paid alone
   it did not make the model follow the action; the push term (the core's single-step default, 0.1)
   beside the object term kept it best.
-- `push_windows` / `push_draw`: a share of each step's prompts from windows whose true step moves a
-  block (--push_frac of old).
-- `replay_scenes` / `counterfactual` / `counterfactual_draw`: prompts at visited train states with
+- `push_windows` and `study_draw`'s n_push: a share of each step's prompts from windows whose
+  true step moves a block (--push_frac of old).
+- `replay_scenes` / `counterfactual` and `study_draw`'s n_cf: prompts at visited train states with
   a random action, whose true outcome the simulator renders (--counterfactual_frac of old).
-- `change_weighted_batch`: MLE where a code that changes from the context weighs change_weight
-  (above 1 the model learns more change than the data holds).
+- `change_weights`: MLE loss weights where a code that changes from the context weighs
+  change_weight (above 1 the model learns more change than the data holds).
 - `init_action_embeddings`: the action tokens' embeddings set to Fourier features of their bin's
   value before MLE (the shipped GPTs had learnt them nearly alike).
 The commands and findings of these runs are in research/README.md (commit a76ad68 ran them as
