@@ -35,7 +35,7 @@ frame, against copy-last-frame and the tokenizer's ceiling; --official=1 adds th
 import argparse
 import sys
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import imageio.v2 as imageio
@@ -45,8 +45,8 @@ from tqdm import tqdm
 
 from checkpoint import load_model, read_meta, write_json
 from data.robot.prepare import DATA_DIR, ensure_splits
-from data.robot.task import (EFFECTS, Layout, clips, frame_codes, load_split, object_scores,
-                             rollout, summarize_effects, to_float, tokenize_split, windows)
+from data.robot.task import (EFFECTS, Layout, clips, frame_codes, load_split, object_report,
+                             object_scores, rollout, to_float, tokenize_split, windows)
 from data.textgame.prepare import COMPOSE_PATH, ensure_compose
 from rewards import MOVE_TOL, load_lpips, mae, mse, psnr, repetition_rate, ssim
 from runtime import check_device, check_ranges, fork_map, rank_map
@@ -272,12 +272,10 @@ def compare_checkpoints(run, task, ckpts, tok, splits, max_new_tokens):
 
 
 # -------------------------------------------------------------------------------------------------
-# video: rollouts on held-out windows, decoded and scored against the true frames
-# Held-out evaluation of a video world model (train_video.py's final comparison;
-# `eval.py --task=video` is its command line). `eval_video` rolls the model out on windows of the
-# split (greedy, or sampled as EvalSpec says; OFFICIAL: the paper's T=1, top-k 100), decodes
-# against the true last context frame and reports, averaged over predicted frames, against the
-# *true* frames:
+# video (train_video.py's final comparison; `eval.py --task=video` is its command line):
+# `eval_video` rolls a world model out on the split's windows, greedy or sampled as EvalSpec says,
+# decodes against the true last context frame and reports, averaged over predicted frames, against
+# the *true* frames:
 # - mse, mae, psnr, ssim, lpips (null without LPIPS weights), and repetition_rate (rewards.py);
 # - mae_moving: MAE on the pixels that truly move (> MOVE_TOL from the last context frame), where
 #   copy_last_frame, strong on whole frames of a mostly static scene, is weak;
@@ -380,11 +378,9 @@ def eval_video(model, vq, episodes, tokens, spec, lpips_net=None, grid_path=None
                           for name, x in (("pred", pred), ("copy", cf), ("ceiling", ceil))})
         # the embedded robot data (a bare table per clip): the objects kept, the action followed
         if episodes[0]["background"] is not None:
-            part["objects"], part["effects"] = object_scores(episodes, batch, context, horizon,
-                                                             tf, pred)
-        # the codes of "nothing changed" (per frame: the context's)
-        still_codes = vq.tokenize(ctx, ctx).cpu()
-        part["reps"] = repetition_rate(pc.cpu(), still_codes, true, ctx)
+            part["objects"] = object_scores(episodes, batch, context, horizon, tf, pred)
+        # frames repeated while the truth moves; "nothing changed": the context coded against itself
+        part["reps"] = repetition_rate(pc.cpu(), vq.tokenize(ctx, ctx).cpu(), true, ctx)
         # the first 6 windows make the picture
         part["grid"] = [(ctx[i], true[i], pred.view(B, horizon, *pred.shape[1:])[i])
                         for i in range(min(6 - s, B))]
@@ -395,9 +391,6 @@ def eval_video(model, vq, episodes, tokens, spec, lpips_net=None, grid_path=None
     # three rows scored alike: the model's prediction, copy-last-frame, the tokenizer's ceiling
     acc = {k: [p["rows"][k][0] for p in parts] for k in ("pred", "copy", "ceiling")}
     moving = {k: [sum(p["rows"][k][i] for p in parts) for i in (1, 2)] for k in acc}
-    objects = {k: sum(p["objects"][k] for p in parts if "objects" in p)
-               for k in ("truth", "pred", "hit", "n")}
-    effects = {k: sum((p["effects"][k] for p in parts if "effects" in p), []) for k in EFFECTS}
     reps, changed = (torch.cat([p[k] for p in parts]) for k in ("reps", "changed"))
     grid = sum((p["grid"] for p in parts), [])
 
@@ -421,12 +414,9 @@ def eval_video(model, vq, episodes, tokens, spec, lpips_net=None, grid_path=None
                              windows=[list(w) for w in wins])
     res["copy_last_frame"]["per_record"] = dict(mae=per_window("copy", "mae"),
                                                 ssim=per_window("copy", "ssim"))
-    if objects["n"]:
-        res["objects"] = dict(pixels_truth=objects["truth"] / objects["n"],
-                              pixels_pred=objects["pred"] / objects["n"],
-                              recall=objects["hit"] / max(objects["truth"], 1))
+    if episodes[0]["background"] is not None:   # the objects kept, the action followed
+        res["objects"], effects, res["action_effect"] = object_report([p["objects"] for p in parts])
         res["per_record"].update(effects)
-        res["action_effect"] = summarize_effects(effects)
     if grid_path:
         write_grid(grid, grid_path)
     return res
@@ -449,8 +439,41 @@ def write_grid(rows, path):
         imageio.imwrite(path, frames[-1])
 
 
-def print_video_table(rows, file=None):
-    """rows: name -> eval_video result; the baselines are printed from the first row."""
+def evaluate_video_models(models, lpips_net, official, workers=1, share=None, autocast=None):
+    """Each world model of `models` (name -> eval_video's (model, vq, episodes, tokens, spec,
+    grid_path)) as its spec says and, with `official`, sampled with the paper's protocol from the
+    spec's seed (one seed for all: the models' samples pair up) -> name -> the result, the sampled
+    one under "sampled". workers, share: as evaluate_checkpoints' (share: the ranks share each
+    greedy job's batches; a sampled job, one random stream through its batches, goes whole)."""
+    runs = (False, True) if official else (False,)   # as the spec says; sampled
+    jobs = [(name, sampled) for name in models for sampled in runs]
+
+    def evaluate(job, batches=None):   # batches: eval_video's share (greedy only)
+        name, sampled = job
+        model, vq, episodes, tokens, spec, grid = models[name]
+        if sampled:   # the paper's protocol, no grid
+            spec, grid, name = replace(spec, **OFFICIAL), None, name + " T=1 top-k"
+        with autocast or nullcontext():   # forked or shared: no bars
+            return eval_video(model, vq, episodes, tokens, spec, lpips_net, grid,
+                              None if workers > 1 or share else name, batches)
+
+    if share:
+        outs = {job: evaluate(job, share) for job in jobs if not job[1]}
+        whole = [job for job in jobs if job[1]]
+        outs |= dict(zip(whole, share(evaluate, whole)))
+    else:
+        outs = dict(zip(jobs, fork_map(evaluate, jobs, workers)))
+    return {name: outs[name, False] | ({"sampled": outs[name, True]} if official else {})
+            for name in models}
+
+
+def print_video_report(rows, pairs, file=None):
+    """eval.py's and train_video.py's report. rows: name -> eval_video result, with the paper's
+    protocol's result under "sampled" when it ran; pairs: (a, b) names, b "copy" for the first
+    row's copy-last-frame. The table (each greedy row, then its sampled one, then the first row's
+    baselines), and the paired differences of `pairs` greedy, then of the models' pairs sampled
+    (copying does not sample)."""
+    tag = "T={temperature:g} top-k {top_k}".format(**OFFICIAL)
     cols = ("mae", "mse", "psnr", "ssim", "lpips", "mae_moving")
 
     def cells(r):   # the frame metrics ("-": lpips without its weights)
@@ -458,30 +481,16 @@ def print_video_table(rows, file=None):
 
     lines = [["model", *cols, "repeat", "obj.recall", "response"]]
     for name, r in rows.items():
-        # the gripper's response to the action (mean over the windows where it truly moves)
-        resp = r.get("action_effect", {}).get("action_response")
-        lines.append([name, *cells(r), f"{r['repetition_rate']:.3f}",
-                      f"{r['objects']['recall']:.3f}" if "objects" in r else "-",
-                      "-" if resp is None else f"{resp:.3f}"])
-    first = next(iter(rows.values()))
+        for label, x in [(name, r)] + ([(f"{name} {tag}", r["sampled"])] if "sampled" in r else []):
+            # the gripper's response to the action (mean over the windows where it truly moves)
+            resp = x.get("action_effect", {}).get("action_response")
+            lines.append([label, *cells(x), f"{x['repetition_rate']:.3f}",
+                          f"{x['objects']['recall']:.3f}" if "objects" in x else "-",
+                          "-" if resp is None else f"{resp:.3f}"])
+    first, metrics = next(iter(rows.values())), ("mae", "ssim") + EFFECTS
     lines += [["copy-last-frame", *cells(first["copy_last_frame"])],
               ["tokenizer ceiling", *cells(first["tokenizer_ceiling"])]]
     print_rows(lines, (21,) + (10,) * 6 + (7, 10, 8), file)
-
-
-def print_video_report(rows, pairs, file=None):
-    """eval.py's and train_video.py's report. rows: name -> eval_video result, with the paper's
-    protocol's result under "sampled" when it ran; pairs: (a, b) names, b "copy" for the first
-    row's copy-last-frame. The table (each greedy row, then its sampled one), and the paired
-    differences of `pairs` greedy, then of the models' pairs sampled (copying does not sample)."""
-    tag = "T={temperature:g} top-k {top_k}".format(**OFFICIAL)
-    table = {}
-    for name, r in rows.items():
-        table[name] = r
-        if "sampled" in r:
-            table[f"{name} {tag}"] = r["sampled"]
-    print_video_table(table, file)
-    first, metrics = next(iter(rows.values())), ("mae", "ssim") + EFFECTS
     copy = dict(per_record=dict(first["copy_last_frame"]["per_record"],
                                 changed=first["per_record"]["changed"]))
     # MAE: lower is better; SSIM, object_recall and action_response: higher
@@ -583,24 +592,30 @@ def text_main(args):
 
 
 def video_main(args):
-    """--task=video: --ckpt (and --compare) on the windows of the episodes, each model in its own
-    mode, clip length and action bins; with --official, also the paper's sampling protocol."""
-    rows = {}
+    """--task=video: --ckpt (and --compare) on the --split windows of each model's own mode, clip
+    length and action bins, sampled as the flags say; with --official, also the paper's protocol."""
+    ckpts = [args.ckpt] + ([args.compare] if args.compare else [])
     try:
         check_device(args.device)
         # every model and the LPIPS weights first: a bad file stops before any data is generated
-        models = {ck: load_video_model(ck, args.device, args.copy_gate)
-                  for ck in [args.ckpt] + ([args.compare] if args.compare else [])}
+        loaded = {ck: load_video_model(ck, args.device, args.copy_gate) for ck in ckpts}
         lpips_net = load_lpips(args.lpips, args.device)
         # the embedded robot data is generated when its folder holds no split (a ValueError when
         # it holds some); any other --data is read as it is
         if Path(args.data).resolve() == DATA_DIR.resolve():
             ensure_splits(DATA_DIR)
-        for ck, loaded in models.items():
-            rows[ck] = eval_one(args, ck, loaded, lpips_net,
-                                dict(temperature=args.temperature, top_k=args.top_k or None))
-            if args.official:    # the same windows sampled with the paper's protocol
-                rows[ck]["sampled"] = eval_one(args, ck, loaded, lpips_net, OFFICIAL, grid=False)
+        models = {}
+        for ck, (model, vq, meta) in loaded.items():
+            a, frames = meta["args"], meta["args"].get("clip_len", 16)   # frames per clip
+            episodes = clips(load_split(args.data, args.split, vq.config.size, args.limit), frames)
+            if not episodes:
+                raise ValueError(f"no {args.split} episode has {frames} frames")
+            spec = EvalSpec(np.array(a["action_lo"], np.float32),
+                            np.array(a["action_hi"], np.float32), a.get("context", 1),
+                            a["horizon"] if (args.mode or a["mode"]) == "multi" else 1,
+                            args.temperature, args.top_k or None, args.seed)
+            models[ck] = (model, vq, episodes, None, spec, args.grid if ck == args.ckpt else None)
+        rows = evaluate_video_models(models, lpips_net, args.official)
     except ValueError as e:
         sys.exit(f"error: {e}")
     names = {k: f"{i}:{Path(k).name}" if args.compare else Path(k).name for i, k in enumerate(rows)}
@@ -613,22 +628,6 @@ def video_main(args):
     if args.lpips is None:
         print("lpips: null (no --lpips weights given; see tools/convert_lpips.py)")
     return rows
-
-
-def eval_one(args, ckpt, loaded, lpips_net, sampling, grid=True):
-    """One world model (`loaded`: load_video_model's (model, tokenizer, meta) of the file `ckpt`) on
-    the --split windows of its own mode, clip length and action bins -> eval_video's dict."""
-    model, vq, meta = loaded
-    a = meta["args"]
-    episodes = clips(load_split(args.data, args.split, vq.config.size, args.limit),
-                     a.get("clip_len", 16))
-    if not episodes:
-        raise ValueError(f"no {args.split} episode has {a.get('clip_len', 16)} frames")
-    horizon = a["horizon"] if (args.mode or a["mode"]) == "multi" else 1
-    spec = EvalSpec(np.array(a["action_lo"], np.float32), np.array(a["action_hi"], np.float32),
-                    a.get("context", 1), horizon, seed=args.seed, **sampling)
-    return eval_video(model, vq, episodes, None, spec, lpips_net,
-                      grid_path=args.grid if grid and ckpt == args.ckpt else None)
 
 
 if __name__ == "__main__":

@@ -38,12 +38,13 @@ from checkpoint import atomic_write, read_meta, recorded_path, write_json
 from data.robot.prepare import DATA_DIR
 from data.robot.task import (Clips, Layout, cached_tokens, make_draw, make_reward, make_sampler,
                              moving_windows, read_action_stats, windows)
-from eval import OFFICIAL, EvalSpec, eval_video, load_video_model, print_video_report
+from eval import (EvalSpec, eval_video, evaluate_video_models, load_video_model,
+                  print_video_report)
 from grpo import GRPOConfig, Source, make_policy, train_loop
 from model import GPT, GPTConfig
 from rewards import VideoReward, load_lpips, pick_reward
-from runtime import (ComputeBudget, Run, check_ranges, fork_alongside, fork_map, lr_at,
-                     memory_estimate, print_memory, prompts_per_chunk, rank_map)
+from runtime import (ComputeBudget, Run, check_ranges, fork_alongside, lr_at, memory_estimate,
+                     print_memory, prompts_per_chunk, rank_map)
 from tokenizer_vq import load_vq
 
 ROOT = Path(__file__).resolve().parent
@@ -248,71 +249,6 @@ def make_watch(run, model, vq, episodes, tokens, spec):
     return watch
 
 
-def grpo_config(args, horizon, L, D):
-    """grpo.GRPOConfig for video: a completion is the predicted frames' codes with the true actions
-    injected between them; one round of the draw's prompts a step (no refill), no entropy bonus,
-    AdamW with betas (0.9, 0.99), no weight decay and a constant rate (no warm-up)."""
-    return GRPOConfig(group_size=args.group_size, max_new_tokens=horizon * L + (horizon - 1) * D,
-                      temperature=1.0, clip_eps=0.2, beta=args.beta, minibatches=2,
-                      micro_batch=args.micro_batch, prompts_per_step=0, max_rounds=1,
-                      entropy_coef=0.0, lr=args.rl_lr, warmup=0, betas=(0.9, 0.99),
-                      weight_decay=0.0)
-
-
-# -----------------------------------------------------------------------------
-# stage 4: the held-out comparison, greedy and sampled, paired over the same windows
-
-def evaluate_models(run, models, vq, episodes, ep_tokens, spec, lpips_net):
-    """Evaluate every model of `models` (name -> (GPT, checkpoint path)) on the windows of
-    `episodes` (ep_tokens: their tokens), greedy and sampled with the paper's protocol (OFFICIAL;
-    one seed for all, so their samples pair up); rank 0 writes eval.json and prints the comparison.
-    Called on every rank: the ranks share the work, or on a CPU two forked processes do."""
-    args = run.args
-    workers = 2 if args.device == "cpu" and run.world == 1 else 1
-    sampled_spec = replace(spec, **OFFICIAL, seed=args.seed)
-
-    def evaluate(job, share=None):
-        """One model greedy (with a grid of predictions; share: eval_video's) or sampled."""
-        name, official = job
-        grid = run.out_dir / f"grid_{name}.{'gif' if spec.horizon > 1 else 'png'}"
-        desc = f"{args.final_eval} {name}" + (" T=1 top-k" if official else "")
-        with run.autocast:
-            return eval_video(models[name][0], vq, episodes, ep_tokens,
-                              sampled_spec if official else spec, lpips_net,
-                              grid_path=grid if run.master and not official else None,
-                              desc=None if workers > 1 or run.ddp else desc, share=share)
-
-    # under torchrun the ranks share each greedy job's batches (runtime.rank_map), and the sampled
-    # jobs go to the ranks whole (each draws one random stream through its batches in order)
-    jobs = [(name, official) for name in models for official in (False, True)]
-    run.print0(f"evaluating {len(models)} models greedy and sampled on the {args.final_eval} "
-               f"windows ({run.world if run.ddp else workers} processes)")
-    if run.ddp:
-        outs = {job: evaluate(job, rank_map) for job in jobs if not job[1]}
-        whole = [job for job in jobs if job[1]]
-        outs |= dict(zip(whole, rank_map(evaluate, whole)))
-    else:
-        outs = dict(zip(jobs, fork_map(evaluate, jobs, workers)))
-    if run.master:                                # every rank holds the results; rank 0 reports
-        # a model's row: its greedy result, the sampled run's summaries and per-window values under
-        # "sampled" (its baselines are the greedy run's), and its checkpoint
-        keep = ("mae", "mse", "psnr", "ssim", "lpips", "mae_moving", "repetition_rate",
-                "temperature", "top_k", "per_record", "action_effect")
-        rows = {}
-        for name, (_, path) in models.items():
-            out = outs[name, True]   # the sampled run's
-            rows[name] = dict(outs[name, False], sampled={k: out[k] for k in keep if k in out},
-                              checkpoint=str(path))
-        write_json(run.out_dir / "eval.json", rows)
-        run.print0(f"\nheld-out {args.final_eval} episodes ({rows['mle']['n']} predicted frames, "
-                   f"{args.mode}-step):")
-        # RLVR against its start, the equal-compute control and copying; the start against copying
-        print_video_report(rows, [(a, b) for a, b in (
-            ("rlvr", "mle"), ("rlvr", "mle_more"), ("rlvr", "copy"), ("mle", "copy"),
-            ("mle_more", "mle")) if a in rows and b in {*rows, "copy"}])
-        run.print0(f"wrote {run.out_dir / 'eval.json'}")
-
-
 # -----------------------------------------------------------------------------
 # run the stages
 t_start = time.time()
@@ -334,7 +270,7 @@ if args.stage == "tokenizer":              # the tokenizer file is written: noth
     sys.exit(0)
 if not Path(vq_path).is_file():
     fail(f"tokenizer {vq_path} not found (run --stage=tokenizer first or pass --vq)")
-vq, vq_meta = run.or_fail(load_vq, vq_path, args.device)   # frozen from here on
+vq, _ = run.or_fail(load_vq, vq_path, args.device)   # frozen from here on
 vq.copy_gate = True   # decoded cells that keep the context frame's code copy its pixels
 layout = Layout.of(vq, D)   # token ids: context codes, predicted-frame codes, action bins
 # a checkpoint must fit this tokenizer and data: the same vocabulary, and room for a whole window
@@ -355,7 +291,8 @@ run.recorded.update(vq=str(FILES["vq"]), copy_gate=1, action_lo=lo.tolist(),
 splits = {"train": train_eps, "val": val_eps, "test": test_eps}
 # every split tokenized once (cached): per clip the context codes, future codes and action tokens
 tokens = cached_tokens(run, FILES["vq"], vq, layout, splits, horizon, lo, hi, train_vq.SIZE)
-spec = EvalSpec(lo, hi, CONTEXT, horizon)   # the greedy evaluation of these windows
+# the greedy evaluation of these windows (the final comparison's sampled run draws from --seed)
+spec = EvalSpec(lo, hi, CONTEXT, horizon, seed=args.seed)
 
 # MLE: on its own (--stage=mle, from scratch or continuing --init), or a run from scratch's first
 if args.stage == "mle" or (args.stage == "all" and start_model is None):
@@ -374,11 +311,10 @@ else:                                            # RLVR starts from --init as it
 
 if args.stage in ("all", "rlvr", "control"):
     lpips_net = run.or_fail(load_lpips, args.lpips, args.device)   # the eval's (and reward's)
-    mle_model = copy.deepcopy(start_model)   # kept for the comparison; RLVR updates start_model
-    models = {"mle": (mle_model, mle_path)}  # name -> (model, its checkpoint file), evaluated below
+    models = {"mle": (start_model, mle_path)}   # name -> (model, checkpoint file), evaluated below
 
     def mle_more(budget):   # the equal-compute control: MLE from the start until `budget` is spent
-        return control(run, mle_model, mle_path, FILES["mle_more"], layout, tokens, horizon,
+        return control(run, start_model, mle_path, FILES["mle_more"], layout, tokens, horizon,
                        budget), FILES["mle_more"]
 if args.stage == "control":   # the control alone, for a given compute (the lr sweep)
     models["mle_more"] = mle_more(ComputeBudget(args.control_compute))
@@ -409,21 +345,29 @@ if args.stage in ("all", "rlvr"):
     pool = moving_windows(clips)
     print0(f"rlvr: {len(pool)} train windows; per step {prompts_per_step} prompts x "
            f"{args.group_size} samples x {world} ranks, {horizon} predicted frame(s) each")
-    cfg = grpo_config(args, horizon, layout.L, layout.D)
+    # a completion: the predicted frames' codes with the true actions injected between them; one
+    # round of the draw's prompts a step (no refill), no entropy bonus, AdamW with betas
+    # (0.9, 0.99), no weight decay and a constant rate (no warm-up)
+    cfg = GRPOConfig(group_size=args.group_size, temperature=1.0, clip_eps=0.2, beta=args.beta,
+                     max_new_tokens=horizon * layout.L + (horizon - 1) * D, minibatches=2,
+                     micro_batch=args.micro_batch, prompts_per_step=0, max_rounds=1,
+                     entropy_coef=0.0, lr=args.rl_lr, warmup=0, betas=(0.9, 0.99),
+                     weight_decay=0.0)
     # the step's memory, per rank
     print_memory("rlvr", memory_estimate(
         start_model.config, args.dtype != "float32", args.beta > 0, args.grad_ckpt,
         layout.prompt_len(CONTEXT), cfg.max_new_tokens, prompts_per_step, args.group_size,
         args.micro_batch, prompts_per_chunk(prompts_per_step, args.group_size, cfg.minibatches,
                                             args.micro_batch)), print0)
-    policy = make_policy(run, start_model, cfg, grad_ckpt=args.grad_ckpt)   # trains start_model
+    # RLVR trains a copy of the start (the comparison's "mle" stays as it is)
+    policy = make_policy(run, copy.deepcopy(start_model), cfg, grad_ckpt=args.grad_ckpt)
     gen = torch.Generator().manual_seed(args.seed + 1000 + run.rank)   # prompts and samples
     # make_draw's draw(g) draws the step's prompts_per_step windows (a study's draw plugs in alike)
     draw = make_draw(clips, pool, prompts_per_step, bool(reward.object))
     source = Source(lambda n: draw(gen), make_reward(vq, clips, reward, lpips_net, args.device),
                     sampler=make_sampler(horizon, layout.L))
     train_loop(run, policy, source, cfg, gen, FILES["rlvr"], rl_steps, budget,
-               make_watch(run, start_model, vq, val_eps, tokens["val"], spec), WATCH_EVERY)
+               make_watch(run, policy.model, vq, val_eps, tokens["val"], spec), WATCH_EVERY)
     models["rlvr"] = (policy.model, FILES["rlvr"])
     if alongside:
         child.join()   # it stops at RLVR's compute, saves video_mle_more.safetensors and exits
@@ -435,8 +379,32 @@ if args.stage in ("all", "rlvr"):
         models["mle_more"] = mle_more(ComputeBudget(
             read_meta(FILES["rlvr"])["metrics"].get("rl_compute", 0)))
 if args.stage in ("all", "rlvr", "control"):
-    # the final comparison on the --final_eval split: every rank evaluates its share, rank 0 writes
-    evaluate_models(run, models, vq, splits[args.final_eval], tokens[args.final_eval], spec,
-                    lpips_net)
+    # the held-out comparison on the --final_eval split, greedy and sampled with the paper's
+    # protocol, paired over the same windows: on a CPU two forked processes share the models' jobs,
+    # under torchrun the ranks do (eval.evaluate_video_models); every rank gets every result
+    workers = 2 if args.device == "cpu" and world == 1 else 1
+    print0(f"evaluating {len(models)} models greedy and sampled on the {args.final_eval} windows "
+           f"({world if run.ddp else workers} processes)")
+    ext = "gif" if horizon > 1 else "png"   # rank 0 draws each model's greedy predictions
+    rows = evaluate_video_models(
+        {name: (m, vq, splits[args.final_eval], tokens[args.final_eval], spec,
+                out_dir / f"grid_{name}.{ext}" if master else None)
+         for name, (m, _) in models.items()},
+        lpips_net, True, workers, rank_map if run.ddp else None, run.autocast)
+    if master:   # rank 0 writes eval.json and prints the comparison
+        # a model's row: its greedy result, the sampled run's summaries and per-window values under
+        # "sampled" (its baselines are the greedy run's), and its checkpoint
+        keep = ("mae", "mse", "psnr", "ssim", "lpips", "mae_moving", "repetition_rate",
+                "temperature", "top_k", "per_record", "action_effect")
+        rows = {name: dict(r, sampled={k: r["sampled"][k] for k in keep if k in r["sampled"]},
+                           checkpoint=str(models[name][1])) for name, r in rows.items()}
+        write_json(out_dir / "eval.json", rows)
+        print0(f"\nheld-out {args.final_eval} episodes ({rows['mle']['n']} predicted frames, "
+               f"{args.mode}-step):")
+        # RLVR against its start, the equal-compute control and copying; the start against copying
+        print_video_report(rows, [(a, b) for a, b in (
+            ("rlvr", "mle"), ("rlvr", "mle_more"), ("rlvr", "copy"), ("mle", "copy"),
+            ("mle_more", "mle")) if a in rows and b in {*rows, "copy"}])
+        print0(f"wrote {out_dir / 'eval.json'}")
     print0(f"total {(time.time() - t_start) / 60:.1f} min")
 run.finish()

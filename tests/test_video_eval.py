@@ -7,7 +7,8 @@ import torch
 
 from data.robot import sim
 from data.robot.task import Layout, frame_codes, rollout
-from eval import EvalSpec, eval_video, load_video_model, paired_diffs, print_video_report, write_grid
+from eval import (EvalSpec, eval_video, evaluate_video_models, load_video_model, paired_diffs, print_video_report,
+                  write_grid)
 from model import GPT, GPTConfig
 from rewards import mae
 from tokenizer_vq import VQConfig, VQVAE
@@ -105,6 +106,29 @@ def test_per_record_values_and_paired_differences(capsys):
     greedy, sampled_part = out.split("sampled at T=1 top-k 100:")
     assert re.search(r"worse - m +mae +all +\+0\.01000  \[\+0\.01000, \+0\.01000\]  \*", greedy)
     assert "m - copy" in greedy and "worse - m" in sampled_part and "m - copy" not in sampled_part
+
+
+def test_evaluate_video_models_greedy_and_the_papers_protocol_forked_or_not(tmp_path):
+    """Each model greedy (with its grid) and, with official, sampled at T=1 top-k 100 from the spec's seed under
+    "sampled" (no grid): the same results in one process as in two forked ones."""
+    vq, lay, gpt = tiny()
+    rng = np.random.default_rng(2)
+    eps = [dict(sim.episode(rng, 5, 0.0)) for _ in range(2)]
+    spec = EvalSpec(np.full(2, -1, np.float32), np.ones(2, np.float32), 1, 2, seed=5)
+    torch.manual_seed(1)   # another model: its own results under its own name
+    other = GPT(GPTConfig.llama(vocab_size=lay.vocab_size, block_size=4 * lay.frame_len, n_layer=1, n_head=2,
+                                n_embd=16))
+    models = {"a": (gpt, vq, eps, None, spec, tmp_path / "a.gif"), "b": (other, vq, eps, None, spec, None)}
+    one = evaluate_video_models(models, None, True)
+    assert set(one) == {"a", "b"} and one["a"]["top_k"] is None and one["a"]["sampled"]["top_k"] == 100
+    sampled_b = eval_video(other, vq, eps, None, EvalSpec(spec.lo, spec.hi, 1, 2, 1.0, 100, 5), desc=None)
+    assert one["b"]["sampled"] == sampled_b and sampled_b["per_record"] != one["a"]["sampled"]["per_record"]
+    official = eval_video(gpt, vq, eps, None, EvalSpec(spec.lo, spec.hi, 1, 2, 1.0, 100, 5), desc=None)
+    greedy = eval_video(gpt, vq, eps, None, spec, desc=None)
+    assert one["a"]["sampled"] == official and one["a"] == dict(greedy, sampled=official)
+    assert (tmp_path / "a.gif").is_file() and len(list(tmp_path.iterdir())) == 1
+    assert evaluate_video_models(models, None, True, workers=2) == one
+    assert "sampled" not in evaluate_video_models(models, None, False)["b"]
 
 
 def test_write_grid_png(tmp_path):

@@ -470,6 +470,17 @@ def add_effects(effects, episodes, batch, context, horizon, truth, pred_objects,
             gripper_response(img[t + context - 1], img[t + context:t + context + horizon], p))
 
 
+def object_report(scores):
+    """object_scores' (counts, effects) of every batch, in window order -> (objects: the shares of
+    object pixels in the true and predicted frames and their recall, the true object pixels the
+    prediction keeps; the per-window effects, EFFECTS -> list; summarize_effects of them)."""
+    counts = {k: sum(c[k] for c, _ in scores) for k in ("truth", "pred", "hit", "n")}
+    effects = {k: sum((e[k] for _, e in scores), []) for k in EFFECTS}
+    objects = dict(pixels_truth=counts["truth"] / counts["n"], pixels_pred=counts["pred"] / counts["n"],
+                   recall=counts["hit"] / max(counts["truth"], 1))
+    return objects, effects, summarize_effects(effects)
+
+
 def summarize_effects(effects):
     """Per-window action-effect values -> their means over the windows that have one, and the
     count of windows with a true gripper move."""
