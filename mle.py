@@ -8,9 +8,9 @@ RLVR's compute.
 
 next_batch(gen) -> (idx, tgt) on the device (tgt -1 where no token is scored), val_loss(model) ->
 float (called in eval mode, under no_grad and autocast), and optionally val_metrics(model) ->
-(dict, words) for the log and the progress line. The stage ends after `steps` steps, `minutes` of
-wall-clock or once its compute reaches `budget` (runtime.ComputeBudget), counted in forward-token
-units as grpo.compute_used counts RLVR's.
+(dict, words) for the log and the progress line. The stage ends after `steps` steps or once its
+compute reaches `budget` (runtime.ComputeBudget), counted in forward-token units as
+grpo.compute_used counts RLVR's.
 """
 import time
 from pathlib import Path
@@ -51,7 +51,7 @@ def batch_compute(tgt):
     return 3 * int(length.sum())
 
 
-def train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, minutes=0, budget=None,
+def train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, budget=None,
           val_metrics=None, desc=None, weight_decay=None, eval_every=None):
     """Train `model` by MLE as the stage `name`, checkpointing to `ckpt` -> the trained model
     (the same object, on the device). Reads --seed; --weight_decay, --eval_every unless given."""
@@ -87,16 +87,15 @@ def train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, minut
         compute += batch_compute(tgt)
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")
-        # the wall-clock or compute budget; the ranks agree, so all leave at the same step
-        timed_out = run.any_rank(bool(minutes and time.time() - t_start > 60 * minutes)
-                                 or (budget is not None and budget.reached(compute)))
-        if step % eval_every == 0 or step == steps or timed_out:
+        # the compute budget (the control's); the ranks agree, so all leave at the same step
+        spent = run.any_rank(budget is not None and budget.reached(compute))
+        if step % eval_every == 0 or step == steps or spent:
             metrics = validate(run, model, name, step, loss, t_start, val_loss, val_metrics,
                                compute)
         # every --ckpt_every steps the resumable state; at the end the weights alone, marked done
         run.save_stage(ckpt, model, opt, step, {**metrics, "compute": compute}, gen,
-                       done=step == steps or timed_out)
-        if timed_out:
+                       done=step == steps or spent)
+        if spent:
             run.print0(f"{name}: stopping after {(time.time() - t_start) / 60:.2f} minutes "
                        f"at step {step}, compute {compute:.3g}")
             break

@@ -300,7 +300,7 @@ def train_mle(run, task, tok, model, name, pairs, val_recs, steps, lr_of_step, m
         return more, f" val {headline} {more['val']:.3f}"
 
     until = " (until RLVR's compute)" if budget is not None else ""   # the progress bar's label
-    mle.train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, 0, budget,
+    mle.train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, budget,
               val_metrics, desc=name + until, weight_decay=MLE_WEIGHT_DECAY, eval_every=EVAL_EVERY)
     return ckpt
 

@@ -43,8 +43,8 @@ from eval import (EvalSpec, eval_video, evaluate_video_models, load_video_model,
 from grpo import GRPOConfig, Source, make_policy, train_loop
 from model import GPT, GPTConfig
 from rewards import VideoReward, load_lpips, pick_reward
-from runtime import (ComputeBudget, Run, check_ranges, fork_alongside, lr_at, memory_estimate,
-                     print_memory, prompts_per_chunk, rank_map)
+from runtime import (ComputeBudget, Run, check_ranges, lr_at, memory_estimate, print_memory,
+                     prompts_per_chunk, rank_map, rlvr_and_control)
 from tokenizer_vq import load_vq
 
 ROOT = Path(__file__).resolve().parent
@@ -217,7 +217,7 @@ def run_mle(run, model, name, ckpt, layout, tokens, horizon, steps, lr_of_step, 
         return float(np.mean([model(*pair(val_tok, val[i:i + 64, 0], val[i:i + 64, 1]))[1].item()
                               for i in range(0, len(val), 64)]))
 
-    return mle.train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, 0, budget)
+    return mle.train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, budget)
 
 
 def control(run, start, start_path, ckpt, layout, tokens, horizon, budget):
@@ -329,55 +329,40 @@ if args.stage in ("all", "rlvr"):
     print0(f"reward: {reward.name}" + "".join(f" - {w:g} x {what}" for w, what in terms if w)
            + ("" if lpips_net else " (no LPIPS weights: --lpips=FILE enables mae+lpips)")
            + "; frames decoded with the copy gate")
-    rl_done = (args.resume and FILES["rlvr"].is_file()
-               and read_meta(FILES["rlvr"])["metrics"].get("done"))
-    # The control gets RLVR's compute (ComputeBudget: counted in tokens, the same on any machine).
-    # On a CPU it runs in a forked process on the second core *while* RLVR runs, waiting whenever
-    # it is ahead (runtime.fork_alongside): the demo takes half as long. Otherwise (GPU, torchrun,
-    # a resumed run) it runs after RLVR, for the compute RLVR's checkpoint records. Same steps.
-    alongside = world == 1 and args.device == "cpu" and not rl_done
-    budget = ComputeBudget()   # RLVR adds its compute step by step
-    if alongside:
-        child = fork_alongside(lambda: mle_more(budget), out_dir / "control.log")
-        print0(f"control: MLE continues from the start in process {child.pid} while RLVR runs "
-               f"(progress: {out_dir / 'control.log'})")
-    clips = Clips(train_eps, tokens["train"], layout, horizon, CONTEXT)
-    pool = moving_windows(clips)
-    print0(f"rlvr: {len(pool)} train windows; per step {prompts_per_step} prompts x "
-           f"{args.group_size} samples x {world} ranks, {horizon} predicted frame(s) each")
-    # a completion: the predicted frames' codes with the true actions injected between them; one
-    # round of the draw's prompts a step (no refill), no entropy bonus, AdamW with betas
-    # (0.9, 0.99), no weight decay and a constant rate (no warm-up)
-    cfg = GRPOConfig(group_size=args.group_size, temperature=1.0, clip_eps=0.2, beta=args.beta,
-                     max_new_tokens=horizon * layout.L + (horizon - 1) * D, minibatches=2,
-                     micro_batch=args.micro_batch, prompts_per_step=0, max_rounds=1,
-                     entropy_coef=0.0, lr=args.rl_lr, warmup=0, betas=(0.9, 0.99),
-                     weight_decay=0.0)
-    # the step's memory, per rank
-    print_memory("rlvr", memory_estimate(
-        start_model.config, args.dtype != "float32", args.beta > 0, args.grad_ckpt,
-        layout.prompt_len(CONTEXT), cfg.max_new_tokens, prompts_per_step, args.group_size,
-        args.micro_batch, prompts_per_chunk(prompts_per_step, args.group_size, cfg.minibatches,
-                                            args.micro_batch)), print0)
-    # RLVR trains a copy of the start (the comparison's "mle" stays as it is)
-    policy = make_policy(run, copy.deepcopy(start_model), cfg, grad_ckpt=args.grad_ckpt)
-    gen = torch.Generator().manual_seed(args.seed + 1000 + run.rank)   # prompts and samples
-    # make_draw's draw(g) draws the step's prompts_per_step windows (a study's draw plugs in alike)
-    draw = make_draw(clips, pool, prompts_per_step, bool(reward.object))
-    source = Source(lambda n: draw(gen), make_reward(vq, clips, reward, lpips_net, args.device),
-                    sampler=make_sampler(horizon, layout.L))
-    train_loop(run, policy, source, cfg, gen, FILES["rlvr"], rl_steps, budget,
-               make_watch(run, policy.model, vq, val_eps, tokens["val"], spec), WATCH_EVERY)
-    models["rlvr"] = (policy.model, FILES["rlvr"])
-    if alongside:
-        child.join()   # it stops at RLVR's compute, saves video_mle_more.safetensors and exits
-        if child.exitcode:
-            fail(f"the control process failed (exit code {child.exitcode}); "
-                 f"see {out_dir / 'control.log'}")
-        models["mle_more"] = load_video_model(FILES["mle_more"], args.device)[0], FILES["mle_more"]
-    else:                # after RLVR, for the compute its checkpoint records
-        models["mle_more"] = mle_more(ComputeBudget(
-            read_meta(FILES["rlvr"])["metrics"].get("rl_compute", 0)))
+
+    def rlvr(budget):
+        """GRPO from a copy of the start (the comparison's "mle" stays as it is) -> the policy."""
+        clips = Clips(train_eps, tokens["train"], layout, horizon, CONTEXT)
+        pool = moving_windows(clips)
+        print0(f"rlvr: {len(pool)} train windows; per step {prompts_per_step} prompts x "
+               f"{args.group_size} samples x {world} ranks, {horizon} predicted frame(s) each")
+        # a completion: the predicted frames' codes with the true actions injected between them;
+        # one round of the draw's prompts a step (no refill), no entropy bonus, AdamW with betas
+        # (0.9, 0.99), no weight decay and a constant rate (no warm-up)
+        cfg = GRPOConfig(group_size=args.group_size, temperature=1.0, clip_eps=0.2, beta=args.beta,
+                         max_new_tokens=horizon * layout.L + (horizon - 1) * D, minibatches=2,
+                         micro_batch=args.micro_batch, prompts_per_step=0, max_rounds=1,
+                         entropy_coef=0.0, lr=args.rl_lr, warmup=0, betas=(0.9, 0.99),
+                         weight_decay=0.0)
+        # the step's memory, per rank
+        print_memory("rlvr", memory_estimate(
+            start_model.config, args.dtype != "float32", args.beta > 0, args.grad_ckpt,
+            layout.prompt_len(CONTEXT), cfg.max_new_tokens, prompts_per_step, args.group_size,
+            args.micro_batch, prompts_per_chunk(prompts_per_step, args.group_size, cfg.minibatches,
+                                                args.micro_batch)), print0)
+        policy = make_policy(run, copy.deepcopy(start_model), cfg, grad_ckpt=args.grad_ckpt)
+        gen = torch.Generator().manual_seed(args.seed + 1000 + run.rank)   # prompts and samples
+        # make_draw's draw(g): the step's prompts_per_step windows (a study's draw plugs in alike)
+        draw = make_draw(clips, pool, prompts_per_step, bool(reward.object))
+        source = Source(lambda n: draw(gen), make_reward(vq, clips, reward, lpips_net, args.device),
+                        sampler=make_sampler(horizon, layout.L))
+        train_loop(run, policy, source, cfg, gen, FILES["rlvr"], rl_steps, budget,
+                   make_watch(run, policy.model, vq, val_eps, tokens["val"], spec), WATCH_EVERY)
+        return policy.model
+
+    # RLVR and the control for its compute: beside it on a CPU, else after it (runtime.py)
+    models["rlvr"] = rlvr_and_control(run, rlvr, mle_more, FILES["rlvr"]), FILES["rlvr"]
+    models["mle_more"] = load_video_model(FILES["mle_more"], args.device)[0], FILES["mle_more"]
 if args.stage in ("all", "rlvr", "control"):
     # the held-out comparison on the --final_eval split, greedy and sampled with the paper's
     # protocol, paired over the same windows: on a CPU two forked processes share the models' jobs,
