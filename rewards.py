@@ -1,21 +1,13 @@
 """Verifiable rewards: each task's metric, measured on what the model wrote (text or frames).
 
-RLVR-World's point is that the reward is the metric itself. Every reward takes the model's output
-and the ground truth and never raises on model output: unreadable text scores 0, an unscorable
-frame the worst video reward. Each language task's section opens with what the task registry
-(tasks.TASKS) calls on a decoded answer and its record: `reward_<task>(text, record, kind)`, RLVR's
-reward, and `score_<task>(text, record)`, the per-record metrics of the evaluation. In order:
-- text game (train_lang.py --task=textgame): `textgame_reward(text, state, next_state, kind)`, kind
-  "binary" (1 for the exact next state, else 0; the default) or "task_specific" (partial credit, 0
-  to 1.3). It parses the model's diff JSON (`parse_diff`), merges it into the current state
-  (`apply_diff`) and compares the merged state with the true next state (`textgame_metrics`).
-- web page (train_lang.py --task=webpage): `web_f1(text, target_text)`, the F1 of the changed items.
-- video (train_video.py, eval.py): `VideoReward` and `video_reward(cfg, pred, true, ...)`,
-  "mae+ssim" = -(MAE + 1 - SSIM) (the default without LPIPS weights) or "mae+lpips" = -(MAE +
-  LPIPS), minus weighted terms for the error on the pixels that move, for erased objects and for
-  pushed blocks drawn where the push did not take them; `pick_reward` resolves "auto". Then the
-  metrics (mae, mse, psnr, ssim, moving_mae, object_miss, push_error, LPIPS) and
-  `repetition_rate`, an evaluation metric of multi-step video, not a reward.
+RLVR-World's point is that the reward is the metric itself. A reward takes the model's output and
+the ground truth and never raises on model output: unreadable text scores 0, an unscorable frame
+the worst video reward. Per language task, the task registry (tasks.TASKS) calls two functions on
+a decoded answer and its record: `reward_<task>(text, record, kind)`, RLVR's reward, and
+`score_<task>(text, record)`, the evaluation's per-record metrics. In order: the text game
+(`textgame_reward`: read the model's diff, merge it into the state, compare with the next state),
+the web page (`web_f1`), video (`video_reward` and its metrics, LPIPS), and `repetition_rate`, an
+evaluation metric of multi-step video, not a reward.
 
 docs/rewards.md holds where each formula comes from, where and why it deviates from the official
 RLVR-World rewards, the text game's contract on truncated answers, the ranges and the work's bounds.
@@ -74,11 +66,13 @@ def textgame_metrics(text, state: dict, next_state: dict) -> dict:
     """All text-game metrics of one answer: parsed, exact (0/1), object_acc, score_acc, changed_acc
     (None when nothing changed), and the two rewards binary and task_specific. The formulas and
     their sources: docs/rewards.md, "Where the formulas come from"."""
+    # a field changed when its value or presence differs between state and next state (score
+    # fields, removed objects and keys included: docs/rewards.md, "Where we deliberately differ", 3)
+    before, after = _fields(state), _fields(next_state)
+    changed = [f for f in before.keys() | after.keys()
+               if before.get(f, _ABSENT) != after.get(f, _ABSENT)]
     diff = parse_diff(text)
-    if diff is None:
-        # unreadable, the wrong shape, or "modified" / "removed" missing: no credit at all;
-        # changed_acc is None on a transition that changes nothing, as for an answer that parses
-        changed = _fields(state) != _fields(next_state)
+    if diff is None:   # unreadable, the wrong shape, or "modified" / "removed" missing: no credit
         return {"parsed": False, "exact": 0, "object_acc": 0.0, "score_acc": 0.0,
                 "changed_acc": 0.0 if changed else None, "binary": 0.0, "task_specific": 0.0}
     pred = apply_diff(state, diff)   # the predicted next state
@@ -91,11 +85,8 @@ def textgame_metrics(text, state: dict, next_state: dict) -> dict:
                       if key in pred["score"] and pred["score"][key] == value)
     score_acc = score_right / len(true_score) if true_score else 1.0
     exact = int(errors == 0 and score_right == len(true_score))   # every check right
-    # changed-field accuracy: a field changed when its value or presence differs between state and
-    # next state; the share of those that the prediction gets right, None when nothing changed
-    before, after, predicted = _fields(state), _fields(next_state), _fields(pred)
-    changed = [f for f in before.keys() | after.keys()
-               if before.get(f, _ABSENT) != after.get(f, _ABSENT)]
+    # changed-field accuracy: the share of the changed fields that the prediction gets right
+    predicted = _fields(pred)
     changed_acc = (sum(1 for f in changed if predicted.get(f, _ABSENT) == after.get(f, _ABSENT))
                    / len(changed)) if changed else None
     # official weights: the truth scores 1.3 on a changed transition, 0.3 on an unchanged one
@@ -196,9 +187,9 @@ def _close_brackets(text: str) -> str | None:
 
 
 def _validated(obj) -> dict | None:
-    """The diff {"modified", "removed", "score"} that `obj` holds, or None when it lacks "modified"
-    or "removed" (the official contract: a truncated answer must not earn credit) or has the wrong
-    shape. An absent "score" reads as None; a present one must be an object (null is not)."""
+    """The diff that `obj` holds, or None when it lacks "modified" or "removed" (the contract) or
+    has the wrong shape. An absent "score" reads as None; a present one must be an object (null is
+    not: docs/rewards.md, "Where we deliberately differ", 4)."""
     if not isinstance(obj, dict) or "modified" not in obj or "removed" not in obj:
         return None
     modified, removed, score = obj["modified"], obj["removed"], obj.get("score")
@@ -309,8 +300,7 @@ def web_prf(text, target_text) -> tuple[float, float, float]:
 
     Matches per section are the multiset intersection of the exact items. No items on either side
     gives (1, 1, 1); a side without items gives 0 for the ratio it divides. A prediction longer than
-    MAX_ANSWER_CHARS scores (0, 0, 0) unread. Never raises.
-    """
+    MAX_ANSWER_CHARS scores (0, 0, 0) unread. Never raises."""
     if not (isinstance(text, str) and isinstance(target_text, str)) or len(text) > MAX_ANSWER_CHARS:
         return 0.0, 0.0, 0.0
     pred, true = parse_sections(text), parse_sections(target_text)
@@ -329,8 +319,7 @@ def parse_sections(text) -> dict[str, list[str]]:
 
     Items are stripped non-blank lines after a header (in any order, possibly repeated); lines
     before the first header are ignored; a missing section is an empty list; a non-string gives
-    empty sections.
-    """
+    empty sections."""
     sections = {key: [] for key in SECTION_KEYS}
     current = None   # the list of the section being read
     for line in text.splitlines() if isinstance(text, str) else ():
@@ -365,8 +354,7 @@ REWARDS = {"mae+ssim": lambda pred, true, lpips_net: -(mae(pred, true) + (1 - ss
 class VideoReward:
     """A video reward: the named metric (REWARDS) minus weighted terms (each in [0, 1]) that close
     the holes whole-frame metrics leave (docs/rewards.md); VideoReward() is the metric alone.
-    train_video.py's default, per mode: single-step moving 1, object 0.5, push 0.1; multi-step
-    moving 1, object 0.5, push 0."""
+    train_video.py's MODES set the weights per mode."""
     name: str = "mae+ssim"   # "mae+ssim" | "mae+lpips"
     moving: float = 0.0      # x moving_mae: copying the last frame, or a still scene, is not paid
     object: float = 0.0      # x object_miss: erasing an object is not paid (needs backgrounds)
@@ -419,16 +407,15 @@ def _check_frames(pred, true, *others, min_side=None):
     """true, pred and each of `others`: float tensors of one shape (N, ...); with min_side, (N, 3,
     H, W) with H, W >= min_side. Else a ValueError naming the first pair (x, true) that fails."""
     for x in (pred, *others):
-        shapes = [f"{tuple(t.shape)} {t.dtype}" if torch.is_tensor(t) else type(t).__name__
-                  for t in (x, true)]
         ok = (all(torch.is_tensor(t) and t.is_floating_point() for t in (x, true))
-              and x.shape == true.shape)
+              and x.shape == true.shape and x.dim() >= 2)
         if ok and min_side is not None:
             ok = x.dim() == 4 and x.shape[1] == 3 and min(x.shape[2:]) >= min_side
-        if not ok or x.dim() < 2:
+        if not ok:
             need = f"(N, 3, H, W) with H, W >= {min_side}" if min_side else "(N, ...)"
-            raise ValueError(f"video metrics take two float tensors of one shape {need}, "
-                             f"got {shapes[0]} and {shapes[1]}")
+            got = " and ".join(f"{tuple(t.shape)} {t.dtype}" if torch.is_tensor(t)
+                               else type(t).__name__ for t in (x, true))
+            raise ValueError(f"video metrics take two float tensors of one shape {need}, got {got}")
 
 
 def mae(pred, true):

@@ -1,11 +1,11 @@
 """Text tokenizers: byte-level BPE, always run by tiktoken, never touching the network.
 
-Byte-level BPE. Text is UTF-8 encoded, so the 256 single bytes are the base tokens: nothing is
-ever out of vocabulary. A regex first splits the text into pre-tokens (words, numbers, punctuation
-runs, whitespace runs); BPE then works inside each pre-token. Training repeatedly fuses the most
-frequent adjacent pair of tokens into a new token; the order of those merges is the token's
-*rank*. Encoding replays it: within a pre-token, keep fusing the adjacent pair whose concatenation
-has the lowest rank. tiktoken does exactly this in Rust, with token id == rank.
+Text is UTF-8 encoded, so the 256 single bytes are the base tokens: nothing is ever out of
+vocabulary. A regex first splits the text into pre-tokens (words, numbers, punctuation runs,
+whitespace runs); BPE then works inside each pre-token. Training repeatedly fuses the most frequent
+adjacent pair of tokens into a new token; the order of those merges is the token's *rank*.
+Encoding replays it: within a pre-token, keep fusing the adjacent pair whose concatenation has the
+lowest rank. tiktoken does exactly this in Rust, with token id == rank.
 
 Training (`train_ranks`) fast: pre-tokens never interact, so each *distinct* pre-token is counted
 once with its frequency (JSON-like text has a few thousand distinct words for millions of bytes),
@@ -14,13 +14,8 @@ words; a heap with lazily discarded stale entries yields the next most frequent 
 smallest (left id, right id): seconds for megabytes, where re-scanning the corpus for every merge
 (tiktoken's `_educational` trainer) takes many minutes.
 
-Files. `save` writes tiktoken's `.tiktoken` format (base64 token, space, rank; one per line);
-`from_tiktoken_file` adds `<|endoftext|>` with id = number of ranks, as GPT-2 does (50256). HF
-tokenizer.json files store tokens as JSON strings, so GPT-2 maps each byte to a printable
-character (`bytes_to_unicode`: printable Latin-1 bytes to themselves, the other 68 to chr(256),
-chr(257), ...; a space is "Ġ"). `load_hf_tokenizer` inverts it to rebuild the ranks, which
-reproduces HF only when ids grow in merge order (GPT-2, Qwen2, BpeTrainer): checked, not assumed.
-`load_tokenizer` reads either format; tools/export_hf.py writes HF files.
+Files: our `.tiktoken` (`save`, `from_tiktoken_file`) and HF's tokenizer.json
+(`load_hf_tokenizer`; tools/export_hf.py writes them); `load_tokenizer` reads either.
 """
 import base64
 import heapq
@@ -77,7 +72,8 @@ class Tokenizer:
         return self.enc.decode([t for t in ids if 0 <= t < self.n_vocab], errors="replace")
 
     def save(self, path):
-        """Write the ranks as a `.tiktoken` file, atomically (temp file, then rename)."""
+        """Write the ranks as tiktoken's `.tiktoken` file (a base64 token, a space, its rank, per
+        line), atomically (temp file, then rename)."""
         by_rank = sorted((self.enc.encode_single_token(t), t) for t in self.enc.token_byte_values())
         atomic_write_text(path, "".join(f"{base64.b64encode(t).decode()} {rank}\n"
                                         for rank, t in by_rank))
@@ -179,7 +175,9 @@ def _merge(word, pair, new_id):
 # ----------------------------------------------------------------------------- HF tokenizer files
 
 def bytes_to_unicode():
-    """GPT-2's byte -> printable character table (see the module docstring)."""
+    """GPT-2's byte -> printable character table: HF tokenizer.json files store tokens as JSON
+    strings, so each byte is a character, printable Latin-1 bytes themselves and the other 68
+    chr(256), chr(257), ... (a space is "Ġ")."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
                  *range(ord("®"), ord("ÿ") + 1)]
     others = [b for b in range(256) if b not in printable]
@@ -231,17 +229,17 @@ def load_hf_tokenizer(path):
     merges = [m.split(" ") if isinstance(m, str) else m for m in model.get("merges", [])]
     merged_ids = [ranks.get(to_bytes(a) + to_bytes(b), -1) for a, b in merges]
     if -1 in merged_ids or len(set(merged_ids)) != len(ranks) - 256 \
-            or any(x > y for x, y in zip(merged_ids, merged_ids[1:])):
+            or merged_ids != sorted(merged_ids):
         raise unsupported("vocab ids do not follow the merge order, which tiktoken needs")
-    path, config, tokens = file.parent / "tokenizer_config.json", {}, {}
-    if path.is_file():
+    config_file, config, tokens = file.parent / "tokenizer_config.json", {}, {}
+    if config_file.is_file():
         try:
-            config = json.loads(path.read_text(encoding="utf-8"))
+            config = json.loads(config_file.read_text(encoding="utf-8"))
             # the special tokens by name; older configs store an AddedToken dict
             tokens = {k: v.get("content") if isinstance(v, dict) else v for k, v in config.items()
                       if k in CHAT_TOKENS and v}
         except (OSError, ValueError, AttributeError) as e:
-            raise ValueError(f"cannot read {path}: {e!r}") from e
+            raise ValueError(f"cannot read {config_file}: {e!r}") from e
     eos = tokens.get("eos_token") or EOT
     if eos not in specials:
         raise ValueError(f"{file}: eos token {eos!r} is not among the added tokens "
@@ -269,7 +267,7 @@ def hf_pattern(pre, unsupported):
     Sequence[Split(Regex, Isolated), ByteLevel(use_regex=False)] as Qwen2 has."""
     steps = pre.get("pretokenizers", []) if pre and pre.get("type") == "Sequence" else [pre]
     types = [s and s.get("type") for s in steps]
-    if any(s and s.get("type") == "ByteLevel" and s.get("add_prefix_space") for s in steps):
+    if any(t == "ByteLevel" and s.get("add_prefix_space") for t, s in zip(types, steps)):
         raise unsupported("ByteLevel add_prefix_space=True")
     if types == ["ByteLevel"] and steps[0].get("use_regex", True):
         return GPT2_PAT
