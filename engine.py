@@ -7,8 +7,10 @@ decode step's matmuls are small, and reading the cache takes as long (docs/engin
 - Each prompt is prefilled once by the model's own layers (model.py's `run_cached` into a
   `PromptCache`), however many samples continue it (`num_samples`, GRPO's G): its keys and values
   are kept once per prompt, not once per sample.
-- The generated tokens' keys and values live in one tensor preallocated for all layers and both of
-  k and v, written in place at each step: no concatenation, and dropping finished rows is one index.
+- The generated tokens' keys and values live in one tensor for all layers and both of k and v,
+  written in place at each step: no concatenation, and dropping finished rows is one index. On a
+  CPU it is packed (`KVCache.grow`): moved into room for 4 more positions every 4 steps, as gaps of
+  max_new - length positions between rows' keys halve the speed of reading them.
 - The decode step walks the model's layers on (R, C) activations, one token per row, with no
   transposes: RoPE rotates q and k in one call.
 - `decode_attention`: the queries that share a prompt (its S samples x the g query heads of a kv
@@ -24,11 +26,18 @@ once as a CUDA graph, is replayed per token. The host looks at EOS every SYNC_EV
 uniforms are drawn as many at a time. On a CPU the same step runs eagerly.
 """
 import copy
+import math
 import time
 
 import torch
 
 from model import PromptCache, additive, apply_rope, is_fsdp, run_cached, sample_next
+
+# On a CPU the eager path packs the generated keys and values (KVCache.grow): its prefetcher
+# streams over gaps under 512 bytes between rows' keys, not wider ones (docs/engineering.md), so
+# where a position's key takes at most 128 bytes (head_dim 32 in float32) ...
+PACK = 4            # ... room for 4 more positions at a time: gaps of at most 3 x 128 bytes ...
+PACKED_UNTIL = 64   # ... up to 64 positions; past them moving the cache costs more: room for all
 
 
 class KVCache:
@@ -38,11 +47,13 @@ class KVCache:
       prompt_k[layer], prompt_v[layer]  (B * nkv, P, hd)     one matrix per (prompt, kv head)
       prompt_mask                       (B * nkv, S * g, P)  -inf at the prompts' left padding
     The generated part, one entry per decoding row:
-      new_kv   (n_layer, 2, R, nkv, max_new, hd)  keys [:, 0] and values [:, 1], written in place
-      length   how many positions of new_kv are written
+      new_kv   (n_layer, 2, R, nkv, room, hd)  keys [:, 0] and values [:, 1], written in place
+      length   how many positions of new_kv are written (room: max_new, or a few more on a CPU)
       live     (R,) the grid rows still decoding, in order (all N until rows finish)
     Query head h uses kv head h // g (g = n_head // n_kv_head). `by_prompt` lays the decoding
     rows' queries out as the S * g sharing a (prompt, kv head), `by_row` takes them back."""
+
+    PACKS = True
 
     def __init__(self, config, prompt, valid, samples, max_new):
         B, P = valid.shape
@@ -56,8 +67,15 @@ class KVCache:
         Sg = samples * self.g
         self.prompt_mask = mask[:, None, None].expand(B, self.nkv, Sg, P).reshape(-1, Sg, P)
         shape = (config.n_layer, 2, B * samples, config.n_kv_head, max_new, config.head_dim)
-        self.new_kv = torch.empty(shape, dtype=self.prompt_k[0].dtype, device=valid.device)
-        self.length = 0
+        self.length, self.max_new, kp = 0, max_new, self.prompt_k[0]
+        if (self.PACKS and kp.device.type == "cpu" and max_new > PACK
+                and config.head_dim * kp.element_size() <= 128):   # packed (grow)
+            # two buffers of room for min(PACKED_UNTIL, max_new) positions, new_kv in each in turn
+            n = math.prod(shape[:4]) * min(PACKED_UNTIL, max_new) * config.head_dim
+            self.buffers = [kp.new_empty(n) for _ in range(2)]
+            self.new_kv = self.spare(shape[:4] + (PACK, config.head_dim))
+        else:
+            self.new_kv = kp.new_empty(shape)
         self.live = torch.arange(B * samples, device=valid.device)
         self.new_mask = None   # StaticCache's
 
@@ -66,10 +84,31 @@ class KVCache:
         self.live = self.live[rows]
         self.new_kv = self.new_kv[:, :, rows]
 
+    def spare(self, shape):
+        """The buffer new_kv is not in, as a tensor of `shape`: the next new_kv."""
+        self.buffers.reverse()
+        return self.buffers[0][:math.prod(shape)].view(shape)
+
+    def grow(self):
+        """Packed (a CPU's eager path), new_kv is full: move it into the spare buffer with room for
+        PACK more positions. A row's keys then end at most PACK - 1 positions before the next
+        row's begin, and decode_attention reads them ~2.5x faster than at max_new - length apart.
+        Past PACKED_UNTIL positions, room for all max_new (moving every PACK steps costs more)."""
+        t, old = self.length, self.new_kv
+        room = min(t + PACK, self.max_new)
+        if room <= PACKED_UNTIL:
+            self.new_kv = self.spare(old.shape[:4] + (room, old.size(5)))
+        else:   # room for all max_new from here on; the buffers go
+            self.buffers = []
+            self.new_kv = old.new_empty(old.shape[:4] + (self.max_new, old.size(5)))
+        self.new_kv[:, :, :, :, :t] = old
+
     def write(self, layer, k, v):
         """Store the step's k, v (R, nkv, hd) at position `length` of `layer` -> the generated keys
         and values so far, (R * nkv, length + 1, hd) each (views, no copy)."""
         t = self.length
+        if layer == 0 and t == self.new_kv.size(4):   # full (packed): grow, every layer at once
+            self.grow()
         self.new_kv[layer, 0, :, :, t], self.new_kv[layer, 1, :, :, t] = k, v
         return self.new_kv[layer, :, :, :, :t + 1].flatten(1, 2)
 
@@ -96,6 +135,7 @@ class StaticCache(KVCache):
     position written next is a device tensor t (1,), so every step runs on the same buffers.
     new_kv starts at zeros (a masked position still enters a matmul: 0 x NaN would be NaN), and
     new_mask (max_new,), -inf past t, hides the positions not yet written."""
+    PACKS = False   # room for all max_new from the start
 
     def __init__(self, config, prompt, valid, samples, max_new):
         super().__init__(config, prompt, valid, samples, max_new)
