@@ -34,10 +34,9 @@ import torch
 from model import PromptCache, additive, apply_rope, is_fsdp, run_cached, sample_next
 
 # On a CPU the eager path packs the generated keys and values (KVCache.grow): its prefetcher
-# streams over gaps under 512 bytes between rows' keys, not wider ones (docs/engineering.md), so
-# where a position's key takes at most 128 bytes (head_dim 32 in float32) ...
-PACK = 4            # ... room for 4 more positions at a time: gaps of at most 3 x 128 bytes ...
-PACKED_UNTIL = 64   # ... up to 64 positions; past them moving the cache costs more: room for all
+# streams over gaps under 512 bytes between rows' keys, not wider ones (docs/engineering.md).
+PACK = 4            # positions of room added at a time (where a key takes <= 128 bytes a position)
+PACKED_UNTIL = 64   # past this many, room for all max_new: moving the cache would cost more
 
 
 class KVCache:
@@ -67,15 +66,14 @@ class KVCache:
         Sg = samples * self.g
         self.prompt_mask = mask[:, None, None].expand(B, self.nkv, Sg, P).reshape(-1, Sg, P)
         shape = (config.n_layer, 2, B * samples, config.n_kv_head, max_new, config.head_dim)
-        self.length, self.max_new, kp = 0, max_new, self.prompt_k[0]
-        if (self.PACKS and kp.device.type == "cpu" and max_new > PACK
-                and config.head_dim * kp.element_size() <= 128):   # packed (grow)
-            # two buffers of room for min(PACKED_UNTIL, max_new) positions, new_kv in each in turn
-            n = math.prod(shape[:4]) * min(PACKED_UNTIL, max_new) * config.head_dim
-            self.buffers = [kp.new_empty(n) for _ in range(2)]
-            self.new_kv = self.spare(shape[:4] + (PACK, config.head_dim))
-        else:
-            self.new_kv = kp.new_empty(shape)
+        kp, self.length, self.max_new = self.prompt_k[0], 0, max_new
+        # packed on a CPU where a key takes <= 128 bytes a position (gaps < PACK x 128 bytes): room
+        # for PACK positions, then new_kv in each of two buffers in turn (grow)
+        packed = (self.PACKS and kp.device.type == "cpu" and max_new > PACK
+                  and config.head_dim * kp.element_size() <= 128)
+        n = math.prod(shape[:4]) * min(PACKED_UNTIL, max_new) * shape[5]
+        self.buffers = [kp.new_empty(n) for _ in range(2)] if packed else []
+        self.new_kv = kp.new_empty(shape[:4] + (PACK if packed else max_new, shape[5]))
         self.live = torch.arange(B * samples, device=valid.device)
         self.new_mask = None   # StaticCache's
 
@@ -84,23 +82,18 @@ class KVCache:
         self.live = self.live[rows]
         self.new_kv = self.new_kv[:, :, rows]
 
-    def spare(self, shape):
-        """The buffer new_kv is not in, as a tensor of `shape`: the next new_kv."""
-        self.buffers.reverse()
-        return self.buffers[0][:math.prod(shape)].view(shape)
-
     def grow(self):
-        """Packed (a CPU's eager path), new_kv is full: move it into the spare buffer with room for
-        PACK more positions. A row's keys then end at most PACK - 1 positions before the next
-        row's begin, and decode_attention reads them ~2.5x faster than at max_new - length apart.
-        Past PACKED_UNTIL positions, room for all max_new (moving every PACK steps costs more)."""
+        """Packed, new_kv is full: move it into room for PACK more positions. A row's keys then end
+        at most PACK - 1 positions before the next row's begin, and decode_attention reads them
+        ~2.5x faster than max_new - length positions apart. Past PACKED_UNTIL, room for all."""
         t, old = self.length, self.new_kv
         room = min(t + PACK, self.max_new)
-        if room <= PACKED_UNTIL:
-            self.new_kv = self.spare(old.shape[:4] + (room, old.size(5)))
-        else:   # room for all max_new from here on; the buffers go
-            self.buffers = []
-            self.new_kv = old.new_empty(old.shape[:4] + (self.max_new, old.size(5)))
+        shape = old.shape[:4] + (room if room <= PACKED_UNTIL else self.max_new, old.size(5))
+        if room <= PACKED_UNTIL:   # into the buffer new_kv is not in
+            self.buffers.reverse()
+            self.new_kv = self.buffers[0][:math.prod(shape)].view(shape)
+        else:   # room for all from here on; the buffers go
+            self.new_kv, self.buffers = old.new_empty(shape), []
         self.new_kv[:, :, :, :, :t] = old
 
     def write(self, layer, k, v):
