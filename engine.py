@@ -52,7 +52,7 @@ class KVCache:
     Query head h uses kv head h // g (g = n_head // n_kv_head). `by_prompt` lays the decoding
     rows' queries out as the S * g sharing a (prompt, kv head), `by_row` takes them back."""
 
-    PACKS = True
+    PACKS = True   # on a CPU the generated part is packed (grow); StaticCache: never
 
     def __init__(self, config, prompt, valid, samples, max_new):
         B, P = valid.shape
