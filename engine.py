@@ -7,8 +7,10 @@ decode step's matmuls are small, and reading the cache takes as long (docs/engin
 - Each prompt is prefilled once by the model's own layers (model.py's `run_cached` into a
   `PromptCache`), however many samples continue it (`num_samples`, GRPO's G): its keys and values
   are kept once per prompt, not once per sample.
-- The generated tokens' keys and values live in one tensor preallocated for all layers and both of
-  k and v, written in place at each step: no concatenation, and dropping finished rows is one index.
+- The generated tokens' keys and values live in one tensor for all layers and both of k and v,
+  written in place at each step: no concatenation, and dropping finished rows is one index. On a
+  CPU it is packed (`KVCache.grow`): moved into room for 4 more positions every 4 steps, as gaps of
+  max_new - length positions between rows' keys halve the speed of reading them.
 - The decode step walks the model's layers on (R, C) activations, one token per row, with no
   transposes: RoPE rotates q and k in one call.
 - `decode_attention`: the queries that share a prompt (its S samples x the g query heads of a kv
@@ -24,11 +26,17 @@ once as a CUDA graph, is replayed per token. The host looks at EOS every SYNC_EV
 uniforms are drawn as many at a time. On a CPU the same step runs eagerly.
 """
 import copy
+import math
 import time
 
 import torch
 
 from model import PromptCache, additive, apply_rope, is_fsdp, run_cached, sample_next
+
+# On a CPU the eager path packs the generated keys and values (KVCache.grow): its prefetcher
+# streams over gaps under 512 bytes between rows' keys, not wider ones (docs/engineering.md).
+PACK = 4            # positions of room added at a time (where a key takes <= 128 bytes a position)
+PACKED_UNTIL = 64   # past this many, room for all max_new: moving the cache would cost more
 
 
 class KVCache:
@@ -38,11 +46,13 @@ class KVCache:
       prompt_k[layer], prompt_v[layer]  (B * nkv, P, hd)     one matrix per (prompt, kv head)
       prompt_mask                       (B * nkv, S * g, P)  -inf at the prompts' left padding
     The generated part, one entry per decoding row:
-      new_kv   (n_layer, 2, R, nkv, max_new, hd)  keys [:, 0] and values [:, 1], written in place
-      length   how many positions of new_kv are written
+      new_kv   (n_layer, 2, R, nkv, room, hd)  keys [:, 0] and values [:, 1], written in place
+      length   how many positions of new_kv are written (room: max_new, or a few more on a CPU)
       live     (R,) the grid rows still decoding, in order (all N until rows finish)
     Query head h uses kv head h // g (g = n_head // n_kv_head). `by_prompt` lays the decoding
     rows' queries out as the S * g sharing a (prompt, kv head), `by_row` takes them back."""
+
+    PACKS = True   # on a CPU the generated part is packed (grow); StaticCache: never
 
     def __init__(self, config, prompt, valid, samples, max_new):
         B, P = valid.shape
@@ -56,8 +66,14 @@ class KVCache:
         Sg = samples * self.g
         self.prompt_mask = mask[:, None, None].expand(B, self.nkv, Sg, P).reshape(-1, Sg, P)
         shape = (config.n_layer, 2, B * samples, config.n_kv_head, max_new, config.head_dim)
-        self.new_kv = torch.empty(shape, dtype=self.prompt_k[0].dtype, device=valid.device)
-        self.length = 0
+        kp, self.length, self.max_new = self.prompt_k[0], 0, max_new
+        # packed on a CPU where a key takes <= 128 bytes a position (gaps < PACK x 128 bytes): room
+        # for PACK positions, then new_kv in each of two buffers in turn (grow)
+        packed = (self.PACKS and kp.device.type == "cpu" and max_new > PACK
+                  and config.head_dim * kp.element_size() <= 128)
+        n = math.prod(shape[:4]) * min(PACKED_UNTIL, max_new) * shape[5]
+        self.buffers = [kp.new_empty(n) for _ in range(2)] if packed else []
+        self.new_kv = kp.new_empty(shape[:4] + (PACK if packed else max_new, shape[5]))
         self.live = torch.arange(B * samples, device=valid.device)
         self.new_mask = None   # StaticCache's
 
@@ -66,10 +82,26 @@ class KVCache:
         self.live = self.live[rows]
         self.new_kv = self.new_kv[:, :, rows]
 
+    def grow(self):
+        """Packed, new_kv is full: move it into room for PACK more positions. A row's keys then end
+        at most PACK - 1 positions before the next row's begin, and decode_attention reads them
+        ~2.5x faster than max_new - length positions apart. Past PACKED_UNTIL, room for all."""
+        t, old = self.length, self.new_kv
+        room = min(t + PACK, self.max_new)
+        shape = old.shape[:4] + (room if room <= PACKED_UNTIL else self.max_new, old.size(5))
+        if room <= PACKED_UNTIL:   # into the buffer new_kv is not in
+            self.buffers.reverse()
+            self.new_kv = self.buffers[0][:math.prod(shape)].view(shape)
+        else:   # room for all from here on; the buffers go
+            self.new_kv, self.buffers = old.new_empty(shape), []
+        self.new_kv[:, :, :, :, :t] = old
+
     def write(self, layer, k, v):
         """Store the step's k, v (R, nkv, hd) at position `length` of `layer` -> the generated keys
         and values so far, (R * nkv, length + 1, hd) each (views, no copy)."""
         t = self.length
+        if layer == 0 and t == self.new_kv.size(4):   # full (packed): grow, every layer at once
+            self.grow()
         self.new_kv[layer, 0, :, :, t], self.new_kv[layer, 1, :, :, t] = k, v
         return self.new_kv[layer, :, :, :, :t + 1].flatten(1, 2)
 
@@ -96,6 +128,7 @@ class StaticCache(KVCache):
     position written next is a device tensor t (1,), so every step runs on the same buffers.
     new_kv starts at zeros (a masked position still enters a matmul: 0 x NaN would be NaN), and
     new_mask (max_new,), -inf past t, hides the positions not yet written."""
+    PACKS = False   # room for all max_new from the start
 
     def __init__(self, config, prompt, valid, samples, max_new):
         super().__init__(config, prompt, valid, samples, max_new)

@@ -95,6 +95,31 @@ def test_dropping_finished_rows_changes_no_row():
         assert greedy[n, :len(alone)].tolist() == alone.tolist() and (greedy[n, len(alone):] == -1).all()
 
 
+def test_packed_cache_equals_room_for_all(monkeypatch):
+    """On a CPU the generated keys and values are packed (KVCache.grow: moved into more room every
+    PACK steps, room for all max_new past PACKED_UNTIL): tokens and log-probs bit-identical to a cache
+    with room for all max_new from the start, with rows finishing (and leaving the batch) and not."""
+    torch.manual_seed(0)
+    m = GPT(GPTConfig.llama(vocab_size=8, block_size=128, n_layer=2, n_head=4, n_kv_head=2, n_embd=16)).eval()
+    prompts, new = [[1, 2], [3], [4, 5, 6], [7, 1, 2, 3]], engine.PACKED_UNTIL + 16
+    rooms, grow = [], engine.KVCache.grow
+
+    def recorded(self):
+        grow(self)
+        rooms.append(self.new_kv.size(4))
+    monkeypatch.setattr(engine.KVCache, "grow", recorded)
+    for kw in (dict(eos_id=0), dict(), dict(temperature=0)):
+        packed = engine.generate(m, prompts, new, num_samples=3, **kw, generator=torch.Generator().manual_seed(1))
+        monkeypatch.setattr(engine.KVCache, "PACKS", False)
+        plain = engine.generate(m, prompts, new, num_samples=3, **kw, generator=torch.Generator().manual_seed(1))
+        monkeypatch.setattr(engine.KVCache, "PACKS", True)
+        assert torch.equal(packed[0], plain[0]) and torch.equal(packed[1], plain[1]), kw
+        lengths = (packed[0] >= 0).sum(1)
+        assert lengths.min() < lengths.max() if kw.get("eos_id") == 0 else lengths.min() == new
+    # room for PACK more at a time up to PACKED_UNTIL, then for all max_new at once
+    assert set(rooms) == {*range(2 * engine.PACK, engine.PACKED_UNTIL + 1, engine.PACK), new}
+
+
 def test_generate_eos_padding_and_seeding():
     torch.manual_seed(0)
     m = GPT(GPTConfig.llama(vocab_size=8, block_size=64, n_layer=1, n_head=2, n_kv_head=1, n_embd=16)).eval()
