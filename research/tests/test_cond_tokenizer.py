@@ -50,6 +50,7 @@ def test_cond_tokenizer_shapes_determinism_and_layout():
                               code_offset=8)
 
 
+@pytest.mark.slow   # 300 training steps (~14 s): CI runs it
 def test_cond_tokenizer_learns_the_change_and_save_load(tmp_path):
     vq = tiny_cond()
     ctx, x = moved_squares(16)
