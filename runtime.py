@@ -21,6 +21,7 @@ import multiprocessing as mp
 import os
 import re
 import sys
+import threading
 import time
 import zlib
 from dataclasses import fields
@@ -333,8 +334,16 @@ def lr_at(step, total, base, warmup):
 
 def fork_alongside(target, log_path):
     """Start target() in a forked process whose prints and progress bars go to log_path, not over
-    the parent's -> the process, to join. It dies with the parent."""
+    the parent's -> the process, to join. It dies with the parent, however the parent ends."""
+    parent = os.getpid()
+
+    def orphaned():   # a parent killed outright (SIGKILL, out of memory) cannot stop its child: the
+        while os.getppid() == parent:   # child stops itself, before a re-run's control starts
+            time.sleep(0.5)
+        os._exit(1)
+
     def main():
+        threading.Thread(target=orphaned, daemon=True).start()
         with open(log_path, "w") as f:
             sys.stdout = sys.stderr = f
             target()

@@ -7,6 +7,9 @@ import datetime
 import json
 import math
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -190,6 +193,29 @@ def test_fork_map_and_fork_alongside(tmp_path):
     child.join(10)
     assert child.exitcode == 0
     assert (tmp_path / "child.log").read_text() == f"stopped at 5 in {child.pid}\n"
+
+
+def test_fork_alongside_child_dies_with_a_killed_parent(tmp_path):
+    """A run killed outright (SIGKILL: no atexit, no daemon clean-up) leaves no control process behind, which would
+    otherwise wait forever or write the control's checkpoint beside a re-run's."""
+    root = Path(__file__).resolve().parents[1]
+    script = (f"import sys, time; sys.path.insert(0, {str(root)!r}); from runtime import fork_alongside; "
+              f"child = fork_alongside(lambda: time.sleep(60), {str(tmp_path / 'child.log')!r}); "
+              f"print(child.pid, flush=True); time.sleep(60)")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+
+    def alive(pid):   # a process that has not exited (an unreaped zombie has)
+        try:
+            return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+    deadline = time.time() + 10
+    while alive(child) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not alive(child), "the forked child outlived its killed parent"
 
 
 @pytest.mark.parametrize("resumed", [0, 1])
