@@ -338,7 +338,7 @@ def fork_alongside(target, log_path):
     parent = os.getpid()
 
     def orphaned():   # a parent killed outright (SIGKILL, out of memory) cannot stop its child: the
-        while os.getppid() == parent:   # child stops itself, before a re-run's control starts
+        while os.getppid() == parent:   # child stops itself within half a second
             time.sleep(0.5)
         os._exit(1)
 
