@@ -8,7 +8,7 @@ the web page's F1 of the changes), or with --chain_reward=last every answer with
 of its last step (chain_hooks). The control is one step, teacher-forced, MLE continued for RLVR's
 compute; --control_imagined=N also gives it the states the start imagines on N train chains
 (imagined_pairs). The evaluation scores chains (evaluate_chains): per chain start `<headline>_k`
-and the first step's metrics. Built on the core: tasks.PromptPool, grpo.train_loop, mle.train,
+and the first step's metrics. Built on the core: tasks.PromptPool, grpo.train_loop, tasks.train_control,
 eval.evaluate_checkpoints.
 
     python research/chains.py --horizon=3 --out_dir=out/textgame_k3
@@ -29,12 +29,11 @@ from checkpoint import write_json  # noqa: E402
 from engine import generate  # noqa: E402
 from eval import evaluate_checkpoints, print_comparison, summarize  # noqa: E402
 from grpo import GRPOConfig, Source, make_policy, train_loop  # noqa: E402
-import mle  # noqa: E402
 from rewards import apply_diff, parse_diff, parse_sections  # noqa: E402
 from research import common  # noqa: E402
 from runtime import ComputeBudget, from_flags  # noqa: E402
 from tasks import (TASKS, PromptPool, crop, encode, encode_pair, generate_texts,  # noqa: E402
-                   load_lang_model)
+                   load_lang_model, train_control)
 from data.webpage import task as webpage_task  # noqa: E402
 
 
@@ -394,30 +393,21 @@ def rlvr_on_chains(run, model, tok, args, cfg, train, reward):
 
 
 def control(run, init, tok, args, train, val, budget):
-    """MLE continued from the start for RLVR's compute, one step teacher-forced (plus, with
-    --control_imagined, the start's imagined states) -> the checkpoint."""
-    model = load_lang_model(init, args.device)[0]
+    """train_lang.py's control (tasks.train_control) for RLVR's compute, one step teacher-forced
+    (plus, with --control_imagined, the start's imagined states, their cost taken from the
+    budget) -> the checkpoint."""
     pairs = [encode(args.task, tok, r) for r in train]
     if args.control_imagined:   # the stronger control: the start's own imagined states as well
+        model = load_lang_model(init, args.device)[0]
         g = torch.Generator().manual_seed(args.seed)
         chains = episode_chains(args.task, train, args.horizon)
         chains = [chains[i] for i in torch.randperm(len(chains), generator=g).tolist()]
         with run.autocast:
             more, cost, _ = imagined_pairs(args.task, model, tok, chains[:args.control_imagined],
                                            args.max_new_tokens)
-        model.train()   # generation left it in eval mode
         pairs += [encode_pair(tok, a, b) for a, b in more]
         budget = budget.less(cost)   # the imagination is part of the control's compute
-    fits = [pr for pr in pairs if len(pr[0]) + len(pr[1]) <= model.config.block_size + 1]
-    val_pairs = [pr for pr in (encode(args.task, tok, r) for r in val[:256])
-                 if len(pr[0]) + len(pr[1]) <= model.config.block_size + 1]
-    next_batch, val_loss = mle.pair_batches(run, fits, val_pairs, args.batch_size)
-    final = mle.final_lr(init)
-    lr = args.rl_lr if final is None else final
-    ckpt = run.out_dir / "mle_more.safetensors"
-    mle.train(run, model, "mle_more", ckpt, 10 ** 9, next_batch, val_loss, mle.control_lr(lr),
-              budget=budget, weight_decay=0.1, eval_every=500)
-    return ckpt
+    return train_control(run, args.task, tok, init, pairs, val, budget, args.max_new_tokens)
 
 
 if __name__ == "__main__":
