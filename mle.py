@@ -161,7 +161,7 @@ def batch_from(pairs, device):
 def pair_batches(run, pairs, val_pairs, batch_size):
     """mle.train's next_batch and val_loss for (prompt, answer) id pairs: `batch_size` pairs drawn
     with replacement; the mean loss of the chunks of --micro_batch validation pairs."""
-    device, mb = run.args.device, run.args.micro_batch
+    device, mb = run.device, run.args.micro_batch
 
     def next_batch(gen):
         ids = torch.randint(len(pairs), (batch_size,), generator=gen).tolist()

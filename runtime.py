@@ -57,7 +57,7 @@ class Run:
         self.args, self.out_dir, self.path_flags = args, Path(out_dir), path_flags
         self.recorded = {}   # entries recorded beside the flags (train_lang.py: its tokenizer)
         self.or_fail(check_device, args.device)
-        self.rank, self.world = 0, 1
+        self.rank, self.world, self.device = 0, 1, args.device   # torchrun GPUs: its local rank's
         self.ddp = int(os.environ.get("RANK", -1)) != -1   # launched by torchrun
         if self.ddp:
             # each torchrun attempt keeps its keys under its own prefix: after a restart the shared
@@ -69,8 +69,8 @@ class Run:
                                     store=store, rank=rank, world_size=world, timeout=DIST_TIMEOUT)
             self.rank, self.world = dist.get_rank(), dist.get_world_size()
             if args.device.startswith("cuda"):
-                args.device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
-                torch.cuda.set_device(args.device)
+                self.device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+                torch.cuda.set_device(self.device)
         self.master = self.rank == 0
         # --fsdp=1: the GPT sharded across the ranks (wrap); one process keeps it whole
         self.fsdp = self.ddp and bool(getattr(args, "fsdp", 0))
@@ -85,7 +85,7 @@ class Run:
             self.fail("--dtype=float16: training in float16 needs a gradient scaler, which "
                       "nanoRLVR does not have; use --dtype=bfloat16")
         self.dtype = getattr(torch, args.dtype)   # the forwards' (autocast's, a frozen reference's)
-        self.autocast = torch.autocast(torch.device(args.device).type, dtype=self.dtype,
+        self.autocast = torch.autocast(torch.device(self.device).type, dtype=self.dtype,
                                        enabled=args.dtype != "float32")
 
     def print0(self, *a, **k):
@@ -176,7 +176,7 @@ class Run:
         together never disagree (one rank leaving a loop alone would hang the others)."""
         if not self.ddp:
             return flag
-        t = torch.tensor([int(flag)], device=self.args.device)
+        t = torch.tensor([int(flag)], device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
 
@@ -188,7 +188,7 @@ class Run:
     def wrap(self, model, grad_ckpt=False):
         """-> (model on the device, the module to train: DDP-wrapped around it under torchrun).
         grad_ckpt: activation checkpointing per block; --fsdp=1: the model sharded, no DDP."""
-        model = model.to(self.args.device)
+        model = model.to(self.device)
         if grad_ckpt:
             model.grad_ckpt = True
         if self.fsdp:   # (imported here: the import takes most of a second)
@@ -392,7 +392,7 @@ def rlvr_and_control(run, rlvr, control, rl_file):
     whenever it is ahead (the run takes half as long); otherwise (GPU, torchrun, a resumed run)
     after RLVR, for the compute rl_file records: the same steps. -> rlvr's result."""
     done = run.args.resume and rl_file.is_file() and read_meta(rl_file)["metrics"].get("done")
-    alongside = control and run.world == 1 and run.args.device == "cpu" and not done
+    alongside = control and run.world == 1 and run.device == "cpu" and not done
     budget, log = ComputeBudget(), run.out_dir / "control.log"
     if alongside:   # the child shares the loaded data and models, and prints to control.log
         child = fork_alongside(lambda: control(budget), log)

@@ -312,6 +312,6 @@ def train_control(run, task, tok, start, pairs, val_recs, budget, max_new_tokens
     final = mle.final_lr(start)
     lr = lr or (run.args.rl_lr if final is None else final)
     run.print0(f"control: MLE continued from the start at lr {lr:.3g} for RLVR's compute")
-    model = load_model(start, run.args.device)[0]   # control_lr: 10 warm-up steps, then constant
+    model = load_model(start, run.device)[0]   # control_lr: 10 warm-up steps, then constant
     return train_mle(run, task, tok, model, "mle_more", pairs, val_recs, 10 ** 9,
                      mle.control_lr(lr), max_new_tokens, budget)

@@ -161,7 +161,7 @@ print0(f"data: {len(train_recs)} train / {len(val_recs)} val / {len(test_recs)} 
 # tokenizer and model: from a checkpoint, an HF directory, or trained here from scratch
 if args.init != "scratch":   # loaded before anything is written
     try:
-        start_model, tok, start_meta = load_lang_model(args.init, args.device)
+        start_model, tok, start_meta = load_lang_model(args.init, run.device)
     except ValueError as e:
         fail(str(e))
     except (OSError, KeyError, TypeError) as e:   # e.g. an HF config.json without a key we need
@@ -239,7 +239,7 @@ if args.stage in ("all", "rlvr"):
     rl_file = out_dir / "rlvr.safetensors"
 
     def rlvr(budget):   # from the model loaded from --init, or a fresh copy of the MLE checkpoint
-        return train_rlvr(run, start_model or load_lang_model(start, args.device)[0], cfg,
+        return train_rlvr(run, start_model or load_lang_model(start, run.device)[0], cfg,
                           args.task, tok, train_recs, args.reward, rl_file, args.rl_steps, budget)
 
     # RLVR and the control for its compute: beside it on a CPU, else after it (runtime.py)

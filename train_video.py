@@ -207,7 +207,7 @@ def run_mle(run, model, name, ckpt, layout, tokens, horizon, steps, lr_of_step, 
         """The windows of clips `ids` from frames `starts` -> inputs, and targets that are -1
         except where the next token is a predicted frame's code (layout.training_pair)."""
         idx, tgt = layout.training_pair(windows(tok, layout, ids, starts, C, horizon), C)
-        return idx.to(args.device), tgt.to(args.device)
+        return idx.to(run.device), tgt.to(run.device)
 
     def next_batch(gen):   # random windows: a random clip and first frame each
         ids = torch.randint(len(train_tok["actions"]), (args.batch_size,), generator=gen)
@@ -255,7 +255,7 @@ t_start = time.time()
 horizon = args.horizon if args.mode == "multi" else 1   # predicted frames per window
 start_model = None                                      # the GPT to train or post-train (None: new)
 if init != "scratch":           # a trained world model, loaded before anything is written
-    start_model, _, init_meta = run.or_fail(load_video_model, init, args.device)
+    start_model, _, init_meta = run.or_fail(load_video_model, init, run.device)
 run.save_config(record)         # out_dir/config.json: the inputs are good; from here on it writes
 if init != "scratch":           # the world model's own tokenizer, named in its metadata
     vq_path = recorded_path(init_meta["args"]["vq"], Path(init).parent)
@@ -270,7 +270,7 @@ if args.stage == "tokenizer":              # the tokenizer file is written: noth
     sys.exit(0)
 if not Path(vq_path).is_file():
     fail(f"tokenizer {vq_path} not found (run --stage=tokenizer first or pass --vq)")
-vq, _ = run.or_fail(load_vq, vq_path, args.device)   # frozen from here on
+vq, _ = run.or_fail(load_vq, vq_path, run.device)   # frozen from here on
 vq.copy_gate = True   # decoded cells that keep the context frame's code copy its pixels
 layout = Layout.of(vq, D)   # token ids: context codes, predicted-frame codes, action bins
 # a checkpoint must fit this tokenizer and data: the same vocabulary, and room for a whole window
@@ -310,7 +310,7 @@ else:                                            # RLVR starts from --init as it
     mle_path = Path(init)
 
 if args.stage in ("all", "rlvr", "control"):
-    lpips_net = run.or_fail(load_lpips, args.lpips, args.device)   # the eval's (and reward's)
+    lpips_net = run.or_fail(load_lpips, args.lpips, run.device)   # the eval's (and reward's)
     models = {"mle": (start_model, mle_path)}   # name -> (model, checkpoint file), evaluated below
 
     def mle_more(budget):   # the equal-compute control: MLE from the start until `budget` is spent
@@ -354,7 +354,7 @@ if args.stage in ("all", "rlvr"):
         gen = torch.Generator().manual_seed(args.seed + 1000 + run.rank)   # prompts and samples
         # make_draw's draw(g): the step's prompts_per_step windows (a study's draw plugs in alike)
         draw = make_draw(clips, pool, prompts_per_step, bool(reward.object))
-        source = Source(lambda n: draw(gen), make_reward(vq, clips, reward, lpips_net, args.device),
+        source = Source(lambda n: draw(gen), make_reward(vq, clips, reward, lpips_net, run.device),
                         sampler=make_sampler(horizon, layout.L))
         train_loop(run, policy, source, cfg, gen, FILES["rlvr"], rl_steps, budget,
                    make_watch(run, policy.model, vq, val_eps, tokens["val"], spec), WATCH_EVERY)
@@ -362,12 +362,12 @@ if args.stage in ("all", "rlvr"):
 
     # RLVR and the control for its compute: beside it on a CPU, else after it (runtime.py)
     models["rlvr"] = rlvr_and_control(run, rlvr, mle_more, FILES["rlvr"]), FILES["rlvr"]
-    models["mle_more"] = load_video_model(FILES["mle_more"], args.device)[0], FILES["mle_more"]
+    models["mle_more"] = load_video_model(FILES["mle_more"], run.device)[0], FILES["mle_more"]
 if args.stage in ("all", "rlvr", "control"):
     # the held-out comparison on the --final_eval split, greedy and sampled with the paper's
     # protocol, paired over the same windows: on a CPU two forked processes share the models' jobs,
     # under torchrun the ranks do (eval.evaluate_video_models); every rank gets every result
-    workers = 2 if args.device == "cpu" and world == 1 else 1
+    workers = 2 if run.device == "cpu" and world == 1 else 1
     print0(f"evaluating {len(models)} models greedy and sampled on the {args.final_eval} windows "
            f"({world if run.ddp else workers} processes)")
     ext = "gif" if horizon > 1 else "png"   # rank 0 draws each model's greedy predictions

@@ -172,9 +172,9 @@ def frame_tokenizer(run, cfg, train_eps, held_eps, final):
         return final
     state = final.with_name(final.stem + "_train" + final.suffix)   # its resumable state
     frames = torch.from_numpy(np.stack([ep["image"] for ep in train_eps])).permute(0, 1, 4, 2, 3)
-    vq = VQVAE(VQConfig(size=SIZE, n_codes=cfg.n_codes)).to(run.args.device)
+    vq = VQVAE(VQConfig(size=SIZE, n_codes=cfg.n_codes)).to(run.device)
     step, minutes = train_tokenizer(
-        run, vq, cfg, lambda g: crop_batch(frames, g, cfg.batch, cfg.crop, run.args.device), state)
+        run, vq, cfg, lambda g: crop_batch(frames, g, cfg.batch, cfg.crop, run.device), state)
     vq.eval()
     # held-out check: every held-out frame encoded and decoded whole (the model saw crops)
     held = np.concatenate([ep["image"] for ep in held_eps])         # (N, H, W, 3)

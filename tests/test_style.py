@@ -58,3 +58,17 @@ def test_the_library_never_imports_a_script(name):
     # the modules a script builds on (model, sampler, GRPO, MLE, rewards, tasks, ...) are read
     # without the evaluation or the training scripts
     assert not imported_modules(ROOT / name) & SCRIPTS, f"{name} imports a script"
+
+
+@pytest.mark.parametrize("name", CORE)
+def test_flags_are_never_reassigned(name):
+    # argparse's namespace stays as the user gave it (config.json records it): derived values, such
+    # as a torchrun rank's device (runtime.Run.device), live beside it
+    bad = [node.lineno for node in ast.walk(ast.parse((ROOT / name).read_text()))
+           if (isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+               and any(isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                       and t.value.id in ("args", "flags")
+                       for t in (node.targets if isinstance(node, ast.Assign) else [node.target])))
+           or (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr"
+               and node.args and getattr(node.args[0], "id", None) in ("args", "flags"))]
+    assert not bad, f"{name}: flags reassigned at lines {bad}"
