@@ -89,6 +89,15 @@ PAPER_RECIPE = {
 Group = namedtuple("Group", "prompt rollout rows rewards")
 
 
+@dataclass
+class Source:
+    """How a step's groups are scored and where more come from (grpo_step's hooks)."""
+    reward_fn: Callable          # reward_fn(items, completions) -> a float per completion
+    eos_id: int = None
+    draw: Callable = None        # draw(n) -> (n token-id prompts, their items); None: one round
+    sampler: Callable = None     # see `rollout`; None: engine.generate
+
+
 def make_optimizer(model, cfg):
     return torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,
                              weight_decay=cfg.weight_decay)
@@ -153,31 +162,30 @@ def grpo_loss(logp, old_logp, ref_logp, entropy, adv, mask, cfg, n_tokens=None, 
 # steps 1-3: rollouts, rewards, dynamic sampling
 
 @torch.no_grad()
-def rollout(model, prompts, items, reward_fn, cfg, eos_id, generator, sampler=None,
-            autocast=nullcontext()):
+def rollout(model, prompts, items, source, cfg, generator, autocast=nullcontext()):
     """Steps 1-2. G samples per prompt, scored -> N = P * G rows grouped by prompt: tokens (N, T)
     (-1 after EOS), old_logp (N, T), mask (N, T) (the sampled tokens), rewards (N,), completions.
-    sampler: None (engine.generate), or (model, prompts, items, cfg, generator) -> tokens,
+    source.sampler: None (engine.generate), or (model, prompts, items, cfg, generator) -> tokens,
     logprobs, sampled (N, T) when the task injects tokens (video's true actions: sampled False).
     The sampling runs under `autocast`, the reward outside it."""
     G = cfg.group_size
     reps = [it for it in items for _ in range(G)]   # each prompt's item for each of its G rows
     model.eval()
     with autocast:
-        if sampler is None:  # each prompt is prefilled once; its G samples share its KV cache
+        if source.sampler is None:  # each prompt prefilled once; its G samples share its KV cache
             tokens, old_lp = generate(model, prompts, cfg.max_new_tokens, cfg.temperature,
-                                      eos_id=eos_id, generator=generator, num_samples=G,
+                                      eos_id=source.eos_id, generator=generator, num_samples=G,
                                       vocab=cfg.vocab or None, graphs=cfg.graphs)
             sampled = None
         else:
-            tokens, old_lp, sampled = sampler(model, [p for p in prompts for _ in range(G)], reps,
-                                              cfg, generator)
+            tokens, old_lp, sampled = source.sampler(model, [p for p in prompts for _ in range(G)],
+                                                     reps, cfg, generator)
     model.train()
     # plain CPU tensors (generate's are inference-mode tensors)
     tokens, old_lp = tokens.cpu().clone(), old_lp.float().cpu().clone()
     mask = tokens >= 0 if sampled is None else sampled.cpu() & (tokens >= 0)
     completions = [row[:n] for row, n in zip(tokens.tolist(), (tokens >= 0).sum(1).tolist())]
-    rewards = torch.tensor(reward_fn(reps, completions), dtype=torch.float32)
+    rewards = torch.tensor(source.reward_fn(reps, completions), dtype=torch.float32)
     if not torch.isfinite(rewards).all():
         raise FloatingPointError("reward_fn returned a non-finite reward")
     return dict(tokens=tokens, old_logp=old_lp, mask=mask, rewards=rewards, completions=completions,
@@ -193,24 +201,23 @@ def keep_spread(prompts, out, cfg):
             for g in spread.nonzero().flatten().tolist()]
 
 
-def sample_groups(model, prompts, items, reward_fn, cfg, eos_id, generator, sampler, next_prompts,
-                  autocast=nullcontext()):
+def sample_groups(model, prompts, items, source, cfg, generator, autocast=nullcontext()):
     """Steps 1-3: rounds of rollouts until cfg.prompts_per_step groups have reward spread (DAPO's
     dynamic sampling), at most cfg.max_rounds -> (at most that many kept Groups, every rollout)."""
     G, want = cfg.group_size, cfg.prompts_per_step or len(prompts)
     kept, rounds = [], []
     with autocast:   # engine.generate's weights, cast once for every round (a sampler gets model's)
-        model = cast_copy(model) if sampler is None else model
+        model = cast_copy(model) if source.sampler is None else model
     while True:
-        out = rollout(model, prompts, items, reward_fn, cfg, eos_id, generator, sampler, autocast)
+        out = rollout(model, prompts, items, source, cfg, generator, autocast)
         rounds.append(out)
         kept += keep_spread(prompts, out, cfg)
-        if len(kept) >= want or len(rounds) >= cfg.max_rounds or next_prompts is None:
+        if len(kept) >= want or len(rounds) >= cfg.max_rounds or source.draw is None:
             return kept[:want], rounds              # a fixed-size update, as DAPO's
         # enough prompts to fill the gap at the spread rate so far, at most the first round's number
         n_sampled = sum(len(s["rewards"]) for s in rounds) // G
         n = math.ceil((want - len(kept)) * n_sampled / max(len(kept), 1))
-        prompts, items = next_prompts(min(len(rounds[0]["rewards"]) // G, n))
+        prompts, items = source.draw(min(len(rounds[0]["rewards"]) // G, n))
 
 
 # -----------------------------------------------------------------------------
@@ -394,13 +401,13 @@ def step_stats(step, rounds, kept, sums, n_mb, ratio_tokens, cfg, eos_id, t0, t_
                 t_rollout=t_rollout, t_step=time.time() - t0)
 
 
-def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_id, generator,
-              step=0, sampler=None, next_prompts=None, autocast=nullcontext()):
+def grpo_step(policy, ref_model, optimizer, prompts, items, source, cfg, generator, step=0,
+              autocast=nullcontext()):
     """The seven steps -> a dict of stats. policy: the GPT, maybe DDP-wrapped; ref_model: frozen
-    (None if beta == 0); prompts, items: the first round's P token-id lists and task objects,
-    scored by reward_fn(items, completions); next_prompts(n) -> a further round's (None: one
-    round); sampler: see `rollout`; autocast: the forwards' mixed precision (never around an
-    optimizer step). A non-finite weight, reward, loss or gradient norm: FloatingPointError."""
+    (None if beta == 0); prompts, items: the first round's P token-id lists and task objects;
+    source: a Source, scoring them (reward_fn) and drawing further rounds (draw); autocast: the
+    forwards' mixed precision (never around an optimizer step). A non-finite weight, reward, loss
+    or gradient norm: FloatingPointError."""
     t0 = time.time()
     raw = getattr(policy, "module", policy)   # the GPT itself
     device = raw.wte.weight.device
@@ -415,8 +422,7 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_
     # ranks' rounds and chunks differ in number, so none of them may gather alone)
     with unsharded(raw):
         # 1-3. rollouts, rewards, and more prompts until enough groups have reward spread
-        kept, rounds = sample_groups(raw, prompts, items, reward_fn, cfg, eos_id, generator,
-                                     sampler, next_prompts, autocast)
+        kept, rounds = sample_groups(raw, prompts, items, source, cfg, generator, autocast)
         t_rollout = time.time() - t0
         # 4. advantages, and the rows of the update (none if no group had spread)
         b = update_batch(kept, cfg, device) if kept else None
@@ -432,21 +438,13 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, reward_fn, cfg, eos_
     # 5-7. PPO-clip + KL - entropy, token-mean, an optimizer step per minibatch
     sums, n_mb = update(policy, optimizer, b, plan, chunks, cfg, step, autocast)
     ratio_tokens = int(b["mask"][plan[0]].sum()) if b is not None else 0
-    stats = step_stats(step, rounds, kept, sums, n_mb, ratio_tokens, cfg, eos_id, t0, t_rollout)
+    stats = step_stats(step, rounds, kept, sums, n_mb, ratio_tokens, cfg, source.eos_id, t0,
+                       t_rollout)
     return {**stats, **compute_used(rounds, kept, cfg, low)}
 
 
 # -----------------------------------------------------------------------------
 # the RL loop: grpo_step for a stage's steps (train_lang.py and the research scripts)
-
-@dataclass
-class Source:
-    """Where a step's groups come from and how they are scored (grpo_step's hooks)."""
-    draw: Callable               # draw(n) -> (n token-id prompts, their items): a round's prompts
-    reward_fn: Callable          # reward_fn(items, completions) -> a float per completion
-    eos_id: int = None
-    sampler: Callable = None     # see `rollout`; None: engine.generate
-
 
 # What the RL stage trains: the GPT, the module that steps (DDP-wrapped around it under torchrun),
 # the frozen reference (None when beta is 0) and the optimizer
@@ -514,9 +512,8 @@ def guarded_step(run, policy, source, cfg, gen, step, name, totals, budget):
     # the first round's prompts; grpo_step draws more if groups lack spread
     prompts, items = source.draw(cfg.prompts_per_step)
     try:   # rollout -> reward -> advantages -> PPO-clip + KL updates
-        stats = grpo_step(policy.trained, policy.ref, policy.opt, prompts, items, source.reward_fn,
-                          cfg, source.eos_id, gen, step, sampler=source.sampler,
-                          next_prompts=source.draw, autocast=run.autocast)
+        stats = grpo_step(policy.trained, policy.ref, policy.opt, prompts, items, source, cfg, gen,
+                          step, run.autocast)
     except FloatingPointError as e:   # grpo_step checks rewards, loss, gradient norm and weights
         run.nonfinite(name, step, policy.model, str(e))   # stops, or logs a skipped step
         return {}

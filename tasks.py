@@ -256,7 +256,7 @@ def train_rlvr(run, model, cfg, task, tok, records, kind, ckpt, steps, budget=No
                f"prompts; per step {cfg.prompts_per_step} groups with reward spread (up to "
                f"{cfg.max_rounds} rounds) x {cfg.group_size} samples x {run.world} ranks; "
                f"reward {kind}")
-    source = Source(draw, reward or reward_fn(task, tok, kind), tok.eos_id)
+    source = Source(reward or reward_fn(task, tok, kind), tok.eos_id, draw)
     train_loop(run, policy, source, cfg, gen, ckpt, steps, budget, probe, PROBE_EVERY)
     return ckpt
 

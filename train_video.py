@@ -354,8 +354,8 @@ if args.stage in ("all", "rlvr"):
         gen = torch.Generator().manual_seed(args.seed + 1000 + run.rank)   # prompts and samples
         # make_draw's draw(g): the step's prompts_per_step windows (a study's draw plugs in alike)
         draw = make_draw(clips, pool, prompts_per_step, bool(reward.object))
-        source = Source(lambda n: draw(gen), make_reward(vq, clips, reward, lpips_net, run.device),
-                        sampler=make_sampler(horizon, layout.L))
+        source = Source(make_reward(vq, clips, reward, lpips_net, run.device),
+                        draw=lambda n: draw(gen), sampler=make_sampler(horizon, layout.L))
         train_loop(run, policy, source, cfg, gen, FILES["rlvr"], rl_steps, budget,
                    make_watch(run, policy.model, vq, val_eps, tokens["val"], spec), WATCH_EVERY)
         return policy.model

@@ -535,7 +535,7 @@ def run_grpo_step(label, prompts, G, new, micro, dtype):
     sync()
     t0 = time.perf_counter()
     try:
-        stats = grpo.grpo_step(policy, ref, opt, prompts, items, reward_fn, cfg, None, gen,
+        stats = grpo.grpo_step(policy, ref, opt, prompts, items, grpo.Source(reward_fn), cfg, gen,
                                autocast=ac)
         sync()
     finally:

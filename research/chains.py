@@ -387,7 +387,7 @@ def rlvr_on_chains(run, model, tok, args, cfg, train, reward):
             return probe_chain_rewards(args.task, policy.model, tok, probe_chains, reward,
                                        cfg.max_new_tokens)
     ckpt = run.out_dir / "rlvr.safetensors"
-    train_loop(run, policy, Source(draw, score, tok.eos_id, sampler), cfg, gen, ckpt,
+    train_loop(run, policy, Source(score, tok.eos_id, draw, sampler), cfg, gen, ckpt,
                args.rl_steps, None, probe, 10)
     return ckpt
 

@@ -69,7 +69,7 @@ def train(run, rank, out):
         if step == 2:
             shutil.copy(out / "rl.safetensors", out / "step1.safetensors")   # not yet step 2's
         return {}
-    grpo.train_loop(run, policy, grpo.Source(draw, reward), cfg, g, out / "rl.safetensors", STEPS,
+    grpo.train_loop(run, policy, grpo.Source(reward, draw=draw), cfg, g, out / "rl.safetensors", STEPS,
                     watch=watch, every=2)
     run.finish()
 

@@ -11,7 +11,7 @@ import torch
 
 import grpo
 from engine import generate
-from grpo import GRPOConfig, grpo_step
+from grpo import GRPOConfig, Source, grpo_step
 from model import GPT, GPTConfig, sample_next
 from runtime import Run
 from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -77,17 +77,17 @@ def test_bf16_grpo_step_takes_no_optimizer_step_inside_autocast():
     seen, handle = optimizer_steps_under_autocast()
     try:
         stats = grpo_step(model, copy.deepcopy(model).eval(), torch.optim.AdamW(model.parameters(), lr=1e-2),
-                          [[1, 2], [4], [5, 6, 7]], [None] * 3, lambda items, c: [float(sum(x) % 2) for x in c], cfg,
-                          eos_id=0, generator=torch.Generator().manual_seed(0),
-                          autocast=torch.autocast("cpu", dtype=torch.bfloat16))
+                          [[1, 2], [4], [5, 6, 7]], [None] * 3,
+                          Source(lambda items, c: [float(sum(x) % 2) for x in c], eos_id=0), cfg,
+                          torch.Generator().manual_seed(0), autocast=torch.autocast("cpu", dtype=torch.bfloat16))
     finally:
         handle.remove()
     assert stats["groups_kept"] > 0 and seen and not any(seen), seen
     # called inside an autocast region, it refuses rather than train on stale weights
     with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(ValueError, match="autocast"):
-        grpo_step(model, None, torch.optim.SGD(model.parameters(), lr=0.1), [[1]], [None], lambda i, c: [0.0] * 4,
-                  GRPOConfig(prompts_per_step=0, group_size=4, max_new_tokens=2, beta=0.0), eos_id=None,
-                  generator=torch.Generator())
+        grpo_step(model, None, torch.optim.SGD(model.parameters(), lr=0.1), [[1]], [None],
+                  Source(lambda i, c: [0.0] * 4), GRPOConfig(prompts_per_step=0, group_size=4, max_new_tokens=2,
+                                                             beta=0.0), torch.Generator())
 
 
 def padded_model():
@@ -116,8 +116,8 @@ def test_padded_ids_are_never_sampled_and_the_update_agrees():
         return [float(sum(c) % 2) for c in comps]
 
     stats = grpo_step(model, copy.deepcopy(model).eval(), torch.optim.SGD(model.parameters(), lr=0.0),
-                      [[1, 2], [3, 4, 5]], [None, None], reward, cfg, eos_id=0,
-                      generator=torch.Generator().manual_seed(1))
+                      [[1, 2], [3, 4, 5]], [None, None], Source(reward, eos_id=0), cfg,
+                      torch.Generator().manual_seed(1))
     assert drawn and max(drawn) < 30 and stats["ratio_first"] == pytest.approx(1.0, abs=1e-6)
 
 

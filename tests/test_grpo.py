@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 import engine
 import grpo
-from grpo import (GRPOConfig, aggregate, clipped_objective, group_advantages, grpo_loss, grpo_step, k3_kl,
+from grpo import (GRPOConfig, Source, aggregate, clipped_objective, group_advantages, grpo_loss, grpo_step, k3_kl,
                   logprobs_shared_prompts, make_optimizer, pack, set_lr)
 from model import GPT, GPTConfig
 from runtime import add_flags, from_flags
@@ -119,8 +119,8 @@ def test_micro_batching_gives_the_same_update(agg):
         model = tiny_model()
         ref = copy.deepcopy(model).eval()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        grpo_step(model, ref, opt, [[1, 2], [4]], [None, None], count_threes, cfg, eos_id=0,
-                  generator=torch.Generator().manual_seed(0))
+        grpo_step(model, ref, opt, [[1, 2], [4]], [None, None], Source(count_threes, eos_id=0), cfg,
+                  torch.Generator().manual_seed(0))
         weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     assert torch.allclose(weights[0], weights[1], atol=1e-6)
 
@@ -129,9 +129,8 @@ def test_on_policy_ratio_is_one_and_kl_zero_at_start():
     model = tiny_model()
     ref = copy.deepcopy(model).eval()
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    stats = grpo_step(model, ref, opt, [[1, 2], [4], [5, 6, 7]], [None] * 3, count_threes,
-                      config(group_size=4, max_new_tokens=6, beta=0.1), eos_id=0,
-                      generator=torch.Generator().manual_seed(0))
+    stats = grpo_step(model, ref, opt, [[1, 2], [4], [5, 6, 7]], [None] * 3, Source(count_threes, eos_id=0),
+                      config(group_size=4, max_new_tokens=6, beta=0.1), torch.Generator().manual_seed(0))
     assert stats["clip_frac"] == 0.0 and abs(stats["kl"]) < 1e-6
     assert abs(stats["ratio_first"] - 1.0) < 1e-5          # float32: the sampler's log-probs are the update's
 
@@ -142,8 +141,8 @@ def test_reward_rises_on_a_tiny_task():
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     cfg = config(group_size=8, max_new_tokens=6, beta=0.01, minibatches=2, prompts_per_step=4)
     g = torch.Generator().manual_seed(0)
-    stats = [grpo_step(model, ref, opt, [[1], [2], [4], [5]], [None] * 4, count_threes, cfg, eos_id=None,
-                       generator=g, step=s, next_prompts=lambda n: ([[1 + i % 5] for i in range(n)], [None] * n))
+    source = Source(count_threes, draw=lambda n: ([[1 + i % 5] for i in range(n)], [None] * n))
+    stats = [grpo_step(model, ref, opt, [[1], [2], [4], [5]], [None] * 4, source, cfg, g, step=s)
              for s in range(40)]
     rewards = [s["reward_mean"] for s in stats]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
@@ -155,9 +154,8 @@ def test_groups_without_reward_spread_are_skipped():
     model = tiny_model()
     before = [p.detach().clone() for p in model.parameters()]
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    stats = grpo_step(model, None, opt, [[1, 2], [4]], [None, None], lambda items, comps: [1.0] * len(comps),
-                      config(group_size=4, max_new_tokens=4, beta=0.0), eos_id=None,
-                      generator=torch.Generator().manual_seed(0))
+    stats = grpo_step(model, None, opt, [[1, 2], [4]], [None, None], Source(lambda items, comps: [1.0] * len(comps)),
+                      config(group_size=4, max_new_tokens=4, beta=0.0), torch.Generator().manual_seed(0))
     assert stats["zero_std_frac"] == 1.0
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
@@ -186,8 +184,8 @@ def test_dynamic_sampling_refills_to_the_target():
     # the first round: 2 prompts without spread, 1 with: 1 kept, 2 more wanted at a spread rate of 1/3 -> asks for
     # min(3 = the first round's size, ceil(2 * 3 / 1) = 6) = 3
     stats = grpo_step(model, None, torch.optim.SGD(model.parameters(), lr=0.1), [[1, 2], [4], [5, 6]],
-                      ["1", "4", "5"], spread_only_after_token_5, cfg, eos_id=None,
-                      generator=torch.Generator().manual_seed(0), next_prompts=next_prompts)
+                      ["1", "4", "5"], Source(spread_only_after_token_5, draw=next_prompts), cfg,
+                      torch.Generator().manual_seed(0))
     assert asked == [3] and stats["rounds"] == 2 and stats["groups"] == 6
     assert stats["groups_kept"] == 3                        # 4 groups had spread; the update takes exactly 3
     assert stats["zero_std_frac"] == pytest.approx(2 / 6)  # of every sampled group
@@ -204,14 +202,14 @@ def test_dynamic_sampling_stops_after_max_rounds_without_an_update():
 
     cfg = config(group_size=4, max_new_tokens=4, beta=0.1, prompts_per_step=2, max_rounds=3)
     stats = grpo_step(model, copy.deepcopy(model).eval(), torch.optim.SGD(model.parameters(), lr=1.0),
-                      [[1, 2], [4]], ["1", "4"], spread_only_after_token_5, cfg, eos_id=None,
-                      generator=torch.Generator().manual_seed(0), next_prompts=next_prompts)
+                      [[1, 2], [4]], ["1", "4"], Source(spread_only_after_token_5, draw=next_prompts), cfg,
+                      torch.Generator().manual_seed(0))
     assert asked == [2, 2] and stats["rounds"] == 3 and stats["groups"] == 6 and stats["groups_kept"] == 0
     assert stats["zero_std_frac"] == 1.0 and torch.equal(before, weights(model))   # nothing to learn from
     assert math.isnan(stats["kl"]) and math.isnan(stats["ratio_first"])            # no update: no update stats
     # without a prompt source a step is one round, as before dynamic sampling
     stats = grpo_step(model, None, torch.optim.SGD(model.parameters(), lr=1.0), [[1, 2], [4]], ["1", "4"],
-                      spread_only_after_token_5, cfg, eos_id=None, generator=torch.Generator().manual_seed(0))
+                      Source(spread_only_after_token_5), cfg, torch.Generator().manual_seed(0))
     assert stats["rounds"] == 1 and stats["groups_kept"] == 0
 
 
@@ -224,9 +222,8 @@ def test_a_bf16_step_casts_the_sampler_weights_once_for_all_its_rounds(monkeypat
     model = tiny_model()
     cfg = config(group_size=4, max_new_tokens=4, beta=0.0, prompts_per_step=2, max_rounds=3)
     stats = grpo_step(model, None, torch.optim.SGD(model.parameters(), lr=1.0), [[1, 2], [4]], ["1", "4"],
-                      spread_only_after_token_5, cfg, eos_id=None, generator=torch.Generator().manual_seed(0),
-                      next_prompts=lambda n: ([[1, 2]] * n, ["1"] * n),
-                      autocast=torch.autocast("cpu", dtype=torch.bfloat16))
+                      Source(spread_only_after_token_5, draw=lambda n: ([[1, 2]] * n, ["1"] * n)), cfg,
+                      torch.Generator().manual_seed(0), autocast=torch.autocast("cpu", dtype=torch.bfloat16))
     assert stats["rounds"] == 3 and len(casts) == 1 and sampled == [torch.bfloat16] * 3
 
 
@@ -251,8 +248,7 @@ def test_entropy_bonus_raises_entropy(coef):
     before = mean_entropy(model, [[1, 2], [4]], probe)
     cfg = config(group_size=4, max_new_tokens=6, beta=0.0, entropy_coef=coef, skip_zero_std=False)
     stats = grpo_step(model, None, torch.optim.SGD(model.parameters(), lr=0.5), [[1, 2], [4]], [None, None],
-                      lambda items, comps: [1.0] * len(comps), cfg, eos_id=None,
-                      generator=torch.Generator().manual_seed(0))
+                      Source(lambda items, comps: [1.0] * len(comps)), cfg, torch.Generator().manual_seed(0))
     after = mean_entropy(model, [[1, 2], [4]], probe)
     assert stats["grad_norm"] > 0 and stats["loss"] == pytest.approx(-coef * stats["entropy"], rel=1e-5)
     assert (after - before) * coef > 0, (before, after)     # +coef raises the entropy, -coef lowers it
@@ -264,9 +260,8 @@ def test_bf16_recomputes_old_logprobs_so_the_first_ratio_is_one(monkeypatch, min
         cfg = config(group_size=4, max_new_tokens=6, beta=0.1, minibatches=minibatches, micro_batch=3,
                          entropy_coef=0.01)
         return grpo_step(model, copy.deepcopy(model).eval(), torch.optim.AdamW(model.parameters(), lr=1e-2),
-                         [[1, 2], [4], [5, 6, 7]], [None] * 3, count_threes, cfg, eos_id=0,
-                         generator=torch.Generator().manual_seed(0),
-                         autocast=torch.autocast("cpu", dtype=torch.bfloat16))
+                         [[1, 2], [4], [5, 6, 7]], [None] * 3, Source(count_threes, eos_id=0), cfg,
+                         torch.Generator().manual_seed(0), autocast=torch.autocast("cpu", dtype=torch.bfloat16))
 
     assert grpo.low_precision(tiny_model(), torch.device("cpu")) is False   # fp32, no autocast: the sampler's kept
     assert grpo.low_precision(tiny_model().to(torch.bfloat16), torch.device("cpu")) is True
@@ -307,12 +302,12 @@ def ddp_worker(rank, world, init_file, out_dir):
     cfg = config(group_size=4, max_new_tokens=6, beta=0.0, minibatches=8)
     reward = count_threes if rank == 0 else (lambda items, comps: [1.0] * len(comps))
     gen = torch.Generator().manual_seed(0)
-    first = grpo_step(policy, None, opt, [[1, 2]], [None], reward, cfg, eos_id=None, generator=gen)
+    first = grpo_step(policy, None, opt, [[1, 2]], [None], Source(reward), cfg, gen)
     after_first = weights(model)
     steps = [int(opt.state[p]["step"]) for p in model.parameters()]
     # no spread anywhere: every minibatch empty on every rank, nothing moves
-    second = grpo_step(policy, None, opt, [[1, 2]], [None], lambda items, comps: [1.0] * len(comps), cfg,
-                       eos_id=None, generator=gen)
+    second = grpo_step(policy, None, opt, [[1, 2]], [None], Source(lambda items, comps: [1.0] * len(comps)), cfg,
+                       gen)
     save_file(dict(after_first=after_first, end=weights(model)), f"{out_dir}/rank{rank}.safetensors")
     Path(f"{out_dir}/rank{rank}.json").write_text(json.dumps(dict(first=first, second=second, steps=steps)))
     # tear down in order: both ranks done, then free DDP (it holds the process group) before destroying the
@@ -378,7 +373,7 @@ def loop_run(tmp_path):
 
     def draw(n):
         return [[1 + i % 5] for i in range(n)], [None] * n
-    source = grpo.Source(draw, count_threes, eos_id=None)
+    source = grpo.Source(count_threes, draw=draw)
     return run, policy, source, cfg
 
 

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 MEASURE = """
 import copy, json, sys, torch
-from grpo import GRPOConfig, grpo_step, make_optimizer
+from grpo import GRPOConfig, Source, grpo_step, make_optimizer
 from model import GPT, GPTConfig
 from runtime import memory_estimate
 torch.set_num_threads(1)
@@ -32,7 +32,7 @@ cfg = GRPOConfig(prompts_per_step=0, group_size=G, max_new_tokens=new, minibatch
 g = torch.Generator().manual_seed(0)
 prompts = [torch.randint(1, 32768, (L,), generator=g).tolist() for _ in range(B)]
 stats = grpo_step(model, ref, make_optimizer(model, cfg), prompts, [None] * B,
-                  lambda items, comps: [float(i % 2) for i in range(len(comps))], cfg, None, g)
+                  Source(lambda items, comps: [float(i % 2) for i in range(len(comps))]), cfg, g)
 assert stats["groups_kept"] == B and len(stats) > 0
 peak = rss("VmHWM") - base
 est = memory_estimate(config, False, True, bool(ckpt), L, new, B, G, mb, B)

@@ -15,7 +15,7 @@ import torch
 
 from data.textgame.prepare import convert_record, official_prompt
 from data.textgame.task import make_diff, prompt_text
-from grpo import PAPER_RECIPE, GRPOConfig, grpo_step, k3_kl, make_optimizer
+from grpo import PAPER_RECIPE, GRPOConfig, Source, grpo_step, k3_kl, make_optimizer
 from rewards import textgame_reward
 from tasks import load_lang_model, reward_fn
 
@@ -176,8 +176,8 @@ def test_paper_format_gets_reward_spread(chat_dir):
                             vocab=tok.n_vocab))
     before = copy.deepcopy(model.state_dict())
     stats = grpo_step(model, copy.deepcopy(model).eval(), make_optimizer(model, cfg), [prompt],
-                      [rec], reward_fn("textgame", tok, "binary"), cfg, tok.eos_id,
-                      torch.Generator().manual_seed(0), sampler=scripted(texts, tok))
+                      [rec], Source(reward_fn("textgame", tok, "binary"), tok.eos_id, sampler=scripted(texts, tok)),
+                      cfg, torch.Generator().manual_seed(0))
     assert stats["groups_kept"] == 1 and stats["reward_mean"] == pytest.approx(0.2)
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
 

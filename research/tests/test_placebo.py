@@ -5,7 +5,7 @@ import copy
 
 import torch
 
-from grpo import GRPOConfig, grpo_step
+from grpo import GRPOConfig, Source, grpo_step
 from model import GPT, GPTConfig
 from research.placebo import permuted
 
@@ -33,8 +33,8 @@ def test_reward_does_not_rise_under_the_placebo():
                      entropy_coef=0.0)
     g = torch.Generator().manual_seed(0)
     score = permuted(count_threes, cfg.group_size, torch.Generator().manual_seed(7919))
-    stats = [grpo_step(model, ref, opt, [[1], [2], [4], [5]], [None] * 4, score, cfg, eos_id=None,
-                       generator=g, step=s, next_prompts=lambda n: ([[1 + i % 5] for i in range(n)], [None] * n))
+    source = Source(score, draw=lambda n: ([[1 + i % 5] for i in range(n)], [None] * n))
+    stats = [grpo_step(model, ref, opt, [[1], [2], [4], [5]], [None] * 4, source, cfg, g, step=s)
              for s in range(40)]
     rewards = [s["reward_mean"] for s in stats]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
