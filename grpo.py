@@ -87,6 +87,8 @@ PAPER_RECIPE = {
 
 # a kept group (step 3): its prompt, the rollout holding its G rows, which rows, their rewards
 Group = namedtuple("Group", "prompt rollout rows rewards")
+# the update's N rows (step 4): `pack`'s four tensors, each row's group, its log-probs, advantage
+Batch = namedtuple("Batch", "prompt_idx prompt_len idx targets rows old_logp adv mask ref_logp")
 
 
 @dataclass
@@ -224,18 +226,16 @@ def sample_groups(model, prompts, items, source, cfg, generator, autocast=nullco
 # step 4: the update's rows and their log-probs
 
 def update_batch(kept, cfg, device):
-    """Step 4: the kept Groups as N = groups x G rows right-padded to T -> a dict: `pack`'s tensors,
-    rows (N,) each row's group, old_logp (N, T), adv (N,), mask (N, T) the loss's tokens."""
+    """Step 4: the kept Groups as N = groups x G rows right-padded to T -> a Batch: `pack`'s
+    tensors, rows (N,) each row's group, old_logp (N, T), adv (N,), mask (N, T), ref_logp None."""
     tokens, old_logp, mask = (pad_sequence([row for k in kept for row in k.rollout[key][k.rows]],
                                            batch_first=True, padding_value=pad)
                               for key, pad in (("tokens", -1), ("old_logp", 0.0), ("mask", False)))
     adv = group_advantages(torch.stack([k.rewards for k in kept]), cfg.std_norm, cfg.adv_eps)
-    b = dict(zip(("prompt_idx", "prompt_len", "idx", "targets"),
-                 pack([k.prompt for k in kept], tokens, mask)), old_logp=old_logp, adv=adv.view(-1))
-    b = {k: t.to(device) for k, t in b.items()}
-    b["rows"] = torch.arange(len(kept), device=device).repeat_interleave(cfg.group_size)
-    b["mask"] = b["targets"] >= 0                   # EOS in; padding and injected tokens out
-    return b
+    packed = [t.to(device) for t in pack([k.prompt for k in kept], tokens, mask)]
+    rows = torch.arange(len(kept), device=device).repeat_interleave(cfg.group_size)
+    return Batch(*packed, rows, old_logp.to(device), adv.view(-1).to(device),
+                 packed[3] >= 0, None)   # mask: EOS in; padding and injected tokens out
 
 
 def pack(prompts, tokens, mask=None):
@@ -257,14 +257,14 @@ def logprobs_shared_prompts(model, b, sel, cfg):
     """Log-probs (n, T) of the targets and entropies (n, T) of the rows `sel` of `update_batch`,
     0 where a row has no target. Each prompt runs once for its rows (1.7x faster updates on the
     text game than once per row); logits only at the targets, over the ids cfg.vocab keeps."""
-    used, rows = torch.unique(b["rows"][sel], return_inverse=True)
+    used, rows = torch.unique(b.rows[sel], return_inverse=True)
     # the chunk's prompts, their padding cut to the longest of them
-    L = int(b["prompt_len"][used].max()) if len(used) else 0
-    prompts = (b["prompt_idx"][used, :L], b["prompt_len"][used], rows)
-    targets = b["targets"][sel]
+    L = int(b.prompt_len[used].max()) if len(used) else 0
+    prompts = (b.prompt_idx[used, :L], b.prompt_len[used], rows)
+    targets = b.targets[sel]
     at = targets >= 0                                # (n, T) the positions with a target
     # 1-token prompts: nothing to share, the prompt is idx's first token
-    logits, _ = model(b["idx"][sel], prompts=prompts if L else None, at=at)   # (k, vocab)
+    logits, _ = model(b.idx[sel], prompts=prompts if L else None, at=at)   # (k, vocab)
     logits = logits[:, :cfg.vocab or None]           # the ids the tokenizer decodes
     logp_all = F.log_softmax(logits.float() / cfg.temperature, dim=-1)   # the sampler's
     zeros = torch.zeros(at.shape, device=logits.device)
@@ -333,8 +333,8 @@ def micro_step(policy, b, chunk, n_tok, n_seqs, cfg, step, sums, first, autocast
     tokens, n_seqs rows), so the chunks' gradients add up to the minibatch's, and of the log's."""
     with autocast:
         logp, ent = logprobs_shared_prompts(policy, b, chunk, cfg)   # (n, T) each, float32
-    mask = b["mask"][chunk]
-    loss, parts = grpo_loss(logp, b["old_logp"][chunk], b["ref_logp"][chunk], ent, b["adv"][chunk],
+    mask = b.mask[chunk]
+    loss, parts = grpo_loss(logp, b.old_logp[chunk], b.ref_logp[chunk], ent, b.adv[chunk],
                             mask, cfg, n_tok, n_seqs)
     if not torch.isfinite(loss):
         raise FloatingPointError(f"non-finite GRPO loss at step {step}")
@@ -360,7 +360,7 @@ def update(policy, optimizer, b, plan, chunks, cfg, step, autocast):
             continue
         if not mb:   # DDP / FSDP: the other ranks have rows; join their collectives, gradient 0
             (policy(torch.zeros(1, 1, dtype=torch.long, device=device))[0].sum() * 0.0).backward()
-        n_tok = int(b["mask"][mb].sum()) if mb else 0   # the minibatch's loss tokens
+        n_tok = int(b.mask[mb].sum()) if mb else 0   # the minibatch's loss tokens
         for c, chunk in enumerate(chunks[m]):
             with no_sync_unless_last(policy, c == len(chunks[m]) - 1):
                 micro_step(policy, b, chunk, n_tok, len(mb), cfg, step, sums, m == 0, autocast)
@@ -430,14 +430,14 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, source, cfg, generat
         if b is not None:   # the fixed log-probs, on the first epoch's chunks: every row once
             first_epoch = [c for mb in chunks[:cfg.minibatches] for c in mb]
             # the reference's (beta 0, no reference: the sampler's, so the KL logged is to it)
-            b["ref_logp"] = b["old_logp"].clone()
+            b = b._replace(ref_logp=b.old_logp.clone())
             if cfg.beta > 0:
-                fixed_logprobs(ref_model, b, first_epoch, cfg, autocast, b["ref_logp"])
+                fixed_logprobs(ref_model, b, first_epoch, cfg, autocast, b.ref_logp)
             if low:   # bf16 / fp16: the sampler's, recomputed on the update's path (as verl):
-                fixed_logprobs(raw, b, first_epoch, cfg, autocast, b["old_logp"])   # ratio 1
+                fixed_logprobs(raw, b, first_epoch, cfg, autocast, b.old_logp)   # ratio 1
     # 5-7. PPO-clip + KL - entropy, token-mean, an optimizer step per minibatch
     sums, n_mb = update(policy, optimizer, b, plan, chunks, cfg, step, autocast)
-    ratio_tokens = int(b["mask"][plan[0]].sum()) if b is not None else 0
+    ratio_tokens = int(b.mask[plan[0]].sum()) if b is not None else 0
     stats = step_stats(step, rounds, kept, sums, n_mb, ratio_tokens, cfg, source.eos_id, t0,
                        t_rollout)
     return {**stats, **compute_used(rounds, kept, cfg, low)}

@@ -39,7 +39,7 @@ from data.robot.detect import locate_blocks, locate_gripper  # noqa: E402
 from data.robot.task import episode_files, read_npz  # noqa: E402
 from eval import to_float  # noqa: E402
 from research.policy_eval import load_world_model, sample_chunk  # noqa: E402
-from grpo import (GRPOConfig, fixed_logprobs, group_advantages, make_optimizer, minibatch_plan,  # noqa: E402
+from grpo import (Batch, GRPOConfig, fixed_logprobs, group_advantages, make_optimizer, minibatch_plan,  # noqa: E402
                   pack, update)
 from rewards import VideoReward, video_reward  # noqa: E402
 
@@ -189,12 +189,11 @@ def main(argv=None):
         adv = group_advantages(used, cfg.std_norm, cfg.adv_eps).view(-1)       # (P * G,) one per chain
         N = len(prompts)                                             # k steps x P x G rows
         prompt_idx, prompt_len, idx, targets = pack(prompts, torch.stack(tok))
-        b = dict(prompt_idx=prompt_idx, prompt_len=prompt_len, idx=idx, targets=targets,
-                 old_logp=torch.stack(lp), adv=adv.repeat(args.chain), rows=torch.arange(N))
-        b["mask"] = b["targets"] >= 0
+        b = Batch(prompt_idx, prompt_len, idx, targets, torch.arange(N), torch.stack(lp),
+                  adv.repeat(args.chain), targets >= 0, None)
         plan, chunks = minibatch_plan(N, cfg, gen)
         once = [c for mb in chunks for c in mb] if cfg.beta > 0 else []   # beta 0: the sampler's
-        b["ref_logp"] = fixed_logprobs(ref, b, once, cfg, nullcontext(), b["old_logp"].clone())
+        b = b._replace(ref_logp=fixed_logprobs(ref, b, once, cfg, nullcontext(), b.old_logp.clone()))
         sums, n_mb = update(policy, opt, b, plan, chunks, cfg, step, nullcontext())
         row = dict(step=step + 1, reward_mean=reward.mean().item(), kl=sums["kl"] / n_mb,
                    grad_norm=sums["grad_norm"] / n_mb, minutes=(time.time() - t0) / 60)

@@ -229,9 +229,8 @@ def test_a_bf16_step_casts_the_sampler_weights_once_for_all_its_rounds(monkeypat
 
 def packed(prompts, tokens):
     """`grpo.update_batch`'s layout of the rows `tokens` continuing `prompts` (G rows each), for the log-probs."""
-    b = dict(zip(("prompt_idx", "prompt_len", "idx", "targets"), pack(prompts, tokens)))
-    b["rows"] = torch.arange(len(prompts)).repeat_interleave(len(tokens) // len(prompts))
-    return b
+    rows = torch.arange(len(prompts)).repeat_interleave(len(tokens) // len(prompts))
+    return grpo.Batch(*pack(prompts, tokens), rows, None, None, None, None)
 
 
 def mean_entropy(model, prompts, tokens):
