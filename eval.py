@@ -261,7 +261,7 @@ def compare_checkpoints(run, task, ckpts, tok, splits, max_new_tokens):
     greedy on every split {split: records}, paired; rank 0 writes eval.json (test) and
     eval_val.json (val) in out_dir and prints each split's report -> {split: {name: result}}."""
     # a CPU: two processes share the jobs; torchrun: each rank decodes a share of every job
-    workers = 2 if run.device == "cpu" and run.world == 1 else 1
+    workers = 2 if run.forks else 1
     results = evaluate_checkpoints(task, ckpts, tok, splits, max_new_tokens, run.device,
                                    run.autocast, workers, rank_map if run.world > 1 else None)
     if run.master:

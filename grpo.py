@@ -232,10 +232,10 @@ def update_batch(kept, cfg, device):
                                            batch_first=True, padding_value=pad)
                               for key, pad in (("tokens", -1), ("old_logp", 0.0), ("mask", False)))
     adv = group_advantages(torch.stack([k.rewards for k in kept]), cfg.std_norm, cfg.adv_eps)
-    packed = [t.to(device) for t in pack([k.prompt for k in kept], tokens, mask)]
+    *packed, targets = [t.to(device) for t in pack([k.prompt for k in kept], tokens, mask)]
     rows = torch.arange(len(kept), device=device).repeat_interleave(cfg.group_size)
-    return Batch(*packed, rows, old_logp.to(device), adv.view(-1).to(device),
-                 packed[3] >= 0, None)   # mask: EOS in; padding and injected tokens out
+    return Batch(*packed, targets, rows, old_logp.to(device), adv.view(-1).to(device),
+                 targets >= 0, None)   # mask: EOS in; padding and injected tokens out
 
 
 def pack(prompts, tokens, mask=None):

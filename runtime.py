@@ -72,6 +72,7 @@ class Run:
                 self.device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
                 torch.cuda.set_device(self.device)
         self.master = self.rank == 0
+        self.forks = self.world == 1 and self.device == "cpu"   # a second core for forked work
         # --fsdp=1: the GPT sharded across the ranks (wrap); one process keeps it whole
         self.fsdp = self.ddp and bool(getattr(args, "fsdp", 0))
         if getattr(args, "fsdp", 0) and not self.ddp:
@@ -392,7 +393,7 @@ def rlvr_and_control(run, rlvr, control, rl_file):
     whenever it is ahead (the run takes half as long); otherwise (GPU, torchrun, a resumed run)
     after RLVR, for the compute rl_file records: the same steps. -> rlvr's result."""
     done = run.args.resume and rl_file.is_file() and read_meta(rl_file)["metrics"].get("done")
-    alongside = control and run.world == 1 and run.device == "cpu" and not done
+    alongside = control and run.forks and not done
     budget, log = ComputeBudget(), run.out_dir / "control.log"
     if alongside:   # the child shares the loaded data and models, and prints to control.log
         child = fork_alongside(lambda: control(budget), log)

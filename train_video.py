@@ -367,7 +367,7 @@ if args.stage in ("all", "rlvr", "control"):
     # the held-out comparison on the --final_eval split, greedy and sampled with the paper's
     # protocol, paired over the same windows: on a CPU two forked processes share the models' jobs,
     # under torchrun the ranks do (eval.evaluate_video_models); every rank gets every result
-    workers = 2 if run.device == "cpu" and world == 1 else 1
+    workers = 2 if run.forks else 1
     print0(f"evaluating {len(models)} models greedy and sampled on the {args.final_eval} windows "
            f"({world if run.ddp else workers} processes)")
     ext = "gif" if horizon > 1 else "png"   # rank 0 draws each model's greedy predictions
