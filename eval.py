@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from checkpoint import load_model, read_meta, write_json
+from checkpoint import ROOT, load_model, read_meta, write_json
 from data.robot.prepare import DATA_DIR, ensure_splits
 from data.robot.task import (EFFECTS, Layout, clips, frame_codes, load_split, object_report,
                              object_scores, rollout, to_float, tokenize_split, windows)
@@ -500,9 +500,6 @@ def print_video_report(rows, pairs, file=None):
         sampled = {k: r["sampled"] for k, r in rows.items()}
         print_diffs(f"{title}, sampled at {tag}:", paired_diffs(
             sampled, [(a, b) for a, b in pairs if b != "copy"], metrics), file=file)
-
-
-ROOT = Path(__file__).resolve().parent
 
 
 def main():

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from checkpoint import atomic_write, load_model, recorded_path
+from checkpoint import ROOT, atomic_write, load_model, recorded_path
 from data.lights import task as lights_task
 from data.textgame import prepare as textgame_prepare, task as textgame_task
 from data.webpage import prepare as webpage_prepare, task as webpage_task
@@ -92,9 +92,6 @@ def keep_tokenizer(init, meta, out_dir, write=True):
 
 # -----------------------------------------------------------------------------
 # the splits, and records as token ids
-
-ROOT = Path(__file__).resolve().parent
-
 
 def load_splits(run, task, data_dir):
     """The train, val and test records of `data_dir` (run.fail names a missing or malformed file).
@@ -178,13 +175,6 @@ def probe_rewards(task, model, tok, prompts, records, kind, max_new_tokens, samp
     model.train()
     return dict(probe_greedy=mean_reward(greedy, records),
                 probe_reward=mean_reward(sampled, records * samples))
-
-
-def greedy_scores(task, model, tok, records, max_new_tokens):
-    """Each record's metrics (Task.score) of the model's greedy answer -> list of dicts."""
-    prompts = [tok.prompt(TASKS[task].data.prompt_text(r)) for r in records]
-    texts = generate_texts(model, tok, prompts, max_new_tokens)
-    return [TASKS[task].score(t, r) for t, r in zip(texts, records)]
 
 
 # -----------------------------------------------------------------------------
@@ -292,8 +282,10 @@ def train_mle(run, task, tok, model, name, pairs, val_recs, steps, lr_of_step, m
         if not run.master:
             return {}, ""
         recs = val_recs[:VAL_N]
-        with run.autocast:
-            right = [s[headline] for s in greedy_scores(task, model, tok, recs, max_new_tokens)]
+        with run.autocast:   # each record's Task.score of the model's greedy answer
+            texts = generate_texts(model, tok, [tok.prompt(data.prompt_text(r)) for r in recs],
+                                   max_new_tokens)
+        right = [TASKS[task].score(t, r)[headline] for t, r in zip(texts, recs)]
         changed = [x for x, r in zip(right, recs) if data.is_changed(r)]
         more = {"val": sum(right) / len(right),
                 "val_changed": sum(changed) / len(changed) if changed else None}

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from checkpoint import read_meta
+from checkpoint import ROOT, read_meta
 from eval import compare_checkpoints
 from grpo import PAPER_RECIPE, GRPOConfig
 import mle
@@ -33,7 +33,6 @@ from tasks import (TASKS, encode, keep_tokenizer, load_lang_model, load_splits, 
                    train_mle, train_rlvr)
 from tokenizer_text import Tokenizer
 
-ROOT = Path(__file__).resolve().parent
 # settings a user rarely changes, in one place
 VOCAB_SIZE = 448        # BPE ranks trained on the train split (--init=scratch)
 
@@ -192,15 +191,8 @@ cfg = dataclasses.replace(cfg, vocab=tok.n_vocab)   # only ids the tokenizer dec
 # -----------------------------------------------------------------------------
 # the stages (tasks.py): MLE on (prompt -> state difference) pairs, loss on the answer tokens only;
 # RLVR with GRPO on the prompt pool's prompts, the reward the task metric of the decoded prediction
-# (rewards.py); the control, MLE continued from the RLVR start for RLVR's compute
-def control(budget):
-    """The control, from the RLVR start `start`, trained on every train pair until `budget`."""
-    return train_control(run, args.task, tok, start, all_pairs, val_recs, budget,
-                         cfg.max_new_tokens)
-
-
-# -----------------------------------------------------------------------------
-# run the stages: MLE (from scratch) -> RLVR -> the equal-compute MLE control -> paired evaluation
+# (rewards.py); the control, MLE continued from the RLVR start for RLVR's compute.
+# Run them: MLE (from scratch) -> RLVR -> the equal-compute MLE control -> paired evaluation
 t0 = time.time()
 # every train record as (prompt ids, answer ids + EOS): what MLE and the control learn from
 all_pairs = [encode(args.task, tok, r) for r in train_recs]
@@ -241,6 +233,10 @@ if args.stage in ("all", "rlvr"):
     def rlvr(budget):   # from the model loaded from --init, or a fresh copy of the MLE checkpoint
         return train_rlvr(run, start_model or load_lang_model(start, run.device)[0], cfg,
                           args.task, tok, train_recs, args.reward, rl_file, args.rl_steps, budget)
+
+    def control(budget):   # from the RLVR start `start`, on every train pair until `budget`
+        return train_control(run, args.task, tok, start, all_pairs, val_recs, budget,
+                             cfg.max_new_tokens)
 
     # RLVR and the control for its compute: beside it on a CPU, else after it (runtime.py)
     rlvr_and_control(run, rlvr, control if args.control else None, rl_file)

@@ -34,7 +34,7 @@ import torch
 
 import mle
 import train_vq
-from checkpoint import atomic_write, read_meta, recorded_path, write_json
+from checkpoint import ROOT, atomic_write, read_meta, recorded_path, write_json
 from data.robot.prepare import DATA_DIR
 from data.robot.task import (Clips, Layout, cached_tokens, make_draw, make_reward, make_sampler,
                              moving_windows, read_action_stats, windows)
@@ -47,7 +47,6 @@ from runtime import (ComputeBudget, Run, check_ranges, lr_at, memory_estimate, p
                      prompts_per_chunk, rank_map, rlvr_and_control)
 from tokenizer_vq import load_vq
 
-ROOT = Path(__file__).resolve().parent
 # the shipped world model both modes start from: the per-frame one trained on 4000 episodes, on
 # 7-frame windows (it follows the gripper), and the shipped tokenizer, for --stage=mle
 SHIPPED_MLE = ROOT / "checkpoints" / "video_mle_4000.safetensors"
@@ -220,35 +219,6 @@ def run_mle(run, model, name, ckpt, layout, tokens, horizon, steps, lr_of_step, 
     return mle.train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, budget)
 
 
-def control(run, start, start_path, ckpt, layout, tokens, horizon, budget):
-    """The control: MLE on a copy of `start` at a constant rate, --control_lr or the mode's
-    control_scale x the start's own final MLE rate (mle.final_lr of `start_path`; a start that
-    records no MLE schedule: --rl_lr), until `budget` (RLVR's compute) is spent; saved to `ckpt`."""
-    final = mle.final_lr(start_path)
-    lr = run.args.control_lr or (run.args.rl_lr if final is None
-                                 else MODES[run.args.mode].control_scale * final)
-    run.print0(f"control: MLE continued from the start at lr {lr:.3g} for RLVR's compute")
-    return run_mle(run, copy.deepcopy(start), "mle_more", ckpt, layout, tokens, horizon, 10 ** 9,
-                   mle.control_lr(lr), budget)
-
-
-# -----------------------------------------------------------------------------
-# stage 3: RLVR with GRPO over four pieces (the module's docstring): the prompt draw, the reward and
-# the multi-step sampler are data/robot/task.py's (as tasks.py's for text), the watch is below
-
-def make_watch(run, model, vq, episodes, tokens, spec):
-    """grpo.train_loop's watch: greedy on the validation split (rank 0, every WATCH_EVERY steps
-    and at the last), its mae, ssim and mae_moving for the log. Nothing before the first step."""
-    def watch(step, stats):
-        if not stats:   # step 0: the start's validation score is the MLE stage's
-            return {}
-        r = eval_video(model, vq, episodes, tokens, spec, desc=None)
-        run.print0(f"\nrlvr step {step}: reward {stats['reward_mean']:.4f} kl {stats['kl']:.4f} "
-                   f"val mae {r['mae']:.4f} ssim {r['ssim']:.4f} mae_moving {r['mae_moving']:.4f}")
-        return dict(val_mae=r["mae"], val_ssim=r["ssim"], val_mae_moving=r["mae_moving"])
-    return watch
-
-
 # -----------------------------------------------------------------------------
 # run the stages
 t_start = time.time()
@@ -313,9 +283,15 @@ if args.stage in ("all", "rlvr", "control"):
     lpips_net = run.or_fail(load_lpips, args.lpips, run.device)   # the eval's (and reward's)
     models = {"mle": (start_model, mle_path)}   # name -> (model, checkpoint file), evaluated below
 
-    def mle_more(budget):   # the equal-compute control: MLE from the start until `budget` is spent
-        return control(run, start_model, mle_path, FILES["mle_more"], layout, tokens, horizon,
-                       budget), FILES["mle_more"]
+    def mle_more(budget):
+        """The equal-compute control: MLE on a copy of the start at a constant rate, --control_lr
+        or the mode's control_scale x the start's own final MLE rate (mle.final_lr; a start that
+        records no MLE schedule: --rl_lr), until `budget` (RLVR's compute) is spent."""
+        final = mle.final_lr(mle_path)
+        lr = args.control_lr or (args.rl_lr if final is None else mode.control_scale * final)
+        print0(f"control: MLE continued from the start at lr {lr:.3g} for RLVR's compute")
+        return run_mle(run, copy.deepcopy(start_model), "mle_more", FILES["mle_more"], layout,
+                       tokens, horizon, 10 ** 9, mle.control_lr(lr), budget), FILES["mle_more"]
 if args.stage == "control":   # the control alone, for a given compute (the lr sweep)
     models["mle_more"] = mle_more(ComputeBudget(args.control_compute))
 # RLVR, then the equal-compute control, then the held-out comparison of the three
@@ -330,6 +306,8 @@ if args.stage in ("all", "rlvr"):
            + ("" if lpips_net else " (no LPIPS weights: --lpips=FILE enables mae+lpips)")
            + "; frames decoded with the copy gate")
 
+    # stage 3: RLVR with GRPO over four pieces (the module's docstring): the prompt draw, the reward
+    # and the multi-step sampler are data/robot/task.py's (as tasks.py's for text), the watch below
     def rlvr(budget):
         """GRPO from a copy of the start (the comparison's "mle" stays as it is) -> the policy."""
         clips = Clips(train_eps, tokens["train"], layout, horizon, CONTEXT)
@@ -356,8 +334,17 @@ if args.stage in ("all", "rlvr"):
         draw = make_draw(clips, pool, prompts_per_step, bool(reward.object))
         source = Source(make_reward(vq, clips, reward, lpips_net, run.device),
                         draw=lambda n: draw(gen), sampler=make_sampler(horizon, layout.L))
-        train_loop(run, policy, source, cfg, gen, FILES["rlvr"], rl_steps, budget,
-                   make_watch(run, policy.model, vq, val_eps, tokens["val"], spec), WATCH_EVERY)
+
+        def watch(step, stats):   # greedy on val (rank 0, every WATCH_EVERY steps and the last)
+            if not stats:   # step 0: the start's validation score is the MLE stage's
+                return {}
+            r = eval_video(policy.model, vq, val_eps, tokens["val"], spec, desc=None)
+            print0(f"\nrlvr step {step}: reward {stats['reward_mean']:.4f} kl {stats['kl']:.4f} "
+                   f"val mae {r['mae']:.4f} ssim {r['ssim']:.4f} mae_moving {r['mae_moving']:.4f}")
+            return dict(val_mae=r["mae"], val_ssim=r["ssim"], val_mae_moving=r["mae_moving"])
+
+        train_loop(run, policy, source, cfg, gen, FILES["rlvr"], rl_steps, budget, watch,
+                   WATCH_EVERY)
         return policy.model
 
     # RLVR and the control for its compute: beside it on a CPU, else after it (runtime.py)

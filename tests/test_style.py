@@ -31,7 +31,7 @@ def test_the_core_stays_small():
     # a ratchet at today's size (issue 45's target, 14 files and 3,200 lines, is not reached yet):
     # the core may shrink, never grow
     lines = sum(len((ROOT / name).read_text().splitlines()) for name in CORE)
-    assert len(CORE) <= 14 and lines <= 5255, f"top level: {len(CORE)} files, {lines} lines"
+    assert len(CORE) <= 14 and lines <= 5227, f"top level: {len(CORE)} files, {lines} lines"
 
 
 def imported_modules(path):
