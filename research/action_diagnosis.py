@@ -286,8 +286,9 @@ def main(argv=None):
     p.add_argument("--tokenizers", nargs="*", default=[str(ck / "video_cvq.safetensors"),
                                                         str(ck / "video_vq.safetensors")])
     p.add_argument("--models", nargs="*", default=[str(ck / f"{n}.safetensors") for n in
-                                                    ("video_cond_mle", "video_mle", "video_cond_multi_mle")],
-                   help="world models of train_video.py (each with the tokenizer its metadata names)")
+                                                    ("video_cond_mle", "video_mle", "video_mle_4000")],
+                   help="world models of train_video.py (each with the tokenizer its metadata names; "
+                        "default: the shipped ones)")
     p.add_argument("--copy_gate", type=int, default=-1, choices=[-1, 0, 1],
                    help="-1: decode as each checkpoint records; 1: every tokenizer and model with the copy gate "
                         "(tokenizer_vq.VQVAE.detokenize; e.g. a per-frame MLE model, the start of a --copy_gate=1 "

@@ -172,7 +172,7 @@ def main(argv=None):
             policy.train()
             log.append(dict(step=step, val_reward=r.mean().item(), val_mae_last=float(err.mean()),
                             minutes=(time.time() - t0) / 60, val_rewards=r.tolist()))   # one per chain
-            print(f"step {step}: val chain reward {r.mean():.4f}, MAE of frame {vk} {err.mean():.5f}",
+            print(f"step {step}: {args.eval_split} chain reward {r.mean():.4f}, MAE of frame {vk} {err.mean():.5f}",
                   flush=True)
         if step == args.steps:
             break

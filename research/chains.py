@@ -360,7 +360,7 @@ def main():
     def score(model, chains, share):
         return evaluate_chains(args.task, model, tok, chains, cfg.max_new_tokens, share)
     results = evaluate_checkpoints(args.task, ckpts, tok, splits, cfg.max_new_tokens, args.device,
-                                   run.autocast, 2 if args.device == "cpu" else 1, score=score)
+                                   run.autocast, 2 if run.forks else 1, score=score)
     for split, r in results.items():
         write_json(out_dir / ("eval.json" if split == "test" else "eval_val.json"), r)
         print_comparison(args.task, split, r, metrics=(task.headline + "_k", task.headline),

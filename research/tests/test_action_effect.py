@@ -139,3 +139,17 @@ def test_still_code_marks_every_unchanged_cell():
     f = still["future"][0, :3, 0]                                                        # frame t + 1 against t
     cells = still_cells(img[1:], img[:-1], vq.config.grid)                               # a 4 x 4 grid here
     assert (f[cells] == code).all() and torch.equal(f[~cells], plain["future"][0, :3, 0][~cells])
+
+
+@pytest.mark.slow
+def test_the_diagnosis_runs_on_its_default_checkpoints(tmp_path):
+    # the usage line with every default: the tokenizers and world models it names are shipped
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    p = subprocess.run([sys.executable, "research/action_diagnosis.py", "--limit=1",
+                        f"--json={tmp_path / 'd.json'}"], cwd=root, capture_output=True, text=True,
+                       timeout=900)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert (tmp_path / "d.json").is_file()
