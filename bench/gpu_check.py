@@ -8,6 +8,7 @@ run ends with one markdown table (printed, and written to --out with the date an
     python bench/gpu_check.py --skip=4,7               # leave steps out (they are numbered below)
     python bench/gpu_check.py --skip=3,5,6,7 --sampler_lens=300   # the sampler only (~2 min)
     python bench/gpu_check.py --skip=3,4,5,6,7,8 --profile_sampler  # a decode step's profile
+    python bench/gpu_check.py --skip=3,5,6,7 --compile_sampler   # + the compiled decode step
 
 Steps (one table row or more each; a step that fails is recorded FAIL with its one-line reason and
 the others still run; the exit status is 1 if any row is FAIL):
@@ -28,7 +29,10 @@ the others still run; the exit status is 1 if any row is FAIL):
    device-to-device copy) and, for ours, of the weights + cache bound (the keys and values its
    path reads added: common.decode_traffic, whose parts of a step are shown in ms); every id
    drawn must be one the tokenizer decodes. Then 64 greedy tokens of the static path captured
-   against it uncaptured (equal: PASS) and against the eager path (shown).
+   against it uncaptured (equal: PASS) and against the eager path (shown). --compile_sampler adds
+   an experiment row per length: the graphs row with engine.decode_step compiled by torch.compile
+   (inductor fuses a step's small elementwise kernels), its compile seconds and its greedy tokens
+   against the uncompiled static path shown.
 5. GRPO: one grpo.grpo_step at micro_batch 8 and 2 on 300- and 3,000-token prompts, float32
    weights under --dtype autocast as train_lang.py runs it; time and peak memory.
 6. stale weights: no optimizer step may run inside autocast (autocast caches the low-precision
@@ -99,6 +103,9 @@ p.add_argument("--hf_compile", type=int, default=0,
 p.add_argument("--profile_sampler", action="store_true",
                help="also run step 9, a profile of the static sampler's decode steps (~1 min on "
                     "a GPU; with --skip=3,4,5,6,7,8 the profile alone)")
+p.add_argument("--compile_sampler", action="store_true",
+               help="step 4 also times the graphs path with engine.decode_step compiled by "
+                    "torch.compile (an experiment: minutes of compilation per shape)")
 args = p.parse_args()
 
 # bench-only references: imported after the flags, so --help needs neither
@@ -408,7 +415,7 @@ def of_bound(n, sec, L, static=None):
             f"{traffic_text(parts, bw)}")
 
 
-def step_sampler_ours(L, graphs):
+def step_sampler_ours(L, graphs, warm_up=True):
     ours, tok = need("ours", "tok")
     B, G, _, new = S["sampler"]
     prompts = windows(B, L, seed=3)
@@ -417,7 +424,8 @@ def step_sampler_ours(L, graphs):
     def run(ps, n, samples):
         return engine.generate(ours, ps, n, temperature=1.0, eos_id=None, generator=gen,
                                num_samples=samples, vocab=tok.n_vocab, graphs=graphs)
-    run(prompts[:2], 4, 2)   # warm-up (kernels, allocator)
+    if warm_up:
+        run(prompts[:2], 4, 2)   # warm-up (kernels, allocator)
     sync()
     t0 = time.perf_counter()
     toks, _ = run(prompts, new, G)
@@ -446,6 +454,45 @@ def step_graphs_greedy():
     same = torch.equal(graph, plain)
     return (f"captured vs uncaptured: {'equal' if same else 'DIFFER'}; vs the eager path: "
             f"{first}", "PASS" if same else "FAIL")
+
+
+def step_sampler_compiled(L):
+    """The graphs row with engine.decode_step compiled (torch.compile, inductor): is the static
+    path's time beyond the weights' traffic the ~40 small kernels a layer that eager decoding
+    launches? Compiled first at the timed shape (its seconds shown), then timed as the graphs row;
+    64 greedy tokens of the static path compiled against uncompiled shown (fused kernels may round
+    a near tie the other way). decode_step is put back afterwards, whatever happens."""
+    ours, tok = need("ours", "tok")
+    B, G, _, new = S["sampler"]
+    prompts, greedy = windows(B, L, seed=3), [w[:n] for w, n in zip(windows(2, 64, seed=7),
+                                                                    (40, 64))]
+    plain, body = engine.decode_step, torch.compile(engine.decode_step, dynamic=False)
+
+    def decode_step(model, tok, pos, cache):
+        # the static path never reads cache.length (its position is the device tensor cache.t):
+        # the compiled step sees one value, so its guards hold at every position
+        n, cache.length = cache.length, 0
+        logits = body(model, tok, pos, cache)
+        cache.length = n + 1
+        return logits
+
+    try:
+        engine.decode_step = decode_step
+        t0 = time.perf_counter()   # compiled (and on a GPU captured) at the timed shape
+        engine.generate(ours, prompts, new, temperature=1.0, eos_id=None, num_samples=G,
+                        generator=torch.Generator().manual_seed(0), vocab=tok.n_vocab,
+                        graphs=True)
+        sync()
+        compile_s = time.perf_counter() - t0
+        compiled = engine.generate(ours, greedy, 64, temperature=0, num_samples=2, graphs=True)[0]
+        text, status = step_sampler_ours(L, True, warm_up=False)   # warm: compiled at its shape
+    finally:
+        engine.decode_step = plain
+    uncompiled = engine.generate(ours, greedy, 64, temperature=0, num_samples=2, graphs=True)[0]
+    differ = (compiled != uncompiled).any(0).nonzero()
+    same = f"first differ at token {int(differ[0])}" if len(differ) else "equal"
+    return (f"compiled and run once in {compile_s:.0f} s; greedy vs uncompiled: {same}; {text}",
+            status)
 
 
 def step_sampler_hf(L):
@@ -788,6 +835,8 @@ def main():
              (lambda L=L, f=f: f(L)))
             for L in lens for who, f in (("ours eager", lambda L: step_sampler_ours(L, False)),
                                          ("ours graphs", lambda L: step_sampler_ours(L, True)),
+                                         *([("ours graphs compiled", step_sampler_compiled)]
+                                           if args.compile_sampler else []),
                                          ("HF", step_sampler_hf))]
            + [("4 graphs greedy", "4 x 2 samples, 64 new, T=0", step_graphs_greedy)],
         5: [("5 grpo_step", f"{P} x {Gg}, prompt {L}, {gnew} new, micro_batch {mb}",

@@ -53,3 +53,22 @@ def test_gpu_check_profiles_the_sampler_on_cpu(tmp_path):
     trace = (tmp_path / "gpu_check_sampler_profile.json.gz").read_bytes()
     names = {e.get("name") for e in json.loads(gzip.decompress(trace))["traceEvents"]}
     assert {"decode_step", "decode_attention", "sample_next"} <= names
+
+
+@pytest.mark.slow
+def test_gpu_check_times_the_compiled_decode_step_on_cpu(tmp_path):
+    """--compile_sampler: step 4's experiment row, the static path with engine.decode_step compiled
+    by torch.compile, runs (inductor on the CPU), draws decodable ids and gives the uncompiled
+    greedy tokens; the rows after it still run."""
+    out = tmp_path / "gpu_check.md"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    p = subprocess.run([sys.executable, "bench/gpu_check.py", "--tiny", "--device=cpu",
+                        "--dtype=float32", "--skip=3,5,6,7,8", "--compile_sampler",
+                        "--sampler_lens=30", f"--out={out}", f"--work_dir={tmp_path / 'work'}"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| 4 ")]
+    compiled = [r for r in rows if r.startswith("| 4 sampler ours graphs compiled")]
+    assert len(compiled) == 1 and compiled[0].endswith("| PASS |"), out.read_text()
+    assert "greedy vs uncompiled: equal" in compiled[0], compiled[0]
+    assert rows[-1].startswith("| 4 graphs greedy") and rows[-1].endswith("| PASS |")
