@@ -359,7 +359,7 @@ def main():
 
     def score(model, chains, share):
         return evaluate_chains(args.task, model, tok, chains, cfg.max_new_tokens, share)
-    results = evaluate_checkpoints(args.task, ckpts, tok, splits, cfg.max_new_tokens, args.device,
+    results = evaluate_checkpoints(args.task, ckpts, tok, splits, cfg.max_new_tokens, run.device,
                                    run.autocast, 2 if run.forks else 1, score=score)
     for split, r in results.items():
         write_json(out_dir / ("eval.json" if split == "test" else "eval_val.json"), r)
@@ -398,7 +398,7 @@ def control(run, init, tok, args, train, val, budget):
     budget) -> the checkpoint."""
     pairs = [encode(args.task, tok, r) for r in train]
     if args.control_imagined:   # the stronger control: the start's own imagined states as well
-        model = load_lang_model(init, args.device)[0]
+        model = load_lang_model(init, run.device)[0]
         g = torch.Generator().manual_seed(args.seed)
         chains = episode_chains(args.task, train, args.horizon)
         chains = [chains[i] for i in torch.randperm(len(chains), generator=g).tolist()]

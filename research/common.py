@@ -45,7 +45,7 @@ def setup(args, stage_files=("rlvr.safetensors", "mle_more.safetensors")):
     run = Run(args, out_dir, path_flags=("init", "data_dir", "out_dir", "tokenizer"))
     run.save_config(run.check_config(list(stage_files)))
     splits = load_splits(run, args.task, Path(args.data_dir or ROOT / "data" / args.task))
-    model, tok, meta = load_lang_model(init, args.device)
+    model, tok, meta = load_lang_model(init, run.device)
     run.recorded["tokenizer"] = str(out_dir / keep_tokenizer(init, meta, out_dir))
     return run, splits, init, model, tok
 

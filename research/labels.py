@@ -64,7 +64,7 @@ def main():
                                                                       "rlvr.safetensors"])
     if args.label_frac < 1:
         init, tok = mle_on_fraction(run, args, train, val)
-        model = load_lang_model(init, args.device)[0]
+        model = load_lang_model(init, run.device)[0]
     rl = common.rlvr(run, model, tok, args, train[:args.rl_pool or None],
                      unchanged_frac=args.rl_unchanged_frac)
     common.compare(run, tok, args, init, rl, train, val, test)
