@@ -6,6 +6,8 @@ optimiser climb where it has seen every prompt?), and another share of unchanged
     python research/labels.py --label_frac=0.1 --out_dir=out/textgame_frac10
     python research/labels.py --rl_pool=64 --rl_steps=100 --out_dir=out/textgame_pool64
     python research/labels.py --rl_unchanged_frac=0 --out_dir=out/textgame_unch0
+    python research/labels.py --label_frac=0.1 --mle_steps=600 --rl_steps=0 --out_dir=out/lf10
+                                   # the weak start alone (checkpoints/textgame/mle_lf10)
 
 --label_frac < 1 trains the MLE start here (train_lang.py's model, tokenizer and schedule);
 otherwise the start is --init (the shipped checkpoint). Writes what train_lang.py writes.
@@ -65,6 +67,8 @@ def main():
     if args.label_frac < 1:
         init, tok = mle_on_fraction(run, args, train, val)
         model = load_lang_model(init, run.device)[0]
+    if args.rl_steps == 0:   # the start alone: the weak start that train_lang.py --init= names
+        return run.print0(f"wrote {init}")
     rl = common.rlvr(run, model, tok, args, train[:args.rl_pool or None],
                      unchanged_frac=args.rl_unchanged_frac)
     common.compare(run, tok, args, init, rl, train, val, test)
