@@ -226,6 +226,119 @@ def resume(path, model, optimizer=None):
 
 
 # -----------------------------------------------------------------------------
+# a run's files: the config guard (a re-run with other flags stops, naming them) and stages that
+# resume exactly; `run` is the script's runtime.Run
+
+CONFIG = "config.json"   # in out_dir: the flags of the run that trains there
+# flags that cannot change the trained weights (docs/engineering.md, Reliability): how and where
+# the run executes (the control beside RLVR or after it trains for RLVR's counted compute; FSDP
+# takes DDP's steps), how often it checkpoints and logs, what it does on a NaN, which stages run
+FREE_FLAGS = {"device", "threads", "grad_ckpt", "ckpt_every", "on_nan", "eval_every", "stage",
+              "control", "out_dir", "resume", "fsdp"}
+# the final evaluation's flags: a re-run with other values evaluates the same trained models again
+EVAL_FLAGS = {"final_eval", "eval_limit", "test_limit"}
+
+
+def recorded_args(run):
+    """vars(args) and `recorded` as config.json and checkpoints record them: each path flag
+    relative to out_dir where it can be ("auto" and "scratch" are words, not paths)."""
+    record = {**vars(run.args), **run.recorded}
+    for name in run.path_flags:
+        if record.get(name) not in (None, "auto", "scratch"):
+            record[name] = relative_path(record[name], run.out_dir)
+    return json.loads(json.dumps(record))   # as it reads back: lists for tuples
+
+
+def check_config(run, stage_files):
+    """May this run continue in out_dir? With --resume=1, out_dir/config.json must hold the same
+    flags (but FREE_FLAGS and EVAL_FLAGS), an out_dir without it none of `stage_files`; else one
+    line and exit -> this run's record, for save_config once its inputs are checked."""
+    record = recorded_args(run)
+    path = run.out_dir / CONFIG
+    ways_out = f"use a new --out_dir, or --resume=0 to start over in {run.out_dir}"
+    if not run.args.resume:
+        return record
+    if not path.is_file():
+        found = [f for f in stage_files if (run.out_dir / f).is_file()]
+        if found:
+            run.fail(f"{run.out_dir} holds {', '.join(found)} but no {CONFIG} recording the "
+                     f"flags they were trained with; {ways_out}")
+        return record
+    try:
+        old = json.loads(path.read_text())
+        if not isinstance(old, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as e:
+        run.fail(f"{path}: unreadable ({e}); {ways_out}")
+    # flags both records know (a flag added or removed since cannot be compared)
+    changed = [k for k in sorted(old.keys() & record.keys()) if k not in FREE_FLAGS
+               and flag_value(run, k, old[k]) != flag_value(run, k, record[k])]
+    words = ", ".join(f"--{k} {flag_value(run, k, old[k], True)} -> "
+                      f"{flag_value(run, k, record[k], True)}" for k in changed)
+    if set(changed) - EVAL_FLAGS:
+        run.fail(f"{run.out_dir} holds a run with other flags: {words}; {ways_out}")
+    if changed:
+        run.print0(f"{CONFIG}: the trained stages are reused and evaluated again with {words}")
+    return record
+
+
+def flag_value(run, name, value, shown=False):
+    """A recorded flag value, comparable across records: a path flag as an absolute path (shown:
+    as the user would type it, relative to the working directory when under it)."""
+    if name not in run.path_flags or value in (None, "auto", "scratch"):
+        return value
+    path = recorded_path(value, run.out_dir).resolve()
+    return os.path.relpath(path) if shown and path.is_relative_to(Path.cwd()) else str(path)
+
+
+def save_config(run, record):
+    """check_config's record to out_dir/config.json (rank 0, atomically), before any stage; a
+    run that writes nothing has record False."""
+    if run.master and record:
+        write_json(run.out_dir / CONFIG, record)
+
+
+def save_stage(run, ckpt, model, opt, step, metrics, g, done):
+    """Checkpoint a stage every --ckpt_every steps and when it is done (then weights only):
+    weights, optimizer, every rank's generators, so a re-run resumes exactly."""
+    if step % run.args.ckpt_every and not done:
+        return
+    states = [(g.get_state(), torch.get_rng_state())] * run.world   # DDP: every rank's
+    if run.ddp:
+        torch.distributed.all_gather_object(states, states[0])
+    # FSDP: every rank sends its shards, rank 0 gets the full weights and optimizer state
+    full = gather_state(model, None if done else opt) if run.fsdp else None
+    if run.master:
+        state = {f"{name}{r}": t for r, pair in enumerate(states)
+                 for name, t in zip(("rng", "torch_rng"), pair)}
+        save_checkpoint(ckpt, model, args=recorded_args(run), step=step, full=full,
+                        metrics={**metrics, "done": done}, optimizer=None if done else opt,
+                        state=None if done else state)
+
+
+def resume_stage(run, ckpt, model, opt, g, name):
+    """-> (step to go on from, done?); restores weights (unfinished: optimizer, generators)."""
+    if not (run.args.resume and ckpt.is_file()):
+        return 0, False
+    try:
+        done = read_meta(ckpt)["metrics"].get("done")
+        meta, state = resume(ckpt, model, None if done else opt)
+    except ValueError as e:
+        run.fail(f"{e} (pass --resume=0 or another --out_dir to start over)")
+    if done:
+        run.print0(f"{name}: {ckpt} is complete, reusing it")
+        return meta["step"], True
+    if f"rng{run.rank}" not in state or f"rng{run.world}" in state:
+        run.fail(f"{ckpt}: saved by a run with another number of ranks; resume with the "
+                 "same torchrun size")
+    g.set_state(state[f"rng{run.rank}"])
+    if f"torch_rng{run.rank}" in state:
+        torch.set_rng_state(state[f"torch_rng{run.rank}"])
+    run.print0(f"{name}: resuming from step {meta['step']}")
+    return meta["step"], False
+
+
+# -----------------------------------------------------------------------------
 # HF model directories
 
 def load_hf(path, device, dtype):

@@ -1,21 +1,21 @@
 """
 GRPO (Group Relative Policy Optimization) by hand: `grpo_step` is the README's "GRPO in seven
-steps", one function each, for every task.
+steps", and this file reads in their order: the math on plain tensors, then one function per step.
 
 1-2. rollout, reward   `rollout`: G completions per prompt, the sampler's log-probs, the rewards
-3. dynamic sampling    `sample_groups`: drop groups without reward spread, sample more prompts
+3. dynamic sampling    `sample_groups`: keep groups with reward spread, sample more prompts
 4. advantages          `group_advantages`; `update_batch` lays the kept groups out as rows
 5-6. PPO-clip, KL      `clipped_objective`, `k3_kl` and an entropy bonus, in `grpo_loss`
 7. token-mean, step    `aggregate`; `update`: ppo_epochs x minibatches AdamW steps
-Log-probs use logits / temperature, the sampler's distribution. DDP and FSDP: each rank samples
-its own prompts, all take the same optimizer steps. GRPOConfig holds the RL stage's defaults
-(runtime.add_flags makes its knobs flags); `train_loop` runs grpo_step for a stage's steps.
+Log-probs use logits / temperature, the sampler's distribution. The scripts (train_lang.py,
+train_video.py) run the loop: a learning rate, prompts, `grpo_step`, a log line, a checkpoint.
+Several processes (DDP, FSDP: runtime.py's scale path) each sample their own prompts and take
+the same optimizer steps. GRPOConfig holds the RL stage's defaults (its knobs are flags).
 """
-import copy
 import math
 import time
 from collections import namedtuple
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -24,14 +24,9 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
-from checkpoint import read_meta
 from engine import cast_copy, generate
-from model import finite_weights, is_fsdp
-
-
-def knob(default, help, flag=None):
-    """A GRPOConfig field that is a script's flag: its help, and its name if not the field's."""
-    return field(default=default, metadata=dict(help=help, flag=flag))
+from runtime import (check_step, join_empty_minibatch, knob, minibatch_sizes, no_sync_unless_last,
+                     unsharded)
 
 
 @dataclass
@@ -69,9 +64,6 @@ class GRPOConfig:
     vocab: int = 0
     skip_zero_std: bool = True
 
-    def __post_init__(self):
-        assert self.loss_agg in ("token-mean", "seq-mean"), f"loss_agg: {self.loss_agg!r}"
-
 
 # The paper's recipe (train_lang.py --recipe=paper), from thuml/RLVR-World's lang_wm/verl
 # examples/grpo_trainer/run_{text_game,web_agent}_rl.sh: train_batch_size prompts x rollout.n,
@@ -98,17 +90,6 @@ class Source:
     eos_id: int = None
     draw: Callable = None        # draw(n) -> (n token-id prompts, their items); None: one round
     sampler: Callable = None     # see `rollout`; None: engine.generate
-
-
-def make_optimizer(model, cfg):
-    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,
-                             weight_decay=cfg.weight_decay)
-
-
-def set_lr(optimizer, cfg, step):
-    """A linear warm-up over cfg.warmup steps, then constant (warmup 0: constant)."""
-    for group in optimizer.param_groups:
-        group["lr"] = cfg.lr * min(1.0, (step + 1) / max(cfg.warmup, 1))
 
 
 # -----------------------------------------------------------------------------
@@ -146,6 +127,7 @@ def aggregate(per_token, mask, how, n_tokens=None, n_seqs=None):
     if how == "token-mean":
         n = mask.sum().clamp(min=1) if n_tokens is None else max(n_tokens, 1)
         return (per_token * mask).sum() / n
+    assert how == "seq-mean", f"loss_agg: {how!r}"
     per_seq = (per_token * mask).sum(1) / mask.sum(1).clamp(min=1)  # (n,) each row's mean
     return per_seq.sum() / max(len(per_seq) if n_seqs is None else n_seqs, 1)
 
@@ -194,15 +176,6 @@ def rollout(model, prompts, items, source, cfg, generator, autocast=nullcontext(
                 prompt_tokens=sum(len(p) for p in prompts))
 
 
-def keep_spread(prompts, out, cfg):
-    """Step 3 on one round's rollout: the groups whose rewards differ -> [Group]."""
-    G, r = cfg.group_size, out["rewards"].view(-1, cfg.group_size)  # (P, G) one row per group
-    spread = (r.std(1, unbiased=False) > 0 if cfg.skip_zero_std
-              else torch.ones(len(r), dtype=torch.bool))
-    return [Group(prompts[g], out, slice(g * G, (g + 1) * G), r[g])
-            for g in spread.nonzero().flatten().tolist()]
-
-
 def sample_groups(model, prompts, items, source, cfg, generator, autocast=nullcontext()):
     """Steps 1-3: rounds of rollouts until cfg.prompts_per_step groups have reward spread (DAPO's
     dynamic sampling), at most cfg.max_rounds -> (at most that many kept Groups, every rollout)."""
@@ -213,7 +186,11 @@ def sample_groups(model, prompts, items, source, cfg, generator, autocast=nullco
     while True:
         out = rollout(model, prompts, items, source, cfg, generator, autocast)
         rounds.append(out)
-        kept += keep_spread(prompts, out, cfg)
+        r = out["rewards"].view(-1, G)   # (P, G) one row per group
+        spread = (r.std(1, unbiased=False) > 0 if cfg.skip_zero_std
+                  else torch.ones(len(r), dtype=torch.bool))   # step 3: the groups to keep
+        kept += [Group(prompts[g], out, slice(g * G, (g + 1) * G), r[g])
+                 for g in spread.nonzero().flatten().tolist()]
         if len(kept) >= want or len(rounds) >= cfg.max_rounds or source.draw is None:
             return kept[:want], rounds              # a fixed-size update, as DAPO's
         # enough prompts to fill the gap at the spread rate so far, at most the first round's number
@@ -274,23 +251,6 @@ def logprobs_shared_prompts(model, b, sel, cfg):
     return logp, entropy
 
 
-@torch.no_grad()
-def fixed_logprobs(model, b, chunks, cfg, autocast, out):
-    """`model`'s log-probs of the update's rows, on its own micro-batches `chunks`, into `out`
-    (N, T) -> out: the reference's, and in bf16 / fp16 the sampler's recomputed (`grpo_step`)."""
-    for chunk in chunks:
-        with autocast:
-            out[chunk] = logprobs_shared_prompts(model, b, chunk, cfg)[0]
-    return out
-
-
-def low_precision(model, device):
-    """True when the forward runs in a dtype other than float32 (autocast, or the weights')."""
-    dtype = torch.get_autocast_dtype(device.type)
-    autocast = torch.is_autocast_enabled(device.type) and dtype != torch.float32
-    return autocast or next(model.parameters()).dtype != torch.float32
-
-
 # -----------------------------------------------------------------------------
 # steps 5-7: the optimizer steps
 
@@ -306,26 +266,6 @@ def minibatch_plan(N, cfg, generator):
     chunks = [[(mb if len(mb) <= mu else sorted(mb))[s:s + mu] for s in range(0, len(mb), mu)]
               for mb in plan]
     return plan, chunks
-
-
-def no_sync_unless_last(policy, last):
-    """DDP all-reduces the gradients on a minibatch's last chunk only; FSDP reduce-scatters them
-    there and keeps the weights its first forward gathered until then: once per minibatch."""
-    if is_fsdp(policy):   # FSDP: switches, set before each chunk
-        policy.set_requires_gradient_sync(last)
-        policy.set_reshard_after_backward(last)
-    return policy.no_sync() if not last and hasattr(policy, "no_sync") else nullcontext()
-
-
-@contextmanager
-def unsharded(model):
-    """FSDP (runtime.Run.wrap): the full weights in place inside, gathered once (every rank enters
-    together), for the sampler, which calls the layers directly, past FSDP's hooks."""
-    if is_fsdp(model):
-        model.unshard()
-    yield
-    if is_fsdp(model):
-        model.reshard()
 
 
 def micro_step(policy, b, chunk, n_tok, n_seqs, cfg, step, sums, first, autocast):
@@ -350,16 +290,13 @@ def update(policy, optimizer, b, plan, chunks, cfg, step, autocast):
     """Steps 5-7: an optimizer step per minibatch -> (the stats' sums, minibatches with rows).
     Only the forwards run under `autocast`: its weight copies would outlive an optimizer step."""
     sums, n_mb = dict(loss=0.0, kl=0.0, entropy=0.0, clip=0.0, grad_norm=0.0, ratio=0.0), 0
-    device = next(policy.parameters()).device
-    sizes = torch.tensor([len(mb) for mb in plan], device=device)
-    if hasattr(policy, "no_sync") or is_fsdp(policy):   # DDP / FSDP: the rows on all ranks
-        torch.distributed.all_reduce(sizes)
-    for m, (mb, size) in enumerate(zip(plan, sizes.tolist())):
+    # several processes: every rank steps where any has rows (runtime.py's scale path)
+    for m, (mb, size) in enumerate(zip(plan, minibatch_sizes(policy, plan))):
         optimizer.zero_grad(set_to_none=True)
         if not size:   # no rows on any rank: no step (AdamW would move on zero gradients)
             continue
-        if not mb:   # DDP / FSDP: the other ranks have rows; join their collectives, gradient 0
-            (policy(torch.zeros(1, 1, dtype=torch.long, device=device))[0].sum() * 0.0).backward()
+        if not mb:   # the other ranks have rows: join their collectives with a zero gradient
+            join_empty_minibatch(policy)
         n_tok = int(b.mask[mb].sum()) if mb else 0   # the minibatch's loss tokens
         for c, chunk in enumerate(chunks[m]):
             with no_sync_unless_last(policy, c == len(chunks[m]) - 1):
@@ -376,150 +313,58 @@ def update(policy, optimizer, b, plan, chunks, cfg, step, autocast):
 # -----------------------------------------------------------------------------
 # one GRPO step
 
-def compute_used(rounds, kept, cfg, recomputed):
-    """The step's compute in forward-token units (a token's forward 1, forward and backward 3;
-    FLOPs ~ 2 x parameters x this): the rollout (each prompt once, every completion token), then
-    per kept token the reference's and (bf16) old log-probs' forwards, each epoch's 3."""
-    sampled = sum(s["prompt_tokens"] + int((s["tokens"] >= 0).sum()) for s in rounds)
-    updated = sum(len(k.prompt) + int((k.rollout["tokens"][k.rows] >= 0).sum()) for k in kept)
-    passes = 3 * cfg.ppo_epochs + (cfg.beta > 0) + recomputed
-    return dict(tokens_sampled=sampled, tokens_updated=updated, compute=sampled + passes * updated)
-
-
-def step_stats(step, rounds, kept, sums, n_mb, ratio_tokens, cfg, eos_id, t0, t_rollout):
-    """The log: reward, length, EOS over every sampled group; the update's means (NaN: none)."""
+def step_stats(step, rounds, kept, b, plan, sums, n_mb, cfg, eos_id, recomputed, t0, t_rollout):
+    """The log: reward, length, EOS over every sampled group; the update's means (NaN: none); the
+    step's compute in forward-token units (a token's forward 1, forward and backward 3; FLOPs ~ 2
+    x parameters x this): the rollout (each prompt once, every completion token), then per kept
+    token the reference's and (bf16, `recomputed`) old log-probs' forwards, each epoch's 3."""
     rewards = torch.cat([s["rewards"] for s in rounds]).view(-1, cfg.group_size)  # (groups, G)
     lengths = torch.tensor([len(c) for s in rounds for c in s["completions"]], dtype=torch.float32)
     eos = [bool(c) and c[-1] == eos_id for s in rounds for c in s["completions"]]
     m = {k: v / n_mb if n_mb else float("nan") for k, v in sums.items()}   # means per minibatch
+    ratio_tokens = int(b.mask[plan[0]].sum()) if b is not None else 0   # the first minibatch's
+    sampled = sum(s["prompt_tokens"] + int((s["tokens"] >= 0).sum()) for s in rounds)
+    updated = sum(len(k.prompt) + int((k.rollout["tokens"][k.rows] >= 0).sum()) for k in kept)
+    passes = 3 * cfg.ppo_epochs + (cfg.beta > 0) + recomputed
     return dict(step=step, reward_mean=rewards.mean().item(), reward_max=rewards.max().item(),
                 zero_std_frac=(rewards.std(1, unbiased=False) == 0).float().mean().item(),
                 rounds=len(rounds), groups=len(rewards), groups_kept=len(kept), kl=m["kl"],
                 entropy=m["entropy"], clip_frac=m["clip"], loss=m["loss"], grad_norm=m["grad_norm"],
                 ratio_first=sums["ratio"] / ratio_tokens if ratio_tokens else float("nan"),
                 response_len=lengths.mean().item(), eos_frac=sum(eos) / len(eos),
-                t_rollout=t_rollout, t_step=time.time() - t0)
+                t_rollout=t_rollout, t_step=time.time() - t0, tokens_sampled=sampled,
+                tokens_updated=updated, compute=sampled + passes * updated)
 
 
 def grpo_step(policy, ref_model, optimizer, prompts, items, source, cfg, generator, step=0,
               autocast=nullcontext()):
-    """The seven steps -> a dict of stats. policy: the GPT, maybe DDP-wrapped; ref_model: frozen
-    (None if beta == 0); prompts, items: the first round's P token-id lists and task objects;
-    source: a Source, scoring them (reward_fn) and drawing further rounds (draw); autocast: the
-    forwards' mixed precision (never around an optimizer step). A non-finite weight, reward, loss
-    or gradient norm: FloatingPointError."""
+    """The seven steps -> a dict of stats. policy: the GPT, maybe DDP- or FSDP-wrapped; ref_model:
+    frozen (None if beta == 0); prompts, items: the first round's P token-id lists and task
+    objects; source: a Source, scoring them (reward_fn) and drawing further rounds (draw);
+    autocast: the forwards' mixed precision (never around an optimizer step). A non-finite
+    weight, reward, loss or gradient norm: FloatingPointError."""
     t0 = time.time()
     raw = getattr(policy, "module", policy)   # the GPT itself
-    device = raw.wte.weight.device
-    if torch.is_autocast_enabled(device.type):
-        raise ValueError("grpo_step: called inside an autocast region, where its optimizer steps "
-                         "would leave the forwards on stale weights; pass autocast= instead")
-    if not finite_weights(raw):
-        raise FloatingPointError(f"non-finite weights in the policy at step {step}")
-    with autocast:   # the forwards' precision: bf16 / fp16 log-probs are recomputed (step 4)
-        low = low_precision(raw, device)
-    # FSDP: the full weights, gathered once per step for the rounds and the fixed log-probs (the
-    # ranks' rounds and chunks differ in number, so none of them may gather alone)
+    low = check_step(raw, step, autocast)   # finite weights, no outer autocast; True: bf16 / fp16
+    # FSDP: the full weights, gathered once per step for the rollouts and the fixed log-probs
     with unsharded(raw):
         # 1-3. rollouts, rewards, and more prompts until enough groups have reward spread
         kept, rounds = sample_groups(raw, prompts, items, source, cfg, generator, autocast)
         t_rollout = time.time() - t0
         # 4. advantages, and the rows of the update (none if no group had spread)
-        b = update_batch(kept, cfg, device) if kept else None
+        b = update_batch(kept, cfg, raw.wte.weight.device) if kept else None
         plan, chunks = minibatch_plan(len(kept) * cfg.group_size, cfg, generator)
         if b is not None:   # the fixed log-probs, on the first epoch's chunks: every row once
             first_epoch = [c for mb in chunks[:cfg.minibatches] for c in mb]
-            # the reference's (beta 0, no reference: the sampler's, so the KL logged is to it)
+            # the reference's (beta 0, no reference: the sampler's, so the KL logged is to it);
+            # in bf16 / fp16 the sampler's, recomputed on the update's path (as verl): ratio 1
             b = b._replace(ref_logp=b.old_logp.clone())
-            if cfg.beta > 0:
-                fixed_logprobs(ref_model, b, first_epoch, cfg, autocast, b.ref_logp)
-            if low:   # bf16 / fp16: the sampler's, recomputed on the update's path (as verl):
-                fixed_logprobs(raw, b, first_epoch, cfg, autocast, b.old_logp)   # ratio 1
+            fixed = [(ref_model, b.ref_logp)] * (cfg.beta > 0) + [(raw, b.old_logp)] * low
+            for model, out in fixed:
+                for chunk in first_epoch:
+                    with torch.no_grad(), autocast:
+                        out[chunk] = logprobs_shared_prompts(model, b, chunk, cfg)[0]
     # 5-7. PPO-clip + KL - entropy, token-mean, an optimizer step per minibatch
     sums, n_mb = update(policy, optimizer, b, plan, chunks, cfg, step, autocast)
-    ratio_tokens = int(b.mask[plan[0]].sum()) if b is not None else 0
-    stats = step_stats(step, rounds, kept, sums, n_mb, ratio_tokens, cfg, source.eos_id, t0,
-                       t_rollout)
-    return {**stats, **compute_used(rounds, kept, cfg, low)}
-
-
-# -----------------------------------------------------------------------------
-# the RL loop: grpo_step for a stage's steps (train_lang.py and the research scripts)
-
-# What the RL stage trains: the GPT, the module that steps (DDP-wrapped around it under torchrun),
-# the frozen reference (None when beta is 0) and the optimizer
-Policy = namedtuple("Policy", "model trained ref opt")
-
-
-def make_policy(run, model, cfg, grad_ckpt=False):
-    """The RL stage's Policy from `model` (runtime.Run.wrap: on the device, DDP)."""
-    # the frozen start, the KL's reference, kept in the forwards' dtype (bf16 under autocast)
-    ref = copy.deepcopy(model).eval().requires_grad_(False).to(run.dtype) if cfg.beta > 0 else None
-    model, trained = run.wrap(model, grad_ckpt=grad_ckpt)
-    return Policy(model, trained, ref, make_optimizer(model, cfg))
-
-
-def train_loop(run, policy, source, cfg, gen, ckpt, steps, budget=None, watch=None, every=10,
-               name="rlvr"):
-    """GRPO for `steps` steps, checkpointed to `ckpt` (resumed from it: runtime.Run.resume_stage).
-    Each step's compute is added to `budget` (runtime.ComputeBudget, the control's), closed at the
-    end. watch(step, stats) -> dict for the log (rank 0: before the first step, {} for no row,
-    every `every` steps and the last; train_lang.py's probe) -> the last step's stats."""
-    step, done = run.resume_stage(ckpt, policy.model, policy.opt, gen, name)
-    if done:
-        return read_meta(ckpt)["metrics"]
-    prev = read_meta(ckpt)["metrics"] if step else {}   # the interrupted run's last log
-    # time in GRPO steps so far (logged beside compute), and their forward-token units
-    totals = dict(rl_seconds=prev.get("rl_seconds", 0.0), rl_compute=prev.get("rl_compute", 0))
-    if budget is not None:
-        budget.add(totals["rl_compute"])
-    if not finite_weights(policy.model):   # a poisoned start stops here, before sampling from it
-        run.nonfinite(name, step, policy.model, "non-finite weights in the policy")
-    if step == 0 and watch and (first := watched(run, policy, watch, 0, {})):   # no update yet
-        run.log({"stage": name, "step": 0, **first})
-    bar = tqdm(total=steps, initial=step, desc=name, disable=not run.master)
-    stats = {}
-    while step < steps:
-        stats = guarded_step(run, policy, source, cfg, gen, step, name, totals, budget)
-        step += 1
-        bar.update(1)
-        if stats:
-            bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", kept=stats["groups_kept"],
-                            kl=f"{stats['kl']:.4f}")
-            if watch and (step % every == 0 or step == steps):
-                stats.update(watched(run, policy, watch, step, stats))
-            run.log({"stage": name, **stats})   # reward, KL, entropy, clip fraction, the watch's
-        run.save_stage(ckpt, policy.model, policy.opt, step, {**stats, **totals}, gen,
-                       done=step == steps)   # with the totals even after a skipped step: resume
-    bar.close()
-    if budget is not None:
-        budget.close()   # RLVR's compute is final: the control may stop once it has used as much
-    run.check_ranks_in_sync(policy.model, name)   # under torchrun: the same weights on every rank
-    run.barrier()
-    return stats
-
-
-def watched(run, policy, watch, step, stats):
-    """watch(step, stats) on rank 0 -> its dict ({} elsewhere); FSDP: every rank gathers for it."""
-    with unsharded(policy.model):
-        return watch(step, stats) if run.master else {}
-
-
-def guarded_step(run, policy, source, cfg, gen, step, name, totals, budget):
-    """GRPO step `step` at its learning rate -> its stats and the totals of time and compute
-    (its compute added to them and to `budget`); {} for a step a NaN/inf skipped."""
-    set_lr(policy.opt, cfg, step)   # linear warm-up, then constant
-    # the first round's prompts; grpo_step draws more if groups lack spread
-    prompts, items = source.draw(cfg.prompts_per_step)
-    try:   # rollout -> reward -> advantages -> PPO-clip + KL updates
-        stats = grpo_step(policy.trained, policy.ref, policy.opt, prompts, items, source, cfg, gen,
-                          step, run.autocast)
-    except FloatingPointError as e:   # grpo_step checks rewards, loss, gradient norm and weights
-        run.nonfinite(name, step, policy.model, str(e))   # stops, or logs a skipped step
-        return {}
-    stats["step"] = step + 1   # steps done: the log's step 0 is the watch before any update
-    totals["rl_seconds"] += stats["t_step"]
-    totals["rl_compute"] += stats["compute"]   # counted by compute_used
-    if budget is not None:
-        budget.add(stats["compute"])
-    return {**stats, **totals}
+    return step_stats(step, rounds, kept, b, plan, sums, n_mb, cfg, source.eos_id, low, t0,
+                      t_rollout)

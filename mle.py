@@ -10,7 +10,7 @@ next_batch(gen) -> (idx, tgt) on the device (tgt -1 where no token is scored), v
 float (called in eval mode, under no_grad and autocast), and optionally val_metrics(model) ->
 (dict, words) for the log and the progress line. The stage ends after `steps` steps or once its
 compute reaches `budget` (runtime.ComputeBudget), counted in forward-token units as
-grpo.compute_used counts RLVR's.
+grpo.step_stats counts RLVR's.
 """
 import time
 from pathlib import Path
@@ -19,9 +19,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from checkpoint import read_meta
-from grpo import no_sync_unless_last, unsharded
-from runtime import lr_at
+from checkpoint import read_meta, resume_stage, save_stage
+from runtime import lr_at, no_sync_unless_last, unsharded
 
 
 WARMUP = 100   # warm-up steps of the MLE schedule (runtime.lr_at) of train_lang.py
@@ -63,7 +62,7 @@ def train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, budge
                             weight_decay=weight_decay)
     gen = torch.Generator().manual_seed(args.seed + run.rank)   # each rank its own batches
     # weights, optimizer and generators of an unfinished run; a finished stage is reused as it is
-    step, done = run.resume_stage(ckpt, model, opt, gen, name)
+    step, done = resume_stage(run, ckpt, model, opt, gen, name)
     if done:
         return model
     t_start = time.time()
@@ -93,8 +92,8 @@ def train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, budge
             metrics = validate(run, model, name, step, loss, t_start, val_loss, val_metrics,
                                compute)
         # every --ckpt_every steps the resumable state; at the end the weights alone, marked done
-        run.save_stage(ckpt, model, opt, step, {**metrics, "compute": compute}, gen,
-                       done=step == steps or spent)
+        save_stage(run, ckpt, model, opt, step, {**metrics, "compute": compute}, gen,
+                   done=step == steps or spent)
         if spent:
             run.print0(f"{name}: stopping after {(time.time() - t_start) / 60:.2f} minutes "
                        f"at step {step}, compute {compute:.3g}")

@@ -1,15 +1,13 @@
 """
-The run plumbing both training scripts share (train_lang.py, train_video.py): *how* a run executes
-(torchrun ranks, devices, precision, logging, checkpoints that resume), not *what* it trains, so the
-scripts stay straight-line nanoGPT style. Why: docs/engineering.md (The GPU path, Reliability).
+The run plumbing every script shares: *how* a run executes (torchrun ranks, devices, precision,
+printing, the one way out on an error), not *what* it trains, so the scripts stay straight-line
+nanoGPT style; the scale path GRPO and MLE step through (DDP, FSDP); forked processes on a CPU;
+the memory estimate. A run's files (config guard, resumable stages) are checkpoint.py's. Why:
+docs/engineering.md (The GPU path, Reliability).
 
     run = Run(args, out_dir, path_flags)    # after argparse: DDP, device per rank, seed, autocast
-    record = run.check_config(stage_files)  # a re-run with other flags stops here
-    run.save_config(record)                 # out_dir/config.json, once the inputs are checked
     run.print0(...), run.log({...}), run.barrier(), run.fail("message")
     model, trained = run.wrap(model)        # to the device, DDP (FSDP with --fsdp=1)
-    step, done = run.resume_stage(ckpt, model, opt, g, "mle")   # then each step:
-    run.save_stage(ckpt, model, opt, step, metrics, g, done=step == total)
     child = fork_alongside(train_control, out_dir / "control.log")   # on the second core
     results = fork_map(evaluate_one, jobs, workers=2)   # jobs shared by 2 forked processes
     results = rank_map(evaluate_batch, batches)   # shared by the torchrun ranks, all get all
@@ -24,29 +22,20 @@ import sys
 import threading
 import time
 import zlib
-from dataclasses import fields
+from contextlib import contextmanager, nullcontext
+from dataclasses import field, fields
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from checkpoint import (gather_state, read_meta, recorded_path, relative_path, resume,
-                        save_checkpoint, write_json)
-from model import GPT, finite_weights
+from model import GPT, finite_weights, is_fsdp
 
 # how long a rank waits at a collective for the others: NCCL's default 10 minutes is shorter than
 # what rank 0 may do alone at real sizes (the data, a validation pass, a checkpoint)
 DIST_TIMEOUT = datetime.timedelta(minutes=60)
 MAX_SKIPS = 10   # --on_nan=skip stops the run after this many skipped steps in a row
-CONFIG = "config.json"   # in out_dir: the flags of the run that trains there
-# flags that cannot change the trained weights (docs/engineering.md, Reliability): how and where
-# the run executes (the control beside RLVR or after it trains for RLVR's counted compute; FSDP
-# takes DDP's steps), how often it checkpoints and logs, what it does on a NaN, which stages run
-FREE_FLAGS = {"device", "threads", "grad_ckpt", "ckpt_every", "on_nan", "eval_every", "stage",
-              "control", "out_dir", "resume", "fsdp"}
-# the final evaluation's flags: a re-run with other values evaluates the same trained models again
-EVAL_FLAGS = {"final_eval", "eval_limit", "test_limit"}
 
 
 class Run:
@@ -107,61 +96,6 @@ class Run:
         except ValueError as e:
             self.fail(str(e))
 
-    def recorded_args(self):
-        """vars(args) and `recorded` as config.json and checkpoints record them: each path flag
-        relative to out_dir where it can be ("auto" and "scratch" are words, not paths)."""
-        record = {**vars(self.args), **self.recorded}
-        for name in self.path_flags:
-            if record.get(name) not in (None, "auto", "scratch"):
-                record[name] = relative_path(record[name], self.out_dir)
-        return json.loads(json.dumps(record))   # as it reads back: lists for tuples
-
-    def check_config(self, stage_files):
-        """May this run continue in out_dir? With --resume=1, out_dir/config.json must hold the same
-        flags (but FREE_FLAGS and EVAL_FLAGS), an out_dir without it none of `stage_files`; else one
-        line and exit -> this run's record, for save_config once its inputs are checked."""
-        record = self.recorded_args()
-        path = self.out_dir / CONFIG
-        ways_out = f"use a new --out_dir, or --resume=0 to start over in {self.out_dir}"
-        if not self.args.resume:
-            return record
-        if not path.is_file():
-            found = [f for f in stage_files if (self.out_dir / f).is_file()]
-            if found:
-                self.fail(f"{self.out_dir} holds {', '.join(found)} but no {CONFIG} recording the "
-                          f"flags they were trained with; {ways_out}")
-            return record
-        try:
-            old = json.loads(path.read_text())
-            if not isinstance(old, dict):
-                raise ValueError("not a JSON object")
-        except (OSError, ValueError) as e:
-            self.fail(f"{path}: unreadable ({e}); {ways_out}")
-        # flags both records know (a flag added or removed since cannot be compared)
-        changed = [k for k in sorted(old.keys() & record.keys())
-                   if k not in FREE_FLAGS and self._value(k, old[k]) != self._value(k, record[k])]
-        words = ", ".join(f"--{k} {self._value(k, old[k], True)} -> "
-                          f"{self._value(k, record[k], True)}" for k in changed)
-        if set(changed) - EVAL_FLAGS:
-            self.fail(f"{self.out_dir} holds a run with other flags: {words}; {ways_out}")
-        if changed:
-            self.print0(f"{CONFIG}: the trained stages are reused and evaluated again with {words}")
-        return record
-
-    def _value(self, name, value, shown=False):
-        """A recorded flag value, comparable across records: a path flag as an absolute path (shown:
-        as the user would type it, relative to the working directory when under it)."""
-        if name not in self.path_flags or value in (None, "auto", "scratch"):
-            return value
-        path = recorded_path(value, self.out_dir).resolve()
-        return os.path.relpath(path) if shown and path.is_relative_to(Path.cwd()) else str(path)
-
-    def save_config(self, record):
-        """check_config's record to out_dir/config.json (rank 0, atomically), before any stage; a
-        run that writes nothing has record False."""
-        if self.master and record:
-            write_json(self.out_dir / CONFIG, record)
-
     def log(self, row):
         """Append one JSON line to out_dir/log.jsonl (rank 0 only)."""
         if self.master:
@@ -198,44 +132,6 @@ class Run:
         if self.ddp and not self.fsdp:
             return model, torch.nn.parallel.DistributedDataParallel(model)
         return model, model
-
-    def save_stage(self, ckpt, model, opt, step, metrics, g, done):
-        """Checkpoint a stage every --ckpt_every steps and when it is done (then weights only):
-        weights, optimizer, every rank's generators, so a re-run resumes exactly."""
-        if step % self.args.ckpt_every and not done:
-            return
-        states = [(g.get_state(), torch.get_rng_state())] * self.world   # DDP: every rank's
-        if self.ddp:
-            dist.all_gather_object(states, states[0])
-        # FSDP: every rank sends its shards, rank 0 gets the full weights and optimizer state
-        full = gather_state(model, None if done else opt) if self.fsdp else None
-        if self.master:
-            state = {f"{name}{r}": t for r, pair in enumerate(states)
-                     for name, t in zip(("rng", "torch_rng"), pair)}
-            save_checkpoint(ckpt, model, args=self.recorded_args(), step=step, full=full,
-                            metrics={**metrics, "done": done}, optimizer=None if done else opt,
-                            state=None if done else state)
-
-    def resume_stage(self, ckpt, model, opt, g, name):
-        """-> (step to go on from, done?); restores weights (unfinished: optimizer, generators)."""
-        if not (self.args.resume and ckpt.is_file()):
-            return 0, False
-        try:
-            done = read_meta(ckpt)["metrics"].get("done")
-            meta, state = resume(ckpt, model, None if done else opt)
-        except ValueError as e:
-            self.fail(f"{e} (pass --resume=0 or another --out_dir to start over)")
-        if done:
-            self.print0(f"{name}: {ckpt} is complete, reusing it")
-            return meta["step"], True
-        if f"rng{self.rank}" not in state or f"rng{self.world}" in state:
-            self.fail(f"{ckpt}: saved by a run with another number of ranks; resume with the "
-                      "same torchrun size")
-        g.set_state(state[f"rng{self.rank}"])
-        if f"torch_rng{self.rank}" in state:
-            torch.set_rng_state(state[f"torch_rng{self.rank}"])
-        self.print0(f"{name}: resuming from step {meta['step']}")
-        return meta["step"], False
 
     def nonfinite(self, stage, step, model, what):
         """A NaN/inf `what` at `step`: --on_nan=stop ends the run with one line; --on_nan=skip logs
@@ -300,6 +196,12 @@ def check_ranges(parser, args, at_least_1=(), at_least_0=()):
                 parser.error(f"--{name} must be >= {low}, got {getattr(args, name)}")
 
 
+def knob(default, help, flag=None):
+    """A config dataclass field that is a script's flag (`add_flags`): its help, and its name if
+    not the field's (grpo.GRPOConfig's knobs)."""
+    return field(default=default, metadata=dict(help=help, flag=flag))
+
+
 def add_flags(group, cls):
     """The knobs (grpo.knob fields) of dataclass `cls` as argparse flags; a bool is a 0/1 int."""
     for f in fields(cls):
@@ -329,6 +231,61 @@ def lr_at(step, total, base, warmup):
 
 
 # -----------------------------------------------------------------------------
+# the scale path of a GRPO or MLE step: several processes (DDP, or FSDP's shards) take the same
+# optimizer steps; on one process each of these is a no-op
+
+@contextmanager
+def unsharded(model):
+    """FSDP (Run.wrap): the full weights in place inside, gathered once (every rank enters
+    together), for the sampler, which calls the layers directly, past FSDP's hooks."""
+    if is_fsdp(model):
+        model.unshard()
+    yield
+    if is_fsdp(model):
+        model.reshard()
+
+
+def no_sync_unless_last(policy, last):
+    """DDP all-reduces the gradients on a minibatch's last chunk only; FSDP reduce-scatters them
+    there and keeps the weights its first forward gathered until then: once per minibatch."""
+    if is_fsdp(policy):   # FSDP: switches, set before each chunk
+        policy.set_requires_gradient_sync(last)
+        policy.set_reshard_after_backward(last)
+    return policy.no_sync() if not last and hasattr(policy, "no_sync") else nullcontext()
+
+
+def minibatch_sizes(policy, plan):
+    """The rows of each minibatch of `plan`, summed over the ranks (DDP / FSDP): a rank steps
+    wherever any rank has rows, so all take the same optimizer steps."""
+    device = next(policy.parameters()).device
+    sizes = torch.tensor([len(mb) for mb in plan], device=device)
+    if hasattr(policy, "no_sync") or is_fsdp(policy):   # DDP / FSDP: the rows on all ranks
+        dist.all_reduce(sizes)
+    return sizes.tolist()
+
+
+def join_empty_minibatch(policy):
+    """A rank without rows in a minibatch the others have: a zero gradient, joining their
+    gradient collectives."""
+    device = next(policy.parameters()).device
+    (policy(torch.zeros(1, 1, dtype=torch.long, device=device))[0].sum() * 0.0).backward()
+
+
+def check_step(model, step, autocast):
+    """grpo_step's guards: no enclosing autocast (ValueError), finite weights (FloatingPointError)
+    -> True when `autocast` or the weights make the forwards other than float32 (bf16, fp16)."""
+    device = model.wte.weight.device.type
+    if torch.is_autocast_enabled(device):
+        raise ValueError("grpo_step: called inside an autocast region, where its optimizer steps "
+                         "would leave the forwards on stale weights; pass autocast= instead")
+    if not finite_weights(model):
+        raise FloatingPointError(f"non-finite weights in the policy at step {step}")
+    with autocast:   # its dtype, read inside it
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    return dtype not in (None, torch.float32) or next(model.parameters()).dtype != torch.float32
+
+
+# -----------------------------------------------------------------------------
 # more processes: on two cores a second one beside the run (fork: the child inherits the loaded
 # data and models, nothing is pickled but jobs and results; CPU only, where forking after torch has
 # run is safe); under torchrun the ranks share jobs (rank_map: the final evaluations' batches)
@@ -355,7 +312,7 @@ def fork_alongside(target, log_path):
 
 
 class ComputeBudget:
-    """The control's allowance: RLVR's compute in forward-token units (grpo.compute_used), the same
+    """The control's allowance: RLVR's compute in forward-token units (grpo.step_stats), the same
     on any machine. ComputeBudget(total): a finished RLVR's. ComputeBudget(): shared with a control
     forked beside a running RLVR, which `add`s each step's compute and `close`s at its end."""
 
@@ -383,30 +340,6 @@ class ComputeBudget:
         while used >= self.rl.value and not self.closed.is_set():
             time.sleep(0.05)
         return used >= self.rl.value
-
-
-def rlvr_and_control(run, rlvr, control, rl_file):
-    """RLVR, rlvr(budget) -> its result (it adds each step's compute to budget and saves rl_file),
-    and its control, control(budget): the start trained further by MLE until it has used RLVR's
-    compute (ComputeBudget: counted in tokens, the same on any machine); None: no control. On a
-    CPU the control runs in a forked process on the second core *while* RLVR runs, waiting
-    whenever it is ahead (the run takes half as long); otherwise (GPU, torchrun, a resumed run)
-    after RLVR, for the compute rl_file records: the same steps. -> rlvr's result."""
-    done = run.args.resume and rl_file.is_file() and read_meta(rl_file)["metrics"].get("done")
-    alongside = control and run.forks and not done
-    budget, log = ComputeBudget(), run.out_dir / "control.log"
-    if alongside:   # the child shares the loaded data and models, and prints to control.log
-        child = fork_alongside(lambda: control(budget), log)
-        run.print0(f"control: MLE continues from the start in process {child.pid} while RLVR "
-                   f"runs (progress: {log})")
-    result = rlvr(budget)
-    if alongside:
-        child.join()   # it stops at RLVR's compute, saves its checkpoint and exits
-        if child.exitcode:
-            run.fail(f"the control process failed (exit code {child.exitcode}); see {log}")
-    elif control:
-        control(ComputeBudget(read_meta(rl_file)["metrics"].get("rl_compute", 0)))
-    return result
 
 
 def fork_map(fn, jobs, workers):

@@ -1,8 +1,8 @@
 """
 The language tasks and what training needs of them: the registry (TASKS) that train_lang.py,
 eval.py and the research scripts share, loading a language world model and its splits, decoding,
-RLVR's prompt pool, reward and probe, and the stages on text: MLE and its control (`train_mle`,
-`train_control`) and RLVR (`train_rlvr`). Scoring whole splits is eval.py's job. docs/tasks.md
+RLVR's prompt pool, reward and probe (train_lang.py runs the RL loop), and the MLE stage on text
+and its control (`train_mle`, `train_control`). Scoring whole splits is eval.py's job. docs/tasks.md
 adds a task: one module (data/lights/task.py is the worked example) and one line in TASKS.
 """
 import filecmp
@@ -20,7 +20,6 @@ from data.lights import task as lights_task
 from data.textgame import prepare as textgame_prepare, task as textgame_task
 from data.webpage import prepare as webpage_prepare, task as webpage_task
 from engine import generate
-from grpo import Source, make_policy, train_loop
 import mle
 from rewards import reward_textgame, reward_webpage, score_textgame, score_webpage
 from tokenizer_text import load_tokenizer
@@ -180,6 +179,9 @@ def probe_rewards(task, model, tok, prompts, records, kind, max_new_tokens, samp
 # -----------------------------------------------------------------------------
 # RLVR's prompts and reward
 
+UNCHANGED_FRAC = 0.3          # share of RL prompts drawn from records where nothing changes
+PROBE_N, PROBE_EVERY = 64, 10   # RLVR's probe: fixed train prompts, measured every 10 steps
+
 class PromptPool:
     """RLVR's prompt pool: the items (records; a study's chains) whose prompt fits `room` tokens,
     split into those that change something (the headroom) and not (so "no change" stays right)."""
@@ -206,49 +208,6 @@ def reward_fn(task, tok, kind):
         texts = [tok.decode([t for t in c if t != tok.eos_id]) for c in completions]
         return [TASKS[task].reward(t, r, kind) for t, r in zip(texts, records)]
     return score
-
-
-# -----------------------------------------------------------------------------
-# the RLVR stage: train_lang.py's, and a study's with its own records or reward
-
-UNCHANGED_FRAC = 0.3          # share of RL prompts drawn from records where nothing changes
-PROBE_N, PROBE_EVERY = 64, 10   # RLVR's probe: fixed train prompts, measured every 10 steps
-
-
-def train_rlvr(run, model, cfg, task, tok, records, kind, ckpt, steps, budget=None, reward=None,
-               unchanged_frac=UNCHANGED_FRAC):
-    """GRPO from `model` for `steps` steps (grpo.train_loop) on the prompt pool of `records`,
-    rewarded by the task's reward `kind` (or `reward`, grpo's reward function); each step's
-    compute is added to `budget` (the control's, runtime.ComputeBudget) -> the checkpoint."""
-    policy = make_policy(run, model, cfg, grad_ckpt=run.args.grad_ckpt)
-    gen = torch.Generator().manual_seed(run.args.seed + 1000 + run.rank)   # prompts, samples
-    # the prompt pool: every prompt that leaves room for the longest answer, split into changed
-    # and unchanged records; draw(n) -> n token-id prompts and their records
-    data = TASKS[task].data
-    room = policy.model.config.block_size - cfg.max_new_tokens
-    draw = PromptPool(records, data.prompt_text, data.is_changed, tok, room, unchanged_frac, gen)
-    # the probe set: fixed training prompts whose greedy and T=1 reward (4 samples each, a fixed
-    # seed) is logged every PROBE_EVERY steps: the reward GRPO optimises, on the same prompts
-    probe_prompts, probe_recs = draw(PROBE_N)
-
-    def probe(step, stats):   # grpo.train_loop's watch: the probe, and a line of text
-        with run.autocast:
-            more = probe_rewards(task, policy.model, tok, probe_prompts, probe_recs, kind,
-                                 cfg.max_new_tokens)
-        if stats:
-            run.print0(f"\nrlvr step {step}: reward {stats['reward_mean']:.3f} probe reward "
-                       f"{more['probe_reward']:.3f} (greedy {more['probe_greedy']:.3f}) groups "
-                       f"kept {stats['groups_kept']}/{stats['groups']} kl {stats['kl']:.5f} "
-                       f"entropy {stats['entropy']:.3f}")
-        return more
-
-    run.print0(f"rlvr: {len(draw.changed)} changed + {len(draw.unchanged)} unchanged train "
-               f"prompts; per step {cfg.prompts_per_step} groups with reward spread (up to "
-               f"{cfg.max_rounds} rounds) x {cfg.group_size} samples x {run.world} ranks; "
-               f"reward {kind}")
-    source = Source(reward or reward_fn(task, tok, kind), tok.eos_id, draw)
-    train_loop(run, policy, source, cfg, gen, ckpt, steps, budget, probe, PROBE_EVERY)
-    return ckpt
 
 
 # -----------------------------------------------------------------------------

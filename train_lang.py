@@ -17,20 +17,25 @@ A re-run of the same command resumes (also under torchrun --max-restarts=N); a r
 flags stops, naming them; bad input is one "error:" line, before anything is written.
 """
 import argparse
+import copy
 import dataclasses
 import sys
 import time
 from pathlib import Path
 
-from checkpoint import ROOT, read_meta
+import torch
+from tqdm import tqdm
+
+from checkpoint import ROOT, check_config, read_meta, resume_stage, save_config, save_stage
 from eval import compare_checkpoints
-from grpo import PAPER_RECIPE, GRPOConfig
+from grpo import PAPER_RECIPE, GRPOConfig, Source, grpo_step
 import mle
-from model import GPT, GPTConfig
-from runtime import (Run, add_flags, check_ranges, from_flags, lr_at, memory_estimate, print_memory,
-                     prompts_per_chunk, rlvr_and_control)
-from tasks import (TASKS, encode, keep_tokenizer, load_lang_model, load_splits, train_control,
-                   train_mle, train_rlvr)
+from model import GPT, GPTConfig, finite_weights
+from runtime import (ComputeBudget, Run, add_flags, check_ranges, fork_alongside, from_flags, lr_at,
+                     memory_estimate, print_memory, prompts_per_chunk, unsharded)
+from tasks import (PROBE_EVERY, PROBE_N, TASKS, UNCHANGED_FRAC, PromptPool, encode, keep_tokenizer,
+                   load_lang_model, load_splits, probe_rewards, reward_fn, train_control,
+                   train_mle)
 from tokenizer_text import Tokenizer
 
 # settings a user rarely changes, in one place
@@ -148,7 +153,7 @@ if init_is_ckpt:   # its header only: a readable checkpoint of a language model
              f"codes, not text); start from a train_lang.py checkpoint or an HF directory")
 # with --resume=1, out_dir must hold no run with other flags (out_dir/config.json, runtime.py)
 writes = args.stage != "memory"   # --stage=memory only reads
-record = writes and run.check_config([f"{n}.safetensors" for n in ("mle", "rlvr", "mle_more")])
+record = writes and check_config(run, [f"{n}.safetensors" for n in ("mle", "rlvr", "mle_more")])
 
 # -----------------------------------------------------------------------------
 # data: generated on first run, like nanoGPT's prepare.py
@@ -165,7 +170,7 @@ if args.init != "scratch":   # loaded before anything is written
         fail(str(e))
     except (OSError, KeyError, TypeError) as e:   # e.g. an HF config.json without a key we need
         fail(f"--init {args.init}: cannot load ({type(e).__name__}: {e})")
-run.save_config(record)   # out_dir/config.json: the inputs are good; from here on it writes
+save_config(run, record)   # out_dir/config.json: the inputs are good; from here on it writes
 texts = [data.prompt_text(r) + data.target_text(r) for r in train_recs]   # what BPE learns from
 if args.init == "scratch" and not writes:   # the estimate needs the vocabulary: BPE, not saved
     start_model, tok = None, Tokenizer.train(texts, VOCAB_SIZE)
@@ -229,18 +234,97 @@ if do_mle:
     start_model = None   # RLVR and the control start from the checkpoint: free its memory
 if args.stage in ("all", "rlvr"):
     rl_file = out_dir / "rlvr.safetensors"
+    # the control, MLE continued from the start until it has used RLVR's compute (tokens through
+    # the model, the same on any machine: runtime.ComputeBudget): on a CPU in a forked process on
+    # the second core while RLVR runs, waiting whenever it is ahead (the run takes half as long);
+    # on a GPU, under torchrun or after a finished RLVR: after it, for the compute rl_file records
+    budget = ComputeBudget()
+    rl_done = args.resume and rl_file.is_file() and read_meta(rl_file)["metrics"].get("done")
+    beside = args.control and run.forks and not rl_done
+    if beside:   # the child shares the loaded data and models, and prints to control.log
+        child = fork_alongside(lambda: train_control(run, args.task, tok, start, all_pairs,
+                                                     val_recs, budget, cfg.max_new_tokens),
+                               out_dir / "control.log")
+        print0(f"control: MLE continues from the start in process {child.pid} while RLVR runs "
+               f"(progress: {out_dir / 'control.log'})")
 
-    def rlvr(budget):   # from the model loaded from --init, or a fresh copy of the MLE checkpoint
-        return train_rlvr(run, start_model or load_lang_model(start, run.device)[0], cfg,
-                          args.task, tok, train_recs, args.reward, rl_file, args.rl_steps, budget)
+    # RLVR (grpo.py): the policy from --init (or a copy of the MLE checkpoint), its frozen start as
+    # the KL's reference (in the forwards' dtype), AdamW, and the prompt pool: every train prompt
+    # that leaves room for the longest answer, a share from records where nothing changes
+    model = start_model or load_lang_model(start, run.device)[0]
+    ref = copy.deepcopy(model).eval().requires_grad_(False).to(run.dtype) if cfg.beta > 0 else None
+    model, trained = run.wrap(model, grad_ckpt=args.grad_ckpt)   # on the device; DDP or FSDP
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,
+                            weight_decay=cfg.weight_decay)
+    gen = torch.Generator().manual_seed(args.seed + 1000 + run.rank)   # prompts and samples
+    pool = PromptPool(train_recs, data.prompt_text, data.is_changed, tok,
+                      model.config.block_size - cfg.max_new_tokens, UNCHANGED_FRAC, gen)
+    # the probe: fixed train prompts whose greedy and T=1 reward is logged every PROBE_EVERY steps
+    probe_prompts, probe_recs = pool(PROBE_N)
+    source = Source(reward_fn(args.task, tok, args.reward), tok.eos_id, draw=pool)
+    print0(f"rlvr: {len(pool.changed)} changed + {len(pool.unchanged)} unchanged train prompts; "
+           f"per step {cfg.prompts_per_step} groups with reward spread (up to {cfg.max_rounds} "
+           f"rounds) x {cfg.group_size} samples x {run.world} ranks; reward {args.reward}")
 
-    def control(budget):   # from the RLVR start `start`, on every train pair until `budget`
-        return train_control(run, args.task, tok, start, all_pairs, val_recs, budget,
-                             cfg.max_new_tokens)
+    def probe():   # every rank gathers FSDP's weights; rank 0 scores the probe prompts
+        with unsharded(model), run.autocast:
+            return probe_rewards(args.task, model, tok, probe_prompts, probe_recs, args.reward,
+                                 cfg.max_new_tokens) if master else {}
 
-    # RLVR and the control for its compute: beside it on a CPU, else after it (runtime.py)
-    rlvr_and_control(run, rlvr, control if args.control else None, rl_file)
-    start_model = None   # RLVR trained it in place: let go of its memory
+    # a re-run continues a stopped RLVR exactly; its compute so far counts for the control
+    step, rl_done = resume_stage(run, rl_file, model, opt, gen, "rlvr")
+    prev = read_meta(rl_file)["metrics"] if step else {}
+    totals = dict(rl_seconds=prev.get("rl_seconds", 0.0), rl_compute=prev.get("rl_compute", 0))
+    budget.add(totals["rl_compute"])
+    if not rl_done and not finite_weights(model):   # a poisoned start stops before sampling
+        run.nonfinite("rlvr", step, model, "non-finite weights in the policy")
+    if step == 0 and (first := probe()):   # the probe before any update (rank 0's)
+        run.log({"stage": "rlvr", "step": 0, **first})
+    bar = tqdm(total=args.rl_steps, initial=step, desc="rlvr", disable=not master or rl_done)
+    while step < args.rl_steps and not rl_done:
+        for group in opt.param_groups:   # a linear warm-up over cfg.warmup steps, then constant
+            group["lr"] = cfg.lr * min(1.0, (step + 1) / max(cfg.warmup, 1))
+        prompts, items = pool(cfg.prompts_per_step)   # grpo_step draws more if groups lack spread
+        try:   # rollout -> reward -> advantages -> PPO-clip + KL updates
+            stats = grpo_step(trained, ref, opt, prompts, items, source, cfg, gen, step,
+                              run.autocast)
+        except FloatingPointError as e:   # a NaN/inf reward, loss, gradient norm or weight
+            run.nonfinite("rlvr", step, model, str(e))   # stops, or logs a skipped step
+            stats = {}
+        step += 1
+        bar.update(1)
+        if stats:   # steps done: the log's step 0 is the probe before any update
+            stats["step"] = step
+            totals["rl_seconds"] += stats["t_step"]
+            totals["rl_compute"] += stats["compute"]
+            budget.add(stats["compute"])
+            bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", kept=stats["groups_kept"],
+                            kl=f"{stats['kl']:.4f}")
+            if step % PROBE_EVERY == 0 or step == args.rl_steps:
+                stats.update(probe())
+                if master:
+                    print0(f"\nrlvr step {step}: reward {stats['reward_mean']:.3f} probe reward "
+                           f"{stats['probe_reward']:.3f} (greedy {stats['probe_greedy']:.3f}) "
+                           f"groups kept {stats['groups_kept']}/{stats['groups']} kl "
+                           f"{stats['kl']:.5f} entropy {stats['entropy']:.3f}")
+            run.log({"stage": "rlvr", **stats, **totals})
+        # every --ckpt_every steps the resumable state; at the end the weights alone
+        save_stage(run, rl_file, model, opt, step, {**stats, **totals}, gen,
+                   done=step == args.rl_steps)
+    bar.close()
+    budget.close()   # RLVR's compute is final: the control stops once it has used as much
+    run.check_ranks_in_sync(model, "rlvr")   # under torchrun: the same weights on every rank
+    run.barrier()
+    model = trained = ref = opt = start_model = None   # let go of RLVR's memory
+    if beside:
+        child.join()   # it stops at RLVR's compute, saves its checkpoint and exits
+        if child.exitcode:
+            fail(f"the control process failed (exit code {child.exitcode}); see "
+                 f"{out_dir / 'control.log'}")
+    elif args.control:
+        train_control(run, args.task, tok, start, all_pairs, val_recs,
+                      ComputeBudget(read_meta(rl_file)["metrics"].get("rl_compute", 0)),
+                      cfg.max_new_tokens)
     ckpts = {"mle": start, "rlvr": str(rl_file)}
     if args.control:
         ckpts["mle_more"] = str(out_dir / "mle_more.safetensors")

@@ -15,11 +15,12 @@ JSON of the test split (greedy, "per_record" per window, "sampled" at T=1 top-k 
 paired bootstrap intervals of RLVR - MLE, RLVR - mle_more, ... A re-run resumes where it stopped
 (runtime.Run); a NaN/inf stops the run naming the step.
 
-RLVR is grpo.train_loop over four pieces that a study may replace (research/video_terms.py):
-`draw` picks the step's prompts (train windows where the scene moves), `reward_fn` decodes each
-completion (with tokenizer_vq's copy gate) and scores it (rewards.VideoReward: mae+ssim, or
-mae+lpips with --lpips, minus the mode's moving, object and push terms), `sampler` rolls out frame
-by frame injecting the true actions (multi-step), and `watch` scores the validation split.
+RLVR is a loop of grpo.grpo_step below over three pieces that a study may replace
+(research/video_terms.py): `draw` picks the step's prompts (train windows where the scene moves),
+the reward decodes each completion (with tokenizer_vq's copy gate) and scores it
+(rewards.VideoReward: mae+ssim, or mae+lpips with --lpips, minus the mode's moving, object and
+push terms), the sampler rolls out frame by frame injecting the true actions (multi-step); every
+WATCH_EVERY steps the loop scores the validation split.
 """
 import argparse
 import copy
@@ -31,20 +32,22 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 import mle
 import train_vq
-from checkpoint import ROOT, atomic_write, read_meta, recorded_path, write_json
+from checkpoint import (ROOT, atomic_write, check_config, read_meta, recorded_path, resume_stage,
+                        save_config, save_stage, write_json)
 from data.robot.prepare import DATA_DIR
 from data.robot.task import (Clips, Layout, cached_tokens, make_draw, make_reward, make_sampler,
                              moving_windows, read_action_stats, windows)
 from eval import (EvalSpec, eval_video, evaluate_video_models, load_video_model,
                   print_video_report)
-from grpo import GRPOConfig, Source, make_policy, train_loop
-from model import GPT, GPTConfig
+from grpo import GRPOConfig, Source, grpo_step
+from model import GPT, GPTConfig, finite_weights
 from rewards import VideoReward, load_lpips, pick_reward
-from runtime import (ComputeBudget, Run, check_ranges, lr_at, memory_estimate, print_memory,
-                     prompts_per_chunk, rank_map, rlvr_and_control)
+from runtime import (ComputeBudget, Run, check_ranges, fork_alongside, lr_at, memory_estimate,
+                     print_memory, prompts_per_chunk, rank_map, unsharded)
 from tokenizer_vq import load_vq
 
 # the shipped world model both modes start from: the per-frame one trained on 4000 episodes, on
@@ -172,7 +175,7 @@ if init == "scratch" and args.stage in ("rlvr", "control"):
     fail(f"--stage={args.stage} needs --init=<video_mle checkpoint> (it post-trains a trained "
          f"model)")
 # with --resume=1, out_dir must hold no run with other flags (out_dir/config.json, runtime.py)
-record = run.check_config([FILES["mle"].name, FILES["rlvr"].name, FILES["mle_more"].name])
+record = check_config(run, [FILES["mle"].name, FILES["rlvr"].name, FILES["mle_more"].name])
 
 train_eps, val_eps, test_eps = train_vq.load_clips(run, args.clip_len, args.test_limit)
 D, T = train_eps[0]["action"].shape[1], args.clip_len   # action dimensions, frames per clip
@@ -226,7 +229,7 @@ horizon = args.horizon if args.mode == "multi" else 1   # predicted frames per w
 start_model = None                                      # the GPT to train or post-train (None: new)
 if init != "scratch":           # a trained world model, loaded before anything is written
     start_model, _, init_meta = run.or_fail(load_video_model, init, run.device)
-run.save_config(record)         # out_dir/config.json: the inputs are good; from here on it writes
+save_config(run, record)         # out_dir/config.json: the inputs are good; from here on it writes
 if init != "scratch":           # the world model's own tokenizer, named in its metadata
     vq_path = recorded_path(init_meta["args"]["vq"], Path(init).parent)
 elif args.vq != "auto":         # a given tokenizer
@@ -306,49 +309,100 @@ if args.stage in ("all", "rlvr"):
            + ("" if lpips_net else " (no LPIPS weights: --lpips=FILE enables mae+lpips)")
            + "; frames decoded with the copy gate")
 
-    # stage 3: RLVR with GRPO over four pieces (the module's docstring): the prompt draw, the reward
-    # and the multi-step sampler are data/robot/task.py's (as tasks.py's for text), the watch below
-    def rlvr(budget):
-        """GRPO from a copy of the start (the comparison's "mle" stays as it is) -> the policy."""
-        clips = Clips(train_eps, tokens["train"], layout, horizon, CONTEXT)
-        pool = moving_windows(clips)
-        print0(f"rlvr: {len(pool)} train windows; per step {prompts_per_step} prompts x "
-               f"{args.group_size} samples x {world} ranks, {horizon} predicted frame(s) each")
-        # a completion: the predicted frames' codes with the true actions injected between them;
-        # one round of the draw's prompts a step (no refill), no entropy bonus, AdamW with betas
-        # (0.9, 0.99), no weight decay and a constant rate (no warm-up)
-        cfg = GRPOConfig(group_size=args.group_size, temperature=1.0, clip_eps=0.2, beta=args.beta,
-                         max_new_tokens=horizon * layout.L + (horizon - 1) * D, minibatches=2,
-                         micro_batch=args.micro_batch, prompts_per_step=0, max_rounds=1,
-                         entropy_coef=0.0, lr=args.rl_lr, warmup=0, betas=(0.9, 0.99),
-                         weight_decay=0.0)
-        # the step's memory, per rank
-        print_memory("rlvr", memory_estimate(
-            start_model.config, args.dtype != "float32", args.beta > 0, args.grad_ckpt,
-            layout.prompt_len(CONTEXT), cfg.max_new_tokens, prompts_per_step, args.group_size,
-            args.micro_batch, prompts_per_chunk(prompts_per_step, args.group_size, cfg.minibatches,
-                                                args.micro_batch)), print0)
-        policy = make_policy(run, copy.deepcopy(start_model), cfg, grad_ckpt=args.grad_ckpt)
-        gen = torch.Generator().manual_seed(args.seed + 1000 + run.rank)   # prompts and samples
-        # make_draw's draw(g): the step's prompts_per_step windows (a study's draw plugs in alike)
-        draw = make_draw(clips, pool, prompts_per_step, bool(reward.object))
-        source = Source(make_reward(vq, clips, reward, lpips_net, run.device),
-                        draw=lambda n: draw(gen), sampler=make_sampler(horizon, layout.L))
+    # the control, MLE continued from the start until it has used RLVR's compute (mle_more): on a
+    # CPU in a forked process on the second core while RLVR runs, waiting whenever it is ahead; on
+    # a GPU, under torchrun or after a finished RLVR: after it, for the compute its file records
+    budget = ComputeBudget()
+    rl_done = (args.resume and FILES["rlvr"].is_file()
+               and read_meta(FILES["rlvr"])["metrics"].get("done"))
+    beside = run.forks and not rl_done
+    if beside:   # the child shares the loaded data and models, and prints to control.log
+        child = fork_alongside(lambda: mle_more(budget), out_dir / "control.log")
+        print0(f"control: MLE continues from the start in process {child.pid} while RLVR runs "
+               f"(progress: {out_dir / 'control.log'})")
 
-        def watch(step, stats):   # greedy on val (rank 0, every WATCH_EVERY steps and the last)
-            if not stats:   # step 0: the start's validation score is the MLE stage's
-                return {}
-            r = eval_video(policy.model, vq, val_eps, tokens["val"], spec, desc=None)
-            print0(f"\nrlvr step {step}: reward {stats['reward_mean']:.4f} kl {stats['kl']:.4f} "
-                   f"val mae {r['mae']:.4f} ssim {r['ssim']:.4f} mae_moving {r['mae_moving']:.4f}")
-            return dict(val_mae=r["mae"], val_ssim=r["ssim"], val_mae_moving=r["mae_moving"])
-
-        train_loop(run, policy, source, cfg, gen, FILES["rlvr"], rl_steps, budget, watch,
-                   WATCH_EVERY)
-        return policy.model
-
-    # RLVR and the control for its compute: beside it on a CPU, else after it (runtime.py)
-    models["rlvr"] = rlvr_and_control(run, rlvr, mle_more, FILES["rlvr"]), FILES["rlvr"]
+    # stage 3: RLVR with GRPO (grpo.py) over the pieces of data/robot/task.py (as tasks.py's for
+    # text; a study replaces them, research/video_terms.py): the prompt draw (train windows where
+    # the scene moves), the reward of the decoded frames and the multi-step sampler
+    clips = Clips(train_eps, tokens["train"], layout, horizon, CONTEXT)
+    pool = moving_windows(clips)
+    print0(f"rlvr: {len(pool)} train windows; per step {prompts_per_step} prompts x "
+           f"{args.group_size} samples x {world} ranks, {horizon} predicted frame(s) each")
+    # a completion: the predicted frames' codes with the true actions injected between them; one
+    # round of the draw's prompts a step (no refill), no entropy bonus, AdamW with betas
+    # (0.9, 0.99), no weight decay and a constant rate (no warm-up)
+    cfg = GRPOConfig(group_size=args.group_size, temperature=1.0, clip_eps=0.2, beta=args.beta,
+                     max_new_tokens=horizon * layout.L + (horizon - 1) * D, minibatches=2,
+                     micro_batch=args.micro_batch, prompts_per_step=0, max_rounds=1,
+                     entropy_coef=0.0, lr=args.rl_lr, warmup=0, betas=(0.9, 0.99),
+                     weight_decay=0.0)
+    print_memory("rlvr", memory_estimate(   # the step's memory, per rank
+        start_model.config, args.dtype != "float32", args.beta > 0, args.grad_ckpt,
+        layout.prompt_len(CONTEXT), cfg.max_new_tokens, prompts_per_step, args.group_size,
+        args.micro_batch, prompts_per_chunk(prompts_per_step, args.group_size, cfg.minibatches,
+                                            args.micro_batch)), print0)
+    # the policy, a copy of the start (the comparison's "mle" stays as it is), its frozen start as
+    # the KL's reference, AdamW
+    model = copy.deepcopy(start_model)
+    ref = copy.deepcopy(model).eval().requires_grad_(False).to(run.dtype) if cfg.beta > 0 else None
+    model, trained = run.wrap(model, grad_ckpt=args.grad_ckpt)   # on the device; DDP or FSDP
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,
+                            weight_decay=cfg.weight_decay)
+    gen = torch.Generator().manual_seed(args.seed + 1000 + run.rank)   # prompts and samples
+    draw = make_draw(clips, pool, prompts_per_step, bool(reward.object))   # draw(gen): a step's
+    source = Source(make_reward(vq, clips, reward, lpips_net, run.device),
+                    sampler=make_sampler(horizon, layout.L))
+    # a re-run continues a stopped RLVR exactly; its compute so far counts for the control
+    step, rl_done = resume_stage(run, FILES["rlvr"], model, opt, gen, "rlvr")
+    prev = read_meta(FILES["rlvr"])["metrics"] if step else {}
+    totals = dict(rl_seconds=prev.get("rl_seconds", 0.0), rl_compute=prev.get("rl_compute", 0))
+    budget.add(totals["rl_compute"])
+    if not rl_done and not finite_weights(model):   # a poisoned start stops before sampling
+        run.nonfinite("rlvr", step, model, "non-finite weights in the policy")
+    bar = tqdm(total=rl_steps, initial=step, desc="rlvr", disable=not master or rl_done)
+    while step < rl_steps and not rl_done:
+        prompts, items = draw(gen)   # constant rate (cfg.warmup 0): AdamW's lr as made
+        try:   # rollout -> reward -> advantages -> PPO-clip + KL updates
+            stats = grpo_step(trained, ref, opt, prompts, items, source, cfg, gen, step,
+                              run.autocast)
+        except FloatingPointError as e:   # a NaN/inf reward, loss, gradient norm or weight
+            run.nonfinite("rlvr", step, model, str(e))   # stops, or logs a skipped step
+            stats = {}
+        step += 1
+        bar.update(1)
+        if stats:   # steps done
+            stats["step"] = step
+            totals["rl_seconds"] += stats["t_step"]
+            totals["rl_compute"] += stats["compute"]
+            budget.add(stats["compute"])
+            bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", kept=stats["groups_kept"],
+                            kl=f"{stats['kl']:.4f}")
+            if step % WATCH_EVERY == 0 or step == rl_steps:   # greedy on val, rank 0
+                with unsharded(model):   # FSDP: every rank gathers the weights
+                    r = eval_video(model, vq, val_eps, tokens["val"], spec, desc=None) if master \
+                        else None
+                if master:
+                    print0(f"\nrlvr step {step}: reward {stats['reward_mean']:.4f} kl "
+                           f"{stats['kl']:.4f} val mae {r['mae']:.4f} ssim {r['ssim']:.4f} "
+                           f"mae_moving {r['mae_moving']:.4f}")
+                    stats.update(val_mae=r["mae"], val_ssim=r["ssim"],
+                                 val_mae_moving=r["mae_moving"])
+            run.log({"stage": "rlvr", **stats, **totals})
+        # every --ckpt_every steps the resumable state; at the end the weights alone
+        save_stage(run, FILES["rlvr"], model, opt, step, {**stats, **totals}, gen,
+                   done=step == rl_steps)
+    bar.close()
+    budget.close()   # RLVR's compute is final: the control stops once it has used as much
+    run.check_ranks_in_sync(model, "rlvr")   # under torchrun: the same weights on every rank
+    barrier()
+    if beside:
+        child.join()   # it stops at RLVR's compute, saves its checkpoint and exits
+        if child.exitcode:
+            fail(f"the control process failed (exit code {child.exitcode}); see "
+                 f"{out_dir / 'control.log'}")
+    else:
+        mle_more(ComputeBudget(read_meta(FILES["rlvr"])["metrics"].get("rl_compute", 0)))
+    models["rlvr"] = model, FILES["rlvr"]
     models["mle_more"] = load_video_model(FILES["mle_more"], run.device)[0], FILES["mle_more"]
 if args.stage in ("all", "rlvr", "control"):
     # the held-out comparison on the --final_eval split, greedy and sampled with the paper's

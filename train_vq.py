@@ -23,6 +23,7 @@ import torch.distributed as dist
 from safetensors import safe_open
 from tqdm import tqdm
 
+from checkpoint import recorded_args, resume_stage, save_stage
 from data.robot.prepare import DATA_DIR, ensure_splits
 from data.robot.task import clips, episode_files, load_split, to_float
 from rewards import psnr
@@ -129,7 +130,7 @@ def train_tokenizer(run, vq, cfg, batch, state):
         vq.quantizer.initialised.fill_(True)                # so the forward pass keeps it
     _, trained = run.wrap(vq)                               # DDP under torchrun
     opt = torch.optim.Adam(vq.parameters(), lr=cfg.lr)
-    step, _ = run.resume_stage(state, vq, opt, g, "tokenizer")   # 0, or where a run stopped
+    step, _ = resume_stage(run, state, vq, opt, g, "tokenizer")   # 0, or where a run stopped
     t0 = time.time()
     bar = tqdm(total=cfg.steps, initial=step, desc="tokenizer", disable=not run.master)
     while step < cfg.steps:
@@ -155,7 +156,7 @@ def train_tokenizer(run, vq, cfg, batch, state):
                 dist.broadcast(vq.quantizer.usage, 0)
             bar.set_postfix(loss=f"{loss.item():.5f}", restarted=n_dead)
         bar.update(1)
-        run.save_stage(state, vq, opt, step, {}, g, done=False)   # every --ckpt_every steps
+        save_stage(run, state, vq, opt, step, {}, g, done=False)   # every --ckpt_every steps
         # the wall-clock budget: every rank stops at the same step
         if run.any_rank(bool(cfg.minutes and time.time() - t0 > 60 * cfg.minutes)):
             run.print0(f"tokenizer: stopping after {cfg.minutes} minutes at step {step}")
@@ -188,7 +189,7 @@ def frame_tokenizer(run, cfg, train_eps, held_eps, final):
                f"{stats['used']}/{cfg.n_codes} codes used, perplexity {stats['perplexity']:.1f}")
     run.log({"stage": "tokenizer", **stats})
     if run.master:   # the final file; nothing left to resume
-        save_vq(final, vq, {**stats, "done": True, "args": run.recorded_args()})
+        save_vq(final, vq, {**stats, "done": True, "args": recorded_args(run)})
         for f in (state, state.with_suffix(".json")):
             f.unlink(missing_ok=True)
     run.barrier()

@@ -32,7 +32,7 @@ from common import ROOT, machine, median, print_table
 
 from data.textgame.prepare import generate_split  # noqa: E402
 from data.textgame.task import is_changed, prompt_text  # noqa: E402
-from grpo import GRPOConfig, Source, grpo_step, make_optimizer  # noqa: E402
+from grpo import GRPOConfig, Source, grpo_step  # noqa: E402
 from tasks import TASKS, load_lang_model  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -107,7 +107,7 @@ def memory_check():
     ref = copy.deepcopy(model).eval().requires_grad_(False)
     cfg = GRPOConfig(group_size=8, prompts_per_step=args.mem_prompts, max_new_tokens=args.mem_tokens, beta=0.02,
                      entropy_coef=0.0, minibatches=2, micro_batch=64, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0)
-    opt = make_optimizer(model, cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     records = [r for r in generate_split("train", 400, 0) if is_changed(r)]
     task = TASKS["textgame"]
 

@@ -39,7 +39,7 @@ from data.robot.detect import locate_blocks, locate_gripper  # noqa: E402
 from data.robot.task import episode_files, read_npz  # noqa: E402
 from eval import to_float  # noqa: E402
 from research.policy_eval import load_world_model, sample_chunk  # noqa: E402
-from grpo import (Batch, GRPOConfig, fixed_logprobs, group_advantages, make_optimizer, minibatch_plan,  # noqa: E402
+from grpo import (Batch, GRPOConfig, group_advantages, logprobs_shared_prompts, minibatch_plan,  # noqa: E402
                   pack, update)
 from rewards import VideoReward, video_reward  # noqa: E402
 
@@ -156,7 +156,7 @@ def main(argv=None):
     cfg = GRPOConfig(group_size=args.group, lr=args.lr, beta=args.beta, temperature=args.temperature,
                      prompts_per_step=0, entropy_coef=0.0, warmup=0, betas=(0.9, 0.99), weight_decay=0.0,
                      minibatches=2, micro_batch=32)
-    opt = make_optimizer(policy, cfg)
+    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     placebo = torch.Generator().manual_seed(args.seed + 7919)
@@ -193,7 +193,10 @@ def main(argv=None):
                   adv.repeat(args.chain), targets >= 0, None)
         plan, chunks = minibatch_plan(N, cfg, gen)
         once = [c for mb in chunks for c in mb] if cfg.beta > 0 else []   # beta 0: the sampler's
-        b = b._replace(ref_logp=fixed_logprobs(ref, b, once, cfg, nullcontext(), b.old_logp.clone()))
+        b = b._replace(ref_logp=b.old_logp.clone())
+        with torch.no_grad():   # the reference's log-probs, every row once
+            for chunk in once:
+                b.ref_logp[chunk] = logprobs_shared_prompts(ref, b, chunk, cfg)[0]
         sums, n_mb = update(policy, opt, b, plan, chunks, cfg, step, nullcontext())
         row = dict(step=step + 1, reward_mean=reward.mean().item(), kl=sums["kl"] / n_mb,
                    grad_norm=sums["grad_norm"] / n_mb, minutes=(time.time() - t0) / 60)

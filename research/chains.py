@@ -8,7 +8,7 @@ the web page's F1 of the changes), or with --chain_reward=last every answer with
 of its last step (chain_hooks). The control is one step, teacher-forced, MLE continued for RLVR's
 compute; --control_imagined=N also gives it the states the start imagines on N train chains
 (imagined_pairs). The evaluation scores chains (evaluate_chains): per chain start `<headline>_k`
-and the first step's metrics. Built on the core: tasks.PromptPool, grpo.train_loop, tasks.train_control,
+and the first step's metrics. Built on the core: tasks.PromptPool, common.rl_loop, tasks.train_control,
 eval.evaluate_checkpoints.
 
     python research/chains.py --horizon=3 --out_dir=out/textgame_k3
@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))  # run as a file: the repository root
 from checkpoint import write_json  # noqa: E402
 from engine import generate  # noqa: E402
 from eval import evaluate_checkpoints, print_comparison, summarize  # noqa: E402
-from grpo import GRPOConfig, Source, make_policy, train_loop  # noqa: E402
+from grpo import GRPOConfig, Source  # noqa: E402
 from rewards import apply_diff, parse_diff, parse_sections  # noqa: E402
 from research import common  # noqa: E402
 from runtime import ComputeBudget, from_flags  # noqa: E402
@@ -370,7 +370,7 @@ def main():
 def rlvr_on_chains(run, model, tok, args, cfg, train, reward):
     """GRPO on chains of --horizon steps (chain_hooks) -> the checkpoint."""
     data, K = TASKS[args.task].data, args.horizon
-    policy = make_policy(run, model, cfg, grad_ckpt=args.grad_ckpt)
+    parts = common.policy(run, model, cfg, grad_ckpt=args.grad_ckpt)
     gen = torch.Generator().manual_seed(args.seed + 1000)
     room = model.config.block_size - cfg.max_new_tokens
     pool = PromptPool(episode_chains(args.task, train, K), lambda c: data.prompt_text(c[0]),
@@ -382,13 +382,12 @@ def rlvr_on_chains(run, model, tok, args, cfg, train, reward):
         cfg = dataclasses.replace(cfg, group_size=K * cfg.group_size)
     probe_chains = pool(64)[1]
 
-    def probe(step, stats):
-        with run.autocast:
-            return probe_chain_rewards(args.task, policy.model, tok, probe_chains, reward,
-                                       cfg.max_new_tokens)
+    def probe():
+        return probe_chain_rewards(args.task, parts[0], tok, probe_chains, reward,
+                                   cfg.max_new_tokens)
     ckpt = run.out_dir / "rlvr.safetensors"
-    train_loop(run, policy, Source(score, tok.eos_id, draw, sampler), cfg, gen, ckpt,
-               args.rl_steps, None, probe, 10)
+    common.rl_loop(run, parts, Source(score, tok.eos_id, draw, sampler), cfg, gen, ckpt,
+                   args.rl_steps, None, probe, 10)
     return ckpt
 
 

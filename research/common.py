@@ -1,21 +1,28 @@
 """
 What the text studies share: train_lang.py's stages as functions of their inputs, so a study
 changes the one piece it studies (the reward, the prompt pool, the MLE data) and keeps the rest.
-Built on the core only: tasks.py, grpo.py, eval.py, runtime.py.
+`rl_loop` is train_lang.py's RL loop as a function, for the studies that pass their own prompts,
+reward or probe in. Built on the core only: tasks.py, grpo.py, eval.py, runtime.py, checkpoint.py.
 """
 import argparse
+import copy
 import dataclasses
 import sys
 from pathlib import Path
 
+import torch
+from tqdm import tqdm
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a file: the repository root
-from checkpoint import read_meta  # noqa: E402
+from checkpoint import check_config, read_meta, resume_stage, save_config, save_stage  # noqa: E402
 from eval import compare_checkpoints  # noqa: E402
-from grpo import GRPOConfig  # noqa: E402
-from runtime import ComputeBudget, Run, add_flags, from_flags  # noqa: E402
-from tasks import (TASKS, UNCHANGED_FRAC, encode, keep_tokenizer,  # noqa: E402
-                   load_lang_model, load_splits, train_control, train_rlvr)
+from grpo import GRPOConfig, Source, grpo_step  # noqa: E402
+from model import finite_weights  # noqa: E402
+from runtime import ComputeBudget, Run, add_flags, from_flags, unsharded  # noqa: E402
+from tasks import (PROBE_EVERY, PROBE_N, TASKS, UNCHANGED_FRAC, PromptPool, encode,  # noqa: E402
+                   keep_tokenizer, load_lang_model, load_splits, probe_rewards, reward_fn,
+                   train_control)
 
 
 def parser(doc):
@@ -43,20 +50,92 @@ def setup(args, stage_files=("rlvr.safetensors", "mle_more.safetensors")):
     init = args.init or str(ROOT / "checkpoints" / args.task / "mle.safetensors")
     out_dir = Path(args.out_dir)
     run = Run(args, out_dir, path_flags=("init", "data_dir", "out_dir", "tokenizer"))
-    run.save_config(run.check_config(list(stage_files)))
+    save_config(run, check_config(run, list(stage_files)))
     splits = load_splits(run, args.task, Path(args.data_dir or ROOT / "data" / args.task))
     model, tok, meta = load_lang_model(init, run.device)
     run.recorded["tokenizer"] = str(out_dir / keep_tokenizer(init, meta, out_dir))
     return run, splits, init, model, tok
 
 
+def policy(run, model, cfg, grad_ckpt=False):
+    """train_lang.py's RL stage start: (the GPT on the device, the module that steps (DDP),
+    its frozen reference or None, AdamW)."""
+    ref = copy.deepcopy(model).eval().requires_grad_(False).to(run.dtype) if cfg.beta > 0 else None
+    model, trained = run.wrap(model, grad_ckpt=grad_ckpt)
+    return model, trained, ref, torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,
+                                                  weight_decay=cfg.weight_decay)
+
+
+def rl_loop(run, parts, source, cfg, gen, ckpt, steps, budget=None, probe=None,
+            every=PROBE_EVERY, name="rlvr"):
+    """train_lang.py's RL loop: GRPO for `steps` steps from `parts` (`policy`), prompts from
+    source.draw, checkpointed to `ckpt` and resumed from it; each step's compute added to `budget`;
+    probe() -> a dict for the log (rank 0) before the first step and every `every` steps."""
+    model, trained, ref, opt = parts
+    step, done = resume_stage(run, ckpt, model, opt, gen, name)
+    if done:
+        return read_meta(ckpt)["metrics"]
+    prev = read_meta(ckpt)["metrics"] if step else {}
+    totals = dict(rl_seconds=prev.get("rl_seconds", 0.0), rl_compute=prev.get("rl_compute", 0))
+    if budget is not None:
+        budget.add(totals["rl_compute"])
+    if not finite_weights(model):
+        run.nonfinite(name, step, model, "non-finite weights in the policy")
+
+    def watch():   # every rank gathers FSDP's weights; rank 0 runs the probe
+        with unsharded(model), run.autocast:
+            return probe() if probe and run.master else {}
+    if step == 0 and (first := watch()):
+        run.log({"stage": name, "step": 0, **first})
+    bar, stats = tqdm(total=steps, initial=step, desc=name, disable=not run.master), {}
+    while step < steps:
+        for group in opt.param_groups:   # a linear warm-up over cfg.warmup steps, then constant
+            group["lr"] = cfg.lr * min(1.0, (step + 1) / max(cfg.warmup, 1))
+        prompts, items = source.draw(cfg.prompts_per_step)
+        try:
+            stats = grpo_step(trained, ref, opt, prompts, items, source, cfg, gen, step,
+                              run.autocast)
+        except FloatingPointError as e:
+            run.nonfinite(name, step, model, str(e))
+            stats = {}
+        step += 1
+        bar.update(1)
+        if stats:
+            stats["step"] = step
+            totals["rl_seconds"] += stats["t_step"]
+            totals["rl_compute"] += stats["compute"]
+            if budget is not None:
+                budget.add(stats["compute"])
+            if step % every == 0 or step == steps:
+                stats.update(watch())
+            stats.update(totals)
+            run.log({"stage": name, **stats})
+        save_stage(run, ckpt, model, opt, step, {**stats, **totals}, gen, done=step == steps)
+    bar.close()
+    if budget is not None:
+        budget.close()
+    run.check_ranks_in_sync(model, name)
+    run.barrier()
+    return stats
+
+
 def rlvr(run, model, tok, args, records, score=None, unchanged_frac=UNCHANGED_FRAC):
-    """train_lang.py's RLVR stage (tasks.train_rlvr) on the prompt pool of `records`, rewarded by
-    `score` (default: the task's reward, as train_lang.py) -> the checkpoint."""
+    """train_lang.py's RLVR stage on the prompt pool of `records`, rewarded by `score` (default:
+    the task's reward, as train_lang.py) -> the checkpoint."""
     cfg = dataclasses.replace(from_flags(args, GRPOConfig), vocab=tok.n_vocab)
-    return train_rlvr(run, model, cfg, args.task, tok, records,
-                      args.reward or TASKS[args.task].rewards[0], run.out_dir / "rlvr.safetensors",
-                      args.rl_steps, reward=score, unchanged_frac=unchanged_frac)
+    kind = args.reward or TASKS[args.task].rewards[0]
+    parts = policy(run, model, cfg, args.grad_ckpt)
+    gen = torch.Generator().manual_seed(args.seed + 1000 + run.rank)
+    data = TASKS[args.task].data
+    pool = PromptPool(records, data.prompt_text, data.is_changed, tok,
+                      parts[0].config.block_size - cfg.max_new_tokens, unchanged_frac, gen)
+    probe_prompts, probe_recs = pool(PROBE_N)
+    ckpt = run.out_dir / "rlvr.safetensors"
+    rl_loop(run, parts, Source(score or reward_fn(args.task, tok, kind), tok.eos_id, pool), cfg,
+            gen, ckpt, args.rl_steps,
+            probe=lambda: probe_rewards(args.task, parts[0], tok, probe_prompts, probe_recs, kind,
+                                        cfg.max_new_tokens))
+    return ckpt
 
 
 def rl_compute(ckpt):

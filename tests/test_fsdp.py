@@ -13,6 +13,7 @@ from torch.distributed.tensor import DTensor
 import grpo
 from checkpoint import load_model, read_checkpoint
 from model import GPT, GPTConfig
+from research import common  # train_lang.py's RL loop as a function
 from runtime import Run
 
 STEPS = 2
@@ -49,8 +50,8 @@ def train(run, rank, out):
     # its first prompt's group (1 chunk, or none: then it joins the others' collectives with zeros)
     cfg = grpo.GRPOConfig(group_size=4, max_new_tokens=6, prompts_per_step=3, max_rounds=1, beta=0.01, lr=3e-3,
                           micro_batch=3, warmup=0)
-    policy = grpo.make_policy(run, model, cfg)
-    (out / f"sharded{rank}.txt").write_text(str(isinstance(policy.model.wte.weight, DTensor)))
+    parts = common.policy(run, model, cfg)   # research/common.py: train_lang.py's RL loop
+    (out / f"sharded{rank}.txt").write_text(str(isinstance(parts[0].wte.weight, DTensor)))
     g = torch.Generator().manual_seed(2 + rank)   # each rank its own prompts and samples
 
     def draw(n):   # -> n prompts of 1-3 tokens, and their places in the round
@@ -65,12 +66,14 @@ def train(run, rank, out):
             f.write(str(int(len(set(r)) > 1)))
         return r
 
-    def watch(step, stats):
-        if step == 2:
+    def probe():   # before step 1, after step 2 (and the last)
+        probes.append(1)
+        if len(probes) == 2:
             shutil.copy(out / "rl.safetensors", out / "step1.safetensors")   # not yet step 2's
         return {}
-    grpo.train_loop(run, policy, grpo.Source(reward, draw=draw), cfg, g, out / "rl.safetensors", STEPS,
-                    watch=watch, every=2)
+    probes = []
+    common.rl_loop(run, parts, grpo.Source(reward, draw=draw), cfg, g, out / "rl.safetensors", STEPS,
+                   probe=probe, every=2)
     run.finish()
 
 

@@ -1,11 +1,13 @@
 """GRPO math on hand-computed tensors, packing and masks, micro-batching, dynamic sampling, the entropy bonus, bf16
 old log-probs, DDP minibatches empty on every rank, the flags built from GRPOConfig, a tiny task whose reward must
-rise, and train_loop (resume, NaN guard, compute, log; research/tests/test_placebo.py: the placebo)."""
+rise (the RL loop: the scripts' tests, and research/tests/test_rl_loop.py; research/tests/test_placebo.py: the
+placebo)."""
 import argparse
 import copy
 import gc
 import json
 import math
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -15,9 +17,9 @@ from safetensors.torch import load_file, save_file
 import engine
 import grpo
 from grpo import (GRPOConfig, Source, aggregate, clipped_objective, group_advantages, grpo_loss, grpo_step, k3_kl,
-                  logprobs_shared_prompts, make_optimizer, pack, set_lr)
+                  logprobs_shared_prompts, pack)
 from model import GPT, GPTConfig
-from runtime import add_flags, from_flags
+from runtime import add_flags, check_step, from_flags
 
 torch.set_num_threads(1)
 
@@ -262,13 +264,14 @@ def test_bf16_recomputes_old_logprobs_so_the_first_ratio_is_one(monkeypatch, min
                          [[1, 2], [4], [5, 6, 7]], [None] * 3, Source(count_threes, eos_id=0), cfg,
                          torch.Generator().manual_seed(0), autocast=torch.autocast("cpu", dtype=torch.bfloat16))
 
-    assert grpo.low_precision(tiny_model(), torch.device("cpu")) is False   # fp32, no autocast: the sampler's kept
-    assert grpo.low_precision(tiny_model().to(torch.bfloat16), torch.device("cpu")) is True
+    assert check_step(tiny_model(), 0, nullcontext()) is False   # fp32, no autocast: the sampler's kept
+    assert check_step(tiny_model().to(torch.bfloat16), 0, nullcontext()) is True
+    assert check_step(tiny_model(), 0, torch.autocast("cpu", dtype=torch.bfloat16)) is True
     stats = step(tiny_model())
     assert stats["ratio_first"] == 1.0 and stats["groups_kept"] > 0   # exactly: the update's own path
     assert stats["clip_frac"] == 0.0 or minibatches > 1              # one minibatch: nothing moved before it
     # the sampler's bf16 log-probs are not the update's: trusting them gives a first ratio other than 1
-    monkeypatch.setattr(grpo, "low_precision", lambda model, device: False)
+    monkeypatch.setattr(grpo, "check_step", lambda model, step, autocast: False)
     assert step(tiny_model())["ratio_first"] != 1.0
 
 
@@ -341,88 +344,3 @@ def test_flags_are_built_from_the_config_and_read_back():
     assert not hasattr(args, "betas") and not hasattr(args, "lr")     # no flag, or the flag's own name
     with pytest.raises(SystemExit):
         p.parse_args(["--clip_eps=0.1"])                              # a setting, not a flag
-
-
-def test_make_optimizer_and_warmup():
-    model = tiny_model()
-    cfg = GRPOConfig(lr=0.1, warmup=4, betas=(0.9, 0.99), weight_decay=0.0)
-    opt = make_optimizer(model, cfg)
-    assert opt.defaults["betas"] == (0.9, 0.99) and opt.defaults["weight_decay"] == 0.0
-    lrs = []
-    for step in range(6):
-        set_lr(opt, cfg, step)
-        lrs.append(opt.param_groups[0]["lr"])
-    assert lrs == pytest.approx([0.025, 0.05, 0.075, 0.1, 0.1, 0.1])
-    cfg.warmup = 0   # no warm-up: constant from the first step
-    set_lr(opt, cfg, 0)
-    assert opt.param_groups[0]["lr"] == 0.1
-
-
-# -----------------------------------------------------------------------------
-# train_loop: the RL stage around grpo_step
-
-def loop_run(tmp_path):
-    """A runtime.Run for train_loop in tmp_path, and the stage's pieces: a tiny policy, a draw, a reward."""
-    from runtime import Run
-    args = argparse.Namespace(device="cpu", threads=1, seed=0, dtype="float32", resume=1, ckpt_every=2)
-    tmp_path.mkdir(exist_ok=True)
-    run = Run(args, tmp_path)
-    cfg = config(group_size=4, max_new_tokens=6, prompts_per_step=2, beta=0.01, lr=3e-3)
-    policy = grpo.make_policy(run, tiny_model(1), cfg)
-
-    def draw(n):
-        return [[1 + i % 5] for i in range(n)], [None] * n
-    source = grpo.Source(count_threes, draw=draw)
-    return run, policy, source, cfg
-
-
-def test_train_loop_logs_watches_counts_compute_and_resumes_exactly(tmp_path):
-    from runtime import ComputeBudget
-    seen = []
-
-    def watch(step, stats):
-        seen.append(step)
-        return {"probe": float(step)}
-    run, policy, source, cfg = loop_run(tmp_path / "a")
-    budget = ComputeBudget()
-    last = grpo.train_loop(run, policy, source, cfg, torch.Generator().manual_seed(1), tmp_path / "a" / "rl.safetensors",
-                           5, budget, watch, every=2)
-    rows = [json.loads(line) for line in (tmp_path / "a" / "log.jsonl").read_text().splitlines()]
-    assert seen == [0, 2, 4, 5] and [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5]
-    assert rows[0] == {"stage": "rlvr", "step": 0, "probe": 0.0} and rows[2]["probe"] == 2.0
-    assert budget.closed.is_set() and budget.rl.value == last["rl_compute"] == sum(r.get("compute", 0) for r in rows)
-    # the same stage stopped during step 4 (its last checkpoint: step 2) and re-run ends with the same weights
-    def stop_at_4(step, stats):
-        if step == 4:
-            raise KeyboardInterrupt
-        return {}
-    ckpt = tmp_path / "b" / "rl.safetensors"
-    with pytest.raises(KeyboardInterrupt):
-        grpo.train_loop(*loop_run(tmp_path / "b"), torch.Generator().manual_seed(1), ckpt, 5, watch=stop_at_4,
-                        every=2)
-    run, policy, source, cfg = loop_run(tmp_path / "b")
-    grpo.train_loop(run, policy, source, cfg, torch.Generator().manual_seed(1), ckpt, 5)
-    # a watch with nothing to say before the first step (train_video.py's validation): no row
-    assert json.loads((tmp_path / "b" / "log.jsonl").read_text().splitlines()[0])["step"] == 1
-    assert load_file(str(ckpt)).keys() == load_file(str(tmp_path / "a" / "rl.safetensors")).keys()
-    assert all(torch.equal(t, load_file(str(tmp_path / "a" / "rl.safetensors"))[k]) for k, t in load_file(str(ckpt)).items())
-
-
-def test_train_loop_checkpoint_keeps_the_totals_after_a_skipped_step(tmp_path):
-    """--on_nan=skip: the last step's reward is NaN, so it is skipped, and the finished stage's
-    checkpoint still records the run's time and compute (the control's budget, a resume's start)."""
-    run, policy, source, cfg = loop_run(tmp_path)
-    run.args.on_nan = "skip"
-    calls = []
-
-    def nan_on_second_step(items, completions):
-        calls.append(1)
-        return [float("nan")] * len(completions) if len(calls) > 1 else count_threes(items, completions)
-    source.reward_fn = nan_on_second_step
-    cfg.max_rounds = 1   # a step: one call of the reward
-    grpo.train_loop(run, policy, source, cfg, torch.Generator().manual_seed(1), tmp_path / "rl.safetensors", 2)
-    rows = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
-    assert [r.get("skipped") is not None for r in rows] == [False, True]
-    meta = grpo.read_meta(tmp_path / "rl.safetensors")
-    assert meta["metrics"]["done"] and meta["metrics"]["rl_compute"] == rows[0]["rl_compute"] > 0
-

@@ -15,7 +15,7 @@ import torch
 
 from data.textgame.prepare import convert_record, official_prompt
 from data.textgame.task import make_diff, prompt_text
-from grpo import PAPER_RECIPE, GRPOConfig, Source, grpo_step, k3_kl, make_optimizer
+from grpo import PAPER_RECIPE, GRPOConfig, Source, grpo_step, k3_kl
 from rewards import textgame_reward
 from tasks import load_lang_model, reward_fn
 
@@ -175,7 +175,8 @@ def test_paper_format_gets_reward_spread(chat_dir):
     cfg = GRPOConfig(**dict(PAPER_RECIPE["textgame"], prompts_per_step=1, micro_batch=5,
                             vocab=tok.n_vocab))
     before = copy.deepcopy(model.state_dict())
-    stats = grpo_step(model, copy.deepcopy(model).eval(), make_optimizer(model, cfg), [prompt],
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    stats = grpo_step(model, copy.deepcopy(model).eval(), opt, [prompt],
                       [rec], Source(reward_fn("textgame", tok, "binary"), tok.eos_id, sampler=scripted(texts, tok)),
                       cfg, torch.Generator().manual_seed(0))
     assert stats["groups_kept"] == 1 and stats["reward_mean"] == pytest.approx(0.2)

@@ -21,9 +21,9 @@ from safetensors.torch import save_file
 
 from model import GPT, GPTConfig
 import runtime
-from checkpoint import save_checkpoint
+from checkpoint import check_config, resume_stage, save_checkpoint, save_config, save_stage
 from runtime import (MAX_SKIPS, ComputeBudget, Run, check_device, check_ranges, checksum, fork_alongside,
-                     fork_map, lr_at, rank_map, rlvr_and_control)
+                     fork_map, lr_at, rank_map)
 from tasks import generate_texts
 
 torch.set_num_threads(1)
@@ -60,15 +60,15 @@ def test_save_resume_round_trip_restores_weights_optimizer_and_generator(tmp_pat
     g = torch.Generator().manual_seed(5)
     torch.randint(100, (7,), generator=g)
     ckpt = tmp_path / "stage.safetensors"
-    run.save_stage(ckpt, model, opt, 3, {"loss": 1.5}, g, done=False)
+    save_stage(run, ckpt, model, opt, 3, {"loss": 1.5}, g, done=False)
     assert not ckpt.exists()                                          # step 3 is not a --ckpt_every multiple
-    run.save_stage(ckpt, model, opt, 10, {"loss": 1.5}, g, done=False)
+    save_stage(run, ckpt, model, opt, 10, {"loss": 1.5}, g, done=False)
     expected = torch.randint(100, (20,), generator=g)
 
     model2 = GPT(model.config)
     opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-2)
     g2 = torch.Generator().manual_seed(99)
-    assert run.resume_stage(ckpt, model2, opt2, g2, "mle") == (10, False)
+    assert resume_stage(run, ckpt, model2, opt2, g2, "mle") == (10, False)
     assert torch.equal(torch.randint(100, (20,), generator=g2), expected)
     assert checksum(model2) == checksum(model)
     assert opt2.state_dict()["state"][0]["step"] == opt.state_dict()["state"][0]["step"]
@@ -82,21 +82,21 @@ def test_finished_stage_keeps_weights_only_and_is_reused(tmp_path, capsys):
     model(idx, idx)[1].backward()
     opt.step()                                                       # Adam's moments: twice the weights
     ckpt = tmp_path / "stage.safetensors"
-    run.save_stage(ckpt, model, opt, 10, {}, g, done=False)
+    save_stage(run, ckpt, model, opt, 10, {}, g, done=False)
     size_resumable = ckpt.stat().st_size
-    run.save_stage(ckpt, model, opt, 13, {}, g, done=True)          # saved although 13 is off the schedule
+    save_stage(run, ckpt, model, opt, 13, {}, g, done=True)          # saved although 13 is off the schedule
     assert ckpt.stat().st_size < size_resumable / 2
-    assert run.resume_stage(ckpt, GPT(model.config), opt, g, "rlvr") == (13, True)
+    assert resume_stage(run, ckpt, GPT(model.config), opt, g, "rlvr") == (13, True)
     assert f"rlvr: {ckpt} is complete, reusing it" in capsys.readouterr().out
     run.args.resume = 0
-    assert run.resume_stage(ckpt, GPT(model.config), opt, g, "rlvr") == (0, False)
+    assert resume_stage(run, ckpt, GPT(model.config), opt, g, "rlvr") == (0, False)
 
 
 def test_fail_is_one_line_on_stderr_and_exit_1(tmp_path, capsys):
     run = make_run(tmp_path)
     (tmp_path / "bad.safetensors").write_bytes(b"not a checkpoint")
     with pytest.raises(SystemExit) as e:
-        run.resume_stage(tmp_path / "bad.safetensors", tiny(), None, torch.Generator(), "mle")
+        resume_stage(run, tmp_path / "bad.safetensors", tiny(), None, torch.Generator(), "mle")
     assert e.value.code == 1
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "--resume=0" in err
@@ -142,17 +142,17 @@ def test_resume_restores_the_global_generator_and_refuses_another_world_size(tmp
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     ckpt = tmp_path / "stage.safetensors"
     torch.manual_seed(11)
-    run.save_stage(ckpt, model, opt, 10, {}, g, done=False)
+    save_stage(run, ckpt, model, opt, 10, {}, g, done=False)
     expected = torch.rand(5)                                 # the global stream after the checkpoint
     torch.manual_seed(0)
-    assert run.resume_stage(ckpt, model, opt, g, "mle") == (10, False)
+    assert resume_stage(run, ckpt, model, opt, g, "mle") == (10, False)
     assert torch.equal(torch.rand(5), expected)
     with safe_open(str(ckpt), framework="pt") as f:
         header, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
     tensors["state.rng1"] = tensors["state.rng0"].clone()    # as if saved by two ranks
     save_file(tensors, str(ckpt), metadata=header)
     with pytest.raises(SystemExit):
-        run.resume_stage(ckpt, model, opt, g, "mle")
+        resume_stage(run, ckpt, model, opt, g, "mle")
     assert "another number of ranks" in capsys.readouterr().err
 
 
@@ -218,47 +218,19 @@ def test_fork_alongside_child_dies_with_a_killed_parent(tmp_path):
     assert not alive(child), "the forked child outlived its killed parent"
 
 
-@pytest.mark.parametrize("resumed", [0, 1])
-def test_rlvr_and_control_spends_rlvr_compute_beside_it_or_after_it(tmp_path, resumed):
-    """The control stops at RLVR's compute whether it runs in a forked process beside RLVR (a fresh run on a CPU) or
-    after it (RLVR's checkpoint already done: a resumed run), and RLVR's result comes back either way."""
-    run = make_run(tmp_path)
-    rl_file = tmp_path / "rlvr.safetensors"
-    if resumed:   # what train_loop leaves at its end: done, and the compute it used
-        save_checkpoint(rl_file, tiny(), metrics=dict(done=True, rl_compute=5))
-
-    def rlvr(budget):   # five steps of one unit each, then the end of RLVR
-        for _ in range(5):
-            budget.add(1)
-            time.sleep(0.02)
-        budget.close()
-        return "rlvr result"
-
-    def control(budget):   # one unit a step until the budget is reached; who ran it, and where it stopped
-        used = 1
-        while not budget.reached(used):
-            used += 1
-        (tmp_path / "control.txt").write_text(f"{used} {os.getpid()}")
-
-    assert rlvr_and_control(run, rlvr, control, rl_file) == "rlvr result"
-    used, pid = (tmp_path / "control.txt").read_text().split()
-    assert int(used) == 5 and (int(pid) == os.getpid()) == bool(resumed)
-    assert (tmp_path / "control.log").is_file() != bool(resumed)   # the forked control prints to its log
-
-
 def config_run(out, capsys=None, **flags):
     """A Run over out_dir `out` with a few flags of each kind; -> (run, the record check_config returned)."""
     args = dict(device="cpu", dtype="float32", threads=1, seed=0, resume=1, ckpt_every=10, lr=0.1,
                 data_dir=str(out.parent / "data"), init="scratch", out_dir=str(out), test_limit=0)
     run = Run(argparse.Namespace(**{**args, **flags}), out, path_flags=("data_dir", "init", "out_dir"))
-    return run, run.check_config(["mle.safetensors"])
+    return run, check_config(run, ["mle.safetensors"])
 
 
 def test_config_refuses_a_rerun_with_other_flags(tmp_path, capsys):
     out = tmp_path / "out"
     run, record = config_run(out)
     assert not out.exists()                                   # checking writes nothing
-    run.save_config(record)
+    save_config(run, record)
     saved = json.loads((out / "config.json").read_text())
     assert saved["data_dir"] == str((tmp_path / "data").resolve()) and saved["out_dir"] == "."   # outside the repo
     (out / "mle.safetensors").write_bytes(b"")
