@@ -8,7 +8,7 @@ docs/engineering.md (The GPU path, Reliability).
     run = Run(args, out_dir, path_flags)    # after argparse: DDP, device per rank, seed, autocast
     run.print0(...), run.log({...}), run.barrier(), run.fail("message")
     model, trained = run.wrap(model)        # to the device, DDP (FSDP with --fsdp=1)
-    child = fork_alongside(train_control, out_dir / "control.log")   # on the second core
+    budget, child = control_beside(run, control, rl_file)   # MLE on the second core
     results = fork_map(evaluate_one, jobs, workers=2)   # jobs shared by 2 forked processes
     results = rank_map(evaluate_batch, batches)   # shared by the torchrun ranks, all get all
 """
@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from checkpoint import read_meta
 from model import GPT, finite_weights, is_fsdp
 
 # how long a rank waits at a collective for the others: NCCL's default 10 minutes is shorter than
@@ -46,20 +47,10 @@ class Run:
         self.args, self.out_dir, self.path_flags = args, Path(out_dir), path_flags
         self.recorded = {}   # entries recorded beside the flags (train_lang.py: its tokenizer)
         self.or_fail(check_device, args.device)
-        self.rank, self.world, self.device = 0, 1, args.device   # torchrun GPUs: its local rank's
         self.ddp = int(os.environ.get("RANK", -1)) != -1   # launched by torchrun
-        if self.ddp:
-            # each torchrun attempt keeps its keys under its own prefix: after a restart the shared
-            # store still holds the dead attempt's addresses, and a new rank would dial them
-            store, rank, world = next(dist.rendezvous("env://"))
-            store = dist.PrefixStore(f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}",
-                                     store)
-            dist.init_process_group(backend="nccl" if args.device.startswith("cuda") else "gloo",
-                                    store=store, rank=rank, world_size=world, timeout=DIST_TIMEOUT)
-            self.rank, self.world = dist.get_rank(), dist.get_world_size()
-            if args.device.startswith("cuda"):
-                self.device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
-                torch.cuda.set_device(self.device)
+        # one process: rank 0 of 1 on --device; torchrun: its rank, and a GPU its local one
+        self.rank, self.world, self.device = (join_process_group(args.device) if self.ddp
+                                              else (0, 1, args.device))
         self.master = self.rank == 0
         self.forks = self.world == 1 and self.device == "cpu"   # a second core for forked work
         # --fsdp=1: the GPT sharded across the ranks (wrap); one process keeps it whole
@@ -171,6 +162,21 @@ class Run:
         self.log({"stage": stage, "rank_checksums": sums})
         if len(set(sums)) != 1:
             self.fail(f"ranks diverged: weight checksums {sums}")
+
+
+def join_process_group(device):
+    """A torchrun rank joins the others (NCCL on GPUs, gloo on CPUs) -> (rank, world size, its
+    device: on GPUs the one of its LOCAL_RANK)."""
+    # each torchrun attempt keeps its keys under its own prefix: after a restart the shared store
+    # still holds the dead attempt's addresses, and a new rank would dial them
+    store, rank, world = next(dist.rendezvous("env://"))
+    store = dist.PrefixStore(f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo", store=store,
+                            rank=rank, world_size=world, timeout=DIST_TIMEOUT)
+    if device.startswith("cuda"):
+        device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+        torch.cuda.set_device(device)
+    return dist.get_rank(), dist.get_world_size(), device
 
 
 def check_device(device):
@@ -342,6 +348,35 @@ class ComputeBudget:
         return used >= self.rl.value
 
 
+def control_beside(run, control, rl_file):
+    """Start the control, control(budget): the RLVR start trained further by MLE until it has used
+    RLVR's compute (ComputeBudget: tokens through the model, the same on any machine). On a CPU it
+    runs in a forked process on the second core *while* RLVR runs, waiting whenever it is ahead
+    (the run takes half as long) -> (the budget RLVR adds each step's compute to, the process);
+    otherwise (no control, a GPU, torchrun, RLVR already done) -> (the budget, None)."""
+    budget = ComputeBudget()
+    done = run.args.resume and rl_file.is_file() and read_meta(rl_file)["metrics"].get("done")
+    if control is None or not run.forks or done:
+        return budget, None
+    log = run.out_dir / "control.log"   # the child shares the loaded data and models
+    child = fork_alongside(lambda: control(budget), log)
+    run.print0(f"control: MLE continues from the start in process {child.pid} while RLVR runs "
+               f"(progress: {log})")
+    return budget, child
+
+
+def control_after(run, child, control, rl_file):
+    """After RLVR: wait for the forked control (it stops at RLVR's compute, saves its checkpoint
+    and exits), or run control(budget) now for the compute rl_file records (None: no control)."""
+    if child is not None:
+        child.join()
+        if child.exitcode:
+            run.fail(f"the control process failed (exit code {child.exitcode}); see "
+                     f"{run.out_dir / 'control.log'}")
+    elif control is not None:
+        control(ComputeBudget(read_meta(rl_file)["metrics"].get("rl_compute", 0)))
+
+
 def fork_map(fn, jobs, workers):
     """[fn(job) for job in jobs], in order; with workers > 1, computed by that many forked processes
     (jobs first to last, one at a time each: put the largest first)."""
@@ -417,3 +452,23 @@ def print_memory(stage, parts, print0):
     """memory_estimate's dict as one line, in GB."""
     print0(f"{stage} memory estimate (GB): "
            + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in parts.items() if v))
+
+
+def print_estimates(config, cfg, pairs, mle_stage, rl_stage, low, grad_ckpt, batch_size, print0):
+    """train_lang.py's memory of an MLE step (`mle_stage`: a micro-batch of the longest (prompt,
+    answer) pair of `pairs` that fits; no reference, no sampling) and an RLVR step (`rl_stage`:
+    its longest prompt; cfg, grpo.GRPOConfig), per rank, one line each."""
+    if mle_stage:
+        fit = [(len(p), len(a)) for p, a in pairs if len(p) + len(a) <= config.block_size + 1]
+        p_len, a_len = max(fit or [(config.block_size // 2, config.block_size // 2)], key=sum)
+        mb = min(cfg.micro_batch, batch_size)
+        print_memory("mle", memory_estimate(config, low, False, grad_ckpt, p_len, a_len, 0, 1, mb,
+                                            mb), print0)
+    if rl_stage:
+        room = config.block_size - cfg.max_new_tokens   # RLVR at its longest prompt
+        longest = max([len(p) for p, _ in pairs if len(p) <= room] or [room])
+        chunk = prompts_per_chunk(cfg.prompts_per_step, cfg.group_size, cfg.minibatches,
+                                  cfg.micro_batch)
+        print_memory("rlvr", memory_estimate(config, low, cfg.beta > 0, grad_ckpt, longest,
+                                             cfg.max_new_tokens, cfg.prompts_per_step,
+                                             cfg.group_size, cfg.micro_batch, chunk), print0)

@@ -7,6 +7,7 @@ adds a task: one module (data/lights/task.py is the worked example) and one line
 """
 import filecmp
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -22,7 +23,7 @@ from data.webpage import prepare as webpage_prepare, task as webpage_task
 from engine import generate
 import mle
 from rewards import reward_textgame, reward_webpage, score_textgame, score_webpage
-from tokenizer_text import load_tokenizer
+from tokenizer_text import Tokenizer, load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,24 @@ def keep_tokenizer(init, meta, out_dir, write=True):
     if write and not (dst.is_file() and filecmp.cmp(src, dst, shallow=False)):
         atomic_write(dst, lambda tmp: shutil.copyfile(src, tmp))
     return name
+
+
+def scratch_tokenizer(run, texts, vocab_size, write=True):
+    """train_lang.py --init=scratch's tokenizer: BPE with `vocab_size` ranks trained on `texts` by
+    rank 0 and saved as out_dir/tokenizer.tiktoken (again when starting over, --resume=0: the
+    flags may differ), recorded in every checkpoint's args (eval.py finds it there); `write`
+    False (--stage=memory): trained, not saved -> the Tokenizer."""
+    if not write:
+        return Tokenizer.train(texts, vocab_size)
+    tok_file = run.out_dir / "tokenizer.tiktoken"
+    if run.master and (not run.args.resume or not tok_file.is_file()):
+        t0 = time.time()
+        Tokenizer.train(texts, vocab_size).save(tok_file)   # written atomically
+        run.print0(f"tokenizer: trained {vocab_size} BPE ranks in {time.time() - t0:.1f}s "
+                   f"-> {tok_file}")
+    run.barrier()   # the other ranks wait for rank 0's file
+    run.recorded["tokenizer"] = str(tok_file)   # relative to the checkpoints' folder
+    return Tokenizer.from_tiktoken_file(tok_file)
 
 
 # -----------------------------------------------------------------------------

@@ -31,12 +31,11 @@ from eval import compare_checkpoints
 from grpo import PAPER_RECIPE, GRPOConfig, Source, grpo_step
 import mle
 from model import GPT, GPTConfig, finite_weights
-from runtime import (ComputeBudget, Run, add_flags, check_ranges, fork_alongside, from_flags, lr_at,
-                     memory_estimate, print_memory, prompts_per_chunk, unsharded)
+from runtime import (Run, add_flags, check_ranges, control_after, control_beside, from_flags, lr_at,
+                     print_estimates, unsharded)
 from tasks import (PROBE_EVERY, PROBE_N, TASKS, UNCHANGED_FRAC, PromptPool, encode, keep_tokenizer,
-                   load_lang_model, load_splits, probe_rewards, reward_fn, train_control,
-                   train_mle)
-from tokenizer_text import Tokenizer
+                   load_lang_model, load_splits, probe_rewards, reward_fn, scratch_tokenizer,
+                   train_control, train_mle)
 
 # settings a user rarely changes, in one place
 VOCAB_SIZE = 448        # BPE ranks trained on the train split (--init=scratch)
@@ -171,21 +170,9 @@ if args.init != "scratch":   # loaded before anything is written
     except (OSError, KeyError, TypeError) as e:   # e.g. an HF config.json without a key we need
         fail(f"--init {args.init}: cannot load ({type(e).__name__}: {e})")
 save_config(run, record)   # out_dir/config.json: the inputs are good; from here on it writes
-texts = [data.prompt_text(r) + data.target_text(r) for r in train_recs]   # what BPE learns from
-if args.init == "scratch" and not writes:   # the estimate needs the vocabulary: BPE, not saved
-    start_model, tok = None, Tokenizer.train(texts, VOCAB_SIZE)
-elif args.init == "scratch":
-    tok_file = out_dir / "tokenizer.tiktoken"
-    # BPE trained again when starting over: the flags may differ
-    if master and (not args.resume or not tok_file.is_file()):
-        t0 = time.time()
-        Tokenizer.train(texts, VOCAB_SIZE).save(tok_file)   # written atomically
-        print0(f"tokenizer: trained {VOCAB_SIZE} BPE ranks in {time.time() - t0:.1f}s "
-               f"-> {tok_file}")
-    run.barrier()   # the other ranks wait for rank 0's file
-    start_model, tok = None, Tokenizer.from_tiktoken_file(tok_file)   # the model: once vocab known
-    # in every checkpoint's args (relative to its folder): eval.py finds the tokenizer through it
-    run.recorded["tokenizer"] = str(tok_file)
+if args.init == "scratch":   # BPE on the train split (--stage=memory: not saved); the model below
+    texts = [data.prompt_text(r) + data.target_text(r) for r in train_recs]
+    start_model, tok = None, scratch_tokenizer(run, texts, VOCAB_SIZE, writes)
 else:   # HF: its directory; ours: a copy beside the run's checkpoints
     run.recorded["tokenizer"] = str(out_dir / keep_tokenizer(args.init, start_meta, out_dir,
                                                              write=master and writes))
@@ -201,27 +188,13 @@ cfg = dataclasses.replace(cfg, vocab=tok.n_vocab)   # only ids the tokenizer dec
 t0 = time.time()
 # every train record as (prompt ids, answer ids + EOS): what MLE and the control learn from
 all_pairs = [encode(args.task, tok, r) for r in train_recs]
-# the memory of a step, per rank, printed before the stages run (--stage=memory: only that)
 config = start_model.config if start_model else GPTConfig.llama(
     vocab_size=tok.n_vocab, block_size=args.block_size, n_layer=args.n_layer,
     n_head=args.n_embd // 32, n_embd=args.n_embd)
-low = args.dtype != "float32"
 do_mle = args.stage == "mle" or (args.stage in ("all", "memory") and not init_is_ckpt)
-if do_mle:
-    # MLE: a micro-batch of the longest pair that fits (no reference, no sampling)
-    fit = [(len(p), len(a)) for p, a in all_pairs if len(p) + len(a) <= config.block_size + 1]
-    p_len, a_len = max(fit or [(config.block_size // 2, config.block_size // 2)], key=sum)
-    mb = min(cfg.micro_batch, args.batch_size)
-    print_memory("mle", memory_estimate(config, low, False, args.grad_ckpt, p_len, a_len, 0, 1,
-                                        mb, mb), print0)
-if args.stage in ("all", "rlvr", "memory"):
-    room = config.block_size - cfg.max_new_tokens   # RLVR at its longest prompt
-    longest = max([len(p) for p, _ in all_pairs if len(p) <= room] or [room])
-    chunk_prompts = prompts_per_chunk(cfg.prompts_per_step, cfg.group_size, cfg.minibatches,
-                                      cfg.micro_batch)
-    print_memory("rlvr", memory_estimate(config, low, cfg.beta > 0, args.grad_ckpt, longest,
-                                         cfg.max_new_tokens, cfg.prompts_per_step,
-                                         cfg.group_size, cfg.micro_batch, chunk_prompts), print0)
+if args.stage == "memory" or run.device != "cpu":   # a GPU step's memory by part, per rank
+    print_estimates(config, cfg, all_pairs, do_mle, args.stage in ("all", "rlvr", "memory"),
+                    args.dtype != "float32", args.grad_ckpt, args.batch_size, print0)
 if not writes:
     run.finish()
     raise SystemExit(0)
@@ -234,19 +207,13 @@ if do_mle:
     start_model = None   # RLVR and the control start from the checkpoint: free its memory
 if args.stage in ("all", "rlvr"):
     rl_file = out_dir / "rlvr.safetensors"
-    # the control, MLE continued from the start until it has used RLVR's compute (tokens through
-    # the model, the same on any machine: runtime.ComputeBudget): on a CPU in a forked process on
-    # the second core while RLVR runs, waiting whenever it is ahead (the run takes half as long);
-    # on a GPU, under torchrun or after a finished RLVR: after it, for the compute rl_file records
-    budget = ComputeBudget()
-    rl_done = args.resume and rl_file.is_file() and read_meta(rl_file)["metrics"].get("done")
-    beside = args.control and run.forks and not rl_done
-    if beside:   # the child shares the loaded data and models, and prints to control.log
-        child = fork_alongside(lambda: train_control(run, args.task, tok, start, all_pairs,
-                                                     val_recs, budget, cfg.max_new_tokens),
-                               out_dir / "control.log")
-        print0(f"control: MLE continues from the start in process {child.pid} while RLVR runs "
-               f"(progress: {out_dir / 'control.log'})")
+    # the control, MLE continued from the start for RLVR's compute: beside RLVR on a CPU, else
+    # after it (runtime.control_beside); RLVR adds each step's compute to the budget
+
+    def control(budget):
+        return train_control(run, args.task, tok, start, all_pairs, val_recs, budget,
+                             cfg.max_new_tokens)
+    budget, child = control_beside(run, control if args.control else None, rl_file)
 
     # RLVR (grpo.py): the policy from --init (or a copy of the MLE checkpoint), its frozen start as
     # the KL's reference (in the forwards' dtype), AdamW, and the prompt pool: every train prompt
@@ -316,15 +283,7 @@ if args.stage in ("all", "rlvr"):
     run.check_ranks_in_sync(model, "rlvr")   # under torchrun: the same weights on every rank
     run.barrier()
     model = trained = ref = opt = start_model = None   # let go of RLVR's memory
-    if beside:
-        child.join()   # it stops at RLVR's compute, saves its checkpoint and exits
-        if child.exitcode:
-            fail(f"the control process failed (exit code {child.exitcode}); see "
-                 f"{out_dir / 'control.log'}")
-    elif args.control:
-        train_control(run, args.task, tok, start, all_pairs, val_recs,
-                      ComputeBudget(read_meta(rl_file)["metrics"].get("rl_compute", 0)),
-                      cfg.max_new_tokens)
+    control_after(run, child, control if args.control else None, rl_file)
     ckpts = {"mle": start, "rlvr": str(rl_file)}
     if args.control:
         ckpts["mle_more"] = str(out_dir / "mle_more.safetensors")

@@ -46,8 +46,8 @@ from eval import (EvalSpec, eval_video, evaluate_video_models, load_video_model,
 from grpo import GRPOConfig, Source, grpo_step
 from model import GPT, GPTConfig, finite_weights
 from rewards import VideoReward, load_lpips, pick_reward
-from runtime import (ComputeBudget, Run, check_ranges, fork_alongside, lr_at, memory_estimate,
-                     print_memory, prompts_per_chunk, rank_map, unsharded)
+from runtime import (ComputeBudget, Run, check_ranges, control_after, control_beside, lr_at,
+                     memory_estimate, print_memory, prompts_per_chunk, rank_map, unsharded)
 from tokenizer_vq import load_vq
 
 # the shipped world model both modes start from: the per-frame one trained on 4000 episodes, on
@@ -309,17 +309,9 @@ if args.stage in ("all", "rlvr"):
            + ("" if lpips_net else " (no LPIPS weights: --lpips=FILE enables mae+lpips)")
            + "; frames decoded with the copy gate")
 
-    # the control, MLE continued from the start until it has used RLVR's compute (mle_more): on a
-    # CPU in a forked process on the second core while RLVR runs, waiting whenever it is ahead; on
-    # a GPU, under torchrun or after a finished RLVR: after it, for the compute its file records
-    budget = ComputeBudget()
-    rl_done = (args.resume and FILES["rlvr"].is_file()
-               and read_meta(FILES["rlvr"])["metrics"].get("done"))
-    beside = run.forks and not rl_done
-    if beside:   # the child shares the loaded data and models, and prints to control.log
-        child = fork_alongside(lambda: mle_more(budget), out_dir / "control.log")
-        print0(f"control: MLE continues from the start in process {child.pid} while RLVR runs "
-               f"(progress: {out_dir / 'control.log'})")
+    # the control, MLE continued from the start for RLVR's compute (mle_more): beside RLVR on a
+    # CPU, else after it (runtime.control_beside); RLVR adds each step's compute to the budget
+    budget, child = control_beside(run, mle_more, FILES["rlvr"])
 
     # stage 3: RLVR with GRPO (grpo.py) over the pieces of data/robot/task.py (as tasks.py's for
     # text; a study replaces them, research/video_terms.py): the prompt draw (train windows where
@@ -395,13 +387,7 @@ if args.stage in ("all", "rlvr"):
     budget.close()   # RLVR's compute is final: the control stops once it has used as much
     run.check_ranks_in_sync(model, "rlvr")   # under torchrun: the same weights on every rank
     barrier()
-    if beside:
-        child.join()   # it stops at RLVR's compute, saves its checkpoint and exits
-        if child.exitcode:
-            fail(f"the control process failed (exit code {child.exitcode}); see "
-                 f"{out_dir / 'control.log'}")
-    else:
-        mle_more(ComputeBudget(read_meta(FILES["rlvr"])["metrics"].get("rl_compute", 0)))
+    control_after(run, child, mle_more, FILES["rlvr"])
     models["rlvr"] = model, FILES["rlvr"]
     models["mle_more"] = load_video_model(FILES["mle_more"], run.device)[0], FILES["mle_more"]
 if args.stage in ("all", "rlvr", "control"):

@@ -119,4 +119,6 @@ finally:
     if write:
         write_readme(lines)
     if os.environ.get("TRACE_JSON"):   # machine-readable, for the test
-        Path(os.environ["TRACE_JSON"]).write_text(json.dumps(dict(lines=lines, stack=stack)))
+        functions = sorted(f"{p.name}:{a}-{b}" for p, a, b in ran)
+        Path(os.environ["TRACE_JSON"]).write_text(json.dumps(dict(lines=lines, stack=stack,
+                                                                   functions=functions)))
