@@ -1,6 +1,8 @@
 """
-Checkpoints: one safetensors file per checkpoint, never pickle; and `load_model`, the one loader of
-a GPT, from our checkpoint or from an HF model directory (`load_hf`: GPT-2, Qwen2, Llama).
+Checkpoints: one safetensors file per checkpoint, never pickle; `load_model`, the one loader of a
+GPT, from our checkpoint or from an HF model directory (`load_hf`: GPT-2, Qwen2, Llama); and a
+run's files: the config guard (`check_config`: a re-run with other flags stops, naming them) and
+stages that resume exactly (`save_stage`, `resume_stage`).
 
 `<name>.safetensors` holds the weights (`model.*`), optionally the optimizer's tensors
 (`optim.<i>.<name>`) and RNG states (`state.<name>`), and in its header, as JSON, the model config,
