@@ -20,14 +20,18 @@ decode step's matmuls are small, and reading the cache takes as long (docs/engin
 
 On a GPU that eager loop is launch-bound: a 1.5B model's decode step is ~3,000 small kernels, each
 launched by Python. `generate(graphs=True)` takes a static-shape path (`StaticCache`,
-`static_generate`): every row stays to the end (finished rows masked, not dropped), the generated
-keys and values at a fixed width, the step's position a device tensor, so that one step, recorded
-once as a CUDA graph, is replayed per token. The host looks at EOS every SYNC_EVERY tokens, and the
-uniforms are drawn as many at a time. On a CPU the same step runs eagerly.
+`static_generate`): the step's position a device tensor, its rows and the generated positions it
+reads fixed for a while, so that one step, recorded once per shape as a CUDA graph, is replayed per
+token. The host looks at EOS every SYNC_EVERY tokens, and the uniforms are drawn as many at a time.
+A step reads the generated keys written so far rounded up to WIDTH, not all max_new; finished rows
+are masked, and dropped by halves (to R/2, R/4, ... rows: a few shapes); on a GPU the step is
+compiled by torch.compile first (its small kernels fused). On a CPU the same step runs eagerly.
 """
 import copy
 import math
+import sys
 import time
+from types import SimpleNamespace
 
 import torch
 
@@ -37,6 +41,10 @@ from model import PromptCache, additive, apply_rope, is_fsdp, run_cached, sample
 # streams over gaps under 512 bytes between rows' keys, not wider ones (docs/engineering.md).
 PACK = 4            # positions of room added at a time (where a key takes <= 128 bytes a position)
 PACKED_UNTIL = 64   # past this many, room for all max_new: moving the cache would cost more
+# the static path: its steps read the generated keys in blocks of WIDTH positions, and go on
+# with half the rows once half are done (not under MIN_ROWS)
+WIDTH = 128
+MIN_ROWS = 8
 
 
 class KVCache:
@@ -124,23 +132,27 @@ class KVCache:
 
 
 class StaticCache(KVCache):
-    """KVCache at a fixed shape, for the static path: all N rows decode to the end, and the
-    position written next is a device tensor t (1,), so every step runs on the same buffers.
-    new_kv starts at zeros (a masked position still enters a matmul: 0 x NaN would be NaN), and
-    new_mask (max_new,), -inf past t, hides the positions not yet written."""
+    """KVCache at a fixed shape, for the static path: the position written next is a device
+    tensor t (1,), so the steps run on the same buffers. A step reads the first `width` generated
+    positions (static_generate sets it: t + 1 rounded up to WIDTH). new_kv starts at zeros (a
+    masked position still enters a matmul: 0 x NaN would be NaN), and new_mask (width,), -inf past
+    t, hides the positions not yet written. Rows leave by `keep`, as on the eager path."""
     PACKS = False   # room for all max_new from the start
+    # the position is t: length reads 0 whatever is written, so a compiled step sees one value
+    length = property(lambda self: 0, lambda self, n: None)
 
     def __init__(self, config, prompt, valid, samples, max_new):
         super().__init__(config, prompt, valid, samples, max_new)
         self.new_kv.zero_()
         self.t = torch.zeros(1, dtype=torch.long, device=valid.device)
-        self.steps = torch.arange(max_new, device=valid.device)
+        self.steps, self.width = torch.arange(max_new, device=valid.device), max_new
 
     def write(self, layer, k, v):
-        """Store k, v (N, nkv, hd) at position t of `layer` -> all (N * nkv, max_new, hd) each."""
-        kv = self.new_kv[layer]                                  # (2, N, nkv, max_new, hd)
+        """Store k, v (R, nkv, hd) at position t of `layer` -> the first width positions,
+        (R * nkv, width, hd) each."""
+        kv = self.new_kv[layer]                                  # (2, R, nkv, max_new, hd)
         kv.index_copy_(3, self.t, torch.stack([k, v]).unsqueeze(3))
-        return kv.flatten(1, 2)
+        return kv[:, :, :, :self.width].flatten(1, 2)
 
 
 def decode_attention(q, k, v, cache, layer):
@@ -150,7 +162,7 @@ def decode_attention(q, k, v, cache, layer):
     R, nh, hd = q.shape
     nkv, g, scale = cache.nkv, cache.g, hd ** -0.5
     kn, vn = cache.write(layer, k, v)                       # (R * nkv, T, hd) each
-    T = kn.size(1)        # the positions written so far (the eager path), or max_new (static)
+    T = kn.size(1)        # the positions written so far (the eager path), or width (static)
     kp, vp = cache.prompt_k[layer], cache.prompt_v[layer]   # (B * nkv, P, hd)
     P = kp.size(1)
     # query head h uses kv head h // g: the g queries of a kv head side by side (no copy of k, v)
@@ -212,6 +224,8 @@ def prefill(model, prompts, max_new_tokens, samples, static=False):
     allowed = (causal & valid[:, None]) | torch.eye(P, dtype=torch.bool, device=device)
     prompt = PromptCache(model.config.n_layer)
     mask = additive(allowed.unsqueeze(1), dtype)
+    if static and bool((lens == P).all()):   # no pads: causal, where SDPA may run a flash kernel
+        mask = None
     logits = run_cached(model, idx, pos, mask, prompt, last=True)[:, -1]  # (B, vocab)
     cache = (StaticCache if static else KVCache)(model.config, prompt, valid, samples,
                                                  max_new_tokens)
@@ -262,7 +276,7 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=
 # the static-shape path (generate(graphs=True)): see the module's docstring
 
 SYNC_EVERY = 32   # tokens between the host's looks at EOS; uniforms are drawn as many at a time
-CAPTURE = dict(seconds=0.0)   # the last CUDA graph capture's time (bench/gpu_check.py shows it)
+CAPTURE = dict(seconds=0.0, graphs=0)   # the last call's CUDA graph captures (gpu_check)
 
 
 class Uniforms:
@@ -285,60 +299,113 @@ class Uniforms:
 
 
 def static_generate(model, prompts, max_new, temperature, top_k, top_p, eos_id, generator,
-                    num_samples, vocab, capture=True):
-    """generate(graphs=True): the eager path's tokens at shapes fixed for the whole call. Every row
-    decodes every step, one uniform per row and step: seeded samples equal the eager path's when
-    it drops no row, without eos_id (with it, greedy tokens are equal). `step` changes buffers in
-    place only, so on a GPU it is captured once (`cuda_graph`; capture False: run eagerly)."""
+                    num_samples, vocab, capture=True, compile=None, compact=True):
+    """generate(graphs=True): the eager path's tokens on a few fixed shapes. Every row decodes
+    every step until it is dropped, one uniform per row and step (the N of a column drawn, the
+    kept rows' taken): seeded samples equal the eager path's when it drops no row, without eos_id
+    (with it, greedy tokens are equal), and dropping rows (compact) changes no row. `step` changes
+    buffers in place only, so on a GPU it is captured once per shape (`cuda_graph`; capture False:
+    run eagerly); compile (None: on a GPU) runs decode_step compiled by torch.compile."""
     logits, lens, cache = prefill(model, prompts, max_new, num_samples, static=True)
     N, device = len(logits), logits.device
     tokens = torch.full((N, max_new), -1, dtype=torch.long, device=device)
     logprobs = torch.zeros(N, max_new, device=device)
     draws = Uniforms(generator, N, max_new, device)
-    u = torch.zeros(N, 1, dtype=torch.float64, device=device)   # this column's uniforms
     greedy = temperature == 0
+    decode = compiled_step() if (device.type == "cuda" if compile is None else compile) \
+        else decode_step
+    # the decoding rows' state, all dropped together: this column's uniforms, last tokens, prompt
+    # lengths, done (drew eos_id); cache.live: their rows of the output
+    rows = SimpleNamespace(u=torch.zeros(N, 1, dtype=torch.float64, device=device), lens=lens)
 
     def sample(logits):
-        return sample_next(logits[:, :vocab].float(), temperature, top_k, top_p, None, u=u)
+        return sample_next(logits[:, :vocab].float(), temperature, top_k, top_p, None, u=rows.u)
 
     # column 0, from the prefill's logits
     if not greedy:
-        u.copy_(draws.column(0))
-    tok, lp = sample(logits)
-    tokens[:, 0], logprobs[:, 0] = tok, lp
-    done = tok == eos_id if eos_id is not None else torch.zeros_like(tok, dtype=torch.bool)
+        rows.u.copy_(draws.column(0))
+    rows.tok, lp = sample(logits)
+    tokens[:, 0], logprobs[:, 0] = rows.tok, lp
+    rows.done = rows.tok == eos_id if eos_id is not None else torch.zeros_like(rows.tok).bool()
 
     def step():
         """Feed tok at position t, draw column t + 1 (-1 and 0 for rows done before), t + 1."""
-        cache.new_mask = additive(cache.steps <= cache.t, cache.new_kv.dtype)
-        nxt, lp = sample(decode_step(model, tok, lens + cache.t, cache))
+        cache.new_mask = additive(cache.steps[:cache.width] <= cache.t, cache.new_kv.dtype)
+        nxt, lp = sample(decode(model, rows.tok, rows.lens + cache.t, cache))
         col = cache.t + 1
-        tokens.index_copy_(1, col, nxt.masked_fill(done, -1)[:, None])
-        logprobs.index_copy_(1, col, lp.masked_fill(done, 0.0)[:, None])
+        tokens[cache.live, col] = nxt.masked_fill(rows.done, -1)
+        logprobs[cache.live, col] = lp.masked_fill(rows.done, 0.0)
         if eos_id is not None:
-            done.logical_or_(nxt == eos_id)
-        tok.copy_(nxt)
+            rows.done.logical_or_(nxt == eos_id)
+        rows.tok.copy_(nxt)
         cache.t.add_(1)
 
-    run = step
+    runs, pool = {}, torch.cuda.graph_pool_handle() if device.type == "cuda" else None
+    CAPTURE.update(seconds=0.0, graphs=0)
     for c in range(1, max_new):
         # the host looks at EOS every SYNC_EVERY tokens only
-        if eos_id is not None and c % SYNC_EVERY == 0 and bool(done.all()):
-            break
+        if eos_id is not None and c % SYNC_EVERY == 0:
+            if bool(rows.done.all()):
+                break
+            if compact:
+                drop_done(rows, cache)
         if not greedy:
-            u.copy_(draws.column(c))
-        if c == 1 and capture and device.type == "cuda":
-            run = cuda_graph(step, [tok, done, tokens, logprobs, cache.t])
-        run()
+            rows.u.copy_(draws.column(c)[cache.live])
+        # this step writes position c - 1: it reads the first c, rounded up to WIDTH
+        cache.width = min(max_new, WIDTH * math.ceil(c / WIDTH))
+        shape = (len(cache.live), cache.width)
+        if shape not in runs:   # a new shape: captured once (on a GPU)
+            runs[shape] = cuda_graph(step, [rows.tok, rows.done, tokens, logprobs, cache.t],
+                                     pool) if capture and device.type == "cuda" else step
+        runs[shape]()
     # the last column any row wrote, as the eager path stops there
     width = int((tokens >= 0).any(0).nonzero().max()) + 1
     return tokens[:, :width], logprobs[:, :width]
 
 
-def cuda_graph(step, state):
+def drop_done(rows, cache):
+    """Half or more of the R rows done: go on with R / 2 (R / 4, ..., not under MIN_ROWS) rows,
+    the unfinished ones first, filled up with done ones, in their order."""
+    R, left = len(cache.live), int((~rows.done).sum())
+    keep = R
+    while keep // 2 >= max(left, MIN_ROWS):
+        keep //= 2
+    if keep < R:
+        kept = torch.argsort(rows.done.to(torch.int8), stable=True)[:keep].sort().values
+        cache.keep(kept)
+        for name in ("u", "lens", "tok", "done"):
+            setattr(rows, name, getattr(rows, name)[kept])
+
+
+STEP = {}   # decode_step compiled, made once (compiled_step)
+
+
+def compiled_step():
+    """decode_step compiled by torch.compile (inductor fuses a step's small kernels: the norms,
+    RoPE, SwiGLU's product, the attention's masks and softmax). Where compiling fails (no triton,
+    no C compiler), one message and decode_step uncompiled from then on."""
+    if "fn" not in STEP:
+        body = torch.compile(decode_step, dynamic=True)
+
+        def fn(*args):
+            try:
+                return STEP["body"](*args)
+            except Exception as e:   # noqa: BLE001  (any compiler failure: run uncompiled)
+                if STEP["body"] is decode_step:
+                    raise
+                print(f"engine: torch.compile failed ({type(e).__name__}: {e}"[:300] + "); "
+                      "the static path's decode step runs uncompiled", file=sys.stderr)
+                STEP["body"] = decode_step
+                return decode_step(*args)
+        STEP.update(fn=fn, body=body)
+    return STEP["fn"]
+
+
+def cuda_graph(step, state, pool=None):
     """step() recorded once as a CUDA graph -> a function replaying it: one launch for the whole
     decode step. As torch.cuda.graph asks, a warm-up runs first on a side stream (lazy
-    initialisations, cuBLAS workspaces); the buffers `state` it moved are put back."""
+    initialisations, cuBLAS workspaces, a compiled step's compilation); the buffers `state` it
+    moved are put back. pool: the memory pool of graphs never replayed at once."""
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     saved = [x.clone() for x in state]
@@ -348,12 +415,13 @@ def cuda_graph(step, state):
         step()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, pool=pool):
         step()
     for x, x0 in zip(state, saved):
         x.copy_(x0)
     torch.cuda.synchronize()
-    CAPTURE["seconds"] = time.perf_counter() - t0
+    CAPTURE["seconds"] += time.perf_counter() - t0
+    CAPTURE["graphs"] += 1
     return graph.replay
 
 

@@ -156,7 +156,8 @@ def bench(name, peak_fn, peak_flops):
     model = f"{ours.config.n_layer}x{ours.config.n_embd}, vocab {ours.config.vocab_size}"
     # the bytes a decode step moves (prompts padded to the longest), eager and static
     P, itemsize = max(len(x) for x in prompts), next(ours.parameters()).element_size()
-    eager, static = (decode_traffic(ours.config, itemsize, B, P, S, new, static=s) for s in (False, True))
+    eager, static = (decode_traffic(ours.config, itemsize, B, P, S, new, static=s, width=engine.WIDTH)
+                     for s in (False, True))
     bound = B * S * BANDWIDTH / eager["weights"]   # tok/s if a step only read the weights once
     rates = [n_tok / median(t[k]) for k in ("ours", "static", "hf")]
     both = [B * S * BANDWIDTH / (p["weights"] + p["cache"]) for p in (eager, static)]   # + the cache

@@ -6,6 +6,7 @@ Every bench script compares us with a reference tool *in the same process and ru
 (ours, theirs, ours, theirs, ...) after a warm-up, and the median of the repeats is reported, so background load
 affects both sides alike and the ratio stays fair on a shared machine.
 """
+import math
 import os
 import platform
 import statistics
@@ -99,7 +100,8 @@ def bandwidth(device, repeats=5):
     return 2 * src.numel() / best
 
 
-def decode_traffic(config, itemsize, prompts, prompt_len, samples, new, vocab=None, static=False):
+def decode_traffic(config, itemsize, prompts, prompt_len, samples, new, vocab=None, static=False,
+                   width=None):
     """The bytes one decode step of engine.generate reads and writes, by part, averaged over the
     decode: R = prompts x samples rows, the prompts left-padded to prompt_len, `new` tokens each,
     the weights and the KV cache at itemsize bytes a value, sampling over the ids below vocab
@@ -108,8 +110,9 @@ def decode_traffic(config, itemsize, prompts, prompt_len, samples, new, vocab=No
     - weights: every matrix, bias and norm once, the LM head included; of the token (and learned
       position) embeddings only the R rows looked up;
     - cache: the keys and values decode_attention reads (the prompts' once per prompt, shared by
-      their samples; each row's own: all `new` positions on the static path, on the eager path
-      those written so far, new / 2 on average) and the step's k, v written;
+      their samples; each row's own: on the eager path those written so far, new / 2 on average,
+      on the static path those written rounded up to `width` (engine.WIDTH; None: all `new`)) and
+      the step's k, v written;
     - sampling: the logits (R, vocab_size) written, then sample_next's float32 copy, log_softmax,
       exp and float64 cumsum over the sampled ids;
     - scores: decode_attention's scores and probabilities, R x n_head rows of prompt_len + T
@@ -128,7 +131,9 @@ def decode_traffic(config, itemsize, prompts, prompt_len, samples, new, vocab=No
         layer += qkv
     rows = R * C * (2 if c.pos == "learned" else 1)                       # embedding lookups
     weights = (c.n_layer * layer + norm + c.vocab_size * C + rows) * itemsize
-    T = new if static else new / 2
+    w = width or new   # static: step i (1 .. new - 1) reads i positions rounded up to w
+    T = sum(min(new, w * math.ceil(i / w)) for i in range(1, new)) / max(new - 1, 1) if static \
+        else new / 2
     position = c.n_layer * 2 * nkv * hd * itemsize                         # k and v, all layers
     cache = position * (prompts * P + R * T + R)
     V, v = c.vocab_size, vocab or c.vocab_size

@@ -8,7 +8,9 @@ run ends with one markdown table (printed, and written to --out with the date an
     python bench/gpu_check.py --skip=4,7               # leave steps out (they are numbered below)
     python bench/gpu_check.py --skip=3,5,6,7 --sampler_lens=300   # the sampler only (~2 min)
     python bench/gpu_check.py --skip=3,4,5,6,7,8 --profile_sampler  # a decode step's profile
-    python bench/gpu_check.py --skip=3,5,6,7 --compile_sampler   # + the compiled decode step
+    python bench/gpu_check.py --skip=3,5,6,7 --compile_sampler   # + graphs uncompiled (GPU)
+    python bench/gpu_check.py --skip=3,5,6,7,8 --hf_lens=300 --compile_sampler \
+        --out=results/gpu_check_sampler/sampler.md   # the sampler's GPU check (docs/engineering.md)
 
 Steps (one table row or more each; a step that fails is recorded FAIL with its one-line reason and
 the others still run; the exit status is 1 if any row is FAIL):
@@ -23,16 +25,19 @@ the others still run; the exit status is 1 if any row is FAIL):
    engine.generate against HF generate(do_sample=False).
 4. sampler: engine.generate at T=1 with a CPU torch.Generator (as the training scripts pass it),
    16 prompts x 8 samples of 300 and 3,000 tokens (--sampler_lens), 1,024 new tokens, no EOS:
-   the eager path, the static path (graphs=True: each decode step one CUDA graph on a GPU; its
-   capture time shown), HF generate (static cache where supported); tokens/s and the fraction of
-   the weights bound (rows x bandwidth / bytes of weights a step reads, the bandwidth a measured
+   the eager path, the static path (graphs=True: on a GPU its decode step compiled by
+   torch.compile and captured as CUDA graphs, one per shape; their count and capture time
+   shown), the same two with EOS (the tokenizer's: a random model draws it at random, so answers
+   of mixed lengths; tokens/s on the tokens emitted), HF generate (static cache where supported;
+   --hf_lens: at which lengths). Per row: tokens/s, ms a decode step and the fraction of the
+   weights bound (rows x bandwidth / bytes of weights a step reads, the bandwidth a measured
    device-to-device copy) and, for ours, of the weights + cache bound (the keys and values its
-   path reads added: common.decode_traffic, whose parts of a step are shown in ms); every id
-   drawn must be one the tokenizer decodes. Then 64 greedy tokens of the static path captured
-   against it uncaptured (equal: PASS) and against the eager path (shown). --compile_sampler adds
-   an experiment row per length: the graphs row with engine.decode_step compiled by torch.compile
-   (inductor fuses a step's small elementwise kernels), its compile seconds and its greedy tokens
-   against the uncompiled static path shown.
+   path reads added, the static path's written ones rounded up to engine.WIDTH:
+   common.decode_traffic, whose parts of a step are shown in ms); every id drawn must be one the
+   tokenizer decodes. Then 64 greedy tokens of the static path captured against it uncaptured
+   (equal: PASS) and against the eager path (shown). --compile_sampler adds a row per length: the
+   graphs row compiled the other way (a GPU: uncompiled; a CPU: compiled), its compile seconds
+   and its greedy tokens compiled against uncompiled shown.
 5. GRPO: one grpo.grpo_step at micro_batch 8 and 2 on 300- and 3,000-token prompts, float32
    weights under --dtype autocast as train_lang.py runs it; time and peak memory.
 6. stale weights: no optimizer step may run inside autocast (autocast caches the low-precision
@@ -96,6 +101,8 @@ p.add_argument("--threads", type=int, default=0,
                     "else torch's default)")
 p.add_argument("--sampler_lens", default="",
                help="comma list of step 4's prompt lengths (default: 300,3000; --tiny 30,100)")
+p.add_argument("--hf_lens", default="",
+               help="comma list of the prompt lengths of step 4 HF generate runs at (default: all)")
 p.add_argument("--sub_timeout", type=int, default=240, help="seconds allowed each script of step 7")
 p.add_argument("--hf_compile", type=int, default=0,
                help="1: let HF generate torch.compile its static-cache forward on a GPU (minutes "
@@ -104,8 +111,8 @@ p.add_argument("--profile_sampler", action="store_true",
                help="also run step 9, a profile of the static sampler's decode steps (~1 min on "
                     "a GPU; with --skip=3,4,5,6,7,8 the profile alone)")
 p.add_argument("--compile_sampler", action="store_true",
-               help="step 4 also times the graphs path with engine.decode_step compiled by "
-                    "torch.compile (an experiment: minutes of compilation per shape)")
+               help="step 4 also times the graphs path compiled the other way (on a GPU, where it "
+                    "is compiled by default: uncompiled; on a CPU: compiled by torch.compile)")
 args = p.parse_args()
 
 # bench-only references: imported after the flags, so --help needs neither
@@ -133,7 +140,7 @@ FULL = dict(n_layer=28, hidden=1536, heads=12, kv_heads=2, mlp=8960, vocab=15193
             sub_new=32)                            # max_new_tokens of step 7's train_lang runs
 TINY = dict(n_layer=2, hidden=64, heads=4, kv_heads=2, mlp=128, vocab=None, max_pos=1024,
             tok_vocab=300, n_train=60, parity=(4, 32), greedy=(2, 64),
-            sampler=(4, 2, (30, 100), 32),
+            sampler=(4, 4, (30, 100), 160),   # 160 new: a few EOS draws, 2 widths of WIDTH
             grpo=(2, 4, (30, 100), 16, (8, 2)), sub_new=16)
 S = TINY if args.tiny else FULL
 FP32_ATOL = 1e-4   # float32 logits: as tests/test_model.py (times the logits' scale when above 1)
@@ -397,17 +404,20 @@ def step_traffic(L, static):
     """common.decode_traffic at step 4's shape with prompts of L tokens (static: the path)."""
     ours, tok = need("ours", "tok")
     B, G, _, new = S["sampler"]
-    return decode_traffic(ours.config, DTYPE.itemsize, B, L, G, new, tok.n_vocab, static)
+    return decode_traffic(ours.config, DTYPE.itemsize, B, L, G, new, tok.n_vocab, static,
+                          engine.WIDTH)
 
 
-def of_bound(n, sec, L, static=None):
-    """Tokens/s and their fraction of the weights bound: B x G tokens a decode step if a step took
-    only the reading of the weights once. For ours (static: its path, True or False) also of the
-    weights + cache bound, the keys and values its path reads added, and the step's parts in ms."""
-    B, G, _, _ = S["sampler"]
+def of_bound(n, sec, L, static=None, steps=None):
+    """Tokens/s, ms a decode step (steps: how many; default new) and the tokens/s' fraction of the
+    weights bound: B x G tokens a decode step if a step took only the reading of the weights once.
+    For ours (static: its path, True or False) also of the weights + cache bound, the keys and
+    values its path reads added, and the step's parts in ms."""
+    B, G, _, new = S["sampler"]
     bw, parts = measured_bandwidth(), step_traffic(L, bool(static))
     bound = B * G * bw / parts["weights"]
-    text = f"{fmt_rate(n, sec)}, {n / sec / bound:.1%} of the weights bound ({bound:,.0f} tok/s"
+    text = (f"{fmt_rate(n, sec)}, {sec / (steps or new) * 1e3:.3g} ms a step, "
+            f"{n / sec / bound:.1%} of the weights bound ({bound:,.0f} tok/s")
     if static is None:
         return text + f" at {bw / 1e9:,.0f} GB/s)"
     both = B * G * bw / (parts["weights"] + parts["cache"])
@@ -415,26 +425,42 @@ def of_bound(n, sec, L, static=None):
             f"{traffic_text(parts, bw)}")
 
 
-def step_sampler_ours(L, graphs, warm_up=True):
+def step_sampler_ours(L, graphs, warm_up=True, eos=False, compile=None):
+    """engine.generate's eager path, or (graphs) its static path (compile: None, its default:
+    compiled on a GPU), timed at step 4's shape. eos: the tokenizer's EOS ends rows (at random:
+    answers of mixed lengths; the static path drops done rows), tokens/s counting the tokens
+    emitted, ms a step the decode steps run."""
     ours, tok = need("ours", "tok")
     B, G, _, new = S["sampler"]
     prompts = windows(B, L, seed=3)
     gen = torch.Generator().manual_seed(0)   # a CPU generator, as train_lang.py passes it
+    eos_id = tok.eos_id if eos else None
 
     def run(ps, n, samples):
-        return engine.generate(ours, ps, n, temperature=1.0, eos_id=None, generator=gen,
-                               num_samples=samples, vocab=tok.n_vocab, graphs=graphs)
+        with torch.inference_mode():
+            if graphs:
+                return engine.static_generate(ours, ps, n, 1.0, None, None, eos_id, gen, samples,
+                                              tok.n_vocab, compile=compile)
+            return engine.generate(ours, ps, n, temperature=1.0, eos_id=eos_id, generator=gen,
+                                   num_samples=samples, vocab=tok.n_vocab)
     if warm_up:
-        run(prompts[:2], 4, 2)   # warm-up (kernels, allocator)
+        run(prompts[:2], 4, 2)   # warm-up (kernels, allocator; a compiled step's compilation)
     sync()
     t0 = time.perf_counter()
     toks, _ = run(prompts, new, G)
     sync()
     sec = time.perf_counter() - t0
     text, ok = sampled_ids_ok(toks)
-    if graphs and CUDA:   # the capture is inside the timed call
-        text = f"CUDA graph captured in {engine.CAPTURE['seconds']:.2f} s; {text}"
-    return f"{of_bound(toks.numel(), sec, L, graphs)}; {text}", "PASS" if ok else "FAIL"
+    if graphs and CUDA:   # the captures are inside the timed call
+        text = (f"{engine.CAPTURE['graphs']} CUDA graphs captured in "
+                f"{engine.CAPTURE['seconds']:.2f} s; {text}")
+    emitted = int((toks >= 0).sum())
+    if eos:
+        lengths = (toks >= 0).sum(1).float()
+        text = (f"answers of {int(lengths.min())}-{int(lengths.max())} tokens (mean "
+                f"{lengths.mean():.0f}), {int((toks == eos_id).sum())} rows ended; {text}")
+    return (f"{of_bound(emitted, sec, L, graphs, toks.size(1) - 1)}; {text}",
+            "PASS" if ok else "FAIL")
 
 
 def step_graphs_greedy():
@@ -457,40 +483,24 @@ def step_graphs_greedy():
 
 
 def step_sampler_compiled(L):
-    """The graphs row with engine.decode_step compiled (torch.compile, inductor): is the static
-    path's time beyond the weights' traffic the ~40 small kernels a layer that eager decoding
-    launches? Compiled first at the timed shape (its seconds shown), then timed as the graphs row;
-    64 greedy tokens of the static path compiled against uncompiled shown (fused kernels may round
-    a near tie the other way). decode_step is put back afterwards, whatever happens."""
+    """The graphs row with the other choice of compile than the default (on a GPU uncompiled,
+    on a CPU compiled by torch.compile): what the fused kernels gain. The compiled step runs once
+    first at the timed shape (its seconds shown); 64 greedy tokens of the static path compiled
+    against uncompiled shown (fused kernels may round a near tie the other way)."""
     ours, tok = need("ours", "tok")
     B, G, _, new = S["sampler"]
-    prompts, greedy = windows(B, L, seed=3), [w[:n] for w, n in zip(windows(2, 64, seed=7),
-                                                                    (40, 64))]
-    plain, body = engine.decode_step, torch.compile(engine.decode_step, dynamic=False)
-
-    def decode_step(model, tok, pos, cache):
-        # the static path never reads cache.length (its position is the device tensor cache.t):
-        # the compiled step sees one value, so its guards hold at every position
-        n, cache.length = cache.length, 0
-        logits = body(model, tok, pos, cache)
-        cache.length = n + 1
-        return logits
-
-    try:
-        engine.decode_step = decode_step
-        t0 = time.perf_counter()   # compiled (and on a GPU captured) at the timed shape
-        engine.generate(ours, prompts, new, temperature=1.0, eos_id=None, num_samples=G,
-                        generator=torch.Generator().manual_seed(0), vocab=tok.n_vocab,
-                        graphs=True)
+    greedy = [w[:n] for w, n in zip(windows(2, 64, seed=7), (40, 64))]
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        engine.static_generate(ours, windows(B, L, seed=3), new, 1.0, None, None, None,
+                               torch.Generator().manual_seed(0), G, tok.n_vocab, compile=True)
         sync()
         compile_s = time.perf_counter() - t0
-        compiled = engine.generate(ours, greedy, 64, temperature=0, num_samples=2, graphs=True)[0]
-        text, status = step_sampler_ours(L, True, warm_up=False)   # warm: compiled at its shape
-    finally:
-        engine.decode_step = plain
-    uncompiled = engine.generate(ours, greedy, 64, temperature=0, num_samples=2, graphs=True)[0]
-    differ = (compiled != uncompiled).any(0).nonzero()
+        both = [engine.static_generate(ours, greedy, 64, 0, None, None, None, None, 2, None,
+                                       compile=c)[0] for c in (True, False)]
+    differ = (both[0] != both[1]).any(0).nonzero()
     same = f"first differ at token {int(differ[0])}" if len(differ) else "equal"
+    text, status = step_sampler_ours(L, True, warm_up=False, compile=not CUDA)
     return (f"compiled and run once in {compile_s:.0f} s; greedy vs uncompiled: {same}; {text}",
             status)
 
@@ -753,7 +763,7 @@ def step_profile(L):
         with prof, torch.inference_mode():
             engine.static_generate(ours, windows(B, L, seed=3), new, 1.0, None, None, None,
                                    torch.Generator().manual_seed(0), G, tok.n_vocab,
-                                   capture=False)
+                                   capture=False, compile=False)
     finally:
         for name, fn in originals.items():
             setattr(engine, name, fn)
@@ -825,6 +835,7 @@ def main():
              f"{c['vocab'] or 'tok+64'}")
     B, G, lens, new = S["sampler"]
     lens = [int(x) for x in args.sampler_lens.split(",")] if args.sampler_lens else lens
+    hf_lens = [int(x) for x in args.hf_lens.split(",")] if args.hf_lens else lens
     P, Gg, glens, gnew, micros = S["grpo"]
     steps = {
         1: [("1 build HF dir", model, step_build)],
@@ -833,11 +844,14 @@ def main():
             ("3b greedy vs HF", "%d prompts, %d new, T=0" % S["greedy"], step_greedy)],
         4: [(f"4 sampler {who}", f"{B} x {G} samples, prompt {L}, {new} new",
              (lambda L=L, f=f: f(L)))
-            for L in lens for who, f in (("ours eager", lambda L: step_sampler_ours(L, False)),
-                                         ("ours graphs", lambda L: step_sampler_ours(L, True)),
-                                         *([("ours graphs compiled", step_sampler_compiled)]
-                                           if args.compile_sampler else []),
-                                         ("HF", step_sampler_hf))]
+            for L in lens for who, f in (
+                ("ours eager", lambda L: step_sampler_ours(L, False)),
+                ("ours graphs", lambda L: step_sampler_ours(L, True)),
+                *([(f"ours graphs {'uncompiled' if CUDA else 'compiled'}",
+                    step_sampler_compiled)] if args.compile_sampler else []),
+                ("ours eager EOS", lambda L: step_sampler_ours(L, False, eos=True)),
+                ("ours graphs EOS", lambda L: step_sampler_ours(L, True, eos=True)),
+                *([("HF", step_sampler_hf)] if L in hf_lens else []))]
            + [("4 graphs greedy", "4 x 2 samples, 64 new, T=0", step_graphs_greedy)],
         5: [("5 grpo_step", f"{P} x {Gg}, prompt {L}, {gnew} new, micro_batch {mb}",
              (lambda L=L, mb=mb: step_grpo(L, mb))) for L in glens for mb in micros],

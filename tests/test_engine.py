@@ -302,3 +302,88 @@ def test_cast_copy_casts_once_under_low_precision_autocast():
         a = engine.generate(m, [[1, 2, 3]], 8, temperature=0)[0]
         b = engine.generate(low, [[1, 2, 3]], 8, temperature=0)[0]
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_static_blocks_and_dropped_rows_equal_all_rows_all_positions(dtype, monkeypatch):
+    """The static path reading the generated keys in blocks of WIDTH positions and dropping done
+    rows by halves (engine.drop_done) against reading all max_new positions with every row kept:
+    tokens equal, log-probs within 1e-5 (float32) or 1e-12 (float64 weights); greedy tokens and
+    seeded samples without EOS equal to the eager path's. Equal-length prompts (a causal prefill,
+    no mask) too."""
+    torch.manual_seed(0)
+    cfg = GPTConfig.llama(vocab_size=8, block_size=128, n_layer=2, n_head=4, n_kv_head=2, n_embd=16)
+    m = GPT(cfg).to(dtype).eval()
+    kept = []   # the rows each drop_done kept
+    drop = engine.drop_done
+
+    def recorded(rows, cache):
+        drop(rows, cache)
+        kept.append(len(cache.live))
+    monkeypatch.setattr(engine, "drop_done", recorded)
+    monkeypatch.setattr(engine, "SYNC_EVERY", 4)   # the host looks at EOS (and drops) often
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    for prompts in ([[1, 2, 3], [4, 5, 6], [7], [3, 1, 4, 1, 5, 2, 6]], [[1, 2, 3], [4, 5, 6]]):
+        for kw in (dict(temperature=0), dict(temperature=0, eos_id=0), dict(temperature=1.0),
+                   dict(temperature=1.0, eos_id=0), dict(temperature=0.8, top_k=4, eos_id=5)):
+            def run(width, min_rows, compact=True, graphs=True):
+                monkeypatch.setattr(engine, "WIDTH", width)
+                monkeypatch.setattr(engine, "MIN_ROWS", min_rows)
+                g = torch.Generator().manual_seed(1)
+                if not graphs:
+                    return engine.generate(m, prompts, 60, num_samples=4, generator=g, **kw)
+                return engine.static_generate(m, prompts, 60, kw.get("temperature", 1.0),
+                                              kw.get("top_k"), None, kw.get("eos_id"), g, 4, None,
+                                              compact=compact)
+            full = run(60, 1, compact=False)
+            for width, min_rows in ((8, 1), (7, 2), (128, 4)):
+                fast = run(width, min_rows)
+                assert torch.equal(fast[0], full[0]), (kw, width)
+                assert torch.allclose(fast[1], full[1], atol=tol, rtol=0), (kw, width)
+            if kw["temperature"] == 0 or "eos_id" not in kw:
+                eager = run(8, 1, graphs=False)
+                assert torch.equal(eager[0], full[0]), kw
+                assert torch.allclose(eager[1], full[1], atol=tol, rtol=0), kw
+    assert 1 in kept and 16 in kept and any(8 >= k > 1 for k in kept)   # rows dropped by halves
+
+
+def static_case(monkeypatch, compile):
+    """A tiny model's static path with EOS, blocks of 16 positions and rows dropped."""
+    torch.manual_seed(0)
+    cfg = GPTConfig.llama(vocab_size=8, block_size=96, n_layer=2, n_head=4, n_kv_head=2, n_embd=16)
+    m = GPT(cfg).eval()
+    monkeypatch.setattr(engine, "WIDTH", 16)
+    monkeypatch.setattr(engine, "SYNC_EVERY", 8)
+    monkeypatch.setattr(engine, "MIN_ROWS", 2)
+    prompts = [[1, 2, 3], [4, 5, 6], [7], [3, 1, 4, 1, 5, 2, 6]]
+    with torch.inference_mode():
+        return engine.static_generate(m, prompts, 40, 1.0, None, None, 0,
+                                      torch.Generator().manual_seed(0), 2, None, compile=compile)
+
+
+@pytest.mark.slow
+def test_static_compiled_step_equals_uncompiled(monkeypatch):
+    """The static path's decode step compiled by torch.compile (engine.compiled_step, the default
+    on a GPU; inductor on this CPU, ~1-2 min) against uncompiled: seeded samples equal, through
+    blocks of WIDTH positions and dropped rows; log-probs within 1e-5."""
+    plain = static_case(monkeypatch, False)
+    assert (plain[0] == -1).any()   # rows finished (and were dropped)
+    monkeypatch.setattr(engine, "STEP", {})
+    got = static_case(monkeypatch, True)
+    assert torch.equal(got[0], plain[0]) and torch.allclose(got[1], plain[1], atol=1e-5)
+
+
+def test_static_compile_failure_falls_back_to_uncompiled(monkeypatch, capsys):
+    """Where torch.compile fails: one message, then the uncompiled step's results."""
+    plain = static_case(monkeypatch, False)
+
+    def broken(fn, **kw):
+        def fail(*a):
+            raise RuntimeError("no compiler here")
+        return fail
+    monkeypatch.setattr(engine, "STEP", {})
+    monkeypatch.setattr(torch, "compile", broken)
+    got = static_case(monkeypatch, True)
+    assert torch.equal(got[0], plain[0]) and torch.equal(got[1], plain[1])
+    err = capsys.readouterr().err
+    assert err.count("torch.compile failed (RuntimeError: no compiler here)") == 1, err

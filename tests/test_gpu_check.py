@@ -27,11 +27,20 @@ def test_gpu_check_tiny_on_cpu_passes_every_row(tmp_path):
     assert out.is_file(), p.stdout[-3000:] + p.stderr[-3000:]
     table = [line for line in out.read_text().splitlines() if line.startswith("| ")][1:]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in table]
-    # steps 1-8: build, load, logits, greedy, 2 x 3 sampler + its greedy check, 4 GRPO,
+    # steps 1-8: build, load, logits, greedy, 2 x 5 sampler + its greedy check, 4 GRPO,
     # 2 stale-weight, 3 scripts, FSDP
-    assert len(rows) == 21, out.read_text()
+    assert len(rows) == 25, out.read_text()
     failed = [f"{r[0]}: {r[2]}" for r in rows if r[-1] != "PASS"]
     assert not failed, "\n".join(failed)
+    # every sampler row of ours: tok/s, ms a step, both bounds with the share reached; the EOS
+    # rows beside the others, at both prompt lengths, the graphs path included
+    ours = [r for r in rows if r[0].startswith("4 sampler ours")]
+    assert [r[0][len("4 sampler ours "):] for r in ours] == ["eager", "graphs", "eager EOS",
+                                                             "graphs EOS"] * 2
+    for r in ours:
+        assert " tok/s, " in r[2] and " ms a step, " in r[2] and "of the weights bound" in r[2]
+        assert "of the weights + cache bound" in r[2], r[2]
+    assert all("rows ended" in r[2] for r in ours if r[0].endswith("EOS"))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
 
 
@@ -57,9 +66,9 @@ def test_gpu_check_profiles_the_sampler_on_cpu(tmp_path):
 
 @pytest.mark.slow
 def test_gpu_check_times_the_compiled_decode_step_on_cpu(tmp_path):
-    """--compile_sampler: step 4's experiment row, the static path with engine.decode_step compiled
-    by torch.compile, runs (inductor on the CPU), draws decodable ids and gives the uncompiled
-    greedy tokens; the rows after it still run."""
+    """--compile_sampler: step 4's row of the graphs path compiled the other way (on a CPU by
+    torch.compile, inductor) runs, draws decodable ids and gives the uncompiled greedy tokens; the
+    rows after it still run."""
     out = tmp_path / "gpu_check.md"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     p = subprocess.run([sys.executable, "bench/gpu_check.py", "--tiny", "--device=cpu",
@@ -71,4 +80,5 @@ def test_gpu_check_times_the_compiled_decode_step_on_cpu(tmp_path):
     compiled = [r for r in rows if r.startswith("| 4 sampler ours graphs compiled")]
     assert len(compiled) == 1 and compiled[0].endswith("| PASS |"), out.read_text()
     assert "greedy vs uncompiled: equal" in compiled[0], compiled[0]
+    assert [r for r in rows if r.startswith("| 4 sampler ours graphs EOS")]
     assert rows[-1].startswith("| 4 graphs greedy") and rows[-1].endswith("| PASS |")
