@@ -270,6 +270,26 @@ def minibatch_sizes(policy, plan):
     return sizes.tolist()
 
 
+def rollout_chunk(model, prompts, cfg):
+    """grpo.rollout's prompts per sampler call: cfg.rollout_prompts, else all of them on a CPU and
+    on a GPU as many as 80% of its free memory holds (their float32 KV cache and G rows' logits)."""
+    c, G = model.config, cfg.group_size
+    if cfg.rollout_prompts or model.wte.weight.device.type != "cuda":
+        return cfg.rollout_prompts or len(prompts)
+    tokens = max(map(len, prompts)) + G * cfg.max_new_tokens   # a prompt's KV cache
+    each = c.n_layer * 8 * c.n_kv_head * c.head_dim * tokens + G * c.vocab_size * 16
+    return max(1, min(len(prompts), int(0.8 * torch.cuda.mem_get_info()[0]) // each))
+
+
+def join_rows(parts):
+    """Consecutive rows' (tokens, log-probs, sampled or None), each (n, T_i) -> one such triple,
+    right-padded to the longest T_i with -1, 0 and False."""
+    T = max(p[0].shape[1] for p in parts)
+    return tuple(None if parts[0][i] is None else torch.cat(
+        [torch.nn.functional.pad(p[i], (0, T - p[i].shape[1]), value=v) for p in parts])
+        for i, v in enumerate((-1, 0.0, False)))
+
+
 def join_empty_minibatch(policy):
     """A rank without rows in a minibatch the others have: a zero gradient, joining their
     gradient collectives."""

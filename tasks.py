@@ -207,6 +207,7 @@ class PromptPool:
 
     def __init__(self, items, prompt_text, is_changed, tok, room, unchanged_frac, generator):
         pool = [(x, prompt) for x in items if len(prompt := tok.prompt(prompt_text(x))) <= room]
+        self.dropped = len(items) - len(pool)   # prompts longer than `room`
         self.changed = [x for x in pool if is_changed(x[0])]
         self.unchanged = [x for x in pool if not is_changed(x[0])]
         self.unchanged_frac, self.generator = unchanged_frac, generator
@@ -218,6 +219,37 @@ class PromptPool:
                  torch.randint(len(self.changed), (n - n_unch,), generator=self.generator)]
         picks += [self.unchanged[i] for i in   # (max: none to draw from is 0 draws, not an error)
                   torch.randint(max(len(self.unchanged), 1), (n_unch,), generator=self.generator)]
+        return [x[1] for x in picks], [x[0] for x in picks]
+
+
+class EpochSampler:
+    """--recipe=paper's draw, the official schedule (RLVR-World's text-game dataset in verl, whose
+    RandomSampler drops the last partial batch): an epoch is every changed prompt of `pool` and
+    n_unchanged slots, each an unchanged one at random (None: every unchanged prompt once), in a
+    fresh order; a call takes this rank's share of the next global batch of n prompts a rank. Its
+    state is `drawn` (the batches so far: a resumed run sets its step); all ranks draw alike."""
+
+    def __init__(self, pool, n_unchanged, seed, rank=0, world=1):
+        self.pool, self.seed, self.rank, self.world, self.drawn = pool, seed, rank, world, 0
+        self.every = n_unchanged is None or not pool.unchanged
+        self.n_unch = len(pool.unchanged) if self.every else n_unchanged
+
+    def __len__(self):
+        return len(self.pool.changed) + self.n_unch
+
+    def steps_per_epoch(self, n):
+        return len(self) // (n * self.world)
+
+    def __call__(self, n):
+        epoch, b = divmod(self.drawn, max(self.steps_per_epoch(n), 1))
+        self.drawn += 1
+        g = torch.Generator().manual_seed(self.seed + epoch)
+        order = torch.randperm(len(self), generator=g)
+        fill = torch.randint(max(len(self.pool.unchanged), 1), (len(self),), generator=g)
+        C = len(self.pool.changed)
+        picks = [self.pool.changed[i] if i < C else
+                 self.pool.unchanged[i - C if self.every else int(fill[i])]
+                 for i in order[(b * self.world + self.rank) * n:][:n].tolist()]
         return [x[1] for x in picks], [x[0] for x in picks]
 
 
