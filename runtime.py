@@ -485,10 +485,11 @@ def print_estimates(config, cfg, pairs, mle_stage, rl_stage, low, grad_ckpt, bat
         print_memory("mle", memory_estimate(config, low, False, grad_ckpt, p_len, a_len, 0, 1, mb,
                                             mb), print0)
     if rl_stage:
-        room = config.block_size - cfg.max_new_tokens   # RLVR at its longest prompt
-        longest = max([len(p) for p, _ in pairs if len(p) <= room] or [room])
+        room = min(config.block_size - cfg.max_new_tokens, cfg.max_prompt or config.block_size)
+        longest = max([len(p) for p, _ in pairs if len(p) <= room] or [room])   # RLVR's longest
         chunk = prompts_per_chunk(cfg.prompts_per_step, cfg.group_size, cfg.minibatches,
                                   cfg.micro_batch)
         print_memory("rlvr", memory_estimate(config, low, cfg.beta > 0, grad_ckpt, longest,
-                                             cfg.max_new_tokens, cfg.prompts_per_step,
+                                             cfg.max_new_tokens,
+                                             cfg.rollout_prompts or cfg.prompts_per_step,
                                              cfg.group_size, cfg.micro_batch, chunk), print0)
