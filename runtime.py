@@ -271,8 +271,8 @@ def minibatch_sizes(policy, plan):
 
 
 def rollout_chunk(model, prompts, cfg):
-    """grpo.rollout's prompts per sampler call: cfg.rollout_prompts, else all of them on a CPU and
-    on a GPU as many as 80% of its free memory holds (their float32 KV cache and G rows' logits)."""
+    """grpo.rollout's prompts a call: cfg.rollout_prompts, else all (CPU) or what 80% of the free
+    GPU memory holds (their float32 KV cache and G rows' logits)."""
     c, G = model.config, cfg.group_size
     if cfg.rollout_prompts or model.wte.weight.device.type != "cuda":
         return cfg.rollout_prompts or len(prompts)
@@ -282,8 +282,7 @@ def rollout_chunk(model, prompts, cfg):
 
 
 def join_rows(parts):
-    """Consecutive rows' (tokens, log-probs, sampled or None), each (n, T_i) -> one such triple,
-    right-padded to the longest T_i with -1, 0 and False."""
+    """Consecutive rows' (tokens, log-probs, sampled or None) -> one, right-padded."""
     T = max(p[0].shape[1] for p in parts)
     return tuple(None if parts[0][i] is None else torch.cat(
         [torch.nn.functional.pad(p[i], (0, T - p[i].shape[1]), value=v) for p in parts])

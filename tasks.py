@@ -226,11 +226,9 @@ class PromptPool:
 
 
 class EpochSampler:
-    """--recipe=paper's draw, the official schedule (RLVR-World's text-game dataset in verl, whose
-    RandomSampler drops the last partial batch): an epoch is every changed prompt of `pool` and
-    n_unchanged slots, each an unchanged one at random (None: every unchanged prompt once), in a
-    fresh order; a call takes this rank's share of the next global batch of n prompts a rank. Its
-    state is `drawn` (the batches so far: a resumed run sets its step); all ranks draw alike."""
+    """--recipe=paper's draw (verl's RandomSampler, last partial batch dropped): each epoch every
+    changed prompt and n_unchanged slots of random unchanged ones (None: each once), reshuffled; a
+    call -> this rank's n of the next global batch. `drawn`: batches so far (resume: the step)."""
 
     def __init__(self, pool, n_unchanged, seed, rank=0, world=1):
         self.pool, self.seed, self.rank, self.world, self.drawn = pool, seed, rank, world, 0
@@ -240,7 +238,7 @@ class EpochSampler:
     def __len__(self):
         return len(self.pool.changed) + self.n_unch
 
-    def steps_per_epoch(self, n):
+    def steps_per_epoch(self, n):   # drop_last
         return len(self) // (n * self.world)
 
     def __call__(self, n):

@@ -5,16 +5,11 @@ for RLVR's compute) on held-out records, paired. Tasks: textgame (exact next sta
 webpage (F1 of the page changes), and any task registered in tasks.py (docs/tasks.md).
 
     python train_lang.py                 # CPU: RLVR from the shipped MLE checkpoint, control, eval
-    python train_lang.py --task=webpage  # the web page task
     python train_lang.py --init=scratch  # everything from scratch: data, tokenizer, MLE, RLVR
-1 GPU from pretrained HF weights (the paper's base: DeepSeek-R1-Distill-Qwen-1.5B), and 8 GPUs:
-    python train_lang.py --init=/path/to/hf_dir --device=cuda --dtype=bfloat16 --micro_batch=8
-    torchrun --nproc_per_node=8 train_lang.py --init=/path/to/hf_dir --device=cuda --dtype=bfloat16
-
-Writes to --out_dir (default out/<task>): mle / rlvr / mle_more (the control) checkpoints, the
-tokenizer, config.json (the run's flags), log.jsonl, eval.json (test) and eval_val.json (val).
-A re-run of the same command resumes (also under torchrun --max-restarts=N); a re-run with other
-flags stops, naming them; bad input is one "error:" line, before anything is written.
+GPUs (an HF directory, torchrun, --recipe=paper): the README. Writes to --out_dir (out/<task>):
+mle / rlvr / mle_more (the control) checkpoints, the tokenizer, config.json (the flags), log.jsonl,
+eval.json (test), eval_val.json (val). The same command again resumes (torchrun --max-restarts=N
+too); other flags there stop it, naming them; bad input is one "error:" line, before any write.
 """
 import argparse
 import copy
@@ -82,9 +77,8 @@ g.add_argument("--recipe", default="default", choices=["default", "paper"],
                help="paper: the official RLVR-World recipe (textgame, webpage): 128 prompts x 5 "
                     "samples (webpage 64 x 5), lr 1e-6 constant, answers up to 4096 tokens "
                     "(webpage 7288), KL 0.001 (k3 clamped to 10), entropy 0.001, clip 0.2, T 1.0, "
-                    "2 (webpage 4) optimizer steps per batch, every group kept, std N-1, a "
-                    "token-mean per micro-batch of 2 (webpage 5), prompts up to 7192 tokens "
-                    "(webpage 5000), 15 epochs of the official data mix; explicit flags win")
+                    "2 (webpage 4) optimizer steps per batch, every group kept, std N-1, micro-"
+                    "batch token-means, its prompt filter and epochs; explicit flags win")
 add_flags(g, GRPOConfig)   # --prompts_per_step ... --max_new_tokens: GRPOConfig's knobs
 g.add_argument("--reward", default=None,
                help="textgame: binary | task_specific; webpage: f1 (default: the first)")
@@ -243,12 +237,13 @@ if args.stage in ("all", "rlvr"):
            f"{cfg.max_rounds} rounds) x {cfg.group_size} samples; reward {args.reward}")
     draw = EpochSampler(pool, PAPER_UNCHANGED.get(args.reward), args.seed, run.rank, run.world) \
         if recipe else pool   # the official schedule, or draws with replacement
+    rl_steps = args.rl_steps   # GRPO steps (0 under --recipe=paper: its epochs')
+    if recipe and not draw.steps_per_epoch(cfg.prompts_per_step):
+        fail(f"--recipe=paper: {len(draw)} prompts, fewer than a step's")
     if recipe:
-        if not draw.steps_per_epoch(cfg.prompts_per_step):
-            fail(f"--recipe=paper: {len(draw)} prompts, fewer than a step's")
-        args.rl_steps = args.rl_steps or PAPER_EPOCHS * draw.steps_per_epoch(cfg.prompts_per_step)
+        rl_steps = rl_steps or PAPER_EPOCHS * draw.steps_per_epoch(cfg.prompts_per_step)
         print0(f"--recipe=paper: epochs of {len(draw)} prompts, {len(pool.changed)} changed + "
-               f"{draw.n_unch} unchanged (verl's text-game dataset), reshuffled; {args.rl_steps} "
+               f"{draw.n_unch} unchanged (verl's text-game dataset), reshuffled; {rl_steps} "
                f"steps ({PAPER_EPOCHS} epochs)")
 
     def probe():   # every rank gathers FSDP's weights; rank 0 scores the probe prompts
@@ -266,8 +261,8 @@ if args.stage in ("all", "rlvr"):
         run.nonfinite("rlvr", step, model, "non-finite weights in the policy")
     if step == 0 and (first := probe()):   # the probe before any update (rank 0's)
         run.log({"stage": "rlvr", "step": 0, **first})
-    bar = tqdm(total=args.rl_steps, initial=step, desc="rlvr", disable=not master or rl_done)
-    while step < args.rl_steps and not rl_done:
+    bar = tqdm(total=rl_steps, initial=step, desc="rlvr", disable=not master or rl_done)
+    while step < rl_steps and not rl_done:
         for group in opt.param_groups:   # a linear warm-up over cfg.warmup steps, then constant
             group["lr"] = cfg.lr * min(1.0, (step + 1) / max(cfg.warmup, 1))
         prompts, items = draw(cfg.prompts_per_step)   # grpo_step draws more if groups lack spread
@@ -286,7 +281,7 @@ if args.stage in ("all", "rlvr"):
             budget.add(stats["compute"])
             bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", kept=stats["groups_kept"],
                             kl=f"{stats['kl']:.4f}")
-            if step % PROBE_EVERY == 0 or step == args.rl_steps:
+            if step % PROBE_EVERY == 0 or step == rl_steps:
                 stats.update(probe())
                 if master:
                     print0(f"\nrlvr step {step}: reward {stats['reward_mean']:.3f} probe reward "
@@ -296,7 +291,7 @@ if args.stage in ("all", "rlvr"):
             run.log({"stage": "rlvr", **stats, **totals})
         # every --ckpt_every steps the resumable state; at the end the weights alone
         save_stage(run, rl_file, model, opt, step, {**stats, **totals}, gen,
-                   done=step == args.rl_steps)
+                   done=step == rl_steps)
     bar.close()
     budget.close()   # RLVR's compute is final: the control stops once it has used as much
     run.check_ranks_in_sync(model, "rlvr")   # under torchrun: the same weights on every rank
