@@ -25,8 +25,8 @@ from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
 from engine import cast_copy, generate
-from runtime import (check_step, join_empty_minibatch, knob, minibatch_sizes, no_sync_unless_last,
-                     unsharded)
+from runtime import (check_step, join_empty_minibatch, join_rows, knob, minibatch_sizes,
+                     no_sync_unless_last, rollout_chunk, unsharded)
 
 
 @dataclass
@@ -45,8 +45,9 @@ class GRPOConfig:
     kl_clamp: float = 0.0        # 0: none; verl's low_var_kl clamps the k3 to [-10, 10]
     entropy_coef: float = 0.001
     clip_eps: float = 0.2        # PPO's clip range
-    loss_agg: str = "token-mean"   # or "seq-mean"
+    loss_agg: str = "token-mean"   # or "seq-mean"; "micro-token-mean": verl's (--recipe=paper)
     std_norm: bool = True        # divide advantages by the group's std
+    std_unbiased: bool = False   # its N - 1 form (torch.std's, verl's)
     adv_eps: float = 1e-6
     # the update: ppo_epochs x minibatches optimizer steps, in micro-batches
     ppo_epochs: int = 1
@@ -63,18 +64,25 @@ class GRPOConfig:
     # tokenizer, and those ids are never sampled nor given probability in the update
     vocab: int = 0
     skip_zero_std: bool = True
+    max_prompt: int = 0          # longest prompt trained on (0: block_size - max_new_tokens)
+    rollout_prompts: int = 0     # prompts sampled at once (0: all; on a GPU: as memory allows)
 
 
 # The paper's recipe (train_lang.py --recipe=paper), from thuml/RLVR-World's lang_wm/verl
 # examples/grpo_trainer/run_{text_game,web_agent}_rl.sh: train_batch_size prompts x rollout.n,
 # actor.optim.lr, max_response_length, ppo_mini_batch_size (2 and 4 optimizer steps a batch),
 # kl_loss_coef 0.001, low_var_kl (clamped to [-10, 10]); the rest verl's ppo_trainer.yaml defaults.
-# Every group is trained and none refilled, as there (data.need_filter=False).
+# Every group is trained and none refilled, as there (data.need_filter=False). torch.std (N - 1)
+# in core_algos.compute_grpo_outcome_advantage; dp_actor.update_policy's loss: a token-mean per
+# ppo_micro_batch_size_per_gpu rows over the micro-batches; max_prompt_length filters prompts.
 PAPER_COMMON = dict(group_size=5, lr=1e-6, warmup=0, beta=0.001, kl_clamp=10.0, entropy_coef=0.001,
-                    clip_eps=0.2, temperature=1.0, ppo_epochs=1, skip_zero_std=False, max_rounds=1)
+                    clip_eps=0.2, temperature=1.0, ppo_epochs=1, skip_zero_std=False, max_rounds=1,
+                    std_unbiased=True, loss_agg="micro-token-mean")
 PAPER_RECIPE = {
-    "textgame": dict(PAPER_COMMON, prompts_per_step=128, minibatches=2, max_new_tokens=4096),
-    "webpage": dict(PAPER_COMMON, prompts_per_step=64, minibatches=4, max_new_tokens=7288)}
+    "textgame": dict(PAPER_COMMON, prompts_per_step=128, minibatches=2, max_new_tokens=4096,
+                     micro_batch=2, max_prompt=7192),
+    "webpage": dict(PAPER_COMMON, prompts_per_step=64, minibatches=4, max_new_tokens=7288,
+                    micro_batch=5, max_prompt=5000)}
 
 
 # a kept group (step 3): its prompt, the rollout holding its G rows, which rows, their rewards
@@ -95,11 +103,11 @@ class Source:
 # -----------------------------------------------------------------------------
 # the math, on plain tensors (tested against hand-computed values)
 
-def group_advantages(rewards, std_norm=True, eps=1e-6):
+def group_advantages(rewards, std_norm=True, eps=1e-6, unbiased=False):
     """Step 4. rewards (P, G) -> advantages (P, G): minus the group's mean, over its std."""
     adv = rewards - rewards.mean(dim=1, keepdim=True)  # better or worse than the group's average
     if std_norm:  # one scale for every group; eps keeps a group without spread at 0, not 0 / 0
-        adv = adv / (rewards.std(dim=1, keepdim=True, unbiased=False) + eps)
+        adv = adv / (rewards.std(dim=1, keepdim=True, unbiased=unbiased) + eps)
     return adv
 
 
@@ -121,9 +129,12 @@ def clipped_objective(logp, old_logp, adv, clip_eps):
 
 def aggregate(per_token, mask, how, n_tokens=None, n_seqs=None):
     """Step 7. Masked mean of per-token values (n, T): "token-mean" = masked sum / n_tokens
-    (default: their count), "seq-mean" = sum of the rows' masked means / n_seqs (default: n).
+    (default: their count), "seq-mean" = sum of the rows' masked means / n_seqs (default: n),
+    "micro-token-mean" = these rows' token-mean / n_seqs, the minibatch's micro-batches (verl's).
     Given a minibatch's counts: a micro-batch's share of the minibatch's mean."""
     mask = mask.to(per_token.dtype)
+    if how == "micro-token-mean":
+        return aggregate(per_token, mask, "token-mean") / max(n_seqs or 1, 1)
     if how == "token-mean":
         n = mask.sum().clamp(min=1) if n_tokens is None else max(n_tokens, 1)
         return (per_token * mask).sum() / n
@@ -151,19 +162,20 @@ def rollout(model, prompts, items, source, cfg, generator, autocast=nullcontext(
     (-1 after EOS), old_logp (N, T), mask (N, T) (the sampled tokens), rewards (N,), completions.
     source.sampler: None (engine.generate), or (model, prompts, items, cfg, generator) -> tokens,
     logprobs, sampled (N, T) when the task injects tokens (video's true actions: sampled False).
-    The sampling runs under `autocast`, the reward outside it."""
-    G = cfg.group_size
+    The sampling runs under `autocast`, the reward outside it, in chunks of prompts that fit."""
+    G, parts = cfg.group_size, []
     reps = [it for it in items for _ in range(G)]   # each prompt's item for each of its G rows
     model.eval()
-    with autocast:
-        if source.sampler is None:  # each prompt prefilled once; its G samples share its KV cache
-            tokens, old_lp = generate(model, prompts, cfg.max_new_tokens, cfg.temperature,
-                                      eos_id=source.eos_id, generator=generator, num_samples=G,
-                                      vocab=cfg.vocab or None, graphs=cfg.graphs)
-            sampled = None
-        else:
-            tokens, old_lp, sampled = source.sampler(model, [p for p in prompts for _ in range(G)],
-                                                     reps, cfg, generator)
+    n = rollout_chunk(model, prompts, cfg)   # prompts per sampler call (runtime.py)
+    for s in range(0, len(prompts), n):
+        with autocast:  # each prompt prefilled once; its G samples share its KV cache
+            parts.append((*generate(model, prompts[s:s + n], cfg.max_new_tokens, cfg.temperature,
+                                    eos_id=source.eos_id, generator=generator, num_samples=G,
+                                    vocab=cfg.vocab or None, graphs=cfg.graphs), None)
+                          if source.sampler is None else
+                          source.sampler(model, [p for p in prompts[s:s + n] for _ in range(G)],
+                                         reps[s * G:(s + n) * G], cfg, generator))
+    tokens, old_lp, sampled = join_rows(parts)
     model.train()
     # plain CPU tensors (generate's are inference-mode tensors)
     tokens, old_lp = tokens.cpu().clone(), old_lp.float().cpu().clone()
@@ -208,7 +220,8 @@ def update_batch(kept, cfg, device):
     tokens, old_logp, mask = (pad_sequence([row for k in kept for row in k.rollout[key][k.rows]],
                                            batch_first=True, padding_value=pad)
                               for key, pad in (("tokens", -1), ("old_logp", 0.0), ("mask", False)))
-    adv = group_advantages(torch.stack([k.rewards for k in kept]), cfg.std_norm, cfg.adv_eps)
+    adv = group_advantages(torch.stack([k.rewards for k in kept]), cfg.std_norm, cfg.adv_eps,
+                           cfg.std_unbiased)
     *packed, targets = [t.to(device) for t in pack([k.prompt for k in kept], tokens, mask)]
     rows = torch.arange(len(kept), device=device).repeat_interleave(cfg.group_size)
     return Batch(*packed, targets, rows, old_logp.to(device), adv.view(-1).to(device),
@@ -298,9 +311,10 @@ def update(policy, optimizer, b, plan, chunks, cfg, step, autocast):
         if not mb:   # the other ranks have rows: join their collectives with a zero gradient
             join_empty_minibatch(policy)
         n_tok = int(b.mask[mb].sum()) if mb else 0   # the minibatch's loss tokens
+        n = len(chunks[m]) if cfg.loss_agg == "micro-token-mean" else len(mb)   # rows or chunks
         for c, chunk in enumerate(chunks[m]):
             with no_sync_unless_last(policy, c == len(chunks[m]) - 1):
-                micro_step(policy, b, chunk, n_tok, len(mb), cfg, step, sums, m == 0, autocast)
+                micro_step(policy, b, chunk, n_tok, n, cfg, step, sums, m == 0, autocast)
         gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
         if not torch.isfinite(gn):
             raise FloatingPointError(f"non-finite gradient norm at step {step}")

@@ -270,6 +270,25 @@ def minibatch_sizes(policy, plan):
     return sizes.tolist()
 
 
+def rollout_chunk(model, prompts, cfg):
+    """grpo.rollout's prompts a call: cfg.rollout_prompts, else all (CPU) or what 80% of the free
+    GPU memory holds (their float32 KV cache and G rows' logits)."""
+    c, G = model.config, cfg.group_size
+    if cfg.rollout_prompts or model.wte.weight.device.type != "cuda":
+        return cfg.rollout_prompts or len(prompts)
+    tokens = max(map(len, prompts)) + G * cfg.max_new_tokens   # a prompt's KV cache
+    each = c.n_layer * 8 * c.n_kv_head * c.head_dim * tokens + G * c.vocab_size * 16
+    return max(1, min(len(prompts), int(0.8 * torch.cuda.mem_get_info()[0]) // each))
+
+
+def join_rows(parts):
+    """Consecutive rows' (tokens, log-probs, sampled or None) -> one, right-padded."""
+    T = max(p[0].shape[1] for p in parts)
+    return tuple(None if parts[0][i] is None else torch.cat(
+        [torch.nn.functional.pad(p[i], (0, T - p[i].shape[1]), value=v) for p in parts])
+        for i, v in enumerate((-1, 0.0, False)))
+
+
 def join_empty_minibatch(policy):
     """A rank without rows in a minibatch the others have: a zero gradient, joining their
     gradient collectives."""
@@ -465,10 +484,11 @@ def print_estimates(config, cfg, pairs, mle_stage, rl_stage, low, grad_ckpt, bat
         print_memory("mle", memory_estimate(config, low, False, grad_ckpt, p_len, a_len, 0, 1, mb,
                                             mb), print0)
     if rl_stage:
-        room = config.block_size - cfg.max_new_tokens   # RLVR at its longest prompt
-        longest = max([len(p) for p, _ in pairs if len(p) <= room] or [room])
+        room = min(config.block_size - cfg.max_new_tokens, cfg.max_prompt or config.block_size)
+        longest = max([len(p) for p, _ in pairs if len(p) <= room] or [room])   # RLVR's longest
         chunk = prompts_per_chunk(cfg.prompts_per_step, cfg.group_size, cfg.minibatches,
                                   cfg.micro_batch)
         print_memory("rlvr", memory_estimate(config, low, cfg.beta > 0, grad_ckpt, longest,
-                                             cfg.max_new_tokens, cfg.prompts_per_step,
+                                             cfg.max_new_tokens,
+                                             cfg.rollout_prompts or cfg.prompts_per_step,
                                              cfg.group_size, cfg.micro_batch, chunk), print0)

@@ -199,6 +199,9 @@ def probe_rewards(task, model, tok, prompts, records, kind, max_new_tokens, samp
 # RLVR's prompts and reward
 
 UNCHANGED_FRAC = 0.3          # share of RL prompts drawn from records where nothing changes
+# --recipe=paper's schedule: run_text_game_rl.sh's total_epochs, sample_no_gold_data_num (changed
+# records are its "gold" ones) per reward; run_web_agent_rl.sh: every train record once an epoch
+PAPER_EPOCHS, PAPER_UNCHANGED = 15, {"binary": 7278, "task_specific": 1000}
 PROBE_N, PROBE_EVERY = 64, 10   # RLVR's probe: fixed train prompts, measured every 10 steps
 
 class PromptPool:
@@ -207,6 +210,7 @@ class PromptPool:
 
     def __init__(self, items, prompt_text, is_changed, tok, room, unchanged_frac, generator):
         pool = [(x, prompt) for x in items if len(prompt := tok.prompt(prompt_text(x))) <= room]
+        self.dropped = len(items) - len(pool)   # prompts longer than `room`
         self.changed = [x for x in pool if is_changed(x[0])]
         self.unchanged = [x for x in pool if not is_changed(x[0])]
         self.unchanged_frac, self.generator = unchanged_frac, generator
@@ -218,6 +222,35 @@ class PromptPool:
                  torch.randint(len(self.changed), (n - n_unch,), generator=self.generator)]
         picks += [self.unchanged[i] for i in   # (max: none to draw from is 0 draws, not an error)
                   torch.randint(max(len(self.unchanged), 1), (n_unch,), generator=self.generator)]
+        return [x[1] for x in picks], [x[0] for x in picks]
+
+
+class EpochSampler:
+    """--recipe=paper's draw (verl's RandomSampler, last partial batch dropped): each epoch every
+    changed prompt and n_unchanged slots of random unchanged ones (None: each once), reshuffled; a
+    call -> this rank's n of the next global batch. `drawn`: batches so far (resume: the step)."""
+
+    def __init__(self, pool, n_unchanged, seed, rank=0, world=1):
+        self.pool, self.seed, self.rank, self.world, self.drawn = pool, seed, rank, world, 0
+        self.every = n_unchanged is None or not pool.unchanged
+        self.n_unch = len(pool.unchanged) if self.every else n_unchanged
+
+    def __len__(self):
+        return len(self.pool.changed) + self.n_unch
+
+    def steps_per_epoch(self, n):   # drop_last
+        return len(self) // (n * self.world)
+
+    def __call__(self, n):
+        epoch, b = divmod(self.drawn, max(self.steps_per_epoch(n), 1))
+        self.drawn += 1
+        g = torch.Generator().manual_seed(self.seed + epoch)
+        order = torch.randperm(len(self), generator=g)
+        fill = torch.randint(max(len(self.pool.unchanged), 1), (len(self),), generator=g)
+        C = len(self.pool.changed)
+        picks = [self.pool.changed[i] if i < C else
+                 self.pool.unchanged[i - C if self.every else int(fill[i])]
+                 for i in order[(b * self.world + self.rank) * n:][:n].tolist()]
         return [x[1] for x in picks], [x[0] for x in picks]
 
 

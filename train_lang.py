@@ -5,16 +5,11 @@ for RLVR's compute) on held-out records, paired. Tasks: textgame (exact next sta
 webpage (F1 of the page changes), and any task registered in tasks.py (docs/tasks.md).
 
     python train_lang.py                 # CPU: RLVR from the shipped MLE checkpoint, control, eval
-    python train_lang.py --task=webpage  # the web page task
     python train_lang.py --init=scratch  # everything from scratch: data, tokenizer, MLE, RLVR
-1 GPU from pretrained HF weights (the paper's base: DeepSeek-R1-Distill-Qwen-1.5B), and 8 GPUs:
-    python train_lang.py --init=/path/to/hf_dir --device=cuda --dtype=bfloat16 --micro_batch=8
-    torchrun --nproc_per_node=8 train_lang.py --init=/path/to/hf_dir --device=cuda --dtype=bfloat16
-
-Writes to --out_dir (default out/<task>): mle / rlvr / mle_more (the control) checkpoints, the
-tokenizer, config.json (the run's flags), log.jsonl, eval.json (test) and eval_val.json (val).
-A re-run of the same command resumes (also under torchrun --max-restarts=N); a re-run with other
-flags stops, naming them; bad input is one "error:" line, before anything is written.
+GPUs (an HF directory, torchrun, --recipe=paper): the README. Writes to --out_dir (out/<task>):
+mle / rlvr / mle_more (the control) checkpoints, the tokenizer, config.json (the flags), log.jsonl,
+eval.json (test), eval_val.json (val). The same command again resumes (torchrun --max-restarts=N
+too); other flags there stop it, naming them; bad input is one "error:" line, before any write.
 """
 import argparse
 import copy
@@ -33,9 +28,9 @@ import mle
 from model import GPT, GPTConfig, finite_weights
 from runtime import (Run, add_flags, check_ranges, control_after, control_beside, from_flags, lr_at,
                      print_estimates, unsharded)
-from tasks import (PROBE_EVERY, PROBE_N, TASKS, UNCHANGED_FRAC, PromptPool, encode, keep_tokenizer,
-                   load_lang_model, load_splits, probe_rewards, reward_fn, scratch_tokenizer,
-                   train_control, train_mle)
+from tasks import (PAPER_EPOCHS, PAPER_UNCHANGED, PROBE_EVERY, PROBE_N, TASKS, UNCHANGED_FRAC,
+                   EpochSampler, PromptPool, encode, keep_tokenizer, load_lang_model, load_splits,
+                   probe_rewards, reward_fn, scratch_tokenizer, train_control, train_mle)
 
 # settings a user rarely changes, in one place
 VOCAB_SIZE = 448        # BPE ranks trained on the train split (--init=scratch)
@@ -77,13 +72,13 @@ g.add_argument("--batch_size", type=int, default=32, help="(prompt, answer) pair
 g.add_argument("--mle_lr", type=float, default=3e-3, help="peak learning rate (decays to a tenth)")
 g = p.add_argument_group("RLVR (GRPO, grpo.py); defaults follow the official RLVR-World recipe "
                          "where they fit a CPU")
-g.add_argument("--rl_steps", type=int, default=30, help="GRPO steps")
+g.add_argument("--rl_steps", type=int, default=30, help="GRPO steps (0: the recipe's epochs)")
 g.add_argument("--recipe", default="default", choices=["default", "paper"],
                help="paper: the official RLVR-World recipe (textgame, webpage): 128 prompts x 5 "
                     "samples (webpage 64 x 5), lr 1e-6 constant, answers up to 4096 tokens "
                     "(webpage 7288), KL 0.001 (k3 clamped to 10), entropy 0.001, clip 0.2, T 1.0, "
-                    "2 (webpage 4) optimizer steps per batch, every group kept; a flag given "
-                    "explicitly wins over the recipe")
+                    "2 (webpage 4) optimizer steps per batch, every group kept, std N-1, micro-"
+                    "batch token-means, its prompt filter and epochs; explicit flags win")
 add_flags(g, GRPOConfig)   # --prompts_per_step ... --max_new_tokens: GRPOConfig's knobs
 g.add_argument("--reward", default=None,
                help="textgame: binary | task_specific; webpage: f1 (default: the first)")
@@ -109,16 +104,18 @@ g.add_argument("--on_nan", default="stop", choices=["stop", "skip"],
 known, _ = p.parse_known_args([a for a in sys.argv[1:] if a not in ("-h", "--help")])
 recipe = PAPER_RECIPE.get(known.task, {}) if known.recipe == "paper" else {}
 knobs = {f.name: f.metadata["flag"] or f.name for f in dataclasses.fields(GRPOConfig) if f.metadata}
-p.set_defaults(**{knobs[k]: v for k, v in recipe.items() if k in knobs})
+p.set_defaults(**{knobs[k]: v for k, v in recipe.items() if k in knobs}, **(
+    {"rl_steps": 0} if recipe else {}))   # 0: from the epochs
 flags = p.parse_args()
 if flags.n_embd % 32:
     p.error(f"--n_embd must be a multiple of 32 (heads of 32 channels), got {flags.n_embd}")
 if flags.recipe == "paper" and not recipe:
     p.error(f"--recipe=paper: the paper has recipes for {sorted(PAPER_RECIPE)}, not {flags.task}")
-check_ranges(p, flags, at_least_0=("mle_lr", "rl_lr", "eval_limit"),
-             at_least_1=("n_layer", "n_embd", "block_size", "mle_steps", "batch_size", "rl_steps",
+steps = ("rl_steps",)   # >= 1, or 0 under a recipe
+check_ranges(p, flags, at_least_0=("mle_lr", "rl_lr", "eval_limit") + steps * bool(recipe),
+             at_least_1=("n_layer", "n_embd", "block_size", "mle_steps", "batch_size",
                          "prompts_per_step", "group_size", "micro_batch", "max_new_tokens",
-                         "ckpt_every"))
+                         "ckpt_every") + steps * (not recipe))
 task = TASKS[flags.task]   # data module, per-record scores, rewards (tasks.py)
 data = task.data           # load_records, prompt_text, target_text, is_changed
 # the defaults that depend on the task and the shipped checkpoints, resolved once: --init=auto is
@@ -138,6 +135,9 @@ cfg = dataclasses.replace(from_flags(args, GRPOConfig),
 out_dir = Path(args.out_dir or f"out/{args.task}")
 run = Run(args, out_dir, path_flags=("data_dir", "init", "out_dir", "tokenizer"))
 master, print0, fail = run.master, run.print0, run.fail
+if cfg.prompts_per_step % run.world:   # torchrun: the global count, whole groups on each rank
+    fail(f"--prompts_per_step {cfg.prompts_per_step}: a multiple of the {run.world} ranks")
+cfg = dataclasses.replace(cfg, prompts_per_step=cfg.prompts_per_step // run.world)   # per rank
 if args.reward not in task.rewards:
     fail(f"--reward {args.reward}: the {args.task} task has rewards {task.rewards}")
 init_is_ckpt = args.init != "scratch" and Path(args.init).is_file()   # else scratch or HF dir
@@ -224,14 +224,27 @@ if args.stage in ("all", "rlvr"):
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,
                             weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(args.seed + 1000 + run.rank)   # prompts and samples
-    pool = PromptPool(train_recs, data.prompt_text, data.is_changed, tok,
-                      model.config.block_size - cfg.max_new_tokens, UNCHANGED_FRAC, gen)
+    room = min(model.config.block_size - cfg.max_new_tokens, cfg.max_prompt or 10 ** 9)
+    pool = PromptPool(train_recs, data.prompt_text, data.is_changed, tok, room, UNCHANGED_FRAC,
+                      gen)
     # the probe: fixed train prompts whose greedy and T=1 reward is logged every PROBE_EVERY steps
     probe_prompts, probe_recs = pool(PROBE_N)
     source = Source(reward_fn(args.task, tok, args.reward), tok.eos_id, draw=pool)
-    print0(f"rlvr: {len(pool.changed)} changed + {len(pool.unchanged)} unchanged train prompts; "
-           f"per step {cfg.prompts_per_step} groups with reward spread (up to {cfg.max_rounds} "
-           f"rounds) x {cfg.group_size} samples x {run.world} ranks; reward {args.reward}")
+    print0(f"rlvr: {len(pool.changed)} changed + {len(pool.unchanged)} unchanged train prompts "
+           f"({pool.dropped} over {room} tokens left out); per step "
+           f"{cfg.prompts_per_step * run.world} prompts in all, {cfg.prompts_per_step} per rank, "
+           f"groups with reward spread (up to "
+           f"{cfg.max_rounds} rounds) x {cfg.group_size} samples; reward {args.reward}")
+    draw = EpochSampler(pool, PAPER_UNCHANGED.get(args.reward), args.seed, run.rank, run.world) \
+        if recipe else pool   # the official schedule, or draws with replacement
+    rl_steps = args.rl_steps   # GRPO steps (0 under --recipe=paper: its epochs')
+    if recipe and not draw.steps_per_epoch(cfg.prompts_per_step):
+        fail(f"--recipe=paper: {len(draw)} prompts, fewer than a step's")
+    if recipe:
+        rl_steps = rl_steps or PAPER_EPOCHS * draw.steps_per_epoch(cfg.prompts_per_step)
+        print0(f"--recipe=paper: epochs of {len(draw)} prompts, {len(pool.changed)} changed + "
+               f"{draw.n_unch} unchanged (verl's text-game dataset), reshuffled; {rl_steps} "
+               f"steps ({PAPER_EPOCHS} epochs)")
 
     def probe():   # every rank gathers FSDP's weights; rank 0 scores the probe prompts
         with unsharded(model), run.autocast:
@@ -240,6 +253,7 @@ if args.stage in ("all", "rlvr"):
 
     # a re-run continues a stopped RLVR exactly; its compute so far counts for the control
     step, rl_done = resume_stage(run, rl_file, model, opt, gen, "rlvr")
+    draw.drawn = step   # the epoch sampler's place (the pool draws with `gen`, resumed)
     prev = read_meta(rl_file)["metrics"] if step else {}
     totals = dict(rl_seconds=prev.get("rl_seconds", 0.0), rl_compute=prev.get("rl_compute", 0))
     budget.add(totals["rl_compute"])
@@ -247,11 +261,11 @@ if args.stage in ("all", "rlvr"):
         run.nonfinite("rlvr", step, model, "non-finite weights in the policy")
     if step == 0 and (first := probe()):   # the probe before any update (rank 0's)
         run.log({"stage": "rlvr", "step": 0, **first})
-    bar = tqdm(total=args.rl_steps, initial=step, desc="rlvr", disable=not master or rl_done)
-    while step < args.rl_steps and not rl_done:
+    bar = tqdm(total=rl_steps, initial=step, desc="rlvr", disable=not master or rl_done)
+    while step < rl_steps and not rl_done:
         for group in opt.param_groups:   # a linear warm-up over cfg.warmup steps, then constant
             group["lr"] = cfg.lr * min(1.0, (step + 1) / max(cfg.warmup, 1))
-        prompts, items = pool(cfg.prompts_per_step)   # grpo_step draws more if groups lack spread
+        prompts, items = draw(cfg.prompts_per_step)   # grpo_step draws more if groups lack spread
         try:   # rollout -> reward -> advantages -> PPO-clip + KL updates
             stats = grpo_step(trained, ref, opt, prompts, items, source, cfg, gen, step,
                               run.autocast)
@@ -267,7 +281,7 @@ if args.stage in ("all", "rlvr"):
             budget.add(stats["compute"])
             bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", kept=stats["groups_kept"],
                             kl=f"{stats['kl']:.4f}")
-            if step % PROBE_EVERY == 0 or step == args.rl_steps:
+            if step % PROBE_EVERY == 0 or step == rl_steps:
                 stats.update(probe())
                 if master:
                     print0(f"\nrlvr step {step}: reward {stats['reward_mean']:.3f} probe reward "
@@ -277,7 +291,7 @@ if args.stage in ("all", "rlvr"):
             run.log({"stage": "rlvr", **stats, **totals})
         # every --ckpt_every steps the resumable state; at the end the weights alone
         save_stage(run, rl_file, model, opt, step, {**stats, **totals}, gen,
-                   done=step == args.rl_steps)
+                   done=step == rl_steps)
     bar.close()
     budget.close()   # RLVR's compute is final: the control stops once it has used as much
     run.check_ranks_in_sync(model, "rlvr")   # under torchrun: the same weights on every rank

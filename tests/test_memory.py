@@ -62,3 +62,15 @@ def test_the_readme_scale_command_fits_80_gb():
     # --dtype=bfloat16 --grad_ckpt=1 --prompts_per_step=16 --group_size=8 --micro_batch=4 (a chunk: 2 prompts)
     est = memory_estimate(qwen, True, True, True, 3000, 1024, 16, 8, 4, 2)
     assert est["weights"] == pytest.approx(4 * 1.777e9, rel=0.01) and est["peak"] < 80e9, est
+
+
+def test_the_readme_8_gpu_recipe_fits_80_gb_per_rank():
+    """--recipe=paper on 8 ranks: 128 prompts in all, 16 a rank x 5 samples, the official longest prompts (7,192) and
+    answers (4,096), micro-batches of 2 (a chunk: 2 prompts); 128 prompts on one rank would not fit (rollout chunks)."""
+    from model import GPTConfig
+    from runtime import memory_estimate, prompts_per_chunk
+    qwen = GPTConfig.llama(vocab_size=151936, block_size=16384, n_layer=28, n_head=12, n_kv_head=2, n_embd=1536,
+                           mlp_hidden=8960, qkv_bias=True, tie_embeddings=False)
+    est = memory_estimate(qwen, True, True, True, 7192, 4096, 16, 5, 2, prompts_per_chunk(16, 5, 2, 2))
+    assert est["peak"] < 80e9, est
+    assert memory_estimate(qwen, True, True, True, 7192, 4096, 128, 5, 2, 2)["peak"] > 80e9

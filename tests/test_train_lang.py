@@ -194,3 +194,18 @@ def test_bfloat16_run_takes_no_optimizer_step_inside_autocast(tiny_run, tmp_path
     p = run(["-c", code])
     n, inside = map(int, p.stdout.strip().splitlines()[-1].split()[1:])
     assert n >= 2 and inside == 0, p.stdout[-500:]
+
+
+def test_torchrun_prompts_per_step_is_global_and_the_recipe_runs(tmp_path):
+    """Under torchrun --prompts_per_step counts the prompts of all ranks (issue 57): 2 gloo ranks, 2 prompts in all,
+    1 each; --recipe=paper's epoch sampler (every changed record, the unchanged slots) and its prompt filter."""
+    run(["data/textgame/prepare.py", "--n_train=60", "--n_val=2", "--n_test=2", f"--out_dir={tmp_path / 'data'}"])
+    shipped = ROOT / "checkpoints" / "textgame" / "mle.safetensors"
+    p = run(["-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "train_lang.py", "--stage=rlvr",
+             f"--init={shipped}", f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'out'}", "--recipe=paper",
+             "--rl_steps=1", "--control=0", *TINY, "--eval_limit=1", "--max_new_tokens=32"])
+    assert "per step 2 prompts in all, 1 per rank" in p.stdout, p.stdout[-2000:]
+    assert "--recipe=paper: epochs of" in p.stdout and "tokens left out" in p.stdout
+    rows = [json.loads(x) for x in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
+    step = [r for r in rows if r.get("step") == 1 and "groups" in r][0]
+    assert step["groups"] == 1 and step["groups_kept"] == 1   # rank 0's share; every group kept (recipe)
