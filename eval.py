@@ -48,10 +48,10 @@ from data.robot.prepare import DATA_DIR, ensure_splits
 from data.robot.task import (EFFECTS, Layout, clips, frame_codes, load_split, object_report,
                              object_scores, rollout, to_float, tokenize_split, windows)
 from data.textgame.prepare import COMPOSE_PATH, ensure_compose
-from rewards import MOVE_TOL, load_lpips, mae, mse, psnr, repetition_rate, ssim
 from runtime import check_device, check_ranges, fork_map, rank_map
 from tasks import TASKS, crop, generate_texts, load_lang_model
 from tokenizer_vq import load_vq
+from video_rewards import MOVE_TOL, load_lpips, mae, mse, psnr, repetition_rate, ssim
 
 
 # -------------------------------------------------------------------------------------------------
@@ -276,7 +276,7 @@ def compare_checkpoints(run, task, ckpts, tok, splits, max_new_tokens):
 # `eval_video` rolls a world model out on the split's windows, greedy or sampled as EvalSpec says,
 # decodes against the true last context frame and reports, averaged over predicted frames, against
 # the *true* frames:
-# - mse, mae, psnr, ssim, lpips (null without LPIPS weights), and repetition_rate (rewards.py);
+# - mse, mae, psnr, ssim, lpips (null without weights), and repetition_rate (video_rewards.py);
 # - mae_moving: MAE on the pixels that truly move (> MOVE_TOL from the last context frame), where
 #   copy_last_frame, strong on whole frames of a mostly static scene, is weak;
 # - copy_last_frame and tokenizer_ceiling (the true frames' own codes decoded): the baselines;

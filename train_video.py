@@ -42,10 +42,10 @@ from eval import (EvalSpec, eval_video, evaluate_video_models, load_video_model,
                   print_video_report)
 from grpo import GRPOConfig, Source, make_policy, train_loop
 from model import GPT, GPTConfig
-from rewards import VideoReward, load_lpips, pick_reward
 from runtime import (ComputeBudget, Run, check_ranges, lr_at, memory_estimate, print_memory,
                      prompts_per_chunk, rank_map, rlvr_and_control)
 from tokenizer_vq import load_vq
+from video_rewards import VideoReward, load_lpips, pick_reward
 
 # the shipped world model both modes start from: the per-frame one trained on 4000 episodes, on
 # 7-frame windows (it follows the gripper), and the shipped tokenizer, for --stage=mle

@@ -29,9 +29,10 @@ def test_grpo_functions_are_short():
 
 def test_the_core_stays_small():
     # a ratchet at today's size (issue 45's target, 14 files and 3,200 lines, is not reached yet):
-    # the core may shrink, never grow
+    # the core may shrink, never grow; 15 files since issue 56 put the video metrics in a file of
+    # their own (video_rewards.py)
     lines = sum(len((ROOT / name).read_text().splitlines()) for name in CORE)
-    assert len(CORE) <= 14 and lines <= 5227, f"top level: {len(CORE)} files, {lines} lines"
+    assert len(CORE) <= 15 and lines <= 5227, f"top level: {len(CORE)} files, {lines} lines"
 
 
 def imported_modules(path):

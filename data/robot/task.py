@@ -33,10 +33,10 @@ from safetensors.torch import save_file
 from checkpoint import atomic_write, atomic_write_text
 from engine import generate
 from data.robot.detect import gripper_response
-from rewards import OBJECT_TOL, to_uint8, video_reward
+from video_rewards import OBJECT_TOL, to_uint8, video_reward
 
 N_BINS = 256
-STILL_TOL = 0.1     # a pixel is unchanged when no channel moves by more than this (rewards.MOVE_TOL)
+STILL_TOL = 0.1     # a pixel is unchanged when no channel moves by more than this (video_rewards.MOVE_TOL)
 
 
 def episode_files(data_dir, split):
