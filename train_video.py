@@ -38,13 +38,13 @@ from checkpoint import ROOT, atomic_write, read_meta, recorded_path, write_json
 from data.robot.prepare import DATA_DIR
 from data.robot.task import (Clips, Layout, cached_tokens, make_draw, make_reward, make_sampler,
                              moving_windows, read_action_stats, windows)
-from eval import (EvalSpec, eval_video, evaluate_video_models, load_video_model,
-                  print_video_report)
 from grpo import GRPOConfig, Source, make_policy, train_loop
 from model import GPT, GPTConfig
 from runtime import (ComputeBudget, Run, check_ranges, lr_at, memory_estimate, print_memory,
                      prompts_per_chunk, rank_map, rlvr_and_control)
 from tokenizer_vq import load_vq
+from video_eval import (EvalSpec, eval_video, evaluate_video_models, load_video_model,
+                        print_video_report)
 from video_rewards import VideoReward, load_lpips, pick_reward
 
 # the shipped world model both modes start from: the per-frame one trained on 4000 episodes, on

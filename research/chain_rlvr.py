@@ -36,8 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root
 from checkpoint import save_checkpoint, write_jsonl  # noqa: E402
 from data.robot.detect import locate_blocks, locate_gripper  # noqa: E402
-from data.robot.task import episode_files, read_npz  # noqa: E402
-from eval import to_float  # noqa: E402
+from data.robot.task import episode_files, read_npz, to_float  # noqa: E402
 from research.policy_eval import load_world_model, sample_chunk  # noqa: E402
 from grpo import (Batch, GRPOConfig, fixed_logprobs, group_advantages, make_optimizer, minibatch_plan,  # noqa: E402
                   pack, update)

@@ -48,7 +48,7 @@ from tokenizer_text import load_tokenizer
 from model import GPT, GPTConfig
 from tokenizer_text import Tokenizer
 from tokenizer_vq import load_vq
-from eval import load_video_model
+from video_eval import load_video_model
 from video_rewards import load_lpips
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -438,7 +438,7 @@ def make_sampler(horizon, L):
 
 
 # -----------------------------------------------------------------------------
-# the held-out evaluation's checks of the embedded robot data (eval.eval_video): did the predicted frames keep the
+# the held-out evaluation's checks of the embedded robot data (video_eval.eval_video): did the predicted frames keep the
 # objects, and does the predicted gripper follow the action?
 
 EFFECTS = ("object_recall", "action_response")   # the per-window action-effect metrics
