@@ -300,8 +300,8 @@ def main(argv=None, prog=None):
 
 
 def video_main(args):
-    """--task=video: --ckpt (and --compare) on the --split windows of each model's own mode, clip
-    length and action bins, sampled as the flags say; with --official, also the paper's protocol."""
+    """--ckpt (and --compare) on the --split windows of each model's own mode, clip length and
+    action bins, sampled as the flags say; with --official, also the paper's protocol."""
     ckpts = [args.ckpt] + ([args.compare] if args.compare else [])
     try:
         check_device(args.device)
