@@ -432,7 +432,7 @@ def cast_copy(model):
     dtype = torch.get_autocast_dtype(device)
     if (not torch.is_autocast_enabled(device) or dtype == torch.float32
             or model.wte.weight.dtype != torch.float32 or is_fsdp(model)):
-        return model   # (FSDP, grpo.unsharded: its gathered weights cannot be deep-copied)
+        return model   # (FSDP, runtime.unsharded: its gathered weights cannot be deep-copied)
     memo = {id(p): torch.nn.Parameter(p.detach().to(dtype), requires_grad=False)
             for p in model.parameters()}
     return copy.deepcopy(model, memo)

@@ -211,35 +211,9 @@ def load_hf_tokenizer(path):
     if normalizer not in (None, {"type": "NFC"}):
         raise unsupported(f"normalizer {normalizer.get('type')!r}")
     pat_str = hf_pattern(spec.get("pre_tokenizer"), unsupported)
-    byte_of = {c: b for b, c in bytes_to_unicode().items()}
-
-    def to_bytes(token):
-        try:
-            return bytes(byte_of[c] for c in token)
-        except KeyError:
-            raise unsupported(f"token {token!r} is not in the byte-level alphabet") from None
-
     specials = {t["content"]: t["id"] for t in spec.get("added_tokens", [])}
-    special_ids = set(specials.values())
-    # added tokens can also sit in the vocab (GPT-2's <|endoftext|>): they stay specials only
-    ranks = {to_bytes(t): i for t, i in model["vocab"].items() if i not in special_ids}
-    check_bytes(ranks, file)
-    # tiktoken merges by rank == id, HF by place in `merges`: they agree when ids grow in merge
-    # order (a token made by several merges, as tools/export_hf.py writes, has them side by side)
-    merges = [m.split(" ") if isinstance(m, str) else m for m in model.get("merges", [])]
-    merged_ids = [ranks.get(to_bytes(a) + to_bytes(b), -1) for a, b in merges]
-    if -1 in merged_ids or len(set(merged_ids)) != len(ranks) - 256 \
-            or merged_ids != sorted(merged_ids):
-        raise unsupported("vocab ids do not follow the merge order, which tiktoken needs")
-    config_file, config, tokens = file.parent / "tokenizer_config.json", {}, {}
-    if config_file.is_file():
-        try:
-            config = json.loads(config_file.read_text(encoding="utf-8"))
-            # the special tokens by name; older configs store an AddedToken dict
-            tokens = {k: v.get("content") if isinstance(v, dict) else v for k, v in config.items()
-                      if k in CHAT_TOKENS and v}
-        except (OSError, ValueError, AttributeError) as e:
-            raise ValueError(f"cannot read {config_file}: {e!r}") from e
+    ranks = hf_ranks(model, set(specials.values()), file, unsupported)
+    config, tokens = hf_config(file)
     eos = tokens.get("eos_token") or EOT
     if eos not in specials:
         raise ValueError(f"{file}: eos token {eos!r} is not among the added tokens "
@@ -255,6 +229,44 @@ def load_hf_tokenizer(path):
                                             extensions=["jinja2.ext.loopcontrols"])
         chat = (env.from_string(template), tokens)
     return Tokenizer(enc, specials[eos], nfc=normalizer is not None, chat=chat)
+
+
+def hf_ranks(model, special_ids, file, unsupported):
+    """tiktoken's mergeable ranks (token bytes -> id) of a HF byte-level BPE "model" object whose
+    ids follow its merge order, the added tokens' ids (special_ids) left out."""
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
+
+    def to_bytes(token):
+        try:
+            return bytes(byte_of[c] for c in token)
+        except KeyError:
+            raise unsupported(f"token {token!r} is not in the byte-level alphabet") from None
+
+    # added tokens can also sit in the vocab (GPT-2's <|endoftext|>): they stay specials only
+    ranks = {to_bytes(t): i for t, i in model["vocab"].items() if i not in special_ids}
+    check_bytes(ranks, file)
+    # tiktoken merges by rank == id, HF by place in `merges`: they agree when ids grow in merge
+    # order (a token made by several merges, as tools/export_hf.py writes, has them side by side)
+    merges = [m.split(" ") if isinstance(m, str) else m for m in model.get("merges", [])]
+    merged_ids = [ranks.get(to_bytes(a) + to_bytes(b), -1) for a, b in merges]
+    if -1 in merged_ids or len(set(merged_ids)) != len(ranks) - 256 \
+            or merged_ids != sorted(merged_ids):
+        raise unsupported("vocab ids do not follow the merge order, which tiktoken needs")
+    return ranks
+
+
+def hf_config(file):
+    """The tokenizer_config.json beside `file` ({} if none) and its special tokens (CHAT_TOKENS)."""
+    config_file, config, tokens = file.parent / "tokenizer_config.json", {}, {}
+    if config_file.is_file():
+        try:
+            config = json.loads(config_file.read_text(encoding="utf-8"))
+            # the special tokens by name; older configs store an AddedToken dict
+            tokens = {k: v.get("content") if isinstance(v, dict) else v for k, v in config.items()
+                      if k in CHAT_TOKENS and v}
+        except (OSError, ValueError, AttributeError) as e:
+            raise ValueError(f"cannot read {config_file}: {e!r}") from e
+    return config, tokens
 
 
 # the special tokens transformers hands a chat template (its special_tokens_map), by name

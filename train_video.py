@@ -18,7 +18,7 @@ paired bootstrap intervals of RLVR - MLE, RLVR - mle_more, ... A re-run resumes 
 RLVR is a loop of grpo.grpo_step below over three pieces that a study may replace
 (research/video_terms.py): `draw` picks the step's prompts (train windows where the scene moves),
 the reward decodes each completion (with tokenizer_vq's copy gate) and scores it
-(rewards.VideoReward: mae+ssim, or mae+lpips with --lpips, minus the mode's moving, object and
+(video_rewards.VideoReward: mae+ssim, or mae+lpips with --lpips, minus the mode's moving, object and
 push terms), the sampler rolls out frame by frame injecting the true actions (multi-step); every
 WATCH_EVERY steps the loop scores the validation split.
 """
@@ -41,14 +41,14 @@ from checkpoint import (ROOT, atomic_write, check_config, read_meta, recorded_pa
 from data.robot.prepare import DATA_DIR
 from data.robot.task import (Clips, Layout, cached_tokens, make_draw, make_reward, make_sampler,
                              moving_windows, read_action_stats, windows)
-from eval import (EvalSpec, eval_video, evaluate_video_models, load_video_model,
-                  print_video_report)
 from grpo import GRPOConfig, Source, grpo_step
 from model import GPT, GPTConfig, finite_weights
-from rewards import VideoReward, load_lpips, pick_reward
 from runtime import (ComputeBudget, Run, check_ranges, control_after, control_beside, lr_at,
                      memory_estimate, print_memory, prompts_per_chunk, rank_map, unsharded)
 from tokenizer_vq import load_vq
+from video_eval import (EvalSpec, eval_video, evaluate_video_models, load_video_model,
+                        print_video_report)
+from video_rewards import VideoReward, load_lpips, pick_reward
 
 # the shipped world model both modes start from: the per-frame one trained on 4000 episodes, on
 # 7-frame windows (it follows the gripper), and the shipped tokenizer, for --stage=mle
@@ -393,7 +393,7 @@ if args.stage in ("all", "rlvr"):
 if args.stage in ("all", "rlvr", "control"):
     # the held-out comparison on the --final_eval split, greedy and sampled with the paper's
     # protocol, paired over the same windows: on a CPU two forked processes share the models' jobs,
-    # under torchrun the ranks do (eval.evaluate_video_models); every rank gets every result
+    # under torchrun the ranks do (video_eval.evaluate_video_models); every rank gets every result
     workers = 2 if run.forks else 1
     print0(f"evaluating {len(models)} models greedy and sampled on the {args.final_eval} windows "
            f"({world if run.ddp else workers} processes)")

@@ -26,9 +26,9 @@ from tqdm import tqdm
 from checkpoint import recorded_args, resume_stage, save_stage
 from data.robot.prepare import DATA_DIR, ensure_splits
 from data.robot.task import clips, episode_files, load_split, to_float
-from rewards import psnr
 from runtime import Run, check_ranges, lr_at
 from tokenizer_vq import VQConfig, VQVAE, codebook_stats, save_vq
+from video_rewards import psnr
 
 VQ_FILE = "video_vq.safetensors"   # the tokenizer file in --out_dir
 OUT_DIR, RESUME, SIZE = "out/video", 1, 64   # train_video.py's too: --out_dir, --resume, frame side

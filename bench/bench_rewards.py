@@ -4,7 +4,7 @@ Reward throughput: our batched torch SSIM / PSNR against scikit-image, and the t
     python bench/bench_rewards.py            # 64 frames of 64x64, 1 and 2 threads, 7 repeats
     python bench/bench_rewards.py --tiny     # seconds; the smoke test in tests/test_bench.py
 
-Video: `rewards.ssim` / `rewards.psnr` score a whole (N, 3, H, W) batch in a few tensor ops (separable
+Video: `video_rewards.ssim` / `video_rewards.psnr` score a whole (N, 3, H, W) batch in a few tensor ops (separable
 Gaussian convolutions in float64); scikit-image's `structural_similarity` (the settings our parity test uses:
 Gaussian weights, sigma 1.5, population covariance) and `peak_signal_noise_ratio` score one frame per call, as a
 reward loop would call them. Both get the same random frames (a noisy copy as the prediction); the values are
@@ -23,7 +23,7 @@ from common import interleaved, machine, median, print_table, thread_list
 from data.textgame.prepare import generate_split  # noqa: E402
 from data.textgame.task import target_text  # noqa: E402
 from rewards import textgame_reward  # noqa: E402
-from rewards import psnr, ssim  # noqa: E402
+from video_rewards import psnr, ssim  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # flags

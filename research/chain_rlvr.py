@@ -10,7 +10,7 @@ train_video.py's single-step RLVR predicts from true frames only. Policy evaluat
 gripper pushes is lost over them (research/README.md). Here a prompt is a true frame t of a train episode with its
 next --chain actions; each of its --group samples imagines frames t+1 .. t+k the way policy_eval imagines an episode
 (open loop, one frame per step, mirrored by each action with --mirror=1); its reward is the mean over the k frames of
-train_video.py's single-step reward (rewards.video_reward: MAE + 1 - SSIM, the moving, object and push terms),
+train_video.py's single-step reward (video_rewards.video_reward: MAE + 1 - SSIM, the moving, object and push terms),
 each frame against the true one, with the true frame before it as the context. The group's advantages
 (grpo.group_advantages) go to every frame of the chain: each frame's codes after its prompt (context codes and
 action) are one row of grpo.update, the same PPO-clip + KL step as train_video.py's. --placebo=1 permutes each
@@ -36,12 +36,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root
 from checkpoint import save_checkpoint, write_jsonl  # noqa: E402
 from data.robot.detect import locate_blocks, locate_gripper  # noqa: E402
-from data.robot.task import episode_files, read_npz  # noqa: E402
-from eval import to_float  # noqa: E402
+from data.robot.task import episode_files, read_npz, to_float  # noqa: E402
 from research.policy_eval import load_world_model, sample_chunk  # noqa: E402
 from grpo import (Batch, GRPOConfig, group_advantages, logprobs_shared_prompts, minibatch_plan,  # noqa: E402
                   pack, update)
-from rewards import VideoReward, video_reward  # noqa: E402
+from video_rewards import VideoReward, video_reward  # noqa: E402
 
 
 # -----------------------------------------------------------------------------

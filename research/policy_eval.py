@@ -86,10 +86,10 @@ from data.robot import sim  # noqa: E402
 from data.robot.detect import MOVED_PX, judge, locate_block, locate_goal, locate_gripper  # noqa: E402
 from data.robot.task import Layout, action_bins, frame_codes, rollout  # noqa: E402
 import research.cond_tokenizer  # noqa: E402,F401  (load_vq reads the cond tokenizer)
-from eval import load_video_model  # noqa: E402
 from research.mirror_data import mirror  # noqa: E402
-from rewards import to_uint8  # noqa: E402
 from runtime import check_device  # noqa: E402
+from video_eval import load_video_model  # noqa: E402
+from video_rewards import to_uint8  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENE_STREAM, POLICY_STREAM = 3, 4   # random streams of the evaluation (prepare.py's splits use 0, 1, 2)

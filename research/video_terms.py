@@ -31,7 +31,7 @@ from data.robot import sim  # noqa: E402
 from data.robot.detect import blocks_moved, locate_gripper  # noqa: E402
 from data.robot.prepare import split_episodes  # noqa: E402
 from data.robot.task import N_BINS, action_bins, window_batch, windows  # noqa: E402
-from rewards import WORST_VIDEO_REWARD, _check_frames, to_uint8, video_reward  # noqa: E402
+from video_rewards import WORST_VIDEO_REWARD, _check_frames, to_uint8, video_reward  # noqa: E402
 
 # gripper_error's scale in pixels: twice the embedded robot's step (sim.SPEED, 3 px per unit
 # action), so a gripper left where it was scores about 0.5, one moved a whole step the wrong way

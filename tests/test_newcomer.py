@@ -3,6 +3,7 @@ nothing; a re-run into the same out_dir with other flags stops naming them, and 
 script's --help works with the runtime requirements alone (requirements.txt), the dev packages blocked."""
 import hashlib
 import os
+import runpy
 import subprocess
 import sys
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import eval as eval_script
+import video_eval
 from data.robot.prepare import ensure_splits as robot_splits, generate_split
 from data.robot.task import write_action_stats
 from data.textgame.prepare import ensure_splits
@@ -134,15 +135,15 @@ def test_eval_limit_must_not_be_negative():
 
 
 def test_eval_video_with_a_missing_checkpoint_generates_no_data(tmp_path, monkeypatch, capsys):
-    """In-process, with the embedded robot data's folder moved to an empty tmp_path: the checkpoint is checked
-    before any episode is generated."""
+    """In-process (eval.py run as the command, dispatching to video_eval.py), with the embedded robot data's folder
+    moved to an empty tmp_path: the checkpoint is checked before any episode is generated."""
     robot = tmp_path / "robot"
-    monkeypatch.setattr(eval_script, "DATA_DIR", robot)
+    monkeypatch.setattr(video_eval, "DATA_DIR", robot)
     monkeypatch.setattr(sys, "argv", ["eval.py", "--task=video", f"--ckpt={tmp_path / 'nope.safetensors'}",
                                       f"--data={robot}"])
     t0 = time.time()
     with pytest.raises(SystemExit) as e:
-        eval_script.main()
+        runpy.run_path(str(ROOT / "eval.py"), run_name="__main__")
     assert e.value.code == f"error: {tmp_path / 'nope.safetensors'}: checkpoint file not found"
     assert time.time() - t0 < 60 and not robot.exists()
 
@@ -215,7 +216,7 @@ def test_video_rerun_with_other_flags_is_refused(video_data, tmp_path):
 
 # every script a user runs (tools/trace_step.py passes its flags to train_lang.py)
 PATTERNS = ("experiments/*.py", "research/*.py", "tools/*.py", "bench/*.py", "data/*/prepare.py")
-SCRIPTS = ["train_lang.py", "train_video.py", "train_vq.py", "eval.py",
+SCRIPTS = ["train_lang.py", "train_video.py", "train_vq.py", "eval.py", "video_eval.py",
            *(str(f.relative_to(ROOT)) for pattern in PATTERNS for f in sorted(ROOT.glob(pattern))
              if f.name not in ("__init__.py", "envs.py", "common.py", "trace_step.py", "video_terms.py"))]
 

@@ -46,10 +46,10 @@ from eval import load_lang_model
 from grpo import GRPOConfig, Source, grpo_step
 from tokenizer_text import load_tokenizer
 from model import GPT, GPTConfig
-from rewards import load_lpips
 from tokenizer_text import Tokenizer
 from tokenizer_vq import load_vq
-from eval import load_video_model
+from video_eval import load_video_model
+from video_rewards import load_lpips
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "checkpoints" / "textgame" / "mle.safetensors"

@@ -23,7 +23,7 @@ from data.textgame.task import make_diff, target_text as textgame_target
 from data.webpage.simulator import generate_split as webpage_split
 from data.webpage.task import target_text as webpage_target
 from rewards import MAX_ANSWER_CHARS, _last_fenced, textgame_metrics, textgame_reward, web_f1, web_prf
-from rewards import (LPIPS, WORST_VIDEO_REWARD, VideoReward, mae, mse, psnr, repetition_rate, ssim,
+from video_rewards import (LPIPS, WORST_VIDEO_REWARD, VideoReward, mae, mse, psnr, repetition_rate, ssim,
                      video_reward)
 
 FUZZ = dict(deadline=None, derandomize=True, database=None,

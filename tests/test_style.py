@@ -35,9 +35,10 @@ def test_grpo_is_the_seven_steps_in_few_short_functions():
 
 def test_the_core_stays_small():
     # a ratchet at today's size (issue 45's target, 14 files and 3,200 lines, is not reached yet):
-    # the core may shrink, never grow
+    # the core may shrink, never grow; 16 files since issue 56 put the video metrics and the video
+    # evaluator in files of their own (video_rewards.py, video_eval.py)
     lines = sum(len((ROOT / name).read_text().splitlines()) for name in CORE)
-    assert len(CORE) <= 14 and lines <= 5227, f"top level: {len(CORE)} files, {lines} lines"
+    assert len(CORE) <= 16 and lines <= 5227, f"top level: {len(CORE)} files, {lines} lines"
 
 
 def imported_modules(path):
@@ -56,7 +57,7 @@ def test_the_core_never_imports_research(name):
     assert "research" not in imported_modules(ROOT / name), f"{name} imports research/"
 
 
-SCRIPTS = {"eval", "train_lang", "train_video", "train_vq"}
+SCRIPTS = {"eval", "train_lang", "train_video", "train_vq", "video_eval"}
 
 
 @pytest.mark.parametrize("name", sorted(n for n in CORE if n[:-3] not in SCRIPTS))

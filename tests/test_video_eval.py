@@ -7,11 +7,11 @@ import torch
 
 from data.robot import sim
 from data.robot.task import Layout, frame_codes, rollout
-from eval import (EvalSpec, eval_video, evaluate_video_models, load_video_model, paired_diffs, print_video_report,
-                  write_grid)
+from eval import paired_diffs
 from model import GPT, GPTConfig
-from rewards import mae
 from tokenizer_vq import VQConfig, VQVAE
+from video_eval import EvalSpec, eval_video, evaluate_video_models, load_video_model, print_video_report, write_grid
+from video_rewards import mae
 
 
 def tiny(n_codes=16, D=2):

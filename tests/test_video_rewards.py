@@ -4,7 +4,7 @@ import torch
 from safetensors.torch import save_file
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
-from rewards import (LPIPS, REWARDS, load_lpips, mae, moving_mae, mse, object_miss, pick_reward, psnr,
+from video_rewards import (LPIPS, REWARDS, load_lpips, mae, moving_mae, mse, object_miss, pick_reward, psnr,
                      repetition_rate, ssim, video_reward, VideoReward)
 
 

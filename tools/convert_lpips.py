@@ -1,4 +1,4 @@
-"""Build the LPIPS-VGG weights file that rewards.LPIPS loads (run once, on a machine with internet).
+"""Build the LPIPS-VGG weights file that video_rewards.LPIPS loads (run once, on a machine with internet).
 
     pip install lpips torchvision          # the official LPIPS package; it fetches torchvision's VGG16 weights
     python tools/convert_lpips.py --out=checkpoints/lpips_vgg.safetensors
@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from rewards import load_lpips  # noqa: E402
+from video_rewards import load_lpips  # noqa: E402
 
 
 def convert(out, random_vgg=False):

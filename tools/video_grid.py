@@ -23,9 +23,11 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from eval import MOVE_TOL, load_video_model, to_float  # noqa: E402
 from data.robot.prepare import DATA_DIR, ensure_splits  # noqa: E402
-from data.robot.task import Layout, clips, frame_codes, load_split, rollout, tokenize_split, windows  # noqa: E402
+from data.robot.task import (Layout, clips, frame_codes, load_split, rollout, to_float, tokenize_split,  # noqa: E402
+                             windows)
+from video_eval import load_video_model  # noqa: E402
+from video_rewards import MOVE_TOL  # noqa: E402
 
 
 def moving_windows(episodes, context, horizon, n):

@@ -33,10 +33,10 @@ from safetensors.torch import save_file
 from checkpoint import atomic_write, atomic_write_text
 from engine import generate
 from data.robot.detect import gripper_response
-from rewards import OBJECT_TOL, to_uint8, video_reward
+from video_rewards import OBJECT_TOL, to_uint8, video_reward
 
 N_BINS = 256
-STILL_TOL = 0.1     # a pixel is unchanged when no channel moves by more than this (rewards.MOVE_TOL)
+STILL_TOL = 0.1     # a pixel is unchanged when no channel moves by more than this (video_rewards.MOVE_TOL)
 
 
 def episode_files(data_dir, split):
@@ -438,7 +438,7 @@ def make_sampler(horizon, L):
 
 
 # -----------------------------------------------------------------------------
-# the held-out evaluation's checks of the embedded robot data (eval.eval_video): did the predicted frames keep the
+# the held-out evaluation's checks of the embedded robot data (video_eval.eval_video): did the predicted frames keep the
 # objects, and does the predicted gripper follow the action?
 
 EFFECTS = ("object_recall", "action_response")   # the per-window action-effect metrics

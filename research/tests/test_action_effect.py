@@ -10,12 +10,13 @@ from data.robot import sim
 from data.robot.detect import gripper_response
 from data.robot.task import (EFFECTS, Layout, add_effects, find_still_code, still_cells, summarize_effects,
                              tokenize_split)
-from eval import EvalSpec, eval_video, paired_diffs
+from eval import paired_diffs
 from research import action_diagnosis as ad
 from research import policy_eval as pe
 from model import GPT, GPTConfig
 from research.cond_tokenizer import CondVQConfig, CondVQVAE
 from tokenizer_vq import VQConfig, VQVAE
+from video_eval import EvalSpec, eval_video
 
 
 def test_replay_renders_the_policy_episode():

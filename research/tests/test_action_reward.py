@@ -1,5 +1,5 @@
 """The reward terms for the action's effect (research/video_terms.gripper_error and action_reward, and the core's
-rewards.push_error, VideoReward.push): checked by hand on frames the simulator renders, on garbage
+video_rewards.push_error, VideoReward.push): checked by hand on frames the simulator renders, on garbage
 predictions, and for leaving the default reward untouched."""
 import numpy as np
 import pytest
@@ -8,7 +8,7 @@ import torch
 from data.robot import sim
 from data.robot.detect import blocks_moved, locate_blocks, locate_gripper
 from research.video_terms import GRIPPER_SCALE, action_reward, gripper_error
-from rewards import PUSH_SCALE, WORST_VIDEO_REWARD, VideoReward, push_error, video_reward
+from video_rewards import PUSH_SCALE, WORST_VIDEO_REWARD, VideoReward, push_error, video_reward
 
 
 def scene(gripper, blocks=((12, 12), (52, 52))):

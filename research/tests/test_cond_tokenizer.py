@@ -9,10 +9,10 @@ import torch.nn.functional as F
 
 from data.robot import sim
 from data.robot.task import Layout
-from eval import EvalSpec, eval_video
 from model import GPT, GPTConfig
 from research.cond_tokenizer import CondVQConfig, CondVQVAE
 from tokenizer_vq import VQConfig, load_vq, save_vq
+from video_eval import EvalSpec, eval_video
 
 
 def tiny_cond():
