@@ -22,7 +22,7 @@ import torch
 from tqdm import tqdm
 
 from checkpoint import ROOT, check_config, read_meta, resume_stage, save_config, save_stage
-from eval import compare_checkpoints
+from eval import HEADROOM_N, compare_checkpoints, headroom, headroom_line
 from grpo import PAPER_RECIPE, GRPOConfig, Source, grpo_step
 import mle
 from model import GPT, GPTConfig, finite_weights
@@ -251,6 +251,19 @@ if args.stage in ("all", "rlvr"):
             return probe_rewards(args.task, model, tok, probe_prompts, probe_recs, args.reward,
                                  cfg.max_new_tokens) if master else {}
 
+    # the headroom line (eval.headroom), of the start here and of RLVR after the loop: on fixed
+    # validation prompts, the greedy answer against the best of G samples at the RL temperature
+    held = [(p, r) for r in val_recs if len(p := tok.prompt(data.prompt_text(r))) <= room]
+    held_prompts, held_recs = map(list, zip(*held[:HEADROOM_N]))
+
+    def head(name):   # every rank gathers FSDP's weights; rank 0 samples and prints
+        with unsharded(model):
+            h = (headroom(model, held_prompts, held_recs, source, cfg, run.autocast) if master
+                 else {})
+        print0(headroom_line(name, h, f"{args.reward} reward x 100") if master else "")
+        return h
+    heads = {"mle": head("the start")}   # RLVR can only sharpen what its samples already find
+
     # a re-run continues a stopped RLVR exactly; its compute so far counts for the control
     step, rl_done = resume_stage(run, rl_file, model, opt, gen, "rlvr")
     draw.drawn = step   # the epoch sampler's place (the pool draws with `gen`, resumed)
@@ -296,6 +309,7 @@ if args.stage in ("all", "rlvr"):
     budget.close()   # RLVR's compute is final: the control stops once it has used as much
     run.check_ranks_in_sync(model, "rlvr")   # under torchrun: the same weights on every rank
     run.barrier()
+    heads["rlvr"] = head("RLVR")
     model = trained = ref = opt = start_model = None   # let go of RLVR's memory
     control_after(run, child, control if args.control else None, rl_file)
     ckpts = {"mle": start, "rlvr": str(rl_file)}
@@ -306,7 +320,7 @@ if args.stage in ("all", "rlvr"):
     limit = args.eval_limit or None
     compare_checkpoints(run, args.task, ckpts, tok, {"val": val_recs[:limit],
                                                      "test": test_recs[:limit]},
-                        cfg.max_new_tokens)
+                        cfg.max_new_tokens, heads)
     print0(f"wrote eval.json (test) / eval_val.json (val) in {out_dir}; "
            f"total {(time.time() - t0) / 60:.1f} min")
 run.finish()

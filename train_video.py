@@ -41,6 +41,7 @@ from checkpoint import (ROOT, atomic_write, check_config, read_meta, recorded_pa
 from data.robot.prepare import DATA_DIR
 from data.robot.task import (Clips, Layout, cached_tokens, make_draw, make_reward, make_sampler,
                              moving_windows, read_action_stats, windows)
+from eval import HEADROOM_N, headroom, headroom_line
 from grpo import GRPOConfig, Source, grpo_step
 from model import GPT, GPTConfig, finite_weights
 from runtime import (ComputeBudget, Run, check_ranges, control_after, control_beside, lr_at,
@@ -282,6 +283,7 @@ if args.stage == "mle" or (args.stage == "all" and start_model is None):
 else:                                            # RLVR starts from --init as it is
     mle_path = Path(init)
 
+heads = {}   # the headroom lines' numbers (eval.headroom), kept in eval.json
 if args.stage in ("all", "rlvr", "control"):
     lpips_net = run.or_fail(load_lpips, args.lpips, run.device)   # the eval's (and reward's)
     models = {"mle": (start_model, mle_path)}   # name -> (model, checkpoint file), evaluated below
@@ -344,6 +346,21 @@ if args.stage in ("all", "rlvr"):
     draw = make_draw(clips, pool, prompts_per_step, bool(reward.object))   # draw(gen): a step's
     source = Source(make_reward(vq, clips, reward, lpips_net, run.device),
                     sampler=make_sampler(horizon, layout.L))
+    # the headroom line (eval.headroom), of the start here and of RLVR after the loop: on fixed
+    # validation windows where the scene moves, the greedy prediction's MAE against the best of G
+    held_clips = Clips(val_eps, tokens["val"], layout, horizon, CONTEXT)
+    held = make_draw(held_clips, moving_windows(held_clips), HEADROOM_N, False)(
+        torch.Generator().manual_seed(0))
+    by_mae = Source(make_reward(vq, held_clips, VideoReward("mae"), None, run.device),
+                    sampler=source.sampler)
+
+    def head(name):   # every rank gathers FSDP's weights; rank 0 samples and prints
+        with unsharded(model):
+            h = headroom(model, *held, by_mae, cfg, run.autocast) if master else {}
+        print0(headroom_line(name, h, "MAE x 1e-3", -1000) if master else "")
+        return h
+    heads = {"mle": head("the start")}   # RLVR can only sharpen what its samples already find
+
     # a re-run continues a stopped RLVR exactly; its compute so far counts for the control
     step, rl_done = resume_stage(run, FILES["rlvr"], model, opt, gen, "rlvr")
     prev = read_meta(FILES["rlvr"])["metrics"] if step else {}
@@ -387,6 +404,7 @@ if args.stage in ("all", "rlvr"):
     budget.close()   # RLVR's compute is final: the control stops once it has used as much
     run.check_ranks_in_sync(model, "rlvr")   # under torchrun: the same weights on every rank
     barrier()
+    heads["rlvr"] = head("RLVR")
     control_after(run, child, mle_more, FILES["rlvr"])
     models["rlvr"] = model, FILES["rlvr"]
     models["mle_more"] = load_video_model(FILES["mle_more"], run.device)[0], FILES["mle_more"]
@@ -409,7 +427,9 @@ if args.stage in ("all", "rlvr", "control"):
         keep = ("mae", "mse", "psnr", "ssim", "lpips", "mae_moving", "repetition_rate",
                 "temperature", "top_k", "per_record", "action_effect")
         rows = {name: dict(r, sampled={k: r["sampled"][k] for k in keep if k in r["sampled"]},
-                           checkpoint=str(models[name][1])) for name, r in rows.items()}
+                           checkpoint=str(models[name][1]),
+                           **({"headroom": heads[name]} if name in heads else {}))
+                for name, r in rows.items()}
         write_json(out_dir / "eval.json", rows)
         print0(f"\nheld-out {args.final_eval} episodes ({rows['mle']['n']} predicted frames, "
                f"{args.mode}-step):")

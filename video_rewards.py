@@ -27,7 +27,8 @@ MOVE_TOL, OBJECT_TOL = 0.1, 0.15
 PUSH_SCALE = 3.0
 # the named rewards: "mae+lpips" = -(MAE + LPIPS), the paper's; "mae+ssim" = -(MAE + (1 - SSIM)),
 # the default without LPIPS weights (SSIM, like LPIPS, pays for structure MAE alone would blur)
-REWARDS = {"mae+ssim": lambda pred, true, lpips_net: -(mae(pred, true) + (1 - ssim(pred, true))),
+REWARDS = {"mae": lambda pred, true, lpips_net: -mae(pred, true),   # the headroom line's
+           "mae+ssim": lambda pred, true, lpips_net: -(mae(pred, true) + (1 - ssim(pred, true))),
            "mae+lpips": lambda pred, true, lpips_net: -(mae(pred, true) + lpips_net(pred, true))}
 
 
