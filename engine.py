@@ -1,31 +1,23 @@
 """
-The sampler the runs use: `generate`, with a KV cache, fast on one CPU thread.
-
-model.py's `GPT.generate` is the plain version, one full forward pass per new token; this file
-draws the same tokens (tests/test_engine.py) with far less work per token, an optional read. A
-decode step's matmuls are small, and reading the cache takes as long (docs/engineering.md):
-- Each prompt is prefilled once by the model's own layers (model.py's `run_cached` into a
-  `PromptCache`), however many samples continue it (`num_samples`, GRPO's G): its keys and values
-  are kept once per prompt, not once per sample.
-- The generated tokens' keys and values live in one tensor for all layers and both of k and v,
-  written in place at each step: no concatenation, and dropping finished rows is one index. On a
-  CPU it is packed (`KVCache.grow`): moved into room for 4 more positions every 4 steps, as gaps of
-  max_new - length positions between rows' keys halve the speed of reading them.
-- The decode step walks the model's layers on (R, C) activations, one token per row, with no
-  transposes: RoPE rotates q and k in one call.
-- `decode_attention`: the queries that share a prompt (its S samples x the g query heads of a kv
-  head) attend to its keys in one matmul, each row to its own generated keys in another; one
-  softmax joins the two parts.
+The sampler the runs use: `generate`, with a KV cache, fast on one CPU thread. model.py's
+`GPT.generate` is the plain version (one full forward per new token); this file draws the same
+tokens (tests/test_engine.py) with far less work per token. A decode step's matmuls are small,
+and reading the cache takes as long (docs/engineering.md):
+- Each prompt is prefilled once (model.py's `run_cached` into a `PromptCache`), its keys and values
+  kept once however many samples continue it (`num_samples`, GRPO's G).
+- The generated tokens' keys and values live in one tensor for all layers, k and v, written in
+  place: no concatenation, and dropping finished rows is one index. On a CPU it is packed
+  (`KVCache.grow`), as gaps between rows' keys halve the speed of reading them.
+- The decode step walks the layers on (R, C) activations, one token per row, no transposes.
+- `decode_attention`: the queries sharing a prompt attend to its keys in one matmul, each row to
+  its own generated keys in another; one softmax joins the two parts.
 - Rows that reached EOS leave the batch once they are a quarter of it.
 
-On a GPU that eager loop is launch-bound: a 1.5B model's decode step is ~3,000 small kernels, each
-launched by Python. `generate(graphs=True)` takes a static-shape path (`StaticCache`,
-`static_generate`): the step's position a device tensor, its rows and the generated positions it
-reads fixed for a while, so that one step, recorded once per shape as a CUDA graph, is replayed per
-token. The host looks at EOS every SYNC_EVERY tokens, and the uniforms are drawn as many at a time.
-A step reads the generated keys written so far rounded up to WIDTH, not all max_new; finished rows
-are masked, and dropped by halves (to R/2, R/4, ... rows: a few shapes); on a GPU the step is
-compiled by torch.compile first (its small kernels fused). On a CPU the same step runs eagerly.
+On a GPU that eager loop is launch-bound (a 1.5B model's decode step: ~3,000 small kernels).
+`generate(graphs=True)` takes a static-shape path (`static_generate`): the position a device
+tensor, the rows and the generated positions read (rounded up to WIDTH) fixed for a while, so one
+step, compiled by torch.compile and recorded once per shape as a CUDA graph, is replayed per
+token. The host looks at EOS every SYNC_EVERY tokens; finished rows are dropped by halves.
 """
 import copy
 import math
@@ -75,8 +67,7 @@ class KVCache:
         self.prompt_mask = mask[:, None, None].expand(B, self.nkv, Sg, P).reshape(-1, Sg, P)
         shape = (config.n_layer, 2, B * samples, config.n_kv_head, max_new, config.head_dim)
         kp, self.length, self.max_new = self.prompt_k[0], 0, max_new
-        # packed on a CPU where a key takes <= 128 bytes a position (gaps < PACK x 128 bytes): room
-        # for PACK positions, then new_kv in each of two buffers in turn (grow)
+        # packed (a key <= 128 bytes a position): room for PACK, then two buffers in turn (grow)
         packed = (self.PACKS and kp.device.type == "cpu" and max_new > PACK
                   and config.head_dim * kp.element_size() <= 128)
         n = math.prod(shape[:4]) * min(PACKED_UNTIL, max_new) * shape[5]
@@ -91,9 +82,8 @@ class KVCache:
         self.new_kv = self.new_kv[:, :, rows]
 
     def grow(self):
-        """Packed, new_kv is full: move it into room for PACK more positions. A row's keys then end
-        at most PACK - 1 positions before the next row's begin, and decode_attention reads them
-        ~2.5x faster than max_new - length positions apart. Past PACKED_UNTIL, room for all."""
+        """Packed, new_kv is full: move it into room for PACK more positions (decode_attention reads
+        rows' keys ~2.5x faster than max_new - length apart). Past PACKED_UNTIL, room for all."""
         t, old = self.length, self.new_kv
         room = min(t + PACK, self.max_new)
         shape = old.shape[:4] + (room if room <= PACKED_UNTIL else self.max_new, old.size(5))
@@ -162,9 +152,8 @@ def decode_attention(q, k, v, cache, layer):
     R, nh, hd = q.shape
     nkv, g, scale = cache.nkv, cache.g, hd ** -0.5
     kn, vn = cache.write(layer, k, v)                       # (R * nkv, T, hd) each
-    T = kn.size(1)        # the positions written so far (the eager path), or width (static)
     kp, vp = cache.prompt_k[layer], cache.prompt_v[layer]   # (B * nkv, P, hd)
-    P = kp.size(1)
+    P, T = kp.size(1), kn.size(1)   # T: the positions written so far (eager), or width (static)
     # query head h uses kv head h // g: the g queries of a kv head side by side (no copy of k, v)
     q = q.contiguous().view(R, nkv, g, hd)
     # scores, scaled by 1/sqrt(hd) as in model.py's attention: a prompt's keys against all the
@@ -223,9 +212,8 @@ def prefill(model, prompts, max_new_tokens, samples, static=False):
     # mask (B, 1, P, P); a pad query may see itself so that its softmax row is never empty
     allowed = (causal & valid[:, None]) | torch.eye(P, dtype=torch.bool, device=device)
     prompt = PromptCache(model.config.n_layer)
-    mask = additive(allowed.unsqueeze(1), dtype)
-    if static and bool((lens == P).all()):   # no pads: causal, where SDPA may run a flash kernel
-        mask = None
+    # no pads on the static path: causal, where SDPA may run a flash kernel
+    mask = None if static and bool((lens == P).all()) else additive(allowed.unsqueeze(1), dtype)
     logits = run_cached(model, idx, pos, mask, prompt, last=True)[:, -1]  # (B, vocab)
     cache = (StaticCache if static else KVCache)(model.config, prompt, valid, samples,
                                                  max_new_tokens)
@@ -236,7 +224,6 @@ def prefill(model, prompts, max_new_tokens, samples, static=False):
 def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
              eos_id=None, generator=None, num_samples=1, vocab=None, graphs=False):
     """Sample continuations of a batch of prompts with a KV cache.
-
     prompts: B token-id lists (lengths may differ; each >= 1); results do not depend on the batch.
     num_samples S: continuations per prompt (rows b*S .. b*S+S-1 of the output are prompt b's).
     temperature 0 means greedy; top_k / top_p filter the distribution (model.sample_next). vocab:
@@ -311,9 +298,8 @@ def static_generate(model, prompts, max_new, temperature, top_k, top_p, eos_id, 
     tokens = torch.full((N, max_new), -1, dtype=torch.long, device=device)
     logprobs = torch.zeros(N, max_new, device=device)
     draws = Uniforms(generator, N, max_new, device)
-    greedy = temperature == 0
-    decode = compiled_step() if (device.type == "cuda" if compile is None else compile) \
-        else decode_step
+    greedy, cuda = temperature == 0, device.type == "cuda"
+    decode = compiled_step() if (cuda if compile is None else compile) else decode_step
     # the decoding rows' state, all dropped together: this column's uniforms, last tokens, prompt
     # lengths, done (drew eos_id); cache.live: their rows of the output
     rows = SimpleNamespace(u=torch.zeros(N, 1, dtype=torch.float64, device=device), lens=lens)
@@ -340,7 +326,7 @@ def static_generate(model, prompts, max_new, temperature, top_k, top_p, eos_id, 
         rows.tok.copy_(nxt)
         cache.t.add_(1)
 
-    runs, pool = {}, torch.cuda.graph_pool_handle() if device.type == "cuda" else None
+    runs, pool = {}, torch.cuda.graph_pool_handle() if cuda else None
     CAPTURE.update(seconds=0.0, graphs=0)
     for c in range(1, max_new):
         # the host looks at EOS every SYNC_EVERY tokens only
@@ -356,7 +342,7 @@ def static_generate(model, prompts, max_new, temperature, top_k, top_p, eos_id, 
         shape = (len(cache.live), cache.width)
         if shape not in runs:   # a new shape: captured once (on a GPU)
             runs[shape] = cuda_graph(step, [rows.tok, rows.done, tokens, logprobs, cache.t],
-                                     pool) if capture and device.type == "cuda" else step
+                                     pool) if capture and cuda else step
         runs[shape]()
     # the last column any row wrote, as the eager path stops there
     width = int((tokens >= 0).any(0).nonzero().max()) + 1
