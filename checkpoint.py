@@ -1,14 +1,12 @@
 """
 Checkpoints: one safetensors file per checkpoint, never pickle; `load_model`, the one loader of a
 GPT, from our checkpoint or from an HF model directory (`load_hf`: GPT-2, Qwen2, Llama); and a
-run's files: the config guard (`check_config`: a re-run with other flags stops, naming them) and
-stages that resume exactly (`save_stage`, `resume_stage`).
+run's files: the config guard (`check_config`) and stages that resume exactly (`save_stage`).
 
 `<name>.safetensors` holds the weights (`model.*`), optionally the optimizer's tensors
 (`optim.<i>.<name>`) and RNG states (`state.<name>`), and in its header, as JSON, the model config,
-the script's `vars(args)`, the step, metrics and the optimizer's hyper-parameters, so weights and
-metadata never disagree; a `<name>.json` sidecar repeats the metadata for humans. Any module whose
-`.config` is a dataclass can be saved and resumed. docs/engineering.md says more.
+`vars(args)`, the step, metrics and the optimizer's hyper-parameters, so weights and metadata never
+disagree; a `<name>.json` sidecar repeats the metadata for humans. docs/engineering.md says more.
 """
 import json
 import os
@@ -31,8 +29,7 @@ ROOT = Path(__file__).resolve().parent   # the repository: paths inside it are r
 # files written whole or not at all, and the paths they record
 
 def atomic_write(path, write):
-    """Write `path` all or nothing: `write(tmp)` fills a temp file beside it, then renamed over
-    `path`, so a crash leaves the old file (or none), never half a file."""
+    """Write `path` all or nothing: `write(tmp)` fills a temp file, then renamed over `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -78,8 +75,7 @@ def recorded_path(value, folder):
 
 def save_checkpoint(path, model, *, args=None, step=0, metrics=None, optimizer=None, state=None,
                     full=None):
-    """Write `path` (a .safetensors file) atomically. state: name -> tensor (generator states).
-    full: an FSDP model's (weights, optimizer state) from `gather_state`."""
+    """Write `path` (.safetensors) atomically. state: name -> tensor; full: `gather_state`'s."""
     path = Path(path)
     model = getattr(model, "module", model)  # unwrap DDP
     sd = model.state_dict() if full is None else full[0]
@@ -102,8 +98,8 @@ def save_checkpoint(path, model, *, args=None, step=0, metrics=None, optimizer=N
 
 
 def gather_state(model, optimizer=None):
-    """An FSDP model's full weights and optimizer state (None: no optimizer) on rank 0's CPU, laid
-    out as an unsharded model's (parameters numbered). All ranks call it: each sends its shards."""
+    """An FSDP model's full weights and optimizer state (None: no optimizer) on rank 0's CPU, as an
+    unsharded model's. All ranks call it: each sends its shards."""
     from torch.distributed.checkpoint import state_dict as dcp   # here: it takes a second to import
     full = dcp.StateDictOptions(full_state_dict=True, cpu_offload=True)   # to rank 0's CPU
     sd = dcp.get_model_state_dict(model, options=full)
@@ -178,7 +174,7 @@ def load_weights(model, sd, path, assign=False):
     a ValueError naming `path` unless its names and shapes are the model's."""
     ours = model.state_dict()
     if getattr(model.config, "tie_embeddings", False):
-        ours.pop("lm_head.weight")   # wte.weight's
+        ours.pop("lm_head.weight")   # wte.weight's, not saved
     missing, unused = sorted(ours.keys() - sd.keys()), sorted(sd.keys() - ours.keys())
     shapes = [f"{k} {tuple(sd[k].shape)} != {tuple(t.shape)}" for k, t in ours.items()
               if k in sd and sd[k].shape != t.shape]
@@ -242,8 +238,8 @@ EVAL_FLAGS = {"final_eval", "eval_limit", "test_limit"}
 
 
 def recorded_args(run):
-    """vars(args) and `recorded` as config.json and checkpoints record them: each path flag
-    relative to out_dir where it can be ("auto" and "scratch" are words, not paths)."""
+    """vars(args) and `recorded` as config.json and checkpoints record them: path flags relative
+    to out_dir where they can be."""
     record = {**vars(run.args), **run.recorded}
     for name in run.path_flags:
         if record.get(name) not in (None, "auto", "scratch"):
@@ -294,15 +290,14 @@ def flag_value(run, name, value, shown=False):
 
 
 def save_config(run, record):
-    """check_config's record to out_dir/config.json (rank 0, atomically), before any stage; a
-    run that writes nothing has record False."""
+    """check_config's record to out_dir/config.json (rank 0), before any stage (False: none)."""
     if run.master and record:
         write_json(run.out_dir / CONFIG, record)
 
 
 def save_stage(run, ckpt, model, opt, step, metrics, g, done):
-    """Checkpoint a stage every --ckpt_every steps and when it is done (then weights only):
-    weights, optimizer, every rank's generators, so a re-run resumes exactly."""
+    """Checkpoint a stage every --ckpt_every steps (weights, optimizer, every rank's generators,
+    so a re-run resumes exactly) and when it is done (weights only)."""
     if step % run.args.ckpt_every and not done:
         return
     states = [(g.get_state(), torch.get_rng_state())] * run.world   # DDP: every rank's
@@ -347,10 +342,8 @@ def load_hf(path, device, dtype):
     """An HF model directory -> (GPT in `dtype` on `device`, meta); see load_model."""
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
-        raise ValueError(f"{cfg_file}: missing (expected an HF model directory with config.json "
-                         f"+ safetensors)")
-    hf = json.loads(cfg_file.read_text())
-    config = config_from_hf(hf, cfg_file)
+        raise ValueError(f"{cfg_file}: missing (expected an HF model directory with config.json)")
+    config = config_from_hf(hf := json.loads(cfg_file.read_text()), cfg_file)
     index = path / "model.safetensors.index.json"
     files = ["model.safetensors"] if not index.is_file() else \
         sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -381,7 +374,7 @@ def load_hf(path, device, dtype):
 
 
 def read_as(st, name, dtype, file):
-    """Tensor `name` of `file`, open as `st`, in `dtype` on the device it was opened for."""
+    """Tensor `name` of `file`, open as `st`, in `dtype`."""
     try:
         return st.get_tensor(name).to(dtype)
     except Exception as e:
@@ -394,8 +387,7 @@ def config_from_hf(hf, where):
     if kind == "gpt2":
         act = hf.get("activation_function", "gelu_new")
         if act not in ("gelu_new", "gelu_pytorch_tanh"):
-            raise ValueError(f"{where}: activation_function {act!r} unsupported "
-                             f"(GPT-2 uses gelu_new)")
+            raise ValueError(f"{where}: activation_function {act!r} unsupported (want gelu_new)")
         return GPTConfig.gpt2(vocab_size=hf["vocab_size"], block_size=hf["n_positions"],
                               n_layer=hf["n_layer"], n_head=hf["n_head"], n_kv_head=hf["n_head"],
                               n_embd=hf["n_embd"], mlp_hidden=hf.get("n_inner") or 4 * hf["n_embd"],

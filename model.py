@@ -5,11 +5,9 @@ One GPT for every task in nanoRLVR: a decoder-only transformer in two families.
 - Llama / Qwen2: RMSNorm, rotary positions (RoPE), SwiGLU MLP, grouped-query attention
   (n_kv_head < n_head), optional q/k/v bias (Qwen2 has it, Llama does not), tied or untied output.
 q, k and v share one Linear (`c_attn`), as do SwiGLU's gate and up (`c_fc`): fewer matmuls.
-
 Read it top down: the config, the blocks bottom up, `GPT` with its plain `forward(idx, targets)`
-and `generate`, `sample_next` (the sampling rule), then the fast path: `forward(idx, prompts=)`
-runs each prompt once for all the rows continuing it (the GRPO update); engine.py's KV-cache
-sampler prefills with the same `run_cached`. checkpoint.py loads weights.
+and `generate`, `sample_next`, then the fast path: `forward(idx, prompts=)` runs each prompt once
+for all the rows continuing it (the GRPO update); engine.py's sampler prefills with `run_cached`.
 """
 import math
 from dataclasses import dataclass
@@ -96,9 +94,8 @@ def rope_tables(head_dim, length, theta, scaling=None):
 
 
 def scale_frequencies(inv_freq, s):
-    """RoPE's frequencies stretched to a context longer than the one trained on, as HF computes
-    them: rope_type "linear" slows all of them by s["factor"], "llama3" (Llama 3.1+) only the slow
-    ones, whose wavelength spans much of the original context."""
+    """RoPE's frequencies stretched to a longer context, as HF computes them: "linear" slows all
+    by s["factor"], "llama3" (Llama 3.1+) only the slow ones (wavelengths near the old context)."""
     if s["rope_type"] == "linear":
         return inv_freq / s["factor"]   # position p reads as p / factor
     old, lo, hi = s["original_max_position_embeddings"], s["low_freq_factor"], s["high_freq_factor"]
@@ -175,9 +172,8 @@ class Block(nn.Module):
         self.ln_2, self.mlp = make_norm(config), MLP(config)
 
     def forward(self, x, rope, mask=None, cache=None, layer=None, rows=None):
-        """x (B, T, C) -> (B, T, C). With cache (a PromptCache, run_cached) the keys and values
-        pass through it as `layer`'s: rows None, a prompt pass keeps them; else row n's go after
-        prompt rows[n]'s, and mask (B, 1, T, P + T) is added to the scores."""
+        """x (B, T, C) -> (B, T, C); with cache (a PromptCache, run_cached) the keys and values pass
+        through it as `layer`'s, and mask (B, 1, T, P + T) is added to the scores."""
         # pre-norm residuals: tokens talk to each other, then each token thinks on its own
         q, k, v = self.attn.qkv(self.ln_1(x), rope)
         if cache is not None and rows is None:   # a prompt pass keeps its keys and values
@@ -275,8 +271,8 @@ class GPT(nn.Module):
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_id=None,
                  generator=None):
         """Continue the rows of idx (B, T) by up to max_new_tokens tokens -> (B, T + n), one full
-        forward pass per new token, no cache, until every row has drawn eos_id. Tokens are drawn
-        by sample_next, as engine.generate draws them (tests/test_engine.py holds the two equal)."""
+        forward pass per new token, no cache, until every row has drawn eos_id (engine.generate
+        draws the same tokens)."""
         T = idx.size(1)
         for _ in range(max_new_tokens):
             # the model sees at most block_size tokens: crop the oldest ones
@@ -295,8 +291,7 @@ def is_fsdp(model):
 
 
 def finite_weights(model):
-    """The weights this rank holds are finite (under FSDP its shards: no collective, so one rank
-    may check alone, on a fault's path)."""
+    """The weights this rank holds are finite (FSDP: its shards, no collective: one rank alone)."""
     return bool(torch.stack([torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()
                              for p in model.parameters()]).all())
 

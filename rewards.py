@@ -2,14 +2,12 @@
 
 RLVR-World's point is that the reward is the metric itself. A reward takes the model's output and
 the ground truth and never raises on model output: unreadable text scores 0. Per language task, the
-task registry (tasks.TASKS) calls two functions on a decoded answer and its record:
-`reward_<task>(text, record, kind)`, RLVR's reward, and `score_<task>(text, record)`, the
-evaluation's per-record metrics. In order: the text game (`textgame_reward`: read the model's diff,
-`parse_diff`, the one JSON repair, merge it into the state, compare with the next state) and the web
-page (`web_f1`). The video rewards and metrics (decoded frames, not text) are in video_rewards.py.
-
-docs/rewards.md holds where each formula comes from, where and why it deviates from the official
-RLVR-World rewards, the text game's contract on truncated answers, the ranges and the work's bounds.
+task registry (tasks.TASKS) calls `reward_<task>(text, record, kind)`, RLVR's reward, and
+`score_<task>(text, record)`, the evaluation's metrics. In order: the text game (read the model's
+diff, `parse_diff`, the one JSON repair, merge it into the state, compare with the next state) and
+the web page (`web_prf`). The video rewards are in video_rewards.py. docs/rewards.md holds where
+each formula comes from, where and why it deviates from the official RLVR-World rewards, the text
+game's contract on truncated answers, the ranges and the work's bounds.
 """
 import itertools
 import json
@@ -19,8 +17,7 @@ from collections import Counter
 from data.webpage import task as webpage_task
 
 
-# a text reward reads at most this many characters: a longer answer scores 0 unread, which bounds
-# the work (docs/rewards.md, "Bounded work")
+# a text reward reads at most this many characters: a longer answer scores 0 unread (bounded work)
 MAX_ANSWER_CHARS = 100_000
 
 # ======================================================================================= text game
@@ -47,18 +44,15 @@ def score_textgame(text, record):
 
 def textgame_reward(text, state: dict, next_state: dict, kind: str = "binary") -> float:
     """The reward of the answer `text` on the transition state -> next_state: kind "binary" (1 when
-    the predicted next state is exact, else 0) or "task_specific" (partial credit, 0 to 1.3).
-    Any text, or any non-string, scores without raising."""
+    the predicted next state is exact, else 0) or "task_specific" (partial credit, 0 to 1.3)."""
     if kind not in TEXTGAME_KINDS:
-        raise ValueError(f"unknown text-game reward kind {kind!r}; "
-                         f"expected one of {TEXTGAME_KINDS}")
+        raise ValueError(f"unknown text-game reward kind {kind!r}; expected {TEXTGAME_KINDS}")
     return textgame_metrics(text, state, next_state)[kind]
 
 
 def textgame_metrics(text, state: dict, next_state: dict) -> dict:
     """All text-game metrics of one answer: parsed, exact (0/1), object_acc, score_acc, changed_acc
-    (None when nothing changed), and the two rewards binary and task_specific. The formulas and
-    their sources: docs/rewards.md, "Where the formulas come from"."""
+    (None when nothing changed), and the two rewards binary and task_specific (docs/rewards.md)."""
     # a field changed when its value or presence differs between state and next state (score
     # fields, removed objects and keys included: docs/rewards.md, "Where we deliberately differ", 3)
     before, after = _fields(state), _fields(next_state)
@@ -106,7 +100,6 @@ _MAX_DEPTH = 100  # the repair gives up on deeper nesting (the decoder stops at 
 
 def parse_diff(text) -> dict | None:
     """The model's difference JSON read from its text, as {"modified", "removed", "score"}, or None.
-
     Tries the first _MAX_STARTS '{' of the answer segment, each as is and repaired, and returns the
     first JSON object with the diff's shape (junk around it and inner objects are skipped). The
     repair only closes strings and brackets: it never adds the key that a truncated answer lacks."""
@@ -126,9 +119,8 @@ def parse_diff(text) -> dict | None:
 
 
 def _answer_segment(text: str) -> str:
-    """The part of the model's text that should hold the JSON (the official extraction): after the
-    last "The final answer is:", else the last ```json block of at least 10 characters, else the
-    whole text."""
+    """The part of the text that should hold the JSON (the official extraction): after the last
+    "The final answer is:", else the last ```json block of >= 10 characters, else the whole text."""
     finals = list(_FINAL_ANSWER.finditer(text))
     if finals:
         return text[finals[-1].end():]
@@ -200,7 +192,6 @@ def _is_uuid(value) -> bool:
 # --------------------------------------------------------------------------------- merge it
 def apply_diff(state: dict, diff: dict) -> dict:
     """The predicted next state: `diff` merged into `state` (neither is modified).
-
     A modified object replaces the object with its uuid, or is added when the uuid is new (the
     official merge drops new ones; docs/rewards.md); removal wins over modification. The score:
     {} keeps the state's, a non-empty one replaces it, None (no "score" written) predicts none."""
@@ -275,7 +266,7 @@ _SPACES = re.compile(r"\s+")
 
 def reward_webpage(text, record, kind):
     """RLVR's reward: the F1 of the predicted page changes (the only kind)."""
-    return web_f1(text, webpage_task.target_text(record))
+    return web_prf(text, webpage_task.target_text(record))[2]
 
 
 def score_webpage(text, record):
@@ -283,14 +274,8 @@ def score_webpage(text, record):
     return dict(zip(("precision", "recall", "f1"), web_prf(text, webpage_task.target_text(record))))
 
 
-def web_f1(text, target_text) -> float:
-    """The reward: F1 of predicted against true changed items, in [0, 1]. Never raises."""
-    return web_prf(text, target_text)[2]
-
-
 def web_prf(text, target_text) -> tuple[float, float, float]:
     """(precision, recall, f1) of the predicted items against the true ones, pooled over sections.
-
     Matches per section are the multiset intersection of the exact items. No items on either side
     gives (1, 1, 1); a side without items gives 0 for the ratio it divides. A prediction longer than
     MAX_ANSWER_CHARS scores (0, 0, 0) unread. Never raises."""
@@ -309,7 +294,6 @@ def web_prf(text, target_text) -> tuple[float, float, float]:
 
 def parse_sections(text) -> dict[str, list[str]]:
     """{"new": [...], "deleted": [...], "updated": [...]} read from a three-section answer.
-
     Items are stripped non-blank lines after a header (in any order, possibly repeated); lines
     before the first header are ignored; a missing section is an empty list; a non-string gives
     empty sections."""

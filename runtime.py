@@ -98,8 +98,7 @@ class Run:
             dist.barrier()
 
     def any_rank(self, flag):
-        """`flag` on one rank -> True on every rank if any rank says True: ranks that must stop
-        together never disagree (one rank leaving a loop alone would hang the others)."""
+        """True on every rank if any rank's `flag` is (one rank leaving a loop alone would hang)."""
         if not self.ddp:
             return flag
         t = torch.tensor([int(flag)], device=self.device)
@@ -126,8 +125,7 @@ class Run:
 
     def nonfinite(self, stage, step, model, what):
         """A NaN/inf `what` at `step`: --on_nan=stop ends the run with one line; --on_nan=skip logs
-        it and returns (the caller drops the step), unless the weights are non-finite or more than
-        MAX_SKIPS steps in a row were skipped."""
+        it and returns (the caller drops the step), unless the weights are too or MAX_SKIPS were."""
         msg = f"{stage}: {re.sub(r' at step [0-9]+$', '', what)} at step {step}"
         if not finite_weights(model):
             self.fail(f"{msg}: the weights are non-finite; stopping "
@@ -165,8 +163,7 @@ class Run:
 
 
 def join_process_group(device):
-    """A torchrun rank joins the others (NCCL on GPUs, gloo on CPUs) -> (rank, world size, its
-    device: on GPUs the one of its LOCAL_RANK)."""
+    """A torchrun rank joins the others (NCCL, gloo) -> (rank, world size, device: LOCAL_RANK's)."""
     # each torchrun attempt keeps its keys under its own prefix: after a restart the shared store
     # still holds the dead attempt's addresses, and a new rank would dial them
     store, rank, world = next(dist.rendezvous("env://"))
@@ -203,13 +200,13 @@ def check_ranges(parser, args, at_least_1=(), at_least_0=()):
 
 
 def knob(default, help, flag=None):
-    """A config dataclass field that is a script's flag (`add_flags`): its help, and its name if
-    not the field's (grpo.GRPOConfig's knobs)."""
+    """A config dataclass field that is a script's flag (`add_flags`); flag: its name if not the
+    field's."""
     return field(default=default, metadata=dict(help=help, flag=flag))
 
 
 def add_flags(group, cls):
-    """The knobs (grpo.knob fields) of dataclass `cls` as argparse flags; a bool is a 0/1 int."""
+    """The knobs of dataclass `cls` (grpo.GRPOConfig) as argparse flags; a bool is a 0/1 int."""
     for f in fields(cls):
         if f.metadata:
             kind = int if f.type is bool else f.type
@@ -290,15 +287,14 @@ def join_rows(parts):
 
 
 def join_empty_minibatch(policy):
-    """A rank without rows in a minibatch the others have: a zero gradient, joining their
-    gradient collectives."""
+    """A rank without rows in a minibatch the others have joins their collectives: a 0 gradient."""
     device = next(policy.parameters()).device
     (policy(torch.zeros(1, 1, dtype=torch.long, device=device))[0].sum() * 0.0).backward()
 
 
 def check_step(model, step, autocast):
     """grpo_step's guards: no enclosing autocast (ValueError), finite weights (FloatingPointError)
-    -> True when `autocast` or the weights make the forwards other than float32 (bf16, fp16)."""
+    -> True when `autocast` or the weights make the forwards bf16 / fp16."""
     device = model.wte.weight.device.type
     if torch.is_autocast_enabled(device):
         raise ValueError("grpo_step: called inside an autocast region, where its optimizer steps "
@@ -368,11 +364,10 @@ class ComputeBudget:
 
 
 def control_beside(run, control, rl_file):
-    """Start the control, control(budget): the RLVR start trained further by MLE until it has used
-    RLVR's compute (ComputeBudget: tokens through the model, the same on any machine). On a CPU it
-    runs in a forked process on the second core *while* RLVR runs, waiting whenever it is ahead
-    (the run takes half as long) -> (the budget RLVR adds each step's compute to, the process);
-    otherwise (no control, a GPU, torchrun, RLVR already done) -> (the budget, None)."""
+    """Start the control, control(budget): the RLVR start trained further by MLE for RLVR's
+    compute. On a CPU it runs in a forked process on the second core *while* RLVR runs, waiting
+    whenever it is ahead -> (the budget RLVR adds each step's compute to, the process); otherwise
+    (no control, a GPU, torchrun, RLVR already done) -> (the budget, None)."""
     budget = ComputeBudget()
     done = run.args.resume and rl_file.is_file() and read_meta(rl_file)["metrics"].get("done")
     if control is None or not run.forks or done:
@@ -385,8 +380,8 @@ def control_beside(run, control, rl_file):
 
 
 def control_after(run, child, control, rl_file):
-    """After RLVR: wait for the forked control (it stops at RLVR's compute, saves its checkpoint
-    and exits), or run control(budget) now for the compute rl_file records (None: no control)."""
+    """After RLVR: wait for the forked control, or run control(budget) now for the compute rl_file
+    records (None: no control)."""
     if child is not None:
         child.join()
         if child.exitcode:
@@ -437,10 +432,9 @@ def prompts_per_chunk(prompts, samples, minibatches, micro_batch):
 
 def memory_estimate(config, low_precision, reference, grad_ckpt, prompt_len, new_tokens, prompts,
                     samples, micro_batch, prompts_per_chunk):
-    """Bytes of one RLVR step's peak, by part -> dict (name -> bytes, "peak" their sum at the
-    worst moment). `low_precision`: bf16 forwards under autocast; `prompts` x `samples` rows are
-    sampled with a KV cache holding each prompt once; a micro-batch of the update holds
-    `micro_batch` rows of `new_tokens` and `prompts_per_chunk` prompts of `prompt_len` tokens."""
+    """Bytes of one RLVR step's peak, by part -> dict ("peak": their sum at the worst moment).
+    `prompts` x `samples` rows are sampled with a KV cache holding each prompt once; a micro-batch
+    of the update holds `micro_batch` rows of `new_tokens`, `prompts_per_chunk` prompts."""
     with torch.device("meta"):   # the GPT's parameters, counted without memory or time
         c, P = config, sum(p.numel() for p in GPT(config).parameters())
     act = 2 if low_precision else 4                         # bytes of an activation
