@@ -40,9 +40,8 @@ MIN_ROWS = 8
 
 
 class KVCache:
-    """What the decode steps attend to, for a grid of N = B * S rows: S samples of each of B
-    prompts, grid row b * S + s being sample s of prompt b. R of them are still decoding.
-    The prompts' part, kept once per prompt by the prefill:
+    """What the decode steps attend to, for a grid of N = B * S rows (row b * S + s: sample s of
+    prompt b), R of them still decoding. The prompts' part, kept once per prompt by the prefill:
       prompt_k[layer], prompt_v[layer]  (B * nkv, P, hd)     one matrix per (prompt, kv head)
       prompt_mask                       (B * nkv, S * g, P)  -inf at the prompts' left padding
     The generated part, one entry per decoding row:
@@ -123,10 +122,9 @@ class KVCache:
 
 class StaticCache(KVCache):
     """KVCache at a fixed shape, for the static path: the position written next is a device
-    tensor t (1,), so the steps run on the same buffers. A step reads the first `width` generated
-    positions (static_generate sets it: t + 1 rounded up to WIDTH). new_kv starts at zeros (a
-    masked position still enters a matmul: 0 x NaN would be NaN), and new_mask (width,), -inf past
-    t, hides the positions not yet written. Rows leave by `keep`, as on the eager path."""
+    tensor t (1,), and a step reads the first `width` generated positions (static_generate sets
+    it). new_kv starts at zeros (a masked position still enters a matmul: 0 x NaN would be NaN),
+    and new_mask (width,), -inf past t, hides the positions not yet written."""
     PACKS = False   # room for all max_new from the start
     # the position is t: length reads 0 whatever is written, so a compiled step sees one value
     length = property(lambda self: 0, lambda self, n: None)
@@ -268,7 +266,7 @@ CAPTURE = dict(seconds=0.0, graphs=0)   # the last call's CUDA graph captures (g
 
 class Uniforms:
     """The sampler's uniforms, (N, 1) per column of the output, drawn SYNC_EVERY columns at a time
-    (the numbers one draw per column gives); a CPU block for a GPU is pinned, copied async."""
+    (the numbers one draw per column gives)."""
 
     def __init__(self, generator, N, max_new, device):
         self.gen, self.N, self.max_new, self.device = generator, N, max_new, device
@@ -288,9 +286,8 @@ class Uniforms:
 def static_generate(model, prompts, max_new, temperature, top_k, top_p, eos_id, generator,
                     num_samples, vocab, capture=True, compile=None, compact=True):
     """generate(graphs=True): the eager path's tokens on a few fixed shapes. Every row decodes
-    every step until it is dropped, one uniform per row and step (the N of a column drawn, the
-    kept rows' taken): seeded samples equal the eager path's when it drops no row, without eos_id
-    (with it, greedy tokens are equal), and dropping rows (compact) changes no row. `step` changes
+    every step until it is dropped, one uniform per row and step: seeded samples equal the eager
+    path's when it drops no row, without eos_id (with it, greedy tokens are equal). `step` changes
     buffers in place only, so on a GPU it is captured once per shape (`cuda_graph`; capture False:
     run eagerly); compile (None: on a GPU) runs decode_step compiled by torch.compile."""
     logits, lens, cache = prefill(model, prompts, max_new, num_samples, static=True)
@@ -351,7 +348,7 @@ def static_generate(model, prompts, max_new, temperature, top_k, top_p, eos_id, 
 
 def drop_done(rows, cache):
     """Half or more of the R rows done: go on with R / 2 (R / 4, ..., not under MIN_ROWS) rows,
-    the unfinished ones first, filled up with done ones, in their order."""
+    the unfinished ones first, filled up with done ones."""
     R, left = len(cache.live), int((~rows.done).sum())
     keep = R
     while keep // 2 >= max(left, MIN_ROWS):
@@ -367,9 +364,8 @@ STEP = {}   # decode_step compiled, made once (compiled_step)
 
 
 def compiled_step():
-    """decode_step compiled by torch.compile (inductor fuses a step's small kernels: the norms,
-    RoPE, SwiGLU's product, the attention's masks and softmax). Where compiling fails (no triton,
-    no C compiler), one message and decode_step uncompiled from then on."""
+    """decode_step compiled by torch.compile (its small kernels fused); where compiling fails (no
+    triton, no C compiler), one message and decode_step uncompiled from then on."""
     if "fn" not in STEP:
         body = torch.compile(decode_step, dynamic=True)
 
@@ -389,9 +385,8 @@ def compiled_step():
 
 def cuda_graph(step, state, pool=None):
     """step() recorded once as a CUDA graph -> a function replaying it: one launch for the whole
-    decode step. As torch.cuda.graph asks, a warm-up runs first on a side stream (lazy
-    initialisations, cuBLAS workspaces, a compiled step's compilation); the buffers `state` it
-    moved are put back. pool: the memory pool of graphs never replayed at once."""
+    decode step. A warm-up runs first on a side stream (as torch.cuda.graph asks); the buffers
+    `state` it moved are put back. pool: the memory pool of graphs never replayed at once."""
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     saved = [x.clone() for x in state]
@@ -412,8 +407,8 @@ def cuda_graph(step, state, pool=None):
 
 
 def cast_copy(model):
-    """Inside an autocast region of a low-precision dtype, a model with float32 weights -> a copy
-    with its weights cast to that dtype once per RL step (grpo.sample_groups); else `model`."""
+    """Inside a low-precision autocast region, a float32 model -> a copy with its weights cast to
+    that dtype (once per RL step, grpo.sample_groups); else `model`."""
     device = model.wte.weight.device.type
     dtype = torch.get_autocast_dtype(device)
     if (not torch.is_autocast_enabled(device) or dtype == torch.float32

@@ -9,8 +9,7 @@ steps", and this file reads in their order: the math on plain tensors, then one 
 7. token-mean, step    `aggregate`; `update`: ppo_epochs x minibatches AdamW steps
 Log-probs use logits / temperature, the sampler's distribution. The scripts (train_lang.py,
 train_video.py) run the loop: a learning rate, prompts, `grpo_step`, a log line, a checkpoint.
-Several processes (DDP, FSDP: runtime.py's scale path) each sample their own prompts and take
-the same optimizer steps. GRPOConfig holds the RL stage's defaults (its knobs are flags).
+Several processes (DDP, FSDP: runtime.py's scale path) take the same optimizer steps.
 """
 import math
 import time
@@ -130,8 +129,7 @@ def clipped_objective(logp, old_logp, adv, clip_eps):
 def aggregate(per_token, mask, how, n_tokens=None, n_seqs=None):
     """Step 7. Masked mean of per-token values (n, T): "token-mean" = masked sum / n_tokens
     (default: their count), "seq-mean" = sum of the rows' masked means / n_seqs (default: n),
-    "micro-token-mean" = these rows' token-mean / n_seqs, the minibatch's micro-batches (verl's).
-    Given a minibatch's counts: a micro-batch's share of the minibatch's mean."""
+    "micro-token-mean" = these rows' token-mean / n_seqs micro-batches (verl's)."""
     mask = mask.to(per_token.dtype)
     if how == "micro-token-mean":
         return aggregate(per_token, mask, "token-mean") / max(n_seqs or 1, 1)
@@ -161,8 +159,7 @@ def rollout(model, prompts, items, source, cfg, generator, autocast=nullcontext(
     """Steps 1-2. G samples per prompt, scored -> N = P * G rows grouped by prompt: tokens (N, T)
     (-1 after EOS), old_logp (N, T), mask (N, T) (the sampled tokens), rewards (N,), completions.
     source.sampler: None (engine.generate), or (model, prompts, items, cfg, generator) -> tokens,
-    logprobs, sampled (N, T) when the task injects tokens (video's true actions: sampled False).
-    The sampling runs under `autocast`, the reward outside it, in chunks of prompts that fit."""
+    logprobs, sampled (N, T) when the task injects tokens (video's true actions: sampled False)."""
     G, parts = cfg.group_size, []
     reps = [it for it in items for _ in range(G)]   # each prompt's item for each of its G rows
     model.eval()
@@ -245,8 +242,7 @@ def pack(prompts, tokens, mask=None):
 
 def logprobs_shared_prompts(model, b, sel, cfg):
     """Log-probs (n, T) of the targets and entropies (n, T) of the rows `sel` of `update_batch`,
-    0 where a row has no target. Each prompt runs once for its rows (1.7x faster updates on the
-    text game than once per row); logits only at the targets, over the ids cfg.vocab keeps."""
+    0 where a row has no target. Each prompt runs once for its rows; logits only at the targets."""
     used, rows = torch.unique(b.rows[sel], return_inverse=True)
     # the chunk's prompts, their padding cut to the longest of them
     L = int(b.prompt_len[used].max()) if len(used) else 0
@@ -269,9 +265,8 @@ def logprobs_shared_prompts(model, b, sel, cfg):
 
 def minibatch_plan(N, cfg, generator):
     """Each epoch a fresh order of the N rows, cut into cfg.minibatches minibatches, each cut into
-    micro-batches ("chunks") of cfg.micro_batch rows -> (minibatches, their chunks). Several chunks
-    are cut in row order, so that a prompt's samples sit together and its prompt runs once for
-    them (logprobs_shared_prompts); a minibatch that fits one chunk keeps its drawn order."""
+    chunks of cfg.micro_batch rows -> (minibatches, their chunks). Several chunks are cut in row
+    order, so a prompt's samples sit together and its prompt runs once (logprobs_shared_prompts)."""
     per_mb = math.ceil(N / cfg.minibatches)
     orders = [torch.randperm(N, generator=generator).tolist() for _ in range(cfg.ppo_epochs)]
     plan = [order[m * per_mb:(m + 1) * per_mb] for order in orders for m in range(cfg.minibatches)]
@@ -282,8 +277,8 @@ def minibatch_plan(N, cfg, generator):
 
 
 def micro_step(policy, b, chunk, n_tok, n_seqs, cfg, step, sums, first, autocast):
-    """Forward (under `autocast`) and backward one chunk: its share of its minibatch's loss (n_tok
-    tokens, n_seqs rows), so the chunks' gradients add up to the minibatch's, and of the log's."""
+    """Forward and backward one chunk: its share of its minibatch's loss (n_tok tokens, n_seqs
+    rows), so the chunks' gradients add up to the minibatch's, and of the log's."""
     with autocast:
         logp, ent = logprobs_shared_prompts(policy, b, chunk, cfg)   # (n, T) each, float32
     mask = b.mask[chunk]
@@ -329,9 +324,8 @@ def update(policy, optimizer, b, plan, chunks, cfg, step, autocast):
 
 def step_stats(step, rounds, kept, b, plan, sums, n_mb, cfg, eos_id, recomputed, t0, t_rollout):
     """The log: reward, length, EOS over every sampled group; the update's means (NaN: none); the
-    step's compute in forward-token units (a token's forward 1, forward and backward 3; FLOPs ~ 2
-    x parameters x this): the rollout (each prompt once, every completion token), then per kept
-    token the reference's and (bf16, `recomputed`) old log-probs' forwards, each epoch's 3."""
+    step's compute in forward-token units (forward 1, forward and backward 3): the rollout, then
+    per kept token the reference's and (bf16: `recomputed`) old log-probs' forwards, 3 an epoch."""
     rewards = torch.cat([s["rewards"] for s in rounds]).view(-1, cfg.group_size)  # (groups, G)
     lengths = torch.tensor([len(c) for s in rounds for c in s["completions"]], dtype=torch.float32)
     eos = [bool(c) and c[-1] == eos_id for s in rounds for c in s["completions"]]
@@ -354,9 +348,8 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, source, cfg, generat
               autocast=nullcontext()):
     """The seven steps -> a dict of stats. policy: the GPT, maybe DDP- or FSDP-wrapped; ref_model:
     frozen (None if beta == 0); prompts, items: the first round's P token-id lists and task
-    objects; source: a Source, scoring them (reward_fn) and drawing further rounds (draw);
-    autocast: the forwards' mixed precision (never around an optimizer step). A non-finite
-    weight, reward, loss or gradient norm: FloatingPointError."""
+    objects; source: a Source; autocast: the forwards' mixed precision. A non-finite weight,
+    reward, loss or gradient norm: FloatingPointError."""
     t0 = time.time()
     raw = getattr(policy, "module", policy)   # the GPT itself
     low = check_step(raw, step, autocast)   # finite weights, no outer autocast; True: bf16 / fp16

@@ -237,9 +237,8 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None, prompts=None, at=None):
         """idx (N, T) -> logits (N, T, vocab); with targets (N, T) also the mean cross-entropy
-        (targets -1 are ignored). prompts: None, or (prompt_idx (B, L) right-padded, prompt_len
-        (B,), rows (N,)): row n of idx continues prompt rows[n] (forward_shared_prompts). at: None,
-        or a bool (N, T): the logits of those positions only, (k, vocab), and the loss over them."""
+        (targets -1 are ignored). prompts: forward_shared_prompts's, row n of idx continuing prompt
+        rows[n]. at: None, or a bool (N, T): the logits (k, vocab) and loss of those positions."""
         if prompts is not None:   # the fast path (below)
             logits = forward_shared_prompts(self, idx, prompts, at)
         else:
@@ -262,7 +261,7 @@ class GPT(nn.Module):
 
     def run_block(self, fn, *inputs):
         """fn(*inputs), a block's forward; with grad_ckpt set while training, its activations are
-        recomputed in the backward pass instead of kept (activation checkpointing)."""
+        recomputed in the backward pass instead of kept."""
         if self.grad_ckpt and self.training and torch.is_grad_enabled():
             return checkpoint(fn, *inputs, use_reentrant=False)
         return fn(*inputs)
@@ -299,8 +298,7 @@ def finite_weights(model):
 def sample_next(logits, temperature, top_k, top_p, generator, u=None):
     """logits (R, V) -> (token (R,), its log-prob (R,) under the distribution sampled from).
     temperature 0: greedy (the log-prob is the model's at T=1); top_k, top_p: None or the filter.
-    u: None (drawn here from generator), or the float64 uniforms (R, 1) on logits' device, drawn
-    by the caller as they would be here (engine.py's static path draws them ahead)."""
+    u: None (drawn here from generator), or the float64 uniforms (R, 1), drawn ahead as here."""
     if temperature == 0:
         tok = logits.argmax(-1)
         return tok, torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)
@@ -330,8 +328,8 @@ def sample_next(logits, temperature, top_k, top_p, generator, u=None):
 
 
 # =============================================================================
-# the fast path: prompts run once, their keys and values kept for the rows that continue them.
-# GPT.forward(prompts=) in the GRPO update, engine.py's prefill and decode steps.
+# the fast path: prompts run once, their keys and values kept for the rows that continue them
+# (GPT.forward(prompts=) in the GRPO update, engine.py's prefill)
 
 class PromptCache:
     """Keys and values of a batch of prompts, k[layer] and v[layer] (B, n_kv_head, P, head_dim),
@@ -349,8 +347,7 @@ def additive(allowed, dtype):
 
 def run_cached(model, idx, pos, mask, cache, last=False, at=None):
     """GPT.forward's layers on idx (B, T) at positions pos (B, T), keys and values passed through
-    cache (a PromptCache). mask: None (causal) or (B, 1, T, T_all) added to the scores. last: the
-    logits of the last position only (a prefill); at: as in GPT.forward."""
+    cache (a PromptCache); mask: None (causal) or added to the scores; last: the last position's."""
     x, rope = model.embed(idx, pos)
     for layer, block in enumerate(model.h):
         # rows passed as they are now: a checkpointed block recomputes the same pass
@@ -363,9 +360,8 @@ def run_cached(model, idx, pos, mask, cache, last=False, at=None):
 
 
 def forward_shared_prompts(model, idx, prompts, at=None):
-    """GPT.forward(idx, prompts=(prompt_idx, prompt_len, rows)) -> logits (N, T, vocab). Each of
-    the B prompts runs once, however many rows continue it (GRPO's G samples of a prompt), then the
-    N rows run with their prompt's keys and values in front: the logits of prompt + row."""
+    """GPT.forward(idx, prompts=(prompt_idx (B, L) right-padded, prompt_len (B,), rows (N,))): each
+    prompt runs once, however many rows continue it, then the N rows with its keys and values."""
     prompt_idx, prompt_len, rows = prompts
     (B, L), (N, T), device = prompt_idx.size(), idx.size(), idx.device
     assert L + T <= model.config.block_size, \

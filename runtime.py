@@ -2,8 +2,7 @@
 The run plumbing every script shares: *how* a run executes (torchrun ranks, devices, precision,
 printing, the one way out on an error), not *what* it trains, so the scripts stay straight-line
 nanoGPT style; the scale path GRPO and MLE step through (DDP, FSDP); forked processes on a CPU;
-the memory estimate. A run's files (config guard, resumable stages) are checkpoint.py's. Why:
-docs/engineering.md (The GPU path, Reliability).
+the memory estimate. Why: docs/engineering.md (The GPU path, Reliability).
 
     run = Run(args, out_dir, path_flags)    # after argparse: DDP, device per rank, seed, autocast
     run.print0(...), run.log({...}), run.barrier(), run.fail("message")
@@ -239,8 +238,8 @@ def lr_at(step, total, base, warmup):
 
 @contextmanager
 def unsharded(model):
-    """FSDP (Run.wrap): the full weights in place inside, gathered once (every rank enters
-    together), for the sampler, which calls the layers directly, past FSDP's hooks."""
+    """FSDP: the full weights in place inside (every rank enters together), for the sampler, which
+    calls the layers directly, past FSDP's hooks."""
     if is_fsdp(model):
         model.unshard()
     yield
@@ -250,7 +249,7 @@ def unsharded(model):
 
 def no_sync_unless_last(policy, last):
     """DDP all-reduces the gradients on a minibatch's last chunk only; FSDP reduce-scatters them
-    there and keeps the weights its first forward gathered until then: once per minibatch."""
+    there and keeps the weights its first forward gathered until then."""
     if is_fsdp(policy):   # FSDP: switches, set before each chunk
         policy.set_requires_gradient_sync(last)
         policy.set_reshard_after_backward(last)
@@ -258,8 +257,8 @@ def no_sync_unless_last(policy, last):
 
 
 def minibatch_sizes(policy, plan):
-    """The rows of each minibatch of `plan`, summed over the ranks (DDP / FSDP): a rank steps
-    wherever any rank has rows, so all take the same optimizer steps."""
+    """The rows of each minibatch of `plan`, summed over the ranks: a rank steps wherever any rank
+    has rows, so all take the same optimizer steps."""
     device = next(policy.parameters()).device
     sizes = torch.tensor([len(mb) for mb in plan], device=device)
     if hasattr(policy, "no_sync") or is_fsdp(policy):   # DDP / FSDP: the rows on all ranks
@@ -269,7 +268,7 @@ def minibatch_sizes(policy, plan):
 
 def rollout_chunk(model, prompts, cfg):
     """grpo.rollout's prompts a call: cfg.rollout_prompts, else all (CPU) or what 80% of the free
-    GPU memory holds (their float32 KV cache and G rows' logits)."""
+    GPU memory holds."""
     c, G = model.config, cfg.group_size
     if cfg.rollout_prompts or model.wte.weight.device.type != "cuda":
         return cfg.rollout_prompts or len(prompts)
@@ -312,8 +311,8 @@ def check_step(model, step, autocast):
 # run is safe); under torchrun the ranks share jobs (rank_map: the final evaluations' batches)
 
 def fork_alongside(target, log_path):
-    """Start target() in a forked process whose prints and progress bars go to log_path, not over
-    the parent's -> the process, to join. It dies with the parent, however the parent ends."""
+    """Start target() in a forked process printing to log_path -> the process, to join. It dies
+    with the parent, however the parent ends."""
     parent = os.getpid()
 
     def orphaned():   # a parent killed outright (SIGKILL, out of memory) cannot stop its child: the
@@ -333,9 +332,8 @@ def fork_alongside(target, log_path):
 
 
 class ComputeBudget:
-    """The control's allowance: RLVR's compute in forward-token units (grpo.step_stats), the same
-    on any machine. ComputeBudget(total): a finished RLVR's. ComputeBudget(): shared with a control
-    forked beside a running RLVR, which `add`s each step's compute and `close`s at its end."""
+    """The control's allowance: RLVR's compute in forward-token units (grpo.step_stats). Given a
+    total: a finished RLVR's; else shared with a control forked beside a running RLVR."""
 
     def __init__(self, total=None):
         fork = mp.get_context("fork")
@@ -392,8 +390,7 @@ def control_after(run, child, control, rl_file):
 
 
 def fork_map(fn, jobs, workers):
-    """[fn(job) for job in jobs], in order; with workers > 1, computed by that many forked processes
-    (jobs first to last, one at a time each: put the largest first)."""
+    """[fn(job) for job in jobs], in order, by `workers` forked processes (largest jobs first)."""
     if workers <= 1:
         return [fn(job) for job in jobs]
     global _fork_fn
@@ -409,7 +406,7 @@ def _call_fork_fn(job):
 
 def rank_map(fn, jobs):
     """[fn(job) for job in jobs] on every rank, in order; under torchrun rank r computes jobs r,
-    r + world, ... and the ranks exchange their results. Every rank calls it with the same jobs."""
+    r + world, ... and the ranks exchange their results."""
     jobs = list(jobs)
     if not dist.is_initialized():
         return [fn(job) for job in jobs]
@@ -424,8 +421,8 @@ def rank_map(fn, jobs):
 # (docs/engineering.md: --stage=memory, and the measured peaks it is held to)
 
 def prompts_per_chunk(prompts, samples, minibatches, micro_batch):
-    """The prompts one micro-batch of the GRPO update holds (grpo.minibatch_plan): up to all of
-    them if a minibatch fits one; else (cut in row order) the prompts of its rows and one more."""
+    """The prompts one micro-batch of the GRPO update holds (grpo.minibatch_plan): up to all if a
+    minibatch fits one; else (cut in row order) the prompts of its rows and one more."""
     rows = prompts * samples // minibatches   # a minibatch's rows
     return min(prompts, rows if rows <= micro_batch else -(-micro_batch // samples) + 1)
 
@@ -468,9 +465,8 @@ def print_memory(stage, parts, print0):
 
 
 def print_estimates(config, cfg, pairs, mle_stage, rl_stage, low, grad_ckpt, batch_size, print0):
-    """train_lang.py's memory of an MLE step (`mle_stage`: a micro-batch of the longest (prompt,
-    answer) pair of `pairs` that fits; no reference, no sampling) and an RLVR step (`rl_stage`:
-    its longest prompt; cfg, grpo.GRPOConfig), per rank, one line each."""
+    """train_lang.py's memory of an MLE step (`mle_stage`: the longest pair of `pairs` that fits)
+    and an RLVR step (`rl_stage`: its longest prompt; cfg, grpo.GRPOConfig), one line each."""
     if mle_stage:
         fit = [(len(p), len(a)) for p, a in pairs if len(p) + len(a) <= config.block_size + 1]
         p_len, a_len = max(fit or [(config.block_size // 2, config.block_size // 2)], key=sum)

@@ -8,14 +8,11 @@ Encoding replays it: within a pre-token, keep fusing the adjacent pair whose con
 lowest rank. tiktoken does exactly this in Rust, with token id == rank.
 
 Training (`train_ranks`) fast: pre-tokens never interact, so each *distinct* pre-token is counted
-once with its frequency (JSON-like text has a few thousand distinct words for millions of bytes),
-with a count per adjacent pair and, per pair, the words containing it. A merge rewrites only those
-words; a heap with lazily discarded stale entries yields the next most frequent pair, ties to the
-smallest (left id, right id): seconds for megabytes, where re-scanning the corpus for every merge
-(tiktoken's `_educational` trainer) takes many minutes.
-
-Files: our `.tiktoken` (`save`, `from_tiktoken_file`) and HF's tokenizer.json
-(`load_hf_tokenizer`; tools/export_hf.py writes them); `load_tokenizer` reads either.
+once with its frequency, with a count per adjacent pair and, per pair, the words containing it. A
+merge rewrites only those words; a heap with lazily discarded stale entries yields the next most
+frequent pair: seconds for megabytes, where re-scanning the corpus for every merge (tiktoken's
+`_educational` trainer) takes many minutes. Files: our `.tiktoken` (`save`, `from_tiktoken_file`)
+and HF's tokenizer.json (`load_hf_tokenizer`); `load_tokenizer` reads either.
 """
 import base64
 import heapq
@@ -42,8 +39,7 @@ def check_bytes(ranks, where):
 
 
 class Tokenizer:
-    """A `tiktoken.Encoding` (`.enc`) plus the eos id; `nfc` applies the NFC normalizer (Qwen2)
-    before encoding."""
+    """A `tiktoken.Encoding` (`.enc`) plus the eos id; `nfc`: NFC-normalize first (Qwen2)."""
 
     def __init__(self, enc, eos_id, nfc=False, chat=None):
         self.enc, self.eos_id, self.nfc, self.n_vocab = enc, int(eos_id), nfc, enc.n_vocab
@@ -55,8 +51,7 @@ class Tokenizer:
 
     def prompt(self, text):
         """A prompt's ids: encode(text), or, for a chat model, the text as one user message and the
-        generation prompt, rendered by the chat template as apply_chat_template(...,
-        add_generation_prompt=True, tokenize=False) renders it, its special tokens read as such."""
+        generation prompt, rendered by the chat template (its special tokens read as such)."""
         if self.chat is None:
             return self.encode(text)
         template, tokens = self.chat
@@ -66,14 +61,12 @@ class Tokenizer:
                                allowed_special="all")
 
     def decode(self, ids):
-        """Ids -> text; byte sequences that are not valid UTF-8 (a cut-off character) become
-        U+FFFD, and ids that are no token (a model's embedding padded past its tokenizer, as
-        Qwen2's is) are dropped: decoding never raises on model output."""
+        """Ids -> text, never raising on model output: invalid UTF-8 becomes U+FFFD, and ids that
+        are no token (a model's embedding padded past its tokenizer, as Qwen2's is) are dropped."""
         return self.enc.decode([t for t in ids if 0 <= t < self.n_vocab], errors="replace")
 
     def save(self, path):
-        """Write the ranks as tiktoken's `.tiktoken` file (a base64 token, a space, its rank, per
-        line), atomically (temp file, then rename)."""
+        """Write the ranks as tiktoken's `.tiktoken` file (a base64 token, a space, its rank)."""
         by_rank = sorted((self.enc.encode_single_token(t), t) for t in self.enc.token_byte_values())
         atomic_write_text(path, "".join(f"{base64.b64encode(t).decode()} {rank}\n"
                                         for rank, t in by_rank))
@@ -175,9 +168,8 @@ def _merge(word, pair, new_id):
 # ----------------------------------------------------------------------------- HF tokenizer files
 
 def bytes_to_unicode():
-    """GPT-2's byte -> printable character table: HF tokenizer.json files store tokens as JSON
-    strings, so each byte is a character, printable Latin-1 bytes themselves and the other 68
-    chr(256), chr(257), ... (a space is "Ġ")."""
+    """GPT-2's byte -> printable character table of HF tokenizer.json files: printable Latin-1 bytes
+    themselves and the other 68 chr(256), chr(257), ... (a space is "Ġ")."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
                  *range(ord("®"), ord("ÿ") + 1)]
     others = [b for b in range(256) if b not in printable]
@@ -185,9 +177,8 @@ def bytes_to_unicode():
 
 
 def load_hf_tokenizer(path):
-    """A byte-level BPE tokenizer.json (a HF directory holding it, or the file itself) ->
-    Tokenizer. All added tokens become tiktoken specials; HF's post-processor is ignored (encode()
-    never adds BOS/EOS)."""
+    """A byte-level BPE tokenizer.json (or a HF directory holding it) -> Tokenizer. Added tokens
+    become tiktoken specials; HF's post-processor is ignored (encode() never adds BOS/EOS)."""
     path = Path(path)
     file = path / "tokenizer.json" if path.is_dir() else path
     try:

@@ -6,22 +6,19 @@ the research, CondVQVAE, is research/cond_tokenizer.py; it has the same API):
     frames = vq.detokenize(codes, context)   # codes (N, L) long -> (N, 3, H, W) float in [0, 1]
     ctx_codes = vq.tokenize_context(frames)  # the codes a context frame gets in the GPT's sequence
 
-`VQVAE`, per frame: every frame becomes 8x8 = 64 codes, on its own, and is decoded on its own, every
-pixel re-drawn; with `vq.copy_gate = True` (train_video.py's RLVR and evaluation) decoding against a
-context frame copies the context's pixels in every 8x8 cell whose code is the context frame's code
-there, so a cell the prediction leaves as it was is the context exactly (research/README.md).
+`VQVAE`, per frame: every frame becomes 8x8 = 64 codes, on its own, and is decoded on its own; with
+`vq.copy_gate = True` (train_video.py's RLVR and evaluation) decoding against a context frame copies
+the context's pixels in every 8x8 cell whose code is the context frame's code there.
 
 Architecture (a small cousin of VQGAN/iVideoGPT's tokenizer, without the GAN and perceptual losses):
 encoder = conv 3x3, then per level a stride-2 conv 4x4 and a residual block (channels
-32 -> 64 -> 128, three levels = 8x downsampling), then a 1x1 conv to the code dimension; the decoder
-mirrors it with nearest-neighbour upsampling + conv 3x3. No normalisation layers: the model is fully
-convolutional, so it can train on 32x32 crops (4x cheaper on a CPU, the latent grid stays aligned
-because crops start at multiples of 8) and run on whole frames.
+32 -> 64 -> 128: 8x downsampling), then a 1x1 conv to the code dimension; the decoder mirrors it
+with nearest-neighbour upsampling + conv 3x3. Fully convolutional (no normalisation layers), so it
+trains on 32x32 crops (4x cheaper on a CPU) and runs on whole frames.
 
 The quantiser: nearest codebook vector, straight-through gradient, codebook loss ||sg[z] - q||^2 +
 beta * commitment ||z - sg[q]||^2 (VQ-VAE). The codebook starts from encoder outputs (random init
 leaves most codes unused) and dead codes are re-seeded (restart_dead), so usage stays high.
-Trained by train_vq.py, then frozen (MLE and RLVR only see codes).
 """
 import json
 import math
@@ -70,8 +67,7 @@ class VectorQuantizer(nn.Module):
         self.register_buffer("initialised", torch.tensor(False))
 
     def forward(self, z):
-        """z (B, dim, h, w) -> (z_q (B, dim, h, w) with straight-through gradient, loss,
-        indices (B, h, w))."""
+        """z (B, dim, h, w) -> (z_q, straight-through gradient; loss; indices (B, h, w))."""
         B, C, h, w = z.shape
         flat = z.permute(0, 2, 3, 1).reshape(-1, C)
         if self.training and not bool(self.initialised):

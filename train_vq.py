@@ -5,14 +5,12 @@ research/cond_tokenizer.py) on random crops of train frames; MLE and RLVR then s
     python train_vq.py                      # out/video/video_vq.safetensors
     python train_vq.py --steps=3 --n_codes=32 --out_dir=/tmp/vq   # a tiny one, for tests
 
-train_video.py calls frame_tokenizer (--stage=tokenizer, a run from scratch) with TokenizerConfig's
-defaults; `train_video.py --vq=FILE` uses one trained here. It goes to --out_dir (default out/video,
-where `train_video.py --stage=mle` looks) as video_vq.safetensors, its held-out statistics and the
-flags in its header (and in log.jsonl). While it trains, video_vq_train.safetensors holds its
-resumable state (every --ckpt_every steps): a re-run resumes, and reuses a finished tokenizer.
+train_video.py calls frame_tokenizer (--stage=tokenizer) with TokenizerConfig's defaults, or
+`--vq=FILE` uses one trained here: --out_dir/video_vq.safetensors, its held-out statistics and the
+flags in its header. While it trains, video_vq_train.safetensors holds its resumable state (every
+--ckpt_every steps): a re-run resumes, and reuses a finished tokenizer.
 """
 import argparse
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,14 +18,13 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from safetensors import safe_open
 from tqdm import tqdm
 
 from checkpoint import recorded_args, resume_stage, save_stage
 from data.robot.prepare import DATA_DIR, ensure_splits
 from data.robot.task import clips, episode_files, load_split, to_float
 from runtime import Run, check_ranges, lr_at
-from tokenizer_vq import VQConfig, VQVAE, codebook_stats, save_vq
+from tokenizer_vq import VQConfig, VQVAE, codebook_stats, load_vq, save_vq
 from video_rewards import psnr
 
 VQ_FILE = "video_vq.safetensors"   # the tokenizer file in --out_dir
@@ -36,9 +33,8 @@ OUT_DIR, RESUME, SIZE = "out/video", 1, 64   # train_video.py's too: --out_dir, 
 
 @dataclass
 class TokenizerConfig:
-    """How the tokenizer trains (train_video.py uses these defaults; this script's flags set
-    them): Adam at `lr`, `steps` steps (or `minutes`, 0: no limit) of `batch` random crops of side
-    `crop` (a multiple of 8: the crops stay on the 8x8 code grid)."""
+    """How the tokenizer trains (this script's flags): Adam at `lr`, `steps` steps (or `minutes`,
+    0: no limit) of `batch` random crops of side `crop` (a multiple of 8: on the code grid)."""
     n_codes: int = 512      # codebook size
     steps: int = 2500
     minutes: float = 0
@@ -63,8 +59,8 @@ def add_run_flags(add):
 # data
 
 def ensure_data(run):
-    """--data must hold every split's .npz episodes (data/robot/task.episode_files), else the run
-    stops naming the missing splits; the embedded robot data's are generated (~15 s, rank 0)."""
+    """--data must hold every split's .npz episodes, else the run stops naming the missing splits;
+    the embedded robot data's are generated (~15 s, rank 0)."""
     data = Path(run.args.data)
     missing = [s for s in ("train", "val", "test") if not episode_files(data, s)]
     ours = data.resolve() == DATA_DIR.resolve()
@@ -81,9 +77,8 @@ def ensure_data(run):
 
 
 def load_clips(run, clip_len, test_limit=0):
-    """[train, val, test] clips of `clip_len` frames from --data resized to SIZE: dicts of image
-    (T, H, W, 3) uint8, action (T, D) float, background (H, W, 3) or None. Under torchrun each
-    rank reads every world-th train episode from its rank's, the held-out splits whole."""
+    """[train, val, test] clips of `clip_len` frames from --data resized to SIZE (data/robot/task's
+    dicts). Under torchrun a rank reads every world-th train episode, the held-out splits whole."""
     limits = {"train": run.args.train_limit, "val": 0, "test": test_limit}   # episodes (0: all)
     try:
         splits = [clips(load_split(run.args.data, split, SIZE, n,
@@ -110,19 +105,9 @@ def crop_batch(frames, g, batch, crop, device, grid=8):
 # -----------------------------------------------------------------------------
 # training
 
-def read_header(run, path):
-    """The JSON header of a tokenizer file, or a one-line failure naming it."""
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            return json.loads((f.metadata() or {}).get("nanorlvr", "{}"))
-    except Exception as e:   # safetensors raises its own error types
-        run.fail(f"{path}: not a readable tokenizer checkpoint ({e}); "
-                 f"pass --resume=0 or another --out_dir")
-
-
 def train_tokenizer(run, vq, cfg, batch, state):
-    """Fit `vq` on batch(g) -> crops for cfg.steps steps or cfg.minutes (0: no limit),
-    checkpointing to `state` -> (steps done, minutes). Loss: reconstruction MSE + quantiser loss."""
+    """Fit `vq` on batch(g) -> crops, checkpointing to `state` -> (steps done, minutes). Loss:
+    reconstruction MSE + quantiser loss."""
     g = torch.Generator().manual_seed(run.args.seed + run.rank)   # each rank draws its own crops
     with torch.no_grad():   # the codebook from encoder outputs (DDP copies rank 0's)
         z = vq.encode(batch(g)).permute(0, 2, 3, 1).flatten(0, 2)   # (B*h*w, code_dim) latents
@@ -168,7 +153,7 @@ def train_tokenizer(run, vq, cfg, batch, state):
 def frame_tokenizer(run, cfg, train_eps, held_eps, final):
     """The per-frame VQ at `final`: reused if complete, else trained under TokenizerConfig `cfg` on
     train_eps and checked on every frame of held_eps -> its path."""
-    if run.args.resume and final.is_file() and read_header(run, final).get("done"):
+    if run.args.resume and final.is_file() and run.or_fail(load_vq, final)[1].get("done"):
         run.print0(f"tokenizer: {final} is complete, reusing it")
         return final
     state = final.with_name(final.stem + "_train" + final.suffix)   # its resumable state
