@@ -224,13 +224,11 @@ def resume(path, model, optimizer=None):
 
 
 # -----------------------------------------------------------------------------
-# a run's files: the config guard (a re-run with other flags stops, naming them) and stages that
-# resume exactly; `run` is the script's runtime.Run
+# a run's files: the config guard and stages that resume exactly (`run`: the script's runtime.Run)
 
 CONFIG = "config.json"   # in out_dir: the flags of the run that trains there
 # flags that cannot change the trained weights (docs/engineering.md, Reliability): how and where
-# the run executes (the control beside RLVR or after it trains for RLVR's counted compute; FSDP
-# takes DDP's steps), how often it checkpoints and logs, what it does on a NaN, which stages run
+# the run executes, how often it checkpoints and logs, what it does on a NaN, which stages run
 FREE_FLAGS = {"device", "threads", "grad_ckpt", "ckpt_every", "on_nan", "eval_every", "stage",
               "control", "out_dir", "resume", "fsdp"}
 # the final evaluation's flags: a re-run with other values evaluates the same trained models again
@@ -249,8 +247,8 @@ def recorded_args(run):
 
 def check_config(run, stage_files):
     """May this run continue in out_dir? With --resume=1, out_dir/config.json must hold the same
-    flags (but FREE_FLAGS and EVAL_FLAGS), an out_dir without it none of `stage_files`; else one
-    line and exit -> this run's record, for save_config once its inputs are checked."""
+    flags (but FREE_FLAGS and EVAL_FLAGS), an out_dir without it none of `stage_files` -> the
+    record, for save_config."""
     record = recorded_args(run)
     path = run.out_dir / CONFIG
     ways_out = f"use a new --out_dir, or --resume=0 to start over in {run.out_dir}"
@@ -410,8 +408,8 @@ def config_from_hf(hf, where):
 
 
 def rope_scaling(hf, where):
-    """HF's RoPE scaling (transformers 4: "rope_scaling", older "type"; 5: "rope_parameters") ->
-    GPTConfig.rope_scaling: None, or the parameters of "linear" or "llama3" (Llama 3.1+)."""
+    """HF's RoPE scaling ("rope_scaling", transformers 5: "rope_parameters") -> None, or the
+    parameters of "linear" or "llama3" (Llama 3.1+)."""
     rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
     kind = rope.get("rope_type", rope.get("type", "default"))
     keys = dict(default=(), linear=("factor",),

@@ -264,23 +264,16 @@ SYNC_EVERY = 32   # tokens between the host's looks at EOS; uniforms are drawn a
 CAPTURE = dict(seconds=0.0, graphs=0)   # the last call's CUDA graph captures (gpu_check)
 
 
-class Uniforms:
-    """The sampler's uniforms, (N, 1) per column of the output, drawn SYNC_EVERY columns at a time
-    (the numbers one draw per column gives)."""
-
-    def __init__(self, generator, N, max_new, device):
-        self.gen, self.N, self.max_new, self.device = generator, N, max_new, device
-        self.where = generator.device if generator is not None else device
-
-    def column(self, c):
-        if c % SYNC_EVERY == 0:
-            n = min(SYNC_EVERY, self.max_new - c)
-            block = torch.rand(n, self.N, 1, generator=self.gen, dtype=torch.float64,
-                               device=self.where)
-            if self.device.type == "cuda" and block.device.type == "cpu":
-                block = block.pin_memory()
-            self.block = block.to(self.device, non_blocking=True)
-        return self.block[c % SYNC_EVERY]
+def uniforms(generator, N, max_new, device):
+    """The sampler's uniforms, (N, 1) per column of the output, in order, drawn SYNC_EVERY columns
+    at a time (the numbers one draw per column gives)."""
+    where = generator.device if generator is not None else device
+    for c in range(0, max_new, SYNC_EVERY):
+        block = torch.rand(min(SYNC_EVERY, max_new - c), N, 1, generator=generator,
+                           dtype=torch.float64, device=where)
+        if device.type == "cuda" and block.device.type == "cpu":
+            block = block.pin_memory()
+        yield from block.to(device, non_blocking=True)
 
 
 def static_generate(model, prompts, max_new, temperature, top_k, top_p, eos_id, generator,
@@ -294,7 +287,7 @@ def static_generate(model, prompts, max_new, temperature, top_k, top_p, eos_id, 
     N, device = len(logits), logits.device
     tokens = torch.full((N, max_new), -1, dtype=torch.long, device=device)
     logprobs = torch.zeros(N, max_new, device=device)
-    draws = Uniforms(generator, N, max_new, device)
+    draws = uniforms(generator, N, max_new, device)
     greedy, cuda = temperature == 0, device.type == "cuda"
     decode = compiled_step() if (cuda if compile is None else compile) else decode_step
     # the decoding rows' state, all dropped together: this column's uniforms, last tokens, prompt
@@ -306,7 +299,7 @@ def static_generate(model, prompts, max_new, temperature, top_k, top_p, eos_id, 
 
     # column 0, from the prefill's logits
     if not greedy:
-        rows.u.copy_(draws.column(0))
+        rows.u.copy_(next(draws))
     rows.tok, lp = sample(logits)
     tokens[:, 0], logprobs[:, 0] = rows.tok, lp
     rows.done = rows.tok == eos_id if eos_id is not None else torch.zeros_like(rows.tok).bool()
@@ -333,7 +326,7 @@ def static_generate(model, prompts, max_new, temperature, top_k, top_p, eos_id, 
             if compact:
                 drop_done(rows, cache)
         if not greedy:
-            rows.u.copy_(draws.column(c)[cache.live])
+            rows.u.copy_(next(draws)[cache.live])
         # this step writes position c - 1: it reads the first c, rounded up to WIDTH
         cache.width = min(max_new, WIDTH * math.ceil(c / WIDTH))
         shape = (len(cache.live), cache.width)

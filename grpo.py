@@ -34,7 +34,7 @@ class GRPOConfig:
     prompts_per_step: int = knob(16, "groups WITH reward spread per step (DAPO refill)")
     max_rounds: int = 4          # sampling rounds a step may take to collect them
     group_size: int = knob(8, "samples per prompt (G)")
-    # the official recipe's AdamW (`make_optimizer`), a linear warm-up to a constant rate (`set_lr`)
+    # AdamW (`make_optimizer`), a linear warm-up to a constant rate (`set_lr`)
     lr: float = knob(1e-4, "AdamW learning rate of RLVR, after 10 steps of warm-up", "rl_lr")
     warmup: int = 10
     weight_decay: float = 0.01   # official: 0.01
@@ -51,16 +51,14 @@ class GRPOConfig:
     # the update: ppo_epochs x minibatches optimizer steps, in micro-batches
     ppo_epochs: int = 1
     minibatches: int = 2
-    micro_batch: int = knob(64, "sequences per forward/backward (the GRPO update, MLE and its "
-                                "validation)")
+    micro_batch: int = knob(64, "sequences per forward/backward (the GRPO update, MLE, validation)")
     grad_clip: float = 1.0
     # sampling; skip_zero_std: drop groups without reward spread
     temperature: float = 1.0
     max_new_tokens: int = knob(200, "longest answer sampled")
     graphs: bool = knob(False, "1: sample on static shapes, each decode step one CUDA graph on a "
                                "GPU (engine.py; same greedy tokens, EOS sampling may differ)")
-    # ids the tokenizer can decode (0: all the model's): Qwen2 pads its embedding past its
-    # tokenizer, and those ids are never sampled nor given probability in the update
+    # the ids below it are the tokenizer's (0: all); the rest (Qwen2's padding) is never drawn
     vocab: int = 0
     skip_zero_std: bool = True
     max_prompt: int = 0          # longest prompt trained on (0: block_size - max_new_tokens)

@@ -22,9 +22,8 @@ MAX_ANSWER_CHARS = 100_000
 
 # ======================================================================================= text game
 # The model writes a difference JSON {"modified": [new or changed objects], "removed": [uuids],
-# "score": {...}, or {} when the score does not change} (data/textgame/task.py makes the true one).
-# The contract (official): an answer without the key "modified" or "removed" scores 0; one without
-# "score" predicts no score, so it is never exact.
+# "score": {...}, or {} when the score does not change}. The contract (official): an answer without
+# "modified" or "removed" scores 0; one without "score" predicts no score, so it is never exact.
 
 TEXTGAME_KINDS = ("binary", "task_specific")
 _ABSENT = object()   # a field that does not exist in a state
@@ -130,8 +129,7 @@ def _answer_segment(text: str) -> str:
 
 def _last_fenced(text: str) -> str | None:
     """The stripped content of the last ```json block, as the official regex
-    r"```json\\s*([\\s\\S]*?)\\s*```" finds it, or None. By str.find: that regex takes quadratic
-    time on a long run of whitespace after an unclosed fence."""
+    r"```json\\s*([\\s\\S]*?)\\s*```" finds it, or None (by str.find: that regex is quadratic)."""
     last, pos = None, 0
     while (start := text.find("```json", pos)) != -1:
         if (end := text.find("```", start + 7)) == -1:   # unclosed: no block, for the regex too
@@ -151,8 +149,7 @@ def _variants(text: str):
 def _close_brackets(text: str) -> str | None:
     """The JSON value that `text` starts with, cut where it ends; or, when the text ends first (a
     truncated answer), closed: an unterminated string gets its quote, a final comma goes, unclosed
-    {/[ are closed. None if brackets mismatch or nest deeper than _MAX_DEPTH. Python sees only the
-    brackets; the regex skips the rest."""
+    {/[ are closed. None if brackets mismatch or nest deeper than _MAX_DEPTH."""
     closers, pos = [], 0   # the closing brackets owed, innermost last
     while (m := _JSON_TOKEN.match(text, pos)) is not None:
         token, pos = m.group(1), m.end()
@@ -172,9 +169,8 @@ def _close_brackets(text: str) -> str | None:
 
 
 def _validated(obj) -> dict | None:
-    """The diff that `obj` holds, or None when it lacks "modified" or "removed" (the contract) or
-    has the wrong shape. An absent "score" reads as None; a present one must be an object (null is
-    not: docs/rewards.md, "Where we deliberately differ", 4)."""
+    """The diff that `obj` holds, or None when it lacks "modified" or "removed" or has the wrong
+    shape. An absent "score" reads as None; a present one must be an object (null is not)."""
     if not isinstance(obj, dict) or "modified" not in obj or "removed" not in obj:
         return None
     modified, removed, score = obj["modified"], obj["removed"], obj.get("score")
@@ -209,8 +205,7 @@ def apply_diff(state: dict, diff: dict) -> dict:
 # --------------------------------------------------------------------------------- compare
 def _object_counts(pred: dict, true: dict) -> tuple[int, int]:
     """(correct, errors) of the object-property accuracy: the official `evaluate`, plus the
-    predicted objects and properties that the truth lacks, counted as errors (docs/rewards.md,
-    "Where we deliberately differ", 2)."""
+    predicted objects and properties that the truth lacks, counted as errors (docs/rewards.md)."""
     predicted = {obj["uuid"]: obj for obj in pred["objects"]}
     correct = errors = 0
     for obj in true["objects"]:
@@ -256,8 +251,7 @@ def _contents(obj: dict):
 
 # ======================================================================================= web page
 # The model writes the items an action adds, deletes and updates on a page, in three sections of
-# accessibility-tree lines (data/webpage/task.py makes the true answer); the reward is the F1 of its
-# items against the true ones (docs/rewards.md).
+# accessibility-tree lines; the reward is the F1 of its items against the true ones.
 SECTION_KEYS = ("new", "deleted", "updated")
 # a section header, e.g. "New items:", possibly with the first item on the same line (group 2)
 _HEADER = re.compile(r"(new|deleted|updated)\s+items\s*(?::\s*(.*))?", re.IGNORECASE)
@@ -275,10 +269,9 @@ def score_webpage(text, record):
 
 
 def web_prf(text, target_text) -> tuple[float, float, float]:
-    """(precision, recall, f1) of the predicted items against the true ones, pooled over sections.
-    Matches per section are the multiset intersection of the exact items. No items on either side
-    gives (1, 1, 1); a side without items gives 0 for the ratio it divides. A prediction longer than
-    MAX_ANSWER_CHARS scores (0, 0, 0) unread. Never raises."""
+    """(precision, recall, f1) of the predicted items against the true ones, pooled over sections:
+    per section the multiset intersection of the exact items. No items on either side gives
+    (1, 1, 1); a side without items gives 0 for the ratio it divides. Never raises."""
     if not (isinstance(text, str) and isinstance(target_text, str)) or len(text) > MAX_ANSWER_CHARS:
         return 0.0, 0.0, 0.0
     pred, true = parse_sections(text), parse_sections(target_text)
@@ -293,10 +286,9 @@ def web_prf(text, target_text) -> tuple[float, float, float]:
 
 
 def parse_sections(text) -> dict[str, list[str]]:
-    """{"new": [...], "deleted": [...], "updated": [...]} read from a three-section answer.
-    Items are stripped non-blank lines after a header (in any order, possibly repeated); lines
-    before the first header are ignored; a missing section is an empty list; a non-string gives
-    empty sections."""
+    """{"new": [...], "deleted": [...], "updated": [...]} read from a three-section answer: the
+    stripped non-blank lines after a header (in any order, possibly repeated); lines before the
+    first header are ignored; a missing section (or a non-string) gives empty lists."""
     sections = {key: [] for key in SECTION_KEYS}
     current = None   # the list of the section being read
     for line in text.splitlines() if isinstance(text, str) else ():

@@ -31,14 +31,11 @@ class Task:
     # load_records(path) -> [record]; prompt_text(record), target_text(record) -> str (what the
     # model reads, what it must write); is_changed(record) -> bool (the action changes something)
     data: ModuleType
-    # ensure_splits(data_dir, n_train=, n_val=, n_test=, seed=, verbose=): writes the missing
-    # train/val/test.jsonl of data_dir from a seeded generator -> {split: path}
-    prepare: ModuleType
+    prepare: ModuleType   # ensure_splits(data_dir): writes the missing train/val/test.jsonl
     score: Callable   # score(text, record) -> {metric: float}: one decoded answer's metrics
     headline: str     # the metric (a key of score's dict) of the tables, paired CIs and pass@k
     rewards: tuple    # the names RLVR's --reward takes; the first is the default
-    reward: Callable  # reward(text, record, kind) -> float >= 0, highest for the target text;
-                      # kind in rewards; never raises, whatever the text
+    reward: Callable  # reward(text, record, kind) -> float >= 0; never raises, whatever the text
     no_change: str    # the answer "nothing changes": right exactly on the unchanged records
 
 
@@ -66,8 +63,7 @@ TASKS = {
 def load_lang_model(path, device="cpu"):
     """Our checkpoint (naming its tokenizer file) or an HF directory -> (model, tokenizer, meta)."""
     model, meta = load_model(path, device)
-    tok = meta["args"].get("tokenizer")
-    if not tok:
+    if not (tok := meta["args"].get("tokenizer")):
         raise ValueError(f"{path}: checkpoint names no tokenizer")
     # relative to the checkpoint's folder (an HF directory's meta names itself, absolute)
     return model, load_tokenizer(recorded_path(tok, Path(path).parent)), meta
@@ -79,8 +75,7 @@ def keep_tokenizer(init, meta, out_dir, write=True):
     src = recorded_path(meta["args"]["tokenizer"], Path(init).parent)   # relative, or absolute
     if src.is_dir():
         return str(src.resolve())
-    name = "tokenizer" + src.suffix
-    dst = Path(out_dir) / name
+    dst = Path(out_dir) / (name := "tokenizer" + src.suffix)
     # copied when missing or another (a --resume=0 run from another --init)
     if write and not (dst.is_file() and filecmp.cmp(src, dst, shallow=False)):
         atomic_write(dst, lambda tmp: shutil.copyfile(src, tmp))
@@ -146,7 +141,7 @@ def encode(task, tok, record):
 
 def crop(prompts, block_size, max_new_tokens):
     """Prompts too long to leave min(max_new_tokens, 64, block_size // 2) new tokens keep their
-    last tokens, as nanoGPT crops (the action, the page's end survive) -> (prompts, n cropped)"""
+    last tokens (the action survives) -> (prompts, n cropped)"""
     keep = block_size - min(max_new_tokens, 64, block_size // 2)
     return [p[-keep:] for p in prompts], sum(len(p) > keep for p in prompts)
 
