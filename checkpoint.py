@@ -236,8 +236,7 @@ EVAL_FLAGS = {"final_eval", "eval_limit", "test_limit"}
 
 
 def recorded_args(run):
-    """vars(args) and `recorded` as config.json and checkpoints record them: path flags relative
-    to out_dir where they can be."""
+    """vars(args) and `recorded` as config.json and checkpoints record them (paths relative)."""
     record = {**vars(run.args), **run.recorded}
     for name in run.path_flags:
         if record.get(name) not in (None, "auto", "scratch"):
@@ -247,8 +246,7 @@ def recorded_args(run):
 
 def check_config(run, stage_files):
     """May this run continue in out_dir? With --resume=1, out_dir/config.json must hold the same
-    flags (but FREE_FLAGS and EVAL_FLAGS), an out_dir without it none of `stage_files` -> the
-    record, for save_config."""
+    flags (but FREE_FLAGS, EVAL_FLAGS), an out_dir without it no `stage_files` -> the record."""
     record = recorded_args(run)
     path = run.out_dir / CONFIG
     ways_out = f"use a new --out_dir, or --resume=0 to start over in {run.out_dir}"
@@ -408,8 +406,7 @@ def config_from_hf(hf, where):
 
 
 def rope_scaling(hf, where):
-    """HF's RoPE scaling ("rope_scaling", transformers 5: "rope_parameters") -> None, or the
-    parameters of "linear" or "llama3" (Llama 3.1+)."""
+    """HF's RoPE scaling -> None, or the parameters of "linear" or "llama3" (Llama 3.1+)."""
     rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
     kind = rope.get("rope_type", rope.get("type", "default"))
     keys = dict(default=(), linear=("factor",),

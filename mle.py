@@ -41,8 +41,7 @@ def final_lr(ckpt):
 
 
 def batch_compute(tgt):
-    """Forward-token units of one training step on targets tgt (B, T): 3 x the input positions up
-    to each row's last scored token."""
+    """Forward-token units of a step on targets tgt (B, T): 3 x positions to rows' last target."""
     scored = tgt >= 0
     length = torch.where(scored.any(1), tgt.shape[1] - scored.flip(1).int().argmax(1), 0)   # (B,)
     return 3 * int(length.sum())
@@ -155,8 +154,7 @@ def batch_from(pairs, device):
 
 
 def pair_batches(run, pairs, val_pairs, batch_size):
-    """mle.train's next_batch (`batch_size` pairs drawn with replacement) and val_loss for
-    (prompt, answer) id pairs."""
+    """mle.train's next_batch (`batch_size` pairs, with replacement) and val_loss on id pairs."""
     device, mb = run.device, run.args.micro_batch
 
     def next_batch(gen):

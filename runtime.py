@@ -199,8 +199,7 @@ def check_ranges(parser, args, at_least_1=(), at_least_0=()):
 
 
 def knob(default, help, flag=None):
-    """A config dataclass field that is a script's flag (`add_flags`); flag: its name if not the
-    field's."""
+    """A config dataclass field that is a script's flag (`add_flags`), named `flag` if given."""
     return field(default=default, metadata=dict(help=help, flag=flag))
 
 
@@ -267,8 +266,7 @@ def minibatch_sizes(policy, plan):
 
 
 def rollout_chunk(model, prompts, cfg):
-    """grpo.rollout's prompts a call: cfg.rollout_prompts, else all (CPU) or what 80% of the free
-    GPU memory holds."""
+    """grpo.rollout's prompts a call: cfg.rollout_prompts, else all, or what 80% of a GPU holds."""
     c, G = model.config, cfg.group_size
     if cfg.rollout_prompts or model.wte.weight.device.type != "cuda":
         return cfg.rollout_prompts or len(prompts)
@@ -311,8 +309,7 @@ def check_step(model, step, autocast):
 # run is safe); under torchrun the ranks share jobs (rank_map: the final evaluations' batches)
 
 def fork_alongside(target, log_path):
-    """Start target() in a forked process printing to log_path -> the process, to join. It dies
-    with the parent, however the parent ends."""
+    """target() in a forked process printing to log_path, dying with the parent -> the process."""
     parent = os.getpid()
 
     def orphaned():   # a parent killed outright (SIGKILL, out of memory) cannot stop its child: the
@@ -362,10 +359,9 @@ class ComputeBudget:
 
 
 def control_beside(run, control, rl_file):
-    """Start the control, control(budget): the RLVR start trained further by MLE for RLVR's
-    compute. On a CPU it runs in a forked process on the second core *while* RLVR runs, waiting
-    whenever it is ahead -> (the budget RLVR adds each step's compute to, the process); otherwise
-    (no control, a GPU, torchrun, RLVR already done) -> (the budget, None)."""
+    """Start control(budget), MLE from the RLVR start for RLVR's compute: on a CPU in a forked
+    process on the second core *while* RLVR runs, waiting whenever it is ahead -> (the budget RLVR
+    adds to, the process); otherwise (a GPU, torchrun, RLVR done) -> (the budget, None)."""
     budget = ComputeBudget()
     done = run.args.resume and rl_file.is_file() and read_meta(rl_file)["metrics"].get("done")
     if control is None or not run.forks or done:
@@ -378,8 +374,7 @@ def control_beside(run, control, rl_file):
 
 
 def control_after(run, child, control, rl_file):
-    """After RLVR: wait for the forked control, or run control(budget) now for the compute rl_file
-    records (None: no control)."""
+    """After RLVR: wait for the forked control, or run control (None: none) for rl_file's."""
     if child is not None:
         child.join()
         if child.exitcode:
@@ -405,8 +400,7 @@ def _call_fork_fn(job):
 
 
 def rank_map(fn, jobs):
-    """[fn(job) for job in jobs] on every rank, in order; under torchrun rank r computes jobs r,
-    r + world, ... and the ranks exchange their results."""
+    """[fn(job) for job in jobs] on every rank; under torchrun rank r does jobs r, r + world..."""
     jobs = list(jobs)
     if not dist.is_initialized():
         return [fn(job) for job in jobs]

@@ -140,8 +140,7 @@ def encode(task, tok, record):
 # decoding, and RLVR's probe
 
 def crop(prompts, block_size, max_new_tokens):
-    """Prompts too long to leave min(max_new_tokens, 64, block_size // 2) new tokens keep their
-    last tokens (the action survives) -> (prompts, n cropped)"""
+    """Prompts keep the last tokens that leave min(max_new_tokens, 64, block_size // 2) new ones."""
     keep = block_size - min(max_new_tokens, 64, block_size // 2)
     return [p[-keep:] for p in prompts], sum(len(p) > keep for p in prompts)
 
@@ -260,8 +259,7 @@ EVAL_EVERY, VAL_N = 500, 200   # MLE's progress checks: every 500 steps, VAL_N v
 
 def train_mle(run, task, tok, model, name, pairs, val_recs, steps, lr_of_step, max_new_tokens,
               budget=None):
-    """mle.train on the `pairs` that fit the model for `steps` steps or RLVR's compute (`budget`)
-    -> its checkpoint, out_dir/<name>.safetensors."""
+    """mle.train on the `pairs` that fit, `steps` steps or RLVR's compute -> out_dir/<name>'s."""
     ckpt = run.out_dir / f"{name}.safetensors"   # resumable while it runs, the model once done
 
     def fits(pair):   # a whole (prompt, answer) pair fits the model's context

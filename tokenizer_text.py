@@ -101,8 +101,7 @@ class Tokenizer:
 # ----------------------------------------------------------------------------- training
 
 def train_ranks(texts, vocab_size, pat_str):
-    """Byte-level BPE trained on an iterable of strings, split into pre-tokens by the regex
-    `pat_str` -> tiktoken's mergeable ranks {token bytes: rank}, `vocab_size` of them."""
+    """Byte-level BPE on strings split by the regex `pat_str` -> `vocab_size` mergeable ranks."""
     if vocab_size < 256:
         raise ValueError(f"vocab_size must be >= 256 (the byte tokens), got {vocab_size}")
     pattern = regex.compile(pat_str)

@@ -106,8 +106,7 @@ def crop_batch(frames, g, batch, crop, device, grid=8):
 # training
 
 def train_tokenizer(run, vq, cfg, batch, state):
-    """Fit `vq` on batch(g) -> crops, checkpointing to `state` -> (steps done, minutes). Loss:
-    reconstruction MSE + quantiser loss."""
+    """Fit `vq` on batch(g) -> crops, checkpointing to `state` -> (steps done, minutes)."""
     g = torch.Generator().manual_seed(run.args.seed + run.rank)   # each rank draws its own crops
     with torch.no_grad():   # the codebook from encoder outputs (DDP copies rank 0's)
         z = vq.encode(batch(g)).permute(0, 2, 3, 1).flatten(0, 2)   # (B*h*w, code_dim) latents
@@ -151,8 +150,8 @@ def train_tokenizer(run, vq, cfg, batch, state):
 
 
 def frame_tokenizer(run, cfg, train_eps, held_eps, final):
-    """The per-frame VQ at `final`: reused if complete, else trained under TokenizerConfig `cfg` on
-    train_eps and checked on every frame of held_eps -> its path."""
+    """The per-frame VQ at `final`: reused if complete, else trained on train_eps and checked on
+    every frame of held_eps -> its path."""
     if run.args.resume and final.is_file() and run.or_fail(load_vq, final)[1].get("done"):
         run.print0(f"tokenizer: {final} is complete, reusing it")
         return final

@@ -40,10 +40,8 @@ class VideoReward:
 
 def video_reward(cfg, pred, true, lpips_net=None, context=None, background=None):
     """Per-sample reward (N,) of decoded predictions (N, 3, H, W) against the true frames, under
-    VideoReward `cfg`. context: the last true context frames (the moving and push terms);
-    background: the bare scenes (the object term). The prediction is clamped to [0, 1]; a sample
-    holding a NaN or infinite pixel, or whose reward is non-finite, gets the floor,
-    WORST_VIDEO_REWARD minus the terms' weights, never a neutral value that RL could learn."""
+    VideoReward `cfg`; context: the last true context frames; background: the bare scenes. A
+    non-finite sample or reward gets the floor, never a neutral value that RL could learn."""
     if cfg.name not in REWARDS:
         raise ValueError(f"unknown video reward {cfg.name!r}; choose from {sorted(REWARDS)}")
     _check_frames(pred, true, min_side=11)
@@ -247,11 +245,10 @@ def load_lpips(path, device="cpu"):
 # ---------------------------------------------------------------------------------- repetition
 def repetition_rate(pred_codes, context_codes, true_frames, context_frame, tol=0.05):
     """Share of predicted frames that repeat the previous frame while the world moved, per sample.
-    pred_codes (N, K, L): the K predicted frames' codes; context_codes (N, L): codes of the last
-    context frame; true_frames (N, K, 3, H, W) and context_frame (N, 3, H, W): the truth, in [0, 1].
-    Predicted frame k is a *repetition* when its codes equal those of the frame before it while the
-    true frame k differs from the true frame before it (some pixel by more than tol). The rate is
-    repetitions / frames whose truth changed (0 where the truth never changes). -> (N,)"""
+    pred_codes (N, K, L): the K predicted frames' codes; context_codes (N, L): the last context
+    frame's; true_frames (N, K, 3, H, W), context_frame (N, 3, H, W): the truth. Frame k repeats
+    when its codes equal the previous frame's while the true frame k differs from its previous
+    one (some pixel by more than tol); the rate is over the frames whose truth changed. -> (N,)"""
     prev_codes = torch.cat([context_codes[:, None], pred_codes[:, :-1]], 1)
     repeated = (pred_codes == prev_codes).all(-1)                            # (N, K)
     prev_true = torch.cat([context_frame[:, None], true_frames[:, :-1]], 1)
