@@ -3,12 +3,10 @@ The sampler the runs use: `generate`, with a KV cache, fast on one CPU thread. m
 `GPT.generate` is the plain version (one full forward per new token); this file draws the same
 tokens (tests/test_engine.py) with far less work per token. A decode step's matmuls are small,
 and reading the cache takes as long (docs/engineering.md):
-- Each prompt is prefilled once (model.py's `run_cached` into a `PromptCache`), its keys and values
-  kept once however many samples continue it (`num_samples`, GRPO's G).
-- The generated tokens' keys and values live in one tensor for all layers, k and v, written in
-  place: no concatenation, and dropping finished rows is one index. On a CPU it is packed
-  (`KVCache.grow`), as gaps between rows' keys halve the speed of reading them.
-- The decode step walks the layers on (R, C) activations, one token per row, no transposes.
+- Each prompt is prefilled once (model.py's `run_cached`), its keys and values kept once however
+  many samples continue it (`num_samples`, GRPO's G).
+- The generated tokens' keys and values live in one tensor, written in place: no concatenation,
+  and dropping finished rows is one index. On a CPU it is packed (`KVCache.grow`).
 - `decode_attention`: the queries sharing a prompt attend to its keys in one matmul, each row to
   its own generated keys in another; one softmax joins the two parts.
 - Rows that reached EOS leave the batch once they are a quarter of it.
@@ -47,10 +45,7 @@ class KVCache:
     The generated part, one entry per decoding row:
       new_kv   (n_layer, 2, R, nkv, room, hd)  keys [:, 0] and values [:, 1], written in place
       length   how many positions of new_kv are written (room: max_new, or a few more on a CPU)
-      live     (R,) the grid rows still decoding, in order (all N until rows finish)
-    Query head h uses kv head h // g (g = n_head // n_kv_head). `by_prompt` lays the decoding
-    rows' queries out as the S * g sharing a (prompt, kv head), `by_row` takes them back."""
-
+      live     (R,) the grid rows still decoding, in order (all N until rows finish)"""
     PACKS = True   # on a CPU the generated part is packed (grow); StaticCache: never
 
     def __init__(self, config, prompt, valid, samples, max_new):

@@ -140,8 +140,7 @@ def aggregate(per_token, mask, how, n_tokens=None, n_seqs=None):
 
 
 def grpo_loss(logp, old_logp, ref_logp, entropy, adv, mask, cfg, n_tokens=None, n_seqs=None):
-    """Steps 5-7: the loss of n rows (inputs (n, T), adv (n,)) by `aggregate`, and the per-token
-    ratio, clip indicator and KL for the log."""
+    """Steps 5-7: the loss of n rows (`aggregate`), and per token ratio, clip and KL for the log."""
     pg, ratio, was_clipped = clipped_objective(logp, old_logp, adv, cfg.clip_eps)
     kl = k3_kl(logp, ref_logp, cfg.kl_clamp)         # 0 where the policy equals the reference
     per_token = pg + cfg.beta * kl - cfg.entropy_coef * entropy  # reward, entropy up; stay near
@@ -275,8 +274,7 @@ def minibatch_plan(N, cfg, generator):
 
 
 def micro_step(policy, b, chunk, n_tok, n_seqs, cfg, step, sums, first, autocast):
-    """Forward and backward one chunk: its share of its minibatch's loss (n_tok tokens, n_seqs
-    rows), so the chunks' gradients add up to the minibatch's, and of the log's."""
+    """Forward and backward one chunk: its share of its minibatch's loss and of the log's."""
     with autocast:
         logp, ent = logprobs_shared_prompts(policy, b, chunk, cfg)   # (n, T) each, float32
     mask = b.mask[chunk]

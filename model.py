@@ -113,7 +113,6 @@ def apply_rope(x, cos, sin):
 
 class Attention(nn.Module):
     """Causal self-attention; with grouped-query attention, n_head queries share n_kv_head keys."""
-
     def __init__(self, config):
         super().__init__()
         self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
@@ -260,8 +259,7 @@ class GPT(nn.Module):
         return logits, loss
 
     def run_block(self, fn, *inputs):
-        """fn(*inputs), a block's forward; with grad_ckpt set while training, its activations are
-        recomputed in the backward pass instead of kept."""
+        """fn(*inputs), a block's forward; grad_ckpt: its activations recomputed in the backward."""
         if self.grad_ckpt and self.training and torch.is_grad_enabled():
             return checkpoint(fn, *inputs, use_reentrant=False)
         return fn(*inputs)
@@ -270,8 +268,7 @@ class GPT(nn.Module):
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_id=None,
                  generator=None):
         """Continue the rows of idx (B, T) by up to max_new_tokens tokens -> (B, T + n), one full
-        forward pass per new token, no cache, until every row has drawn eos_id (engine.generate
-        draws the same tokens)."""
+        forward pass per new token, until every row has drawn eos_id (as engine.generate draws)."""
         T = idx.size(1)
         for _ in range(max_new_tokens):
             # the model sees at most block_size tokens: crop the oldest ones
@@ -334,7 +331,6 @@ def sample_next(logits, temperature, top_k, top_p, generator, u=None):
 class PromptCache:
     """Keys and values of a batch of prompts, k[layer] and v[layer] (B, n_kv_head, P, head_dim),
     kept by a prompt pass (`rows` None); then `rows` (N,): row n continues prompt rows[n]."""
-
     def __init__(self, n_layer):
         self.k, self.v, self.rows = [None] * n_layer, [None] * n_layer, None
 

@@ -40,7 +40,6 @@ MAX_SKIPS = 10   # --on_nan=skip stops the run after this many skipped steps in 
 
 class Run:
     """Rank, world size, device and precision of this process, and the helpers that need them."""
-
     def __init__(self, args, out_dir, path_flags=()):
         """path_flags: the flags holding paths, recorded relative to out_dir (`recorded_args`)."""
         self.args, self.out_dir, self.path_flags = args, Path(out_dir), path_flags
@@ -331,7 +330,6 @@ def fork_alongside(target, log_path):
 class ComputeBudget:
     """The control's allowance: RLVR's compute in forward-token units (grpo.step_stats). Given a
     total: a finished RLVR's; else shared with a control forked beside a running RLVR."""
-
     def __init__(self, total=None):
         fork = mp.get_context("fork")
         self.rl = fork.Value("d", total or 0.0)   # RLVR's compute so far, shared across the fork

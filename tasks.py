@@ -195,7 +195,6 @@ PROBE_N, PROBE_EVERY = 64, 10   # RLVR's probe: fixed train prompts, measured ev
 class PromptPool:
     """RLVR's prompt pool: the items (records; a study's chains) whose prompt fits `room` tokens,
     split into those that change something (the headroom) and not (so "no change" stays right)."""
-
     def __init__(self, items, prompt_text, is_changed, tok, room, unchanged_frac, generator):
         pool = [(x, prompt) for x in items if len(prompt := tok.prompt(prompt_text(x))) <= room]
         self.dropped = len(items) - len(pool)   # prompts longer than `room`
@@ -216,7 +215,6 @@ class PromptPool:
 class EpochSampler:
     """--recipe=paper's draw (verl's RandomSampler, drop_last): each epoch every changed prompt and
     n_unchanged random unchanged ones (None: each once), reshuffled -> this rank's n of a batch."""
-
     def __init__(self, pool, n_unchanged, seed, rank=0, world=1):
         self.pool, self.seed, self.rank, self.world, self.drawn = pool, seed, rank, world, 0
         self.every = n_unchanged is None or not pool.unchanged

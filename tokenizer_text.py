@@ -40,7 +40,6 @@ def check_bytes(ranks, where):
 
 class Tokenizer:
     """A `tiktoken.Encoding` (`.enc`) plus the eos id; `nfc`: NFC-normalize first (Qwen2)."""
-
     def __init__(self, enc, eos_id, nfc=False, chat=None):
         self.enc, self.eos_id, self.nfc, self.n_vocab = enc, int(eos_id), nfc, enc.n_vocab
         self.chat = chat   # an HF chat model's (compiled chat template, its special tokens)

@@ -10,11 +10,9 @@ the research, CondVQVAE, is research/cond_tokenizer.py; it has the same API):
 `vq.copy_gate = True` (train_video.py's RLVR and evaluation) decoding against a context frame copies
 the context's pixels in every 8x8 cell whose code is the context frame's code there.
 
-Architecture (a small cousin of VQGAN/iVideoGPT's tokenizer, without the GAN and perceptual losses):
-encoder = conv 3x3, then per level a stride-2 conv 4x4 and a residual block (channels
-32 -> 64 -> 128: 8x downsampling), then a 1x1 conv to the code dimension; the decoder mirrors it
-with nearest-neighbour upsampling + conv 3x3. Fully convolutional (no normalisation layers), so it
-trains on 32x32 crops (4x cheaper on a CPU) and runs on whole frames.
+Architecture: a small cousin of VQGAN/iVideoGPT's tokenizer without the GAN and perceptual losses,
+per level a stride-2 conv and a residual block (8x downsampling), the decoder its mirror. Fully
+convolutional (no normalisation layers), so it trains on 32x32 crops and runs on whole frames.
 
 The quantiser: nearest codebook vector, straight-through gradient, codebook loss ||sg[z] - q||^2 +
 beta * commitment ||z - sg[q]||^2 (VQ-VAE). The codebook starts from encoder outputs (random init

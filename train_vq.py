@@ -49,8 +49,7 @@ def add_run_flags(add):
     add("--device", default="cpu", help="cpu | cuda | cuda:N")
     add("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
         help="autocast precision")
-    add("--threads", type=int, default=1, help="torch CPU threads; 1 is fastest for tiny models "
-        "on 2 cores")
+    add("--threads", type=int, default=1, help="torch CPU threads (1: fastest for tiny models)")
     add("--seed", type=int, default=1337, help="seed of every random stream")
     add("--ckpt_every", type=int, default=200, help="steps between resumable checkpoints")
 
@@ -188,10 +187,8 @@ def main():
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                                 allow_abbrev=False)
     add = p.add_argument
-    add("--data", default=str(DATA_DIR), help="episode .npz directory (the embedded data is "
-        "generated when its folder holds no split)")
-    add("--out_dir", default=OUT_DIR, help="the tokenizer goes here (train_video.py's default "
-        "--out_dir)")
+    add("--data", default=str(DATA_DIR), help="episode .npz directory (ours generated if empty)")
+    add("--out_dir", default=OUT_DIR, help="the tokenizer goes here (train_video.py's too)")
     add("--resume", type=int, default=RESUME, help="1: continue from out_dir's checkpoint")
     add("--clip_len", type=int, default=16, help="episodes are cut into clips of this many frames")
     for name, kind, what in (("n_codes", int, "codebook size"), ("steps", int, "training steps"),
