@@ -92,8 +92,7 @@ def save_checkpoint(path, model, *, args=None, step=0, metrics=None, optimizer=N
     tensors = {k: t.detach().contiguous().cpu() for k, t in tensors.items()}
     meta = {"format": FORMAT, "config": asdict(model.config), "args": args or {}, "step": step,
             "metrics": metrics or {}, "optimizer_groups": groups}
-    atomic_write(path, lambda tmp: save_file(tensors, str(tmp),
-                                             metadata={"nanorlvr": json.dumps(meta)}))
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"nanorlvr": json.dumps(meta)}))
     write_json(path.with_suffix(".json"), meta)
 
 

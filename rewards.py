@@ -55,8 +55,7 @@ def textgame_metrics(text, state: dict, next_state: dict) -> dict:
     # a field changed when its value or presence differs between state and next state (score
     # fields, removed objects and keys included: docs/rewards.md, "Where we deliberately differ", 3)
     before, after = _fields(state), _fields(next_state)
-    changed = [f for f in before.keys() | after.keys()
-               if before.get(f, _ABSENT) != after.get(f, _ABSENT)]
+    changed = [f for f in before | after if before.get(f, _ABSENT) != after.get(f, _ABSENT)]
     diff = parse_diff(text)
     if diff is None:   # unreadable, the wrong shape, or "modified" / "removed" missing: no credit
         return {"parsed": False, "exact": 0, "object_acc": 0.0, "score_acc": 0.0,

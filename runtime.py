@@ -152,8 +152,9 @@ class Run:
         """Under DDP (not FSDP: shards) log each rank's weight checksum, stop on a mismatch."""
         if not self.ddp or self.fsdp:
             return
-        sums = [None] * self.world
-        dist.all_gather_object(sums, checksum(model))
+        sums = [None] * self.world   # CRC32 of the weights' bytes: equal iff bit-identical
+        crc = zlib.crc32(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters()))
+        dist.all_gather_object(sums, crc)
         self.print0(f"{stage}: weight checksums per rank {sums}")
         self.log({"stage": stage, "rank_checksums": sums})
         if len(set(sums)) != 1:
@@ -215,11 +216,6 @@ def from_flags(args, cls):
     """The dataclass `cls` from the flags `add_flags` made (its other fields: their defaults)."""
     return cls(**{f.name: f.type(getattr(args, f.metadata["flag"] or f.name))
                   for f in fields(cls) if f.metadata})
-
-
-def checksum(model):
-    """CRC32 of all parameters' bytes: equal across ranks iff the weights are bit-identical."""
-    return zlib.crc32(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters()))
 
 
 def lr_at(step, total, base, warmup):

@@ -159,8 +159,7 @@ def generate_texts(model, tok, prompts, max_new_tokens, temperature=0.0, batch_s
         tokens, _ = generate(model, [prompts[i] for i in ids], min(max_new_tokens, room),
                              temperature, eos_id=tok.eos_id, generator=generator, vocab=tok.n_vocab)
         # generate pads finished rows with -1; the text stops before the end-of-sequence token
-        return [tok.decode([t for t in row if t >= 0 and t != tok.eos_id])
-                for row in tokens.tolist()]
+        return [tok.decode([t for t in row if 0 <= t != tok.eos_id]) for row in tokens.tolist()]
 
     out = [None] * len(prompts)
     bar = tqdm(batches, desc=desc, leave=False, disable=desc is None)

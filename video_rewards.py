@@ -71,8 +71,7 @@ def pick_reward(name, lpips_net):
     if name not in REWARDS:
         raise ValueError(f"unknown video reward {name!r}; choose from {sorted(REWARDS)}")
     if name == "mae+lpips" and lpips_net is None:
-        raise ValueError("reward mae+lpips needs LPIPS weights "
-                         "(--lpips=FILE, see tools/convert_lpips.py)")
+        raise ValueError("mae+lpips needs LPIPS weights (--lpips=FILE, tools/convert_lpips.py)")
     return name
 
 
