@@ -273,23 +273,6 @@ def minibatch_plan(N, cfg, generator):
     return plan, chunks
 
 
-def micro_step(policy, b, chunk, n_tok, n_seqs, cfg, step, sums, first, autocast):
-    """Forward and backward one chunk: its share of its minibatch's loss and of the log's."""
-    with autocast:
-        logp, ent = logprobs_shared_prompts(policy, b, chunk, cfg)   # (n, T) each, float32
-    mask = b.mask[chunk]
-    loss, parts = grpo_loss(logp, b.old_logp[chunk], b.ref_logp[chunk], ent, b.adv[chunk],
-                            mask, cfg, n_tok, n_seqs)
-    if not torch.isfinite(loss):
-        raise FloatingPointError(f"non-finite GRPO loss at step {step}")
-    loss.backward()
-    sums["loss"] += loss.item()
-    for name, x in (("kl", parts["kl"]), ("entropy", ent), ("clip", parts["clip"])):
-        sums[name] += aggregate(x.detach(), mask, "token-mean", n_tok).item()
-    if first:   # the first minibatch's token ratios: their mean is 1 when on-policy
-        sums["ratio"] += parts["ratio"].detach()[mask].sum().item()
-
-
 def update(policy, optimizer, b, plan, chunks, cfg, step, autocast):
     """Steps 5-7: an optimizer step per minibatch -> (the stats' sums, minibatches with rows).
     Only the forwards run under `autocast`: its weight copies would outlive an optimizer step."""
@@ -303,9 +286,21 @@ def update(policy, optimizer, b, plan, chunks, cfg, step, autocast):
             join_empty_minibatch(policy)
         n_tok = int(b.mask[mb].sum()) if mb else 0   # the minibatch's loss tokens
         n = len(chunks[m]) if cfg.loss_agg == "micro-token-mean" else len(mb)   # rows or chunks
-        for c, chunk in enumerate(chunks[m]):
+        for c, chunk in enumerate(chunks[m]):   # its share of the minibatch's loss and log
             with no_sync_unless_last(policy, c == len(chunks[m]) - 1):
-                micro_step(policy, b, chunk, n_tok, n, cfg, step, sums, m == 0, autocast)
+                with autocast:
+                    logp, ent = logprobs_shared_prompts(policy, b, chunk, cfg)   # (n, T) float32
+                mask = b.mask[chunk]
+                loss, parts = grpo_loss(logp, b.old_logp[chunk], b.ref_logp[chunk], ent,
+                                        b.adv[chunk], mask, cfg, n_tok, n)
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(f"non-finite GRPO loss at step {step}")
+                loss.backward()
+            sums["loss"] += loss.item()
+            for name, x in (("kl", parts["kl"]), ("entropy", ent), ("clip", parts["clip"])):
+                sums[name] += aggregate(x.detach(), mask, "token-mean", n_tok).item()
+            if m == 0:   # the first minibatch's token ratios: their mean is 1 when on-policy
+                sums["ratio"] += parts["ratio"].detach()[mask].sum().item()
         gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
         if not torch.isfinite(gn):
             raise FloatingPointError(f"non-finite gradient norm at step {step}")

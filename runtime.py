@@ -340,11 +340,6 @@ class ComputeBudget:
     def close(self):
         self.closed.set()
 
-    def less(self, compute):
-        """A finished budget less `compute`, spent by the control before its steps."""
-        assert self.closed.is_set(), "ComputeBudget.less: RLVR has not finished"
-        return ComputeBudget(max(self.rl.value - compute, 0.0))
-
     def reached(self, used):
         """True once `used` is at least RLVR's whole compute (waiting while RLVR is behind)."""
         while used >= self.rl.value and not self.closed.is_set():

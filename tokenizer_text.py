@@ -107,7 +107,6 @@ def train_ranks(texts, vocab_size, pat_str):
     counts = Counter(word for text in texts for word in pattern.findall(text))
     words = [list(w.encode("utf-8")) for w in counts]  # each distinct pre-token once, as token ids
     freqs = list(counts.values())
-
     tokens = [bytes([b]) for b in range(256)]  # id -> bytes
     ranks = {t: i for i, t in enumerate(tokens)}
     # pair -> weighted count, pair -> indices of words having it
@@ -118,7 +117,6 @@ def train_ranks(texts, vocab_size, pat_str):
             where[pair].add(i)
     heap = [(-c, pair) for pair, c in pairs.items()]
     heapq.heapify(heap)
-
     while len(tokens) < vocab_size:
         if not heap:
             raise ValueError(f"training text too small: all pre-tokens are single tokens at size "
