@@ -11,11 +11,10 @@ and reading the cache takes as long (docs/engineering.md):
   its own generated keys in another; one softmax joins the two parts.
 - Rows that reached EOS leave the batch once they are a quarter of it.
 
-On a GPU that eager loop is launch-bound (a 1.5B model's decode step: ~3,000 small kernels).
-`generate(graphs=True)` takes a static-shape path (`static_generate`): the position a device
-tensor, the rows and the generated positions read (rounded up to WIDTH) fixed for a while, so one
-step, compiled by torch.compile and recorded once per shape as a CUDA graph, is replayed per
-token. The host looks at EOS every SYNC_EVERY tokens; finished rows are dropped by halves.
+On a GPU that eager loop is launch-bound (a 1.5B model's decode step: ~3,000 small kernels), so
+`generate(graphs=True)` takes a static-shape path (`static_generate`): one step, compiled and
+recorded once per shape as a CUDA graph, is replayed per token; the host looks at EOS every
+SYNC_EVERY tokens, and finished rows are dropped by halves.
 """
 import copy
 import math
@@ -27,12 +26,10 @@ import torch
 
 from model import PromptCache, additive, apply_rope, is_fsdp, run_cached, sample_next
 
-# On a CPU the eager path packs the generated keys and values (KVCache.grow): its prefetcher
-# streams over gaps under 512 bytes between rows' keys, not wider ones (docs/engineering.md).
+# a CPU's prefetcher streams over gaps under 512 bytes between rows' keys: packed (KVCache.grow)
 PACK = 4            # positions of room added at a time (where a key takes <= 128 bytes a position)
 PACKED_UNTIL = 64   # past this many, room for all max_new: moving the cache would cost more
-# the static path: its steps read the generated keys in blocks of WIDTH positions, and go on
-# with half the rows once half are done (not under MIN_ROWS)
+# the static path reads the generated keys in blocks of WIDTH, and halves its rows (>= MIN_ROWS)
 WIDTH = 128
 MIN_ROWS = 8
 

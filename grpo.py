@@ -9,7 +9,6 @@ steps", and this file reads in their order: the math on plain tensors, then one 
 7. token-mean, step    `aggregate`; `update`: ppo_epochs x minibatches AdamW steps
 Log-probs use logits / temperature, the sampler's distribution. The scripts (train_lang.py,
 train_video.py) run the loop: a learning rate, prompts, `grpo_step`, a log line, a checkpoint.
-Several processes (DDP, FSDP: runtime.py's scale path) take the same optimizer steps.
 """
 import math
 import time

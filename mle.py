@@ -1,8 +1,7 @@
 """
 The MLE stage both training scripts share: next-token cross-entropy on the tokens a world model
 must predict (train_lang.py: each (prompt, answer) pair's answer, `pair_batches`; train_video.py:
-the predicted frames' codes). The same loop trains the control, the MLE start trained further for
-RLVR's compute.
+the predicted frames' codes), and the control (the MLE start trained further for RLVR's compute).
 
     model = train(run, model, "mle", ckpt, steps, next_batch, val_loss, lr_of_step)
 

@@ -217,12 +217,10 @@ class GPT(nn.Module):
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
-    def num_params(self, non_embedding=True):
-        n = sum(p.numel() for p in self.parameters())
-        # the convention of scaling laws: embeddings are lookups, not compute
-        if non_embedding:
-            n -= self.wte.weight.numel() + (self.wpe.weight.numel() if self.wpe is not None else 0)
-        return n
+    def num_params(self):
+        """Parameters but the embeddings (scaling laws' convention: lookups, not compute)."""
+        n = sum(p.numel() for p in self.parameters()) - self.wte.weight.numel()
+        return n - (self.wpe.weight.numel() if self.wpe is not None else 0)
 
     def embed(self, idx, pos):
         """Token ids idx at positions pos (same shape) -> (embeddings, RoPE's cos, sin or None)."""

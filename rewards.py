@@ -88,9 +88,8 @@ _PY_LITERAL = re.compile(r"\b(True|False|None)\b")
 _JSON_LITERAL = {"True": "true", "False": "false", "None": "null"}
 # a comma before a closing bracket, which JSON forbids: the repair drops it
 _TRAILING_COMMA = re.compile(r",(\s*[}\]])")
-# Matched at a position, this skips whole strings and all other characters up to the next bracket,
-# or up to the opening quote of a string that never closes; that bracket or quote is group 1. The
-# outer repetition is possessive (*+), so the skipping runs in C and stays linear in the length.
+# Skips whole strings and other characters up to the next bracket, or to the opening quote of a
+# string that never closes (group 1); possessive (*+), so it runs in C, linear in the length.
 _JSON_TOKEN = re.compile(r'(?:"(?:[^"\\]|\\[\s\S])*"|[^"{}\[\]])*+([{}\[\]]|")')
 _MAX_STARTS = 8   # how many '{' positions to try: bounds the work on long junk
 _MAX_DEPTH = 100  # the repair gives up on deeper nesting (the decoder stops at the recursion limit)

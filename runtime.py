@@ -32,8 +32,7 @@ from tqdm import tqdm
 from checkpoint import read_meta
 from model import GPT, finite_weights, is_fsdp
 
-# how long a rank waits at a collective for the others: NCCL's default 10 minutes is shorter than
-# what rank 0 may do alone at real sizes (the data, a validation pass, a checkpoint)
+# a rank's wait at a collective: NCCL's 10 minutes is less than rank 0 may work alone at scale
 DIST_TIMEOUT = datetime.timedelta(minutes=60)
 MAX_SKIPS = 10   # --on_nan=skip stops the run after this many skipped steps in a row
 

@@ -1,6 +1,5 @@
 """
-The visual tokenizer: discrete codes for 64x64 frames and back (the context-conditioned tokenizer of
-the research, CondVQVAE, is research/cond_tokenizer.py; it has the same API):
+The visual tokenizer: discrete codes for 64x64 frames and back (research/cond_tokenizer.py's too):
 
     codes = vq.tokenize(frames)              # (N, H, W, 3) uint8 or (N, 3, H, W) float in [0, 1]
     frames = vq.detokenize(codes, context)   # codes (N, L) long -> (N, 3, H, W) float in [0, 1]
@@ -13,7 +12,6 @@ the context's pixels in every 8x8 cell whose code is the context frame's code th
 Architecture: a small cousin of VQGAN/iVideoGPT's tokenizer without the GAN and perceptual losses,
 per level a stride-2 conv and a residual block (8x downsampling), the decoder its mirror. Fully
 convolutional (no normalisation layers), so it trains on 32x32 crops and runs on whole frames.
-
 The quantiser: nearest codebook vector, straight-through gradient, codebook loss ||sg[z] - q||^2 +
 beta * commitment ||z - sg[q]||^2 (VQ-VAE). The codebook starts from encoder outputs (random init
 leaves most codes unused) and dead codes are re-seeded (restart_dead), so usage stays high.

@@ -16,8 +16,7 @@ from data.robot.detect import locate_blocks
 # frames, and returns a per-sample tensor (N,). Wrong shapes or dtypes and non-finite true frames
 # are the caller's bug: a ValueError says what was expected.
 WORST_VIDEO_REWARD = -3.0   # the floor of -(MAE + (1 - SSIM)): MAE <= 1, SSIM >= -1
-# a pixel moved: it differs from the context frame by more than MOVE_TOL; an object pixel differs
-# from the background by more than OBJECT_TOL
+# a moved pixel differs from the context by > MOVE_TOL, an object's from the background > OBJECT_TOL
 MOVE_TOL, OBJECT_TOL = 0.1, 0.15
 # push_error's scale in pixels: one step of the robot (sim.SPEED), so a pushed block left where it
 # was scores about 1 after a full-speed push (pushes move a block 1.9 px on average)
