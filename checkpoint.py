@@ -321,8 +321,7 @@ def resume_stage(run, ckpt, model, opt, g, name):
         run.print0(f"{name}: {ckpt} is complete, reusing it")
         return meta["step"], True
     if f"rng{run.rank}" not in state or f"rng{run.world}" in state:
-        run.fail(f"{ckpt}: saved by a run with another number of ranks; resume with the "
-                 "same torchrun size")
+        run.fail(f"{ckpt}: saved by another number of ranks; resume with the same torchrun size")
     g.set_state(state[f"rng{run.rank}"])
     if f"torch_rng{run.rank}" in state:
         torch.set_rng_state(state[f"torch_rng{run.rank}"])

@@ -92,8 +92,7 @@ def scratch_tokenizer(run, texts, vocab_size, write=True):
     if run.master and (not run.args.resume or not tok_file.is_file()):
         t0 = time.time()
         Tokenizer.train(texts, vocab_size).save(tok_file)   # written atomically
-        run.print0(f"tokenizer: trained {vocab_size} BPE ranks in {time.time() - t0:.1f}s "
-                   f"-> {tok_file}")
+        run.print0(f"tokenizer: {vocab_size} BPE ranks in {time.time() - t0:.1f}s -> {tok_file}")
     run.barrier()   # the other ranks wait for rank 0's file
     run.recorded["tokenizer"] = str(tok_file)   # relative to the checkpoints' folder
     return Tokenizer.from_tiktoken_file(tok_file)
@@ -112,9 +111,8 @@ def load_splits(run, task, data_dir):
         run.fail(f"--data_dir {data_dir}: missing {', '.join(missing)} (a data folder holds "
                  f"{', '.join(files)}; only data/{task} is generated when missing)")
     if 0 < len(missing) < len(files):
-        run.fail(f"--data_dir {data_dir}: missing {', '.join(missing)}; its splits are generated "
-                 f"all three at once: delete the others to have them generated again, or add the "
-                 f"missing ones")
+        run.fail(f"--data_dir {data_dir}: missing {', '.join(missing)}; the splits are generated "
+                 f"all three at once: delete the others to have them generated again, or add these")
     run.barrier()   # every rank has looked before rank 0 writes
     if run.master and missing:
         TASKS[task].prepare.ensure_splits(data_dir)   # the seeded simulator's splits

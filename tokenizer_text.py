@@ -34,8 +34,7 @@ EOT = "<|endoftext|>"
 def check_bytes(ranks, where):
     """A ValueError naming `where` unless the ranks hold all 256 single-byte tokens."""
     if sum(len(token) == 1 for token in ranks) != 256:
-        raise ValueError(f"{where}: the vocabulary lacks some of the 256 single-byte tokens "
-                         f"(not byte-level)")
+        raise ValueError(f"{where}: the vocabulary lacks some of the 256 single-byte tokens")
 
 
 class Tokenizer:
@@ -119,8 +118,7 @@ def train_ranks(texts, vocab_size, pat_str):
     heapq.heapify(heap)
     while len(tokens) < vocab_size:
         if not heap:
-            raise ValueError(f"training text too small: all pre-tokens are single tokens at size "
-                             f"{len(tokens)}")
+            raise ValueError(f"training text too small: every pre-token one token at {len(tokens)}")
         neg_count, pair = heapq.heappop(heap)
         if pairs.get(pair) != -neg_count:
             continue  # stale heap entry: the pair's count changed since it was pushed
@@ -203,8 +201,7 @@ def load_hf_tokenizer(path):
     config, tokens = hf_config(file)
     eos = tokens.get("eos_token") or EOT
     if eos not in specials:
-        raise ValueError(f"{file}: eos token {eos!r} is not among the added tokens "
-                         f"{sorted(specials)}")
+        raise ValueError(f"{file}: eos token {eos!r} is no added token {sorted(specials)}")
     enc = tiktoken.Encoding(f"hf:{file.parent.name}", pat_str=pat_str, mergeable_ranks=ranks,
                             special_tokens=specials)
     # a chat model's template renders its prompts: compiled in the sandboxed jinja2 environment

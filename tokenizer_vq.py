@@ -202,6 +202,5 @@ def load_vq(path, device="cpu"):
         model = model_cls(config_cls(**config))
         model.load_state_dict(tensors)
     except Exception as e:
-        raise ValueError(f"{path}: not a nanoRLVR tokenizer checkpoint "
-                         f"({type(e).__name__}: {e})") from None
+        raise ValueError(f"{path}: not a nanoRLVR tokenizer ({type(e).__name__}: {e})") from None
     return model.to(device).eval().requires_grad_(False), header
