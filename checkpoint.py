@@ -57,8 +57,7 @@ def write_jsonl(path, records):
 
 
 def relative_path(path, folder):
-    """`path` as a file in `folder` records it: relative to `folder` when it lies inside it, or
-    when both lie inside the repository (they move together); else absolute."""
+    """`path` as `folder` records it: relative if inside it or both in the repository; absolute."""
     path, folder = Path(path).resolve(), Path(folder).resolve()
     if path.is_relative_to(folder) or (path.is_relative_to(ROOT) and folder.is_relative_to(ROOT)):
         return os.path.relpath(path, folder)
@@ -97,8 +96,7 @@ def save_checkpoint(path, model, *, args=None, step=0, metrics=None, optimizer=N
 
 
 def gather_state(model, optimizer=None):
-    """An FSDP model's full weights and optimizer state (None: no optimizer) on rank 0's CPU, as an
-    unsharded model's. All ranks call it: each sends its shards."""
+    """An FSDP model's full weights and optimizer state (or None) on rank 0's CPU (all ranks)."""
     from torch.distributed.checkpoint import state_dict as dcp   # here: it takes a second to import
     full = dcp.StateDictOptions(full_state_dict=True, cpu_offload=True)   # to rank 0's CPU
     sd = dcp.get_model_state_dict(model, options=full)

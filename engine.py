@@ -128,8 +128,7 @@ class StaticCache(KVCache):
         self.steps, self.width = torch.arange(max_new, device=valid.device), max_new
 
     def write(self, layer, k, v):
-        """Store k, v (R, nkv, hd) at position t of `layer` -> the first width positions,
-        (R * nkv, width, hd) each."""
+        """Store k, v (R, nkv, hd) at position t of `layer` -> the first width positions of each."""
         kv = self.new_kv[layer]                                  # (2, R, nkv, max_new, hd)
         kv.index_copy_(3, self.t, torch.stack([k, v]).unsqueeze(3))
         return kv[:, :, :, :self.width].flatten(1, 2)
@@ -257,8 +256,7 @@ CAPTURE = dict(seconds=0.0, graphs=0)   # the last call's CUDA graph captures (g
 
 
 def uniforms(generator, N, max_new, device):
-    """The sampler's uniforms, (N, 1) per column of the output, in order, drawn SYNC_EVERY columns
-    at a time (the numbers one draw per column gives)."""
+    """The sampler's uniforms, (N, 1) per output column, drawn SYNC_EVERY columns at a time."""
     where = generator.device if generator is not None else device
     for c in range(0, max_new, SYNC_EVERY):
         block = torch.rand(min(SYNC_EVERY, max_new - c), N, 1, generator=generator,
@@ -332,8 +330,7 @@ def static_generate(model, prompts, max_new, temperature, top_k, top_p, eos_id, 
 
 
 def drop_done(rows, cache):
-    """Half or more of the R rows done: go on with R / 2 (R / 4, ..., not under MIN_ROWS) rows,
-    the unfinished ones first, filled up with done ones."""
+    """Half the R rows done: go on with R / 2 (R / 4, ... >= MIN_ROWS) rows, unfinished first."""
     R, left = len(cache.live), int((~rows.done).sum())
     keep = R
     while keep // 2 >= max(left, MIN_ROWS):
@@ -349,8 +346,7 @@ STEP = {}   # decode_step compiled, made once (compiled_step)
 
 
 def compiled_step():
-    """decode_step compiled by torch.compile (its small kernels fused); where compiling fails (no
-    triton, no C compiler), one message and decode_step uncompiled from then on."""
+    """decode_step compiled by torch.compile; where compiling fails, one message and uncompiled."""
     if "fn" not in STEP:
         body = torch.compile(decode_step, dynamic=True)
 
@@ -392,8 +388,7 @@ def cuda_graph(step, state, pool=None):
 
 
 def cast_copy(model):
-    """Inside a low-precision autocast region, a float32 model -> a copy with its weights cast to
-    that dtype (once per RL step, grpo.sample_groups); else `model`."""
+    """Inside a low-precision autocast region, a float32 model -> a copy in that dtype; else it."""
     device = model.wte.weight.device.type
     dtype = torch.get_autocast_dtype(device)
     if (not torch.is_autocast_enabled(device) or dtype == torch.float32

@@ -29,8 +29,7 @@ def control_lr(lr, warmup=10):
 
 
 def final_lr(ckpt):
-    """The learning rate the MLE schedule of checkpoint `ckpt` ended at, the control's default rate;
-    None where it records no MLE schedule (an HF directory)."""
+    """The rate the MLE schedule of `ckpt` ended at (the control's default); None: none (HF)."""
     if not Path(ckpt).is_file():
         return None
     meta = read_meta(ckpt)

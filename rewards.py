@@ -96,10 +96,9 @@ _MAX_DEPTH = 100  # the repair gives up on deeper nesting (the decoder stops at 
 
 
 def parse_diff(text) -> dict | None:
-    """The model's difference JSON read from its text, as {"modified", "removed", "score"}, or None.
-    Tries the first _MAX_STARTS '{' of the answer segment, each as is and repaired, and returns the
-    first JSON object with the diff's shape (junk around it and inner objects are skipped). The
-    repair only closes strings and brackets: it never adds the key that a truncated answer lacks."""
+    """The model's difference JSON read from its text, as {"modified", "removed", "score"}, or None:
+    the first JSON object with the diff's shape from the first _MAX_STARTS '{', as is or repaired
+    (the repair only closes strings and brackets: it never adds a key a truncated answer lacks)."""
     if not isinstance(text, str) or len(text) > MAX_ANSWER_CHARS:
         return None
     segment = _PY_LITERAL.sub(lambda m: _JSON_LITERAL[m.group(1)], _answer_segment(text))
@@ -229,8 +228,7 @@ def _object_counts(pred: dict, true: dict) -> tuple[int, int]:
 
 
 def _fields(state: dict) -> dict:
-    """Flatten a state: (uuid, "p", key) -> property value, (uuid, "contains") -> contents,
-    ("score", key) -> score value. An object that is absent has no fields."""
+    """A state flat: (uuid, "p", key) -> property, (uuid, "contains") -> contents, ("score", k)."""
     fields = {}
     for obj in state["objects"]:
         properties = obj.get("properties")

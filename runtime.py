@@ -139,8 +139,7 @@ class Run:
                   f"--on_nan=skip skips such steps)")
 
     def finite(self, stage, step, model, loss, grad_norm=None):
-        """May the optimizer step? True when `loss` (and `grad_norm`, when given) are finite; else
-        `nonfinite` stops the run or the answer is False (the step is skipped)."""
+        """May the optimizer step? Yes if `loss` and `grad_norm` are finite; else `nonfinite`."""
         for what, x in (("loss", loss), ("gradient norm", grad_norm)):
             if x is not None and not torch.isfinite(x):
                 self.nonfinite(stage, step, model, f"non-finite {what} ({x.item()})")
@@ -231,8 +230,7 @@ def lr_at(step, total, base, warmup):
 
 @contextmanager
 def unsharded(model):
-    """FSDP: the full weights in place inside (every rank enters together), for the sampler, which
-    calls the layers directly, past FSDP's hooks."""
+    """FSDP: the full weights inside (all ranks enter), for the sampler, past FSDP's hooks."""
     if is_fsdp(model):
         model.unshard()
     yield
@@ -250,8 +248,7 @@ def no_sync_unless_last(policy, last):
 
 
 def minibatch_sizes(policy, plan):
-    """The rows of each minibatch of `plan`, summed over the ranks: a rank steps wherever any rank
-    has rows, so all take the same optimizer steps."""
+    """The rows of each minibatch of `plan` summed over the ranks: all step where any has rows."""
     device = next(policy.parameters()).device
     sizes = torch.tensor([len(mb) for mb in plan], device=device)
     if hasattr(policy, "no_sync") or is_fsdp(policy):   # DDP / FSDP: the rows on all ranks

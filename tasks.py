@@ -83,9 +83,8 @@ def keep_tokenizer(init, meta, out_dir, write=True):
 
 
 def scratch_tokenizer(run, texts, vocab_size, write=True):
-    """train_lang.py --init=scratch's tokenizer: BPE with `vocab_size` ranks trained on `texts` by
-    rank 0, saved as out_dir/tokenizer.tiktoken and recorded in every checkpoint's args; `write`
-    False (--stage=memory): trained, not saved -> the Tokenizer."""
+    """--init=scratch's tokenizer: BPE trained on `texts` by rank 0, saved in out_dir and recorded
+    in the checkpoints' args (`write` False, --stage=memory: not saved)."""
     if not write:
         return Tokenizer.train(texts, vocab_size)
     tok_file = run.out_dir / "tokenizer.tiktoken"

@@ -92,8 +92,7 @@ def load_clips(run, clip_len, test_limit=0):
 
 
 def crop_batch(frames, g, batch, crop, device, grid=8):
-    """Random crops of random frames (E, T, 3, H, W) uint8 -> (batch, 3, crop, crop) float in
-    [0, 1] on `device`; one offset for the batch, on the code grid (multiples of `grid` pixels)."""
+    """Random grid-aligned crops (batch, 3, crop, crop) in [0, 1] of frames (E, T, 3, H, W)."""
     E, T, side = frames.shape[0], frames.shape[1], frames.shape[-1]   # square frames
     e = torch.randint(E, (batch,), generator=g)                          # a random clip each
     t = (torch.rand(batch, generator=g) * T).long()                     # a random frame each
@@ -149,8 +148,7 @@ def train_tokenizer(run, vq, cfg, batch, state):
 
 
 def frame_tokenizer(run, cfg, train_eps, held_eps, final):
-    """The per-frame VQ at `final`: reused if complete, else trained on train_eps and checked on
-    every frame of held_eps -> its path."""
+    """The per-frame VQ at `final`: reused if complete, else trained and checked on held_eps."""
     if run.args.resume and final.is_file() and run.or_fail(load_vq, final)[1].get("done"):
         run.print0(f"tokenizer: {final} is complete, reusing it")
         return final

@@ -136,8 +136,7 @@ def ssim(pred, true, data_range=1.0, sigma=1.5):
 
 
 def moving_mae(pred, true, context, tol=MOVE_TOL):
-    """MAE over the pixels that move: where the true frame differs from the context frame by > tol
-    in some channel (video_eval.py's mae_moving, per sample); 0 where nothing moves. -> (N,)"""
+    """MAE where the true frame differs from the context by > tol in a channel (0: none). -> (N,)"""
     _check_frames(pred, true, context)
     mask = ((true - context).abs().amax(1, keepdim=True) > tol).float()   # (N, 1, H, W)
     err = ((pred - true).abs() * mask).flatten(1).sum(1)   # summed over the moving pixels
