@@ -113,10 +113,9 @@ class KVCache:
 
 
 class StaticCache(KVCache):
-    """KVCache at a fixed shape, for the static path: the position written next is a device
-    tensor t (1,), and a step reads the first `width` generated positions (static_generate sets
-    it). new_kv starts at zeros (a masked position still enters a matmul: 0 x NaN would be NaN),
-    and new_mask (width,), -inf past t, hides the positions not yet written."""
+    """KVCache at a fixed shape: the position written next is a device tensor t (1,), a step reads
+    the first `width` positions, new_mask (width,) hides those past t. new_kv starts at zeros (a
+    masked position still enters a matmul: 0 x NaN would be NaN)."""
     PACKS = False   # room for all max_new from the start
     # the position is t: length reads 0 whatever is written, so a compiled step sees one value
     length = property(lambda self: 0, lambda self, n: None)
@@ -182,9 +181,8 @@ def decode_step(model, tok, pos, cache):
 
 
 def prefill(model, prompts, max_new_tokens, samples, static=False):
-    """Run the B prompts once, left-padded to length P, each row at positions 0..len-1 with its
-    pads masked (its results do not depend on the batch) -> the logits (B * S, vocab) of each
-    row's first new token, its prompt length (B * S,), the KVCache (static: StaticCache)."""
+    """Run the B prompts once, left-padded, pads masked (results independent of the batch) -> each
+    row's first new token's logits (B * S, vocab), prompt length (B * S,), the KVCache."""
     device, B, dtype = model.wte.weight.device, len(prompts), model.wte.weight.dtype
     lens = torch.tensor([len(p) for p in prompts], device=device)
     assert B > 0 and int(lens.min()) >= 1, "engine.generate: every prompt needs at least one token"

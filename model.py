@@ -265,8 +265,7 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_id=None,
                  generator=None):
-        """Continue the rows of idx (B, T) by up to max_new_tokens tokens -> (B, T + n), one full
-        forward pass per new token, until every row has drawn eos_id (as engine.generate draws)."""
+        """Continue idx (B, T) by <= max_new_tokens tokens, until all drew eos_id -> (B, T + n)."""
         T = idx.size(1)
         for _ in range(max_new_tokens):
             # the model sees at most block_size tokens: crop the oldest ones

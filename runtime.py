@@ -108,8 +108,7 @@ class Run:
             dist.destroy_process_group()
 
     def wrap(self, model, grad_ckpt=False):
-        """-> (model on the device, the module to train: DDP-wrapped around it under torchrun).
-        grad_ckpt: activation checkpointing per block; --fsdp=1: the model sharded, no DDP."""
+        """-> (model on the device, the module to train: DDP-wrapped, or sharded with --fsdp=1)."""
         model = model.to(self.device)
         if grad_ckpt:
             model.grad_ckpt = True
@@ -444,8 +443,7 @@ def print_memory(stage, parts, print0):
 
 
 def print_estimates(config, cfg, pairs, mle_stage, rl_stage, low, grad_ckpt, batch_size, print0):
-    """train_lang.py's memory of an MLE step (`mle_stage`: the longest pair of `pairs` that fits)
-    and an RLVR step (`rl_stage`: its longest prompt; cfg, grpo.GRPOConfig), one line each."""
+    """train_lang.py's memory of an MLE step (its longest pair) and an RLVR step, a line each."""
     if mle_stage:
         fit = [(len(p), len(a)) for p, a in pairs if len(p) + len(a) <= config.block_size + 1]
         p_len, a_len = max(fit or [(config.block_size // 2, config.block_size // 2)], key=sum)

@@ -189,8 +189,7 @@ PAPER_EPOCHS, PAPER_UNCHANGED = 15, {"binary": 7278, "task_specific": 1000}
 PROBE_N, PROBE_EVERY = 64, 10   # RLVR's probe: fixed train prompts, measured every 10 steps
 
 class PromptPool:
-    """RLVR's prompt pool: the items (records; a study's chains) whose prompt fits `room` tokens,
-    split into those that change something (the headroom) and not (so "no change" stays right)."""
+    """RLVR's prompt pool: the items whose prompt fits `room` tokens, changed or unchanged ones."""
     def __init__(self, items, prompt_text, is_changed, tok, room, unchanged_frac, generator):
         pool = [(x, prompt) for x in items if len(prompt := tok.prompt(prompt_text(x))) <= room]
         self.dropped = len(items) - len(pool)   # prompts longer than `room`

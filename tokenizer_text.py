@@ -216,8 +216,7 @@ def load_hf_tokenizer(path):
 
 
 def hf_ranks(model, special_ids, file, unsupported):
-    """tiktoken's mergeable ranks (token bytes -> id) of a HF byte-level BPE "model" object whose
-    ids follow its merge order, the added tokens' ids (special_ids) left out."""
+    """tiktoken's ranks (token bytes -> id) of a HF BPE "model" object, special_ids left out."""
     byte_of = {c: b for b, c in bytes_to_unicode().items()}
 
     def to_bytes(token):
@@ -259,8 +258,7 @@ CHAT_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", 
 
 
 def hf_pattern(pre, unsupported):
-    """The split regex of a byte-level pre-tokenizer: ByteLevel(use_regex=True) as GPT-2 has, or
-    Sequence[Split(Regex, Isolated), ByteLevel(use_regex=False)] as Qwen2 has."""
+    """The split regex of GPT-2's ByteLevel pre-tokenizer, or of Qwen2's Split then ByteLevel."""
     steps = pre.get("pretokenizers", []) if pre and pre.get("type") == "Sequence" else [pre]
     types = [s and s.get("type") for s in steps]
     if any(t == "ByteLevel" and s.get("add_prefix_space") for t, s in zip(types, steps)):

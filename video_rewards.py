@@ -144,8 +144,7 @@ def moving_mae(pred, true, context, tol=MOVE_TOL):
 
 
 def object_miss(pred, true, background, tol=OBJECT_TOL):
-    """Share of the true frame's object pixels (differing from the background by > tol in some
-    channel) where the prediction shows none (1 - object recall); 0 without objects. -> (N,)"""
+    """Share of the true object pixels (> tol off the background) left bare (0: none). -> (N,)"""
     _check_frames(pred, true, background)
     shown = (true - background).abs().amax(1) > tol   # (N, H, W) objects in the truth
     drawn = (pred - background).abs().amax(1) > tol   # ... and in the prediction
@@ -158,10 +157,9 @@ def to_uint8(x):
 
 
 def push_error(pred, true, context, locate_blocks, scale=PUSH_SCALE, moved=0.5):
-    """How far from the true blocks the prediction draws the blocks that the true step pushed, per
-    frame, in [0, 1]: over the blocks whose centre moved by more than `moved` pixels, the mean
-    distance between the predicted and the true centre over `scale` pixels, capped at 1 (1: no
-    such block drawn); 0 where no block moved. locate_blocks: data/robot/detect's. -> (N,)"""
+    """How far from the true blocks the prediction draws the blocks the true step pushed (centre
+    moved > `moved` pixels), in [0, 1]: the mean distance between the predicted and the true centre
+    over `scale` pixels, capped at 1 (1: not drawn); 0 where no block moved. -> (N,)"""
     _check_frames(pred, true, context)
     p, t, c = (to_uint8(x.nan_to_num(0.0)) for x in (pred, true, context))
     err = []
