@@ -130,8 +130,7 @@ def read_checkpoint(path, with_tensors=True):
     except Exception as e:
         raise ValueError(f"{path}: not a readable safetensors checkpoint ({e})") from None
     if "nanorlvr" not in header:
-        raise ValueError(f"{path}: safetensors file without nanoRLVR metadata "
-                         f"(an HF model? pass its directory)")
+        raise ValueError(f"{path}: no nanoRLVR metadata (an HF model? pass its directory)")
     try:
         meta = json.loads(header["nanorlvr"])
     except ValueError as e:
@@ -139,9 +138,7 @@ def read_checkpoint(path, with_tensors=True):
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else meta
         raise ValueError(f"{path}: checkpoint format {found!r}, expected {FORMAT!r}")
-    missing = [k for k in ("config", "args", "step", "metrics", "optimizer_groups")
-               if k not in meta]
-    if missing:
+    if missing := sorted({"config", "args", "step", "metrics", "optimizer_groups"} - meta.keys()):
         raise ValueError(f"{path}: checkpoint metadata lacks {missing}")
     return tensors, meta
 

@@ -60,8 +60,7 @@ class Run:
         torch.set_num_threads(getattr(args, "threads", 1))   # a script without --threads: 1
         torch.manual_seed(args.seed)
         if args.dtype == "float16":   # its gradients underflow; bfloat16 has float32's range
-            self.fail("--dtype=float16: training in float16 needs a gradient scaler, which "
-                      "nanoRLVR does not have; use --dtype=bfloat16")
+            self.fail("--dtype=float16: needs a gradient scaler (none here); use --dtype=bfloat16")
         self.dtype = getattr(torch, args.dtype)   # the forwards' (autocast's, a frozen reference's)
         self.autocast = torch.autocast(torch.device(self.device).type, dtype=self.dtype,
                                        enabled=args.dtype != "float32")
@@ -362,8 +361,7 @@ def control_after(run, child, control, rl_file):
     if child is not None:
         child.join()
         if child.exitcode:
-            run.fail(f"the control process failed (exit code {child.exitcode}); see "
-                     f"{run.out_dir / 'control.log'}")
+            run.fail(f"the control failed (exit {child.exitcode}); see {run.out_dir}/control.log")
     elif control is not None:
         control(ComputeBudget(read_meta(rl_file)["metrics"].get("rl_compute", 0)))
 

@@ -280,5 +280,4 @@ def load_tokenizer(path):
         return load_hf_tokenizer(p)
     if p.suffix == ".tiktoken":
         return Tokenizer.from_tiktoken_file(p)
-    raise ValueError(f"{path}: not a tokenizer (want a HF dir with tokenizer.json, "
-                     f"a tokenizer.json or a .tiktoken)")
+    raise ValueError(f"{path}: not a tokenizer (an HF dir with tokenizer.json, or a .tiktoken)")

@@ -47,8 +47,7 @@ def video_reward(cfg, pred, true, lpips_net=None, context=None, background=None)
     if not torch.isfinite(true).all():
         raise ValueError("video reward: the true frames hold non-finite values")
     if ((cfg.moving or cfg.push) and context is None) or (cfg.object and background is None):
-        raise ValueError("video reward: the moving and push terms need the context frames, "
-                         "the object term the backgrounds")
+        raise ValueError("video reward: moving and push terms need context, object backgrounds")
     with torch.no_grad():
         clamped, true = pred.float().clamp(0, 1), true.float()
         r = REWARDS[cfg.name](clamped, true, lpips_net)
@@ -225,8 +224,7 @@ def load_lpips(path, device="cpu"):
     try:
         sd = load_file(str(path))
     except Exception as e:
-        raise ValueError(f"{path}: cannot read LPIPS weights ({e}); "
-                         "build them with tools/convert_lpips.py") from None
+        raise ValueError(f"{path}: bad LPIPS weights ({e}); see tools/convert_lpips.py") from None
     net = LPIPS()
     # the file names the lin layers lin0 ... lin4; the module holds them as lins.0 ... lins.4
     sd = {k.replace("lin", "lins.", 1) if k.startswith("lin") else k: v for k, v in sd.items()}
