@@ -266,11 +266,10 @@ def uniforms(generator, N, max_new, device):
 
 def static_generate(model, prompts, max_new, temperature, top_k, top_p, eos_id, generator,
                     num_samples, vocab, capture=True, compile=None, compact=True):
-    """generate(graphs=True): the eager path's tokens on a few fixed shapes. Every row decodes
-    every step until it is dropped, one uniform per row and step: seeded samples equal the eager
-    path's when it drops no row, without eos_id (with it, greedy tokens are equal). `step` changes
-    buffers in place only, so on a GPU it is captured once per shape (`cuda_graph`; capture False:
-    run eagerly); compile (None: on a GPU) runs decode_step compiled by torch.compile."""
+    """generate(graphs=True): the eager path's tokens on a few fixed shapes (seeded samples equal
+    when it drops no row, without eos_id; greedy ones always). `step` changes buffers in place
+    only, so on a GPU it is captured once per shape (`cuda_graph`; capture False: run eagerly);
+    compile (None: on a GPU) runs decode_step compiled by torch.compile."""
     logits, lens, cache = prefill(model, prompts, max_new, num_samples, static=True)
     N, device = len(logits), logits.device
     tokens = torch.full((N, max_new), -1, dtype=torch.long, device=device)
@@ -278,8 +277,8 @@ def static_generate(model, prompts, max_new, temperature, top_k, top_p, eos_id, 
     draws = uniforms(generator, N, max_new, device)
     greedy, cuda = temperature == 0, device.type == "cuda"
     decode = compiled_step() if (cuda if compile is None else compile) else decode_step
-    # the decoding rows' state, all dropped together: this column's uniforms, last tokens, prompt
-    # lengths, done (drew eos_id); cache.live: their rows of the output
+    # the decoding rows' state, dropped together: uniforms, last tokens, prompt lengths, done
+    # (drew eos_id); cache.live: their rows of the output
     rows = SimpleNamespace(u=torch.zeros(N, 1, dtype=torch.float64, device=device), lens=lens)
 
     def sample(logits):
