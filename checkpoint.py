@@ -1,14 +1,12 @@
 """
 Checkpoints: one safetensors file per checkpoint, never pickle; `load_model`, the one loader of a
 GPT, from our checkpoint or from an HF model directory (`load_hf`: GPT-2, Qwen2, Llama); and a
-run's files: the config guard (`check_config`: a re-run with other flags stops, naming them) and
-stages that resume exactly (`save_stage`, `resume_stage`).
+run's files: the config guard (`check_config`) and stages that resume exactly (`save_stage`).
 
 `<name>.safetensors` holds the weights (`model.*`), optionally the optimizer's tensors
 (`optim.<i>.<name>`) and RNG states (`state.<name>`), and in its header, as JSON, the model config,
-the script's `vars(args)`, the step, metrics and the optimizer's hyper-parameters, so weights and
-metadata never disagree; a `<name>.json` sidecar repeats the metadata for humans. Any module whose
-`.config` is a dataclass can be saved and resumed. docs/engineering.md says more.
+`vars(args)`, the step, metrics and the optimizer's hyper-parameters, so weights and metadata never
+disagree; a `<name>.json` sidecar repeats the metadata for humans. docs/engineering.md says more.
 """
 import json
 import os
@@ -31,8 +29,7 @@ ROOT = Path(__file__).resolve().parent   # the repository: paths inside it are r
 # files written whole or not at all, and the paths they record
 
 def atomic_write(path, write):
-    """Write `path` all or nothing: `write(tmp)` fills a temp file beside it, then renamed over
-    `path`, so a crash leaves the old file (or none), never half a file."""
+    """Write `path` all or nothing: `write(tmp)` fills a temp file, then renamed over `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -60,8 +57,7 @@ def write_jsonl(path, records):
 
 
 def relative_path(path, folder):
-    """`path` as a file in `folder` records it: relative to `folder` when it lies inside it, or
-    when both lie inside the repository (they move together); else absolute."""
+    """`path` as `folder` records it: relative if inside it or both in the repository; absolute."""
     path, folder = Path(path).resolve(), Path(folder).resolve()
     if path.is_relative_to(folder) or (path.is_relative_to(ROOT) and folder.is_relative_to(ROOT)):
         return os.path.relpath(path, folder)
@@ -78,8 +74,7 @@ def recorded_path(value, folder):
 
 def save_checkpoint(path, model, *, args=None, step=0, metrics=None, optimizer=None, state=None,
                     full=None):
-    """Write `path` (a .safetensors file) atomically. state: name -> tensor (generator states).
-    full: an FSDP model's (weights, optimizer state) from `gather_state`."""
+    """Write `path` (.safetensors) atomically. state: name -> tensor; full: `gather_state`'s."""
     path = Path(path)
     model = getattr(model, "module", model)  # unwrap DDP
     sd = model.state_dict() if full is None else full[0]
@@ -96,14 +91,12 @@ def save_checkpoint(path, model, *, args=None, step=0, metrics=None, optimizer=N
     tensors = {k: t.detach().contiguous().cpu() for k, t in tensors.items()}
     meta = {"format": FORMAT, "config": asdict(model.config), "args": args or {}, "step": step,
             "metrics": metrics or {}, "optimizer_groups": groups}
-    atomic_write(path, lambda tmp: save_file(tensors, str(tmp),
-                                             metadata={"nanorlvr": json.dumps(meta)}))
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"nanorlvr": json.dumps(meta)}))
     write_json(path.with_suffix(".json"), meta)
 
 
 def gather_state(model, optimizer=None):
-    """An FSDP model's full weights and optimizer state (None: no optimizer) on rank 0's CPU, laid
-    out as an unsharded model's (parameters numbered). All ranks call it: each sends its shards."""
+    """An FSDP model's full weights and optimizer state (or None) on rank 0's CPU (all ranks)."""
     from torch.distributed.checkpoint import state_dict as dcp   # here: it takes a second to import
     full = dcp.StateDictOptions(full_state_dict=True, cpu_offload=True)   # to rank 0's CPU
     sd = dcp.get_model_state_dict(model, options=full)
@@ -137,8 +130,7 @@ def read_checkpoint(path, with_tensors=True):
     except Exception as e:
         raise ValueError(f"{path}: not a readable safetensors checkpoint ({e})") from None
     if "nanorlvr" not in header:
-        raise ValueError(f"{path}: safetensors file without nanoRLVR metadata "
-                         f"(an HF model? pass its directory)")
+        raise ValueError(f"{path}: no nanoRLVR metadata (an HF model? pass its directory)")
     try:
         meta = json.loads(header["nanorlvr"])
     except ValueError as e:
@@ -146,9 +138,7 @@ def read_checkpoint(path, with_tensors=True):
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else meta
         raise ValueError(f"{path}: checkpoint format {found!r}, expected {FORMAT!r}")
-    missing = [k for k in ("config", "args", "step", "metrics", "optimizer_groups")
-               if k not in meta]
-    if missing:
+    if missing := sorted({"config", "args", "step", "metrics", "optimizer_groups"} - meta.keys()):
         raise ValueError(f"{path}: checkpoint metadata lacks {missing}")
     return tensors, meta
 
@@ -178,7 +168,7 @@ def load_weights(model, sd, path, assign=False):
     a ValueError naming `path` unless its names and shapes are the model's."""
     ours = model.state_dict()
     if getattr(model.config, "tie_embeddings", False):
-        ours.pop("lm_head.weight")   # wte.weight's
+        ours.pop("lm_head.weight")   # wte.weight's, not saved
     missing, unused = sorted(ours.keys() - sd.keys()), sorted(sd.keys() - ours.keys())
     shapes = [f"{k} {tuple(sd[k].shape)} != {tuple(t.shape)}" for k, t in ours.items()
               if k in sd and sd[k].shape != t.shape]
@@ -228,13 +218,11 @@ def resume(path, model, optimizer=None):
 
 
 # -----------------------------------------------------------------------------
-# a run's files: the config guard (a re-run with other flags stops, naming them) and stages that
-# resume exactly; `run` is the script's runtime.Run
+# a run's files: the config guard and stages that resume exactly (`run`: the script's runtime.Run)
 
 CONFIG = "config.json"   # in out_dir: the flags of the run that trains there
 # flags that cannot change the trained weights (docs/engineering.md, Reliability): how and where
-# the run executes (the control beside RLVR or after it trains for RLVR's counted compute; FSDP
-# takes DDP's steps), how often it checkpoints and logs, what it does on a NaN, which stages run
+# the run executes, how often it checkpoints and logs, what it does on a NaN, which stages run
 FREE_FLAGS = {"device", "threads", "grad_ckpt", "ckpt_every", "on_nan", "eval_every", "stage",
               "control", "out_dir", "resume", "fsdp"}
 # the final evaluation's flags: a re-run with other values evaluates the same trained models again
@@ -242,8 +230,7 @@ EVAL_FLAGS = {"final_eval", "eval_limit", "test_limit"}
 
 
 def recorded_args(run):
-    """vars(args) and `recorded` as config.json and checkpoints record them: each path flag
-    relative to out_dir where it can be ("auto" and "scratch" are words, not paths)."""
+    """vars(args) and `recorded` as config.json and checkpoints record them (paths relative)."""
     record = {**vars(run.args), **run.recorded}
     for name in run.path_flags:
         if record.get(name) not in (None, "auto", "scratch"):
@@ -253,8 +240,7 @@ def recorded_args(run):
 
 def check_config(run, stage_files):
     """May this run continue in out_dir? With --resume=1, out_dir/config.json must hold the same
-    flags (but FREE_FLAGS and EVAL_FLAGS), an out_dir without it none of `stage_files`; else one
-    line and exit -> this run's record, for save_config once its inputs are checked."""
+    flags (but FREE_FLAGS, EVAL_FLAGS), an out_dir without it no `stage_files` -> the record."""
     record = recorded_args(run)
     path = run.out_dir / CONFIG
     ways_out = f"use a new --out_dir, or --resume=0 to start over in {run.out_dir}"
@@ -294,15 +280,14 @@ def flag_value(run, name, value, shown=False):
 
 
 def save_config(run, record):
-    """check_config's record to out_dir/config.json (rank 0, atomically), before any stage; a
-    run that writes nothing has record False."""
+    """check_config's record to out_dir/config.json (rank 0), before any stage (False: none)."""
     if run.master and record:
         write_json(run.out_dir / CONFIG, record)
 
 
 def save_stage(run, ckpt, model, opt, step, metrics, g, done):
-    """Checkpoint a stage every --ckpt_every steps and when it is done (then weights only):
-    weights, optimizer, every rank's generators, so a re-run resumes exactly."""
+    """Checkpoint a stage every --ckpt_every steps (weights, optimizer, every rank's generators,
+    so a re-run resumes exactly) and when it is done (weights only)."""
     if step % run.args.ckpt_every and not done:
         return
     states = [(g.get_state(), torch.get_rng_state())] * run.world   # DDP: every rank's
@@ -331,8 +316,7 @@ def resume_stage(run, ckpt, model, opt, g, name):
         run.print0(f"{name}: {ckpt} is complete, reusing it")
         return meta["step"], True
     if f"rng{run.rank}" not in state or f"rng{run.world}" in state:
-        run.fail(f"{ckpt}: saved by a run with another number of ranks; resume with the "
-                 "same torchrun size")
+        run.fail(f"{ckpt}: saved by another number of ranks; resume with the same torchrun size")
     g.set_state(state[f"rng{run.rank}"])
     if f"torch_rng{run.rank}" in state:
         torch.set_rng_state(state[f"torch_rng{run.rank}"])
@@ -347,10 +331,8 @@ def load_hf(path, device, dtype):
     """An HF model directory -> (GPT in `dtype` on `device`, meta); see load_model."""
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
-        raise ValueError(f"{cfg_file}: missing (expected an HF model directory with config.json "
-                         f"+ safetensors)")
-    hf = json.loads(cfg_file.read_text())
-    config = config_from_hf(hf, cfg_file)
+        raise ValueError(f"{cfg_file}: missing (expected an HF model directory with config.json)")
+    config = config_from_hf(hf := json.loads(cfg_file.read_text()), cfg_file)
     index = path / "model.safetensors.index.json"
     files = ["model.safetensors"] if not index.is_file() else \
         sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -381,7 +363,7 @@ def load_hf(path, device, dtype):
 
 
 def read_as(st, name, dtype, file):
-    """Tensor `name` of `file`, open as `st`, in `dtype` on the device it was opened for."""
+    """Tensor `name` of `file`, open as `st`, in `dtype`."""
     try:
         return st.get_tensor(name).to(dtype)
     except Exception as e:
@@ -394,8 +376,7 @@ def config_from_hf(hf, where):
     if kind == "gpt2":
         act = hf.get("activation_function", "gelu_new")
         if act not in ("gelu_new", "gelu_pytorch_tanh"):
-            raise ValueError(f"{where}: activation_function {act!r} unsupported "
-                             f"(GPT-2 uses gelu_new)")
+            raise ValueError(f"{where}: activation_function {act!r} unsupported (want gelu_new)")
         return GPTConfig.gpt2(vocab_size=hf["vocab_size"], block_size=hf["n_positions"],
                               n_layer=hf["n_layer"], n_head=hf["n_head"], n_kv_head=hf["n_head"],
                               n_embd=hf["n_embd"], mlp_hidden=hf.get("n_inner") or 4 * hf["n_embd"],
@@ -418,8 +399,7 @@ def config_from_hf(hf, where):
 
 
 def rope_scaling(hf, where):
-    """HF's RoPE scaling (transformers 4: "rope_scaling", older "type"; 5: "rope_parameters") ->
-    GPTConfig.rope_scaling: None, or the parameters of "linear" or "llama3" (Llama 3.1+)."""
+    """HF's RoPE scaling -> None, or the parameters of "linear" or "llama3" (Llama 3.1+)."""
     rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
     kind = rope.get("rope_type", rope.get("type", "default"))
     keys = dict(default=(), linear=("factor",),

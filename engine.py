@@ -1,31 +1,20 @@
 """
-The sampler the runs use: `generate`, with a KV cache, fast on one CPU thread.
-
-model.py's `GPT.generate` is the plain version, one full forward pass per new token; this file
-draws the same tokens (tests/test_engine.py) with far less work per token, an optional read. A
-decode step's matmuls are small, and reading the cache takes as long (docs/engineering.md):
-- Each prompt is prefilled once by the model's own layers (model.py's `run_cached` into a
-  `PromptCache`), however many samples continue it (`num_samples`, GRPO's G): its keys and values
-  are kept once per prompt, not once per sample.
-- The generated tokens' keys and values live in one tensor for all layers and both of k and v,
-  written in place at each step: no concatenation, and dropping finished rows is one index. On a
-  CPU it is packed (`KVCache.grow`): moved into room for 4 more positions every 4 steps, as gaps of
-  max_new - length positions between rows' keys halve the speed of reading them.
-- The decode step walks the model's layers on (R, C) activations, one token per row, with no
-  transposes: RoPE rotates q and k in one call.
-- `decode_attention`: the queries that share a prompt (its S samples x the g query heads of a kv
-  head) attend to its keys in one matmul, each row to its own generated keys in another; one
-  softmax joins the two parts.
+The sampler the runs use: `generate`, with a KV cache, fast on one CPU thread. model.py's
+`GPT.generate` is the plain version (one full forward per new token); this file draws the same
+tokens (tests/test_engine.py) with far less work per token. A decode step's matmuls are small,
+and reading the cache takes as long (docs/engineering.md):
+- Each prompt is prefilled once (model.py's `run_cached`), its keys and values kept once however
+  many samples continue it (`num_samples`, GRPO's G).
+- The generated tokens' keys and values live in one tensor, written in place: no concatenation,
+  and dropping finished rows is one index. On a CPU it is packed (`KVCache.grow`).
+- `decode_attention`: the queries sharing a prompt attend to its keys in one matmul, each row to
+  its own generated keys in another; one softmax joins the two parts.
 - Rows that reached EOS leave the batch once they are a quarter of it.
 
-On a GPU that eager loop is launch-bound: a 1.5B model's decode step is ~3,000 small kernels, each
-launched by Python. `generate(graphs=True)` takes a static-shape path (`StaticCache`,
-`static_generate`): the step's position a device tensor, its rows and the generated positions it
-reads fixed for a while, so that one step, recorded once per shape as a CUDA graph, is replayed per
-token. The host looks at EOS every SYNC_EVERY tokens, and the uniforms are drawn as many at a time.
-A step reads the generated keys written so far rounded up to WIDTH, not all max_new; finished rows
-are masked, and dropped by halves (to R/2, R/4, ... rows: a few shapes); on a GPU the step is
-compiled by torch.compile first (its small kernels fused). On a CPU the same step runs eagerly.
+On a GPU that eager loop is launch-bound (a 1.5B model's decode step: ~3,000 small kernels), so
+`generate(graphs=True)` takes a static-shape path (`static_generate`): one step, compiled and
+recorded once per shape as a CUDA graph, is replayed per token; the host looks at EOS every
+SYNC_EVERY tokens, and finished rows are dropped by halves.
 """
 import copy
 import math
@@ -37,29 +26,23 @@ import torch
 
 from model import PromptCache, additive, apply_rope, is_fsdp, run_cached, sample_next
 
-# On a CPU the eager path packs the generated keys and values (KVCache.grow): its prefetcher
-# streams over gaps under 512 bytes between rows' keys, not wider ones (docs/engineering.md).
+# a CPU's prefetcher streams over gaps under 512 bytes between rows' keys: packed (KVCache.grow)
 PACK = 4            # positions of room added at a time (where a key takes <= 128 bytes a position)
 PACKED_UNTIL = 64   # past this many, room for all max_new: moving the cache would cost more
-# the static path: its steps read the generated keys in blocks of WIDTH positions, and go on
-# with half the rows once half are done (not under MIN_ROWS)
+# the static path reads the generated keys in blocks of WIDTH, and halves its rows (>= MIN_ROWS)
 WIDTH = 128
 MIN_ROWS = 8
 
 
 class KVCache:
-    """What the decode steps attend to, for a grid of N = B * S rows: S samples of each of B
-    prompts, grid row b * S + s being sample s of prompt b. R of them are still decoding.
-    The prompts' part, kept once per prompt by the prefill:
+    """What the decode steps attend to, for a grid of N = B * S rows (row b * S + s: sample s of
+    prompt b), R of them still decoding. The prompts' part, kept once per prompt by the prefill:
       prompt_k[layer], prompt_v[layer]  (B * nkv, P, hd)     one matrix per (prompt, kv head)
       prompt_mask                       (B * nkv, S * g, P)  -inf at the prompts' left padding
     The generated part, one entry per decoding row:
       new_kv   (n_layer, 2, R, nkv, room, hd)  keys [:, 0] and values [:, 1], written in place
       length   how many positions of new_kv are written (room: max_new, or a few more on a CPU)
-      live     (R,) the grid rows still decoding, in order (all N until rows finish)
-    Query head h uses kv head h // g (g = n_head // n_kv_head). `by_prompt` lays the decoding
-    rows' queries out as the S * g sharing a (prompt, kv head), `by_row` takes them back."""
-
+      live     (R,) the grid rows still decoding, in order (all N until rows finish)"""
     PACKS = True   # on a CPU the generated part is packed (grow); StaticCache: never
 
     def __init__(self, config, prompt, valid, samples, max_new):
@@ -75,8 +58,7 @@ class KVCache:
         self.prompt_mask = mask[:, None, None].expand(B, self.nkv, Sg, P).reshape(-1, Sg, P)
         shape = (config.n_layer, 2, B * samples, config.n_kv_head, max_new, config.head_dim)
         kp, self.length, self.max_new = self.prompt_k[0], 0, max_new
-        # packed on a CPU where a key takes <= 128 bytes a position (gaps < PACK x 128 bytes): room
-        # for PACK positions, then new_kv in each of two buffers in turn (grow)
+        # packed (a key <= 128 bytes a position): room for PACK, then two buffers in turn (grow)
         packed = (self.PACKS and kp.device.type == "cpu" and max_new > PACK
                   and config.head_dim * kp.element_size() <= 128)
         n = math.prod(shape[:4]) * min(PACKED_UNTIL, max_new) * shape[5]
@@ -91,9 +73,8 @@ class KVCache:
         self.new_kv = self.new_kv[:, :, rows]
 
     def grow(self):
-        """Packed, new_kv is full: move it into room for PACK more positions. A row's keys then end
-        at most PACK - 1 positions before the next row's begin, and decode_attention reads them
-        ~2.5x faster than max_new - length positions apart. Past PACKED_UNTIL, room for all."""
+        """Packed, new_kv is full: move it into room for PACK more positions (decode_attention reads
+        rows' keys ~2.5x faster than max_new - length apart). Past PACKED_UNTIL, room for all."""
         t, old = self.length, self.new_kv
         room = min(t + PACK, self.max_new)
         shape = old.shape[:4] + (room if room <= PACKED_UNTIL else self.max_new, old.size(5))
@@ -132,11 +113,9 @@ class KVCache:
 
 
 class StaticCache(KVCache):
-    """KVCache at a fixed shape, for the static path: the position written next is a device
-    tensor t (1,), so the steps run on the same buffers. A step reads the first `width` generated
-    positions (static_generate sets it: t + 1 rounded up to WIDTH). new_kv starts at zeros (a
-    masked position still enters a matmul: 0 x NaN would be NaN), and new_mask (width,), -inf past
-    t, hides the positions not yet written. Rows leave by `keep`, as on the eager path."""
+    """KVCache at a fixed shape: the position written next is a device tensor t (1,), a step reads
+    the first `width` positions, new_mask (width,) hides those past t. new_kv starts at zeros (a
+    masked position still enters a matmul: 0 x NaN would be NaN)."""
     PACKS = False   # room for all max_new from the start
     # the position is t: length reads 0 whatever is written, so a compiled step sees one value
     length = property(lambda self: 0, lambda self, n: None)
@@ -148,8 +127,7 @@ class StaticCache(KVCache):
         self.steps, self.width = torch.arange(max_new, device=valid.device), max_new
 
     def write(self, layer, k, v):
-        """Store k, v (R, nkv, hd) at position t of `layer` -> the first width positions,
-        (R * nkv, width, hd) each."""
+        """Store k, v (R, nkv, hd) at position t of `layer` -> the first width positions of each."""
         kv = self.new_kv[layer]                                  # (2, R, nkv, max_new, hd)
         kv.index_copy_(3, self.t, torch.stack([k, v]).unsqueeze(3))
         return kv[:, :, :, :self.width].flatten(1, 2)
@@ -162,9 +140,8 @@ def decode_attention(q, k, v, cache, layer):
     R, nh, hd = q.shape
     nkv, g, scale = cache.nkv, cache.g, hd ** -0.5
     kn, vn = cache.write(layer, k, v)                       # (R * nkv, T, hd) each
-    T = kn.size(1)        # the positions written so far (the eager path), or width (static)
     kp, vp = cache.prompt_k[layer], cache.prompt_v[layer]   # (B * nkv, P, hd)
-    P = kp.size(1)
+    P, T = kp.size(1), kn.size(1)   # T: the positions written so far (eager), or width (static)
     # query head h uses kv head h // g: the g queries of a kv head side by side (no copy of k, v)
     q = q.contiguous().view(R, nkv, g, hd)
     # scores, scaled by 1/sqrt(hd) as in model.py's attention: a prompt's keys against all the
@@ -204,9 +181,8 @@ def decode_step(model, tok, pos, cache):
 
 
 def prefill(model, prompts, max_new_tokens, samples, static=False):
-    """Run the B prompts once, left-padded to length P, each row at positions 0..len-1 with its
-    pads masked (its results do not depend on the batch) -> the logits (B * S, vocab) of each
-    row's first new token, its prompt length (B * S,), the KVCache (static: StaticCache)."""
+    """Run the B prompts once, left-padded, pads masked (results independent of the batch) -> each
+    row's first new token's logits (B * S, vocab), prompt length (B * S,), the KVCache."""
     device, B, dtype = model.wte.weight.device, len(prompts), model.wte.weight.dtype
     lens = torch.tensor([len(p) for p in prompts], device=device)
     assert B > 0 and int(lens.min()) >= 1, "engine.generate: every prompt needs at least one token"
@@ -223,9 +199,8 @@ def prefill(model, prompts, max_new_tokens, samples, static=False):
     # mask (B, 1, P, P); a pad query may see itself so that its softmax row is never empty
     allowed = (causal & valid[:, None]) | torch.eye(P, dtype=torch.bool, device=device)
     prompt = PromptCache(model.config.n_layer)
-    mask = additive(allowed.unsqueeze(1), dtype)
-    if static and bool((lens == P).all()):   # no pads: causal, where SDPA may run a flash kernel
-        mask = None
+    # no pads on the static path: causal, where SDPA may run a flash kernel
+    mask = None if static and bool((lens == P).all()) else additive(allowed.unsqueeze(1), dtype)
     logits = run_cached(model, idx, pos, mask, prompt, last=True)[:, -1]  # (B, vocab)
     cache = (StaticCache if static else KVCache)(model.config, prompt, valid, samples,
                                                  max_new_tokens)
@@ -236,7 +211,6 @@ def prefill(model, prompts, max_new_tokens, samples, static=False):
 def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
              eos_id=None, generator=None, num_samples=1, vocab=None, graphs=False):
     """Sample continuations of a batch of prompts with a KV cache.
-
     prompts: B token-id lists (lengths may differ; each >= 1); results do not depend on the batch.
     num_samples S: continuations per prompt (rows b*S .. b*S+S-1 of the output are prompt b's).
     temperature 0 means greedy; top_k / top_p filter the distribution (model.sample_next). vocab:
@@ -279,43 +253,32 @@ SYNC_EVERY = 32   # tokens between the host's looks at EOS; uniforms are drawn a
 CAPTURE = dict(seconds=0.0, graphs=0)   # the last call's CUDA graph captures (gpu_check)
 
 
-class Uniforms:
-    """The sampler's uniforms, (N, 1) per column of the output, drawn SYNC_EVERY columns at a time
-    (the numbers one draw per column gives); a CPU block for a GPU is pinned, copied async."""
-
-    def __init__(self, generator, N, max_new, device):
-        self.gen, self.N, self.max_new, self.device = generator, N, max_new, device
-        self.where = generator.device if generator is not None else device
-
-    def column(self, c):
-        if c % SYNC_EVERY == 0:
-            n = min(SYNC_EVERY, self.max_new - c)
-            block = torch.rand(n, self.N, 1, generator=self.gen, dtype=torch.float64,
-                               device=self.where)
-            if self.device.type == "cuda" and block.device.type == "cpu":
-                block = block.pin_memory()
-            self.block = block.to(self.device, non_blocking=True)
-        return self.block[c % SYNC_EVERY]
+def uniforms(generator, N, max_new, device):
+    """The sampler's uniforms, (N, 1) per output column, drawn SYNC_EVERY columns at a time."""
+    where = generator.device if generator is not None else device
+    for c in range(0, max_new, SYNC_EVERY):
+        block = torch.rand(min(SYNC_EVERY, max_new - c), N, 1, generator=generator,
+                           dtype=torch.float64, device=where)
+        if device.type == "cuda" and block.device.type == "cpu":
+            block = block.pin_memory()
+        yield from block.to(device, non_blocking=True)
 
 
 def static_generate(model, prompts, max_new, temperature, top_k, top_p, eos_id, generator,
                     num_samples, vocab, capture=True, compile=None, compact=True):
-    """generate(graphs=True): the eager path's tokens on a few fixed shapes. Every row decodes
-    every step until it is dropped, one uniform per row and step (the N of a column drawn, the
-    kept rows' taken): seeded samples equal the eager path's when it drops no row, without eos_id
-    (with it, greedy tokens are equal), and dropping rows (compact) changes no row. `step` changes
-    buffers in place only, so on a GPU it is captured once per shape (`cuda_graph`; capture False:
-    run eagerly); compile (None: on a GPU) runs decode_step compiled by torch.compile."""
+    """generate(graphs=True): the eager path's tokens on a few fixed shapes (seeded samples equal
+    when it drops no row, without eos_id; greedy ones always). `step` changes buffers in place
+    only, so on a GPU it is captured once per shape (`cuda_graph`; capture False: run eagerly);
+    compile (None: on a GPU) runs decode_step compiled by torch.compile."""
     logits, lens, cache = prefill(model, prompts, max_new, num_samples, static=True)
     N, device = len(logits), logits.device
     tokens = torch.full((N, max_new), -1, dtype=torch.long, device=device)
     logprobs = torch.zeros(N, max_new, device=device)
-    draws = Uniforms(generator, N, max_new, device)
-    greedy = temperature == 0
-    decode = compiled_step() if (device.type == "cuda" if compile is None else compile) \
-        else decode_step
-    # the decoding rows' state, all dropped together: this column's uniforms, last tokens, prompt
-    # lengths, done (drew eos_id); cache.live: their rows of the output
+    draws = uniforms(generator, N, max_new, device)
+    greedy, cuda = temperature == 0, device.type == "cuda"
+    decode = compiled_step() if (cuda if compile is None else compile) else decode_step
+    # the decoding rows' state, dropped together: uniforms, last tokens, prompt lengths, done
+    # (drew eos_id); cache.live: their rows of the output
     rows = SimpleNamespace(u=torch.zeros(N, 1, dtype=torch.float64, device=device), lens=lens)
 
     def sample(logits):
@@ -323,7 +286,7 @@ def static_generate(model, prompts, max_new, temperature, top_k, top_p, eos_id, 
 
     # column 0, from the prefill's logits
     if not greedy:
-        rows.u.copy_(draws.column(0))
+        rows.u.copy_(next(draws))
     rows.tok, lp = sample(logits)
     tokens[:, 0], logprobs[:, 0] = rows.tok, lp
     rows.done = rows.tok == eos_id if eos_id is not None else torch.zeros_like(rows.tok).bool()
@@ -340,7 +303,7 @@ def static_generate(model, prompts, max_new, temperature, top_k, top_p, eos_id, 
         rows.tok.copy_(nxt)
         cache.t.add_(1)
 
-    runs, pool = {}, torch.cuda.graph_pool_handle() if device.type == "cuda" else None
+    runs, pool = {}, torch.cuda.graph_pool_handle() if cuda else None
     CAPTURE.update(seconds=0.0, graphs=0)
     for c in range(1, max_new):
         # the host looks at EOS every SYNC_EVERY tokens only
@@ -350,13 +313,13 @@ def static_generate(model, prompts, max_new, temperature, top_k, top_p, eos_id, 
             if compact:
                 drop_done(rows, cache)
         if not greedy:
-            rows.u.copy_(draws.column(c)[cache.live])
+            rows.u.copy_(next(draws)[cache.live])
         # this step writes position c - 1: it reads the first c, rounded up to WIDTH
         cache.width = min(max_new, WIDTH * math.ceil(c / WIDTH))
         shape = (len(cache.live), cache.width)
         if shape not in runs:   # a new shape: captured once (on a GPU)
             runs[shape] = cuda_graph(step, [rows.tok, rows.done, tokens, logprobs, cache.t],
-                                     pool) if capture and device.type == "cuda" else step
+                                     pool) if capture and cuda else step
         runs[shape]()
     # the last column any row wrote, as the eager path stops there
     width = int((tokens >= 0).any(0).nonzero().max()) + 1
@@ -364,8 +327,7 @@ def static_generate(model, prompts, max_new, temperature, top_k, top_p, eos_id, 
 
 
 def drop_done(rows, cache):
-    """Half or more of the R rows done: go on with R / 2 (R / 4, ..., not under MIN_ROWS) rows,
-    the unfinished ones first, filled up with done ones, in their order."""
+    """Half the R rows done: go on with R / 2 (R / 4, ... >= MIN_ROWS) rows, unfinished first."""
     R, left = len(cache.live), int((~rows.done).sum())
     keep = R
     while keep // 2 >= max(left, MIN_ROWS):
@@ -381,9 +343,7 @@ STEP = {}   # decode_step compiled, made once (compiled_step)
 
 
 def compiled_step():
-    """decode_step compiled by torch.compile (inductor fuses a step's small kernels: the norms,
-    RoPE, SwiGLU's product, the attention's masks and softmax). Where compiling fails (no triton,
-    no C compiler), one message and decode_step uncompiled from then on."""
+    """decode_step compiled by torch.compile; where compiling fails, one message and uncompiled."""
     if "fn" not in STEP:
         body = torch.compile(decode_step, dynamic=True)
 
@@ -403,9 +363,8 @@ def compiled_step():
 
 def cuda_graph(step, state, pool=None):
     """step() recorded once as a CUDA graph -> a function replaying it: one launch for the whole
-    decode step. As torch.cuda.graph asks, a warm-up runs first on a side stream (lazy
-    initialisations, cuBLAS workspaces, a compiled step's compilation); the buffers `state` it
-    moved are put back. pool: the memory pool of graphs never replayed at once."""
+    decode step. A warm-up runs first on a side stream (as torch.cuda.graph asks); the buffers
+    `state` it moved are put back. pool: the memory pool of graphs never replayed at once."""
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     saved = [x.clone() for x in state]
@@ -426,8 +385,7 @@ def cuda_graph(step, state, pool=None):
 
 
 def cast_copy(model):
-    """Inside an autocast region of a low-precision dtype, a model with float32 weights -> a copy
-    with its weights cast to that dtype once per RL step (grpo.sample_groups); else `model`."""
+    """Inside a low-precision autocast region, a float32 model -> a copy in that dtype; else it."""
     device = model.wte.weight.device.type
     dtype = torch.get_autocast_dtype(device)
     if (not torch.is_autocast_enabled(device) or dtype == torch.float32

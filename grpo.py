@@ -9,8 +9,6 @@ steps", and this file reads in their order: the math on plain tensors, then one 
 7. token-mean, step    `aggregate`; `update`: ppo_epochs x minibatches AdamW steps
 Log-probs use logits / temperature, the sampler's distribution. The scripts (train_lang.py,
 train_video.py) run the loop: a learning rate, prompts, `grpo_step`, a log line, a checkpoint.
-Several processes (DDP, FSDP: runtime.py's scale path) each sample their own prompts and take
-the same optimizer steps. GRPOConfig holds the RL stage's defaults (its knobs are flags).
 """
 import math
 import time
@@ -35,7 +33,7 @@ class GRPOConfig:
     prompts_per_step: int = knob(16, "groups WITH reward spread per step (DAPO refill)")
     max_rounds: int = 4          # sampling rounds a step may take to collect them
     group_size: int = knob(8, "samples per prompt (G)")
-    # the official recipe's AdamW (`make_optimizer`), a linear warm-up to a constant rate (`set_lr`)
+    # AdamW (`make_optimizer`), a linear warm-up to a constant rate (`set_lr`)
     lr: float = knob(1e-4, "AdamW learning rate of RLVR, after 10 steps of warm-up", "rl_lr")
     warmup: int = 10
     weight_decay: float = 0.01   # official: 0.01
@@ -52,16 +50,14 @@ class GRPOConfig:
     # the update: ppo_epochs x minibatches optimizer steps, in micro-batches
     ppo_epochs: int = 1
     minibatches: int = 2
-    micro_batch: int = knob(64, "sequences per forward/backward (the GRPO update, MLE and its "
-                                "validation)")
+    micro_batch: int = knob(64, "sequences per forward/backward (the GRPO update, MLE, validation)")
     grad_clip: float = 1.0
     # sampling; skip_zero_std: drop groups without reward spread
     temperature: float = 1.0
     max_new_tokens: int = knob(200, "longest answer sampled")
     graphs: bool = knob(False, "1: sample on static shapes, each decode step one CUDA graph on a "
                                "GPU (engine.py; same greedy tokens, EOS sampling may differ)")
-    # ids the tokenizer can decode (0: all the model's): Qwen2 pads its embedding past its
-    # tokenizer, and those ids are never sampled nor given probability in the update
+    # the ids below it are the tokenizer's (0: all); the rest (Qwen2's padding) is never drawn
     vocab: int = 0
     skip_zero_std: bool = True
     max_prompt: int = 0          # longest prompt trained on (0: block_size - max_new_tokens)
@@ -130,8 +126,7 @@ def clipped_objective(logp, old_logp, adv, clip_eps):
 def aggregate(per_token, mask, how, n_tokens=None, n_seqs=None):
     """Step 7. Masked mean of per-token values (n, T): "token-mean" = masked sum / n_tokens
     (default: their count), "seq-mean" = sum of the rows' masked means / n_seqs (default: n),
-    "micro-token-mean" = these rows' token-mean / n_seqs, the minibatch's micro-batches (verl's).
-    Given a minibatch's counts: a micro-batch's share of the minibatch's mean."""
+    "micro-token-mean" = these rows' token-mean / n_seqs micro-batches (verl's)."""
     mask = mask.to(per_token.dtype)
     if how == "micro-token-mean":
         return aggregate(per_token, mask, "token-mean") / max(n_seqs or 1, 1)
@@ -144,8 +139,7 @@ def aggregate(per_token, mask, how, n_tokens=None, n_seqs=None):
 
 
 def grpo_loss(logp, old_logp, ref_logp, entropy, adv, mask, cfg, n_tokens=None, n_seqs=None):
-    """Steps 5-7: the loss of n rows (inputs (n, T), adv (n,)) by `aggregate`, and the per-token
-    ratio, clip indicator and KL for the log."""
+    """Steps 5-7: the loss of n rows (`aggregate`), and per token ratio, clip and KL for the log."""
     pg, ratio, was_clipped = clipped_objective(logp, old_logp, adv, cfg.clip_eps)
     kl = k3_kl(logp, ref_logp, cfg.kl_clamp)         # 0 where the policy equals the reference
     per_token = pg + cfg.beta * kl - cfg.entropy_coef * entropy  # reward, entropy up; stay near
@@ -161,8 +155,7 @@ def rollout(model, prompts, items, source, cfg, generator, autocast=nullcontext(
     """Steps 1-2. G samples per prompt, scored -> N = P * G rows grouped by prompt: tokens (N, T)
     (-1 after EOS), old_logp (N, T), mask (N, T) (the sampled tokens), rewards (N,), completions.
     source.sampler: None (engine.generate), or (model, prompts, items, cfg, generator) -> tokens,
-    logprobs, sampled (N, T) when the task injects tokens (video's true actions: sampled False).
-    The sampling runs under `autocast`, the reward outside it, in chunks of prompts that fit."""
+    logprobs, sampled (N, T) when the task injects tokens (video's true actions: sampled False)."""
     G, parts = cfg.group_size, []
     reps = [it for it in items for _ in range(G)]   # each prompt's item for each of its G rows
     model.eval()
@@ -245,8 +238,7 @@ def pack(prompts, tokens, mask=None):
 
 def logprobs_shared_prompts(model, b, sel, cfg):
     """Log-probs (n, T) of the targets and entropies (n, T) of the rows `sel` of `update_batch`,
-    0 where a row has no target. Each prompt runs once for its rows (1.7x faster updates on the
-    text game than once per row); logits only at the targets, over the ids cfg.vocab keeps."""
+    0 where a row has no target. Each prompt runs once for its rows; logits only at the targets."""
     used, rows = torch.unique(b.rows[sel], return_inverse=True)
     # the chunk's prompts, their padding cut to the longest of them
     L = int(b.prompt_len[used].max()) if len(used) else 0
@@ -269,9 +261,8 @@ def logprobs_shared_prompts(model, b, sel, cfg):
 
 def minibatch_plan(N, cfg, generator):
     """Each epoch a fresh order of the N rows, cut into cfg.minibatches minibatches, each cut into
-    micro-batches ("chunks") of cfg.micro_batch rows -> (minibatches, their chunks). Several chunks
-    are cut in row order, so that a prompt's samples sit together and its prompt runs once for
-    them (logprobs_shared_prompts); a minibatch that fits one chunk keeps its drawn order."""
+    chunks of cfg.micro_batch rows -> (minibatches, their chunks). Several chunks are cut in row
+    order, so a prompt's samples sit together and its prompt runs once (logprobs_shared_prompts)."""
     per_mb = math.ceil(N / cfg.minibatches)
     orders = [torch.randperm(N, generator=generator).tolist() for _ in range(cfg.ppo_epochs)]
     plan = [order[m * per_mb:(m + 1) * per_mb] for order in orders for m in range(cfg.minibatches)]
@@ -279,24 +270,6 @@ def minibatch_plan(N, cfg, generator):
     chunks = [[(mb if len(mb) <= mu else sorted(mb))[s:s + mu] for s in range(0, len(mb), mu)]
               for mb in plan]
     return plan, chunks
-
-
-def micro_step(policy, b, chunk, n_tok, n_seqs, cfg, step, sums, first, autocast):
-    """Forward (under `autocast`) and backward one chunk: its share of its minibatch's loss (n_tok
-    tokens, n_seqs rows), so the chunks' gradients add up to the minibatch's, and of the log's."""
-    with autocast:
-        logp, ent = logprobs_shared_prompts(policy, b, chunk, cfg)   # (n, T) each, float32
-    mask = b.mask[chunk]
-    loss, parts = grpo_loss(logp, b.old_logp[chunk], b.ref_logp[chunk], ent, b.adv[chunk],
-                            mask, cfg, n_tok, n_seqs)
-    if not torch.isfinite(loss):
-        raise FloatingPointError(f"non-finite GRPO loss at step {step}")
-    loss.backward()
-    sums["loss"] += loss.item()
-    for name, x in (("kl", parts["kl"]), ("entropy", ent), ("clip", parts["clip"])):
-        sums[name] += aggregate(x.detach(), mask, "token-mean", n_tok).item()
-    if first:   # the first minibatch's token ratios: their mean is 1 when on-policy
-        sums["ratio"] += parts["ratio"].detach()[mask].sum().item()
 
 
 def update(policy, optimizer, b, plan, chunks, cfg, step, autocast):
@@ -312,9 +285,21 @@ def update(policy, optimizer, b, plan, chunks, cfg, step, autocast):
             join_empty_minibatch(policy)
         n_tok = int(b.mask[mb].sum()) if mb else 0   # the minibatch's loss tokens
         n = len(chunks[m]) if cfg.loss_agg == "micro-token-mean" else len(mb)   # rows or chunks
-        for c, chunk in enumerate(chunks[m]):
+        for c, chunk in enumerate(chunks[m]):   # its share of the minibatch's loss and log
             with no_sync_unless_last(policy, c == len(chunks[m]) - 1):
-                micro_step(policy, b, chunk, n_tok, n, cfg, step, sums, m == 0, autocast)
+                with autocast:
+                    logp, ent = logprobs_shared_prompts(policy, b, chunk, cfg)   # (n, T) float32
+                mask = b.mask[chunk]
+                loss, parts = grpo_loss(logp, b.old_logp[chunk], b.ref_logp[chunk], ent,
+                                        b.adv[chunk], mask, cfg, n_tok, n)
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(f"non-finite GRPO loss at step {step}")
+                loss.backward()
+            sums["loss"] += loss.item()
+            for name, x in (("kl", parts["kl"]), ("entropy", ent), ("clip", parts["clip"])):
+                sums[name] += aggregate(x.detach(), mask, "token-mean", n_tok).item()
+            if m == 0:   # the first minibatch's token ratios: their mean is 1 when on-policy
+                sums["ratio"] += parts["ratio"].detach()[mask].sum().item()
         gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
         if not torch.isfinite(gn):
             raise FloatingPointError(f"non-finite gradient norm at step {step}")
@@ -329,9 +314,8 @@ def update(policy, optimizer, b, plan, chunks, cfg, step, autocast):
 
 def step_stats(step, rounds, kept, b, plan, sums, n_mb, cfg, eos_id, recomputed, t0, t_rollout):
     """The log: reward, length, EOS over every sampled group; the update's means (NaN: none); the
-    step's compute in forward-token units (a token's forward 1, forward and backward 3; FLOPs ~ 2
-    x parameters x this): the rollout (each prompt once, every completion token), then per kept
-    token the reference's and (bf16, `recomputed`) old log-probs' forwards, each epoch's 3."""
+    step's compute in forward-token units (forward 1, forward and backward 3): the rollout, then
+    per kept token the reference's and (bf16: `recomputed`) old log-probs' forwards, 3 an epoch."""
     rewards = torch.cat([s["rewards"] for s in rounds]).view(-1, cfg.group_size)  # (groups, G)
     lengths = torch.tensor([len(c) for s in rounds for c in s["completions"]], dtype=torch.float32)
     eos = [bool(c) and c[-1] == eos_id for s in rounds for c in s["completions"]]
@@ -354,9 +338,8 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, source, cfg, generat
               autocast=nullcontext()):
     """The seven steps -> a dict of stats. policy: the GPT, maybe DDP- or FSDP-wrapped; ref_model:
     frozen (None if beta == 0); prompts, items: the first round's P token-id lists and task
-    objects; source: a Source, scoring them (reward_fn) and drawing further rounds (draw);
-    autocast: the forwards' mixed precision (never around an optimizer step). A non-finite
-    weight, reward, loss or gradient norm: FloatingPointError."""
+    objects; source: a Source; autocast: the forwards' mixed precision. A non-finite weight,
+    reward, loss or gradient norm: FloatingPointError."""
     t0 = time.time()
     raw = getattr(policy, "module", policy)   # the GPT itself
     low = check_step(raw, step, autocast)   # finite weights, no outer autocast; True: bf16 / fp16

@@ -1,16 +1,13 @@
 """
 The MLE stage both training scripts share: next-token cross-entropy on the tokens a world model
 must predict (train_lang.py: each (prompt, answer) pair's answer, `pair_batches`; train_video.py:
-the predicted frames' codes). The same loop trains the control, the MLE start trained further for
-RLVR's compute.
+the predicted frames' codes), and the control (the MLE start trained further for RLVR's compute).
 
     model = train(run, model, "mle", ckpt, steps, next_batch, val_loss, lr_of_step)
 
 next_batch(gen) -> (idx, tgt) on the device (tgt -1 where no token is scored), val_loss(model) ->
-float (called in eval mode, under no_grad and autocast), and optionally val_metrics(model) ->
-(dict, words) for the log and the progress line. The stage ends after `steps` steps or once its
-compute reaches `budget` (runtime.ComputeBudget), counted in forward-token units as
-grpo.step_stats counts RLVR's.
+float, and optionally val_metrics(model) -> (dict, words) for the log. The stage ends after `steps`
+steps or once its compute (forward-token units, as grpo.step_stats counts RLVR's) reaches `budget`.
 """
 import time
 from pathlib import Path
@@ -32,8 +29,7 @@ def control_lr(lr, warmup=10):
 
 
 def final_lr(ckpt):
-    """The learning rate the MLE schedule of checkpoint `ckpt` ended at (runtime.lr_at at its last
-    step), the control's default rate; None where it records no MLE schedule (an HF directory)."""
+    """The rate the MLE schedule of `ckpt` ended at (the control's default); None: none (HF)."""
     if not Path(ckpt).is_file():
         return None
     meta = read_meta(ckpt)
@@ -43,8 +39,7 @@ def final_lr(ckpt):
 
 
 def batch_compute(tgt):
-    """Forward-token units of one training step on the batch with targets tgt (B, T): every input
-    position up to the row's last scored token (the padding after it is not counted), times 3."""
+    """Forward-token units of a step on targets tgt (B, T): 3 x positions to rows' last target."""
     scored = tgt >= 0
     length = torch.where(scored.any(1), tgt.shape[1] - scored.flip(1).int().argmax(1), 0)   # (B,)
     return 3 * int(length.sum())
@@ -52,8 +47,8 @@ def batch_compute(tgt):
 
 def train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, budget=None,
           val_metrics=None, desc=None, weight_decay=None, eval_every=None):
-    """Train `model` by MLE as the stage `name`, checkpointing to `ckpt` -> the trained model
-    (the same object, on the device). Reads --seed; --weight_decay, --eval_every unless given."""
+    """Train `model` by MLE as the stage `name`, checkpointing to `ckpt` -> the trained model (the
+    same object, on the device). Reads --seed; --weight_decay, --eval_every unless given."""
     args = run.args
     weight_decay = args.weight_decay if weight_decay is None else weight_decay
     eval_every = eval_every or args.eval_every
@@ -105,8 +100,7 @@ def train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, budge
 
 def micro_steps(run, trained, idx, tgt, weight=None):
     """Forward and backward the batch idx, tgt (B, T) in micro-batches of --micro_batch rows, each
-    its share of the batch's mean loss, so their gradients add up to the batch's -> that mean loss.
-    Logits only where tgt >= 0. weight (B, T): a weighted mean instead (--change_weight)."""
+    its share of the batch's mean loss -> that mean loss. weight (B, T): a weighted mean instead."""
     scored = tgt >= 0
     w = scored.float() if weight is None else weight * scored   # each scored token's weight
     total, loss = w.sum(), 0.0
@@ -158,8 +152,7 @@ def batch_from(pairs, device):
 
 
 def pair_batches(run, pairs, val_pairs, batch_size):
-    """mle.train's next_batch and val_loss for (prompt, answer) id pairs: `batch_size` pairs drawn
-    with replacement; the mean loss of the chunks of --micro_batch validation pairs."""
+    """mle.train's next_batch (`batch_size` pairs, with replacement) and val_loss on id pairs."""
     device, mb = run.device, run.args.micro_batch
 
     def next_batch(gen):

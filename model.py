@@ -5,11 +5,9 @@ One GPT for every task in nanoRLVR: a decoder-only transformer in two families.
 - Llama / Qwen2: RMSNorm, rotary positions (RoPE), SwiGLU MLP, grouped-query attention
   (n_kv_head < n_head), optional q/k/v bias (Qwen2 has it, Llama does not), tied or untied output.
 q, k and v share one Linear (`c_attn`), as do SwiGLU's gate and up (`c_fc`): fewer matmuls.
-
 Read it top down: the config, the blocks bottom up, `GPT` with its plain `forward(idx, targets)`
-and `generate`, `sample_next` (the sampling rule), then the fast path: `forward(idx, prompts=)`
-runs each prompt once for all the rows continuing it (the GRPO update); engine.py's KV-cache
-sampler prefills with the same `run_cached`. checkpoint.py loads weights.
+and `generate`, `sample_next`, then the fast path: `forward(idx, prompts=)` runs each prompt once
+for all the rows continuing it (the GRPO update); engine.py's sampler prefills with `run_cached`.
 """
 import math
 from dataclasses import dataclass
@@ -96,9 +94,8 @@ def rope_tables(head_dim, length, theta, scaling=None):
 
 
 def scale_frequencies(inv_freq, s):
-    """RoPE's frequencies stretched to a context longer than the one trained on, as HF computes
-    them: rope_type "linear" slows all of them by s["factor"], "llama3" (Llama 3.1+) only the slow
-    ones, whose wavelength spans much of the original context."""
+    """RoPE's frequencies stretched to a longer context, as HF computes them: "linear" slows all
+    by s["factor"], "llama3" (Llama 3.1+) only the slow ones (wavelengths near the old context)."""
     if s["rope_type"] == "linear":
         return inv_freq / s["factor"]   # position p reads as p / factor
     old, lo, hi = s["original_max_position_embeddings"], s["low_freq_factor"], s["high_freq_factor"]
@@ -116,7 +113,6 @@ def apply_rope(x, cos, sin):
 
 class Attention(nn.Module):
     """Causal self-attention; with grouped-query attention, n_head queries share n_kv_head keys."""
-
     def __init__(self, config):
         super().__init__()
         self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
@@ -175,9 +171,8 @@ class Block(nn.Module):
         self.ln_2, self.mlp = make_norm(config), MLP(config)
 
     def forward(self, x, rope, mask=None, cache=None, layer=None, rows=None):
-        """x (B, T, C) -> (B, T, C). With cache (a PromptCache, run_cached) the keys and values
-        pass through it as `layer`'s: rows None, a prompt pass keeps them; else row n's go after
-        prompt rows[n]'s, and mask (B, 1, T, P + T) is added to the scores."""
+        """x (B, T, C) -> (B, T, C); with cache (a PromptCache, run_cached) the keys and values pass
+        through it as `layer`'s, and mask (B, 1, T, P + T) is added to the scores."""
         # pre-norm residuals: tokens talk to each other, then each token thinks on its own
         q, k, v = self.attn.qkv(self.ln_1(x), rope)
         if cache is not None and rows is None:   # a prompt pass keeps its keys and values
@@ -222,12 +217,10 @@ class GPT(nn.Module):
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
-    def num_params(self, non_embedding=True):
-        n = sum(p.numel() for p in self.parameters())
-        # the convention of scaling laws: embeddings are lookups, not compute
-        if non_embedding:
-            n -= self.wte.weight.numel() + (self.wpe.weight.numel() if self.wpe is not None else 0)
-        return n
+    def num_params(self):
+        """Parameters but the embeddings (scaling laws' convention: lookups, not compute)."""
+        n = sum(p.numel() for p in self.parameters()) - self.wte.weight.numel()
+        return n - (self.wpe.weight.numel() if self.wpe is not None else 0)
 
     def embed(self, idx, pos):
         """Token ids idx at positions pos (same shape) -> (embeddings, RoPE's cos, sin or None)."""
@@ -241,9 +234,8 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None, prompts=None, at=None):
         """idx (N, T) -> logits (N, T, vocab); with targets (N, T) also the mean cross-entropy
-        (targets -1 are ignored). prompts: None, or (prompt_idx (B, L) right-padded, prompt_len
-        (B,), rows (N,)): row n of idx continues prompt rows[n] (forward_shared_prompts). at: None,
-        or a bool (N, T): the logits of those positions only, (k, vocab), and the loss over them."""
+        (targets -1 are ignored). prompts: forward_shared_prompts's, row n of idx continuing prompt
+        rows[n]. at: None, or a bool (N, T): the logits (k, vocab) and loss of those positions."""
         if prompts is not None:   # the fast path (below)
             logits = forward_shared_prompts(self, idx, prompts, at)
         else:
@@ -265,8 +257,7 @@ class GPT(nn.Module):
         return logits, loss
 
     def run_block(self, fn, *inputs):
-        """fn(*inputs), a block's forward; with grad_ckpt set while training, its activations are
-        recomputed in the backward pass instead of kept (activation checkpointing)."""
+        """fn(*inputs), a block's forward; grad_ckpt: its activations recomputed in the backward."""
         if self.grad_ckpt and self.training and torch.is_grad_enabled():
             return checkpoint(fn, *inputs, use_reentrant=False)
         return fn(*inputs)
@@ -274,9 +265,7 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, eos_id=None,
                  generator=None):
-        """Continue the rows of idx (B, T) by up to max_new_tokens tokens -> (B, T + n), one full
-        forward pass per new token, no cache, until every row has drawn eos_id. Tokens are drawn
-        by sample_next, as engine.generate draws them (tests/test_engine.py holds the two equal)."""
+        """Continue idx (B, T) by <= max_new_tokens tokens, until all drew eos_id -> (B, T + n)."""
         T = idx.size(1)
         for _ in range(max_new_tokens):
             # the model sees at most block_size tokens: crop the oldest ones
@@ -295,8 +284,7 @@ def is_fsdp(model):
 
 
 def finite_weights(model):
-    """The weights this rank holds are finite (under FSDP its shards: no collective, so one rank
-    may check alone, on a fault's path)."""
+    """The weights this rank holds are finite (FSDP: its shards, no collective: one rank alone)."""
     return bool(torch.stack([torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()
                              for p in model.parameters()]).all())
 
@@ -304,8 +292,7 @@ def finite_weights(model):
 def sample_next(logits, temperature, top_k, top_p, generator, u=None):
     """logits (R, V) -> (token (R,), its log-prob (R,) under the distribution sampled from).
     temperature 0: greedy (the log-prob is the model's at T=1); top_k, top_p: None or the filter.
-    u: None (drawn here from generator), or the float64 uniforms (R, 1) on logits' device, drawn
-    by the caller as they would be here (engine.py's static path draws them ahead)."""
+    u: None (drawn here from generator), or the float64 uniforms (R, 1), drawn ahead as here."""
     if temperature == 0:
         tok = logits.argmax(-1)
         return tok, torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)
@@ -335,13 +322,12 @@ def sample_next(logits, temperature, top_k, top_p, generator, u=None):
 
 
 # =============================================================================
-# the fast path: prompts run once, their keys and values kept for the rows that continue them.
-# GPT.forward(prompts=) in the GRPO update, engine.py's prefill and decode steps.
+# the fast path: prompts run once, their keys and values kept for the rows that continue them
+# (GPT.forward(prompts=) in the GRPO update, engine.py's prefill)
 
 class PromptCache:
     """Keys and values of a batch of prompts, k[layer] and v[layer] (B, n_kv_head, P, head_dim),
     kept by a prompt pass (`rows` None); then `rows` (N,): row n continues prompt rows[n]."""
-
     def __init__(self, n_layer):
         self.k, self.v, self.rows = [None] * n_layer, [None] * n_layer, None
 
@@ -354,8 +340,7 @@ def additive(allowed, dtype):
 
 def run_cached(model, idx, pos, mask, cache, last=False, at=None):
     """GPT.forward's layers on idx (B, T) at positions pos (B, T), keys and values passed through
-    cache (a PromptCache). mask: None (causal) or (B, 1, T, T_all) added to the scores. last: the
-    logits of the last position only (a prefill); at: as in GPT.forward."""
+    cache (a PromptCache); mask: None (causal) or added to the scores; last: the last position's."""
     x, rope = model.embed(idx, pos)
     for layer, block in enumerate(model.h):
         # rows passed as they are now: a checkpointed block recomputes the same pass
@@ -368,9 +353,8 @@ def run_cached(model, idx, pos, mask, cache, last=False, at=None):
 
 
 def forward_shared_prompts(model, idx, prompts, at=None):
-    """GPT.forward(idx, prompts=(prompt_idx, prompt_len, rows)) -> logits (N, T, vocab). Each of
-    the B prompts runs once, however many rows continue it (GRPO's G samples of a prompt), then the
-    N rows run with their prompt's keys and values in front: the logits of prompt + row."""
+    """GPT.forward(idx, prompts=(prompt_idx (B, L) right-padded, prompt_len (B,), rows (N,))): each
+    prompt runs once, however many rows continue it, then the N rows with its keys and values."""
     prompt_idx, prompt_len, rows = prompts
     (B, L), (N, T), device = prompt_idx.size(), idx.size(), idx.device
     assert L + T <= model.config.block_size, \

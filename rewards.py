@@ -2,14 +2,12 @@
 
 RLVR-World's point is that the reward is the metric itself. A reward takes the model's output and
 the ground truth and never raises on model output: unreadable text scores 0. Per language task, the
-task registry (tasks.TASKS) calls two functions on a decoded answer and its record:
-`reward_<task>(text, record, kind)`, RLVR's reward, and `score_<task>(text, record)`, the
-evaluation's per-record metrics. In order: the text game (`textgame_reward`: read the model's diff,
-`parse_diff`, the one JSON repair, merge it into the state, compare with the next state) and the web
-page (`web_f1`). The video rewards and metrics (decoded frames, not text) are in video_rewards.py.
-
-docs/rewards.md holds where each formula comes from, where and why it deviates from the official
-RLVR-World rewards, the text game's contract on truncated answers, the ranges and the work's bounds.
+task registry (tasks.TASKS) calls `reward_<task>(text, record, kind)`, RLVR's reward, and
+`score_<task>(text, record)`, the evaluation's metrics. In order: the text game (read the model's
+diff, `parse_diff`, the one JSON repair, merge it into the state, compare with the next state) and
+the web page (`web_prf`). The video rewards are in video_rewards.py. docs/rewards.md holds where
+each formula comes from, where and why it deviates from the official RLVR-World rewards, the text
+game's contract on truncated answers, the ranges and the work's bounds.
 """
 import itertools
 import json
@@ -19,15 +17,13 @@ from collections import Counter
 from data.webpage import task as webpage_task
 
 
-# a text reward reads at most this many characters: a longer answer scores 0 unread, which bounds
-# the work (docs/rewards.md, "Bounded work")
+# a text reward reads at most this many characters: a longer answer scores 0 unread (bounded work)
 MAX_ANSWER_CHARS = 100_000
 
 # ======================================================================================= text game
 # The model writes a difference JSON {"modified": [new or changed objects], "removed": [uuids],
-# "score": {...}, or {} when the score does not change} (data/textgame/task.py makes the true one).
-# The contract (official): an answer without the key "modified" or "removed" scores 0; one without
-# "score" predicts no score, so it is never exact.
+# "score": {...}, or {} when the score does not change}. The contract (official): an answer without
+# "modified" or "removed" scores 0; one without "score" predicts no score, so it is never exact.
 
 TEXTGAME_KINDS = ("binary", "task_specific")
 _ABSENT = object()   # a field that does not exist in a state
@@ -47,23 +43,19 @@ def score_textgame(text, record):
 
 def textgame_reward(text, state: dict, next_state: dict, kind: str = "binary") -> float:
     """The reward of the answer `text` on the transition state -> next_state: kind "binary" (1 when
-    the predicted next state is exact, else 0) or "task_specific" (partial credit, 0 to 1.3).
-    Any text, or any non-string, scores without raising."""
+    the predicted next state is exact, else 0) or "task_specific" (partial credit, 0 to 1.3)."""
     if kind not in TEXTGAME_KINDS:
-        raise ValueError(f"unknown text-game reward kind {kind!r}; "
-                         f"expected one of {TEXTGAME_KINDS}")
+        raise ValueError(f"unknown text-game reward kind {kind!r}; expected {TEXTGAME_KINDS}")
     return textgame_metrics(text, state, next_state)[kind]
 
 
 def textgame_metrics(text, state: dict, next_state: dict) -> dict:
     """All text-game metrics of one answer: parsed, exact (0/1), object_acc, score_acc, changed_acc
-    (None when nothing changed), and the two rewards binary and task_specific. The formulas and
-    their sources: docs/rewards.md, "Where the formulas come from"."""
+    (None when nothing changed), and the two rewards binary and task_specific (docs/rewards.md)."""
     # a field changed when its value or presence differs between state and next state (score
     # fields, removed objects and keys included: docs/rewards.md, "Where we deliberately differ", 3)
     before, after = _fields(state), _fields(next_state)
-    changed = [f for f in before.keys() | after.keys()
-               if before.get(f, _ABSENT) != after.get(f, _ABSENT)]
+    changed = [f for f in before | after if before.get(f, _ABSENT) != after.get(f, _ABSENT)]
     diff = parse_diff(text)
     if diff is None:   # unreadable, the wrong shape, or "modified" / "removed" missing: no credit
         return {"parsed": False, "exact": 0, "object_acc": 0.0, "score_acc": 0.0,
@@ -96,20 +88,17 @@ _PY_LITERAL = re.compile(r"\b(True|False|None)\b")
 _JSON_LITERAL = {"True": "true", "False": "false", "None": "null"}
 # a comma before a closing bracket, which JSON forbids: the repair drops it
 _TRAILING_COMMA = re.compile(r",(\s*[}\]])")
-# Matched at a position, this skips whole strings and all other characters up to the next bracket,
-# or up to the opening quote of a string that never closes; that bracket or quote is group 1. The
-# outer repetition is possessive (*+), so the skipping runs in C and stays linear in the length.
+# Skips whole strings and other characters up to the next bracket, or to the opening quote of a
+# string that never closes (group 1); possessive (*+), so it runs in C, linear in the length.
 _JSON_TOKEN = re.compile(r'(?:"(?:[^"\\]|\\[\s\S])*"|[^"{}\[\]])*+([{}\[\]]|")')
 _MAX_STARTS = 8   # how many '{' positions to try: bounds the work on long junk
 _MAX_DEPTH = 100  # the repair gives up on deeper nesting (the decoder stops at the recursion limit)
 
 
 def parse_diff(text) -> dict | None:
-    """The model's difference JSON read from its text, as {"modified", "removed", "score"}, or None.
-
-    Tries the first _MAX_STARTS '{' of the answer segment, each as is and repaired, and returns the
-    first JSON object with the diff's shape (junk around it and inner objects are skipped). The
-    repair only closes strings and brackets: it never adds the key that a truncated answer lacks."""
+    """The model's difference JSON read from its text, as {"modified", "removed", "score"}, or None:
+    the first JSON object with the diff's shape from the first _MAX_STARTS '{', as is or repaired
+    (the repair only closes strings and brackets: it never adds a key a truncated answer lacks)."""
     if not isinstance(text, str) or len(text) > MAX_ANSWER_CHARS:
         return None
     segment = _PY_LITERAL.sub(lambda m: _JSON_LITERAL[m.group(1)], _answer_segment(text))
@@ -126,9 +115,8 @@ def parse_diff(text) -> dict | None:
 
 
 def _answer_segment(text: str) -> str:
-    """The part of the model's text that should hold the JSON (the official extraction): after the
-    last "The final answer is:", else the last ```json block of at least 10 characters, else the
-    whole text."""
+    """The part of the text that should hold the JSON (the official extraction): after the last
+    "The final answer is:", else the last ```json block of >= 10 characters, else the whole text."""
     finals = list(_FINAL_ANSWER.finditer(text))
     if finals:
         return text[finals[-1].end():]
@@ -138,8 +126,7 @@ def _answer_segment(text: str) -> str:
 
 def _last_fenced(text: str) -> str | None:
     """The stripped content of the last ```json block, as the official regex
-    r"```json\\s*([\\s\\S]*?)\\s*```" finds it, or None. By str.find: that regex takes quadratic
-    time on a long run of whitespace after an unclosed fence."""
+    r"```json\\s*([\\s\\S]*?)\\s*```" finds it, or None (by str.find: that regex is quadratic)."""
     last, pos = None, 0
     while (start := text.find("```json", pos)) != -1:
         if (end := text.find("```", start + 7)) == -1:   # unclosed: no block, for the regex too
@@ -159,8 +146,7 @@ def _variants(text: str):
 def _close_brackets(text: str) -> str | None:
     """The JSON value that `text` starts with, cut where it ends; or, when the text ends first (a
     truncated answer), closed: an unterminated string gets its quote, a final comma goes, unclosed
-    {/[ are closed. None if brackets mismatch or nest deeper than _MAX_DEPTH. Python sees only the
-    brackets; the regex skips the rest."""
+    {/[ are closed. None if brackets mismatch or nest deeper than _MAX_DEPTH."""
     closers, pos = [], 0   # the closing brackets owed, innermost last
     while (m := _JSON_TOKEN.match(text, pos)) is not None:
         token, pos = m.group(1), m.end()
@@ -180,9 +166,8 @@ def _close_brackets(text: str) -> str | None:
 
 
 def _validated(obj) -> dict | None:
-    """The diff that `obj` holds, or None when it lacks "modified" or "removed" (the contract) or
-    has the wrong shape. An absent "score" reads as None; a present one must be an object (null is
-    not: docs/rewards.md, "Where we deliberately differ", 4)."""
+    """The diff that `obj` holds, or None when it lacks "modified" or "removed" or has the wrong
+    shape. An absent "score" reads as None; a present one must be an object (null is not)."""
     if not isinstance(obj, dict) or "modified" not in obj or "removed" not in obj:
         return None
     modified, removed, score = obj["modified"], obj["removed"], obj.get("score")
@@ -200,7 +185,6 @@ def _is_uuid(value) -> bool:
 # --------------------------------------------------------------------------------- merge it
 def apply_diff(state: dict, diff: dict) -> dict:
     """The predicted next state: `diff` merged into `state` (neither is modified).
-
     A modified object replaces the object with its uuid, or is added when the uuid is new (the
     official merge drops new ones; docs/rewards.md); removal wins over modification. The score:
     {} keeps the state's, a non-empty one replaces it, None (no "score" written) predicts none."""
@@ -218,8 +202,7 @@ def apply_diff(state: dict, diff: dict) -> dict:
 # --------------------------------------------------------------------------------- compare
 def _object_counts(pred: dict, true: dict) -> tuple[int, int]:
     """(correct, errors) of the object-property accuracy: the official `evaluate`, plus the
-    predicted objects and properties that the truth lacks, counted as errors (docs/rewards.md,
-    "Where we deliberately differ", 2)."""
+    predicted objects and properties that the truth lacks, counted as errors (docs/rewards.md)."""
     predicted = {obj["uuid"]: obj for obj in pred["objects"]}
     correct = errors = 0
     for obj in true["objects"]:
@@ -245,8 +228,7 @@ def _object_counts(pred: dict, true: dict) -> tuple[int, int]:
 
 
 def _fields(state: dict) -> dict:
-    """Flatten a state: (uuid, "p", key) -> property value, (uuid, "contains") -> contents,
-    ("score", key) -> score value. An object that is absent has no fields."""
+    """A state flat: (uuid, "p", key) -> property, (uuid, "contains") -> contents, ("score", k)."""
     fields = {}
     for obj in state["objects"]:
         properties = obj.get("properties")
@@ -265,8 +247,7 @@ def _contents(obj: dict):
 
 # ======================================================================================= web page
 # The model writes the items an action adds, deletes and updates on a page, in three sections of
-# accessibility-tree lines (data/webpage/task.py makes the true answer); the reward is the F1 of its
-# items against the true ones (docs/rewards.md).
+# accessibility-tree lines; the reward is the F1 of its items against the true ones.
 SECTION_KEYS = ("new", "deleted", "updated")
 # a section header, e.g. "New items:", possibly with the first item on the same line (group 2)
 _HEADER = re.compile(r"(new|deleted|updated)\s+items\s*(?::\s*(.*))?", re.IGNORECASE)
@@ -275,7 +256,7 @@ _SPACES = re.compile(r"\s+")
 
 def reward_webpage(text, record, kind):
     """RLVR's reward: the F1 of the predicted page changes (the only kind)."""
-    return web_f1(text, webpage_task.target_text(record))
+    return web_prf(text, webpage_task.target_text(record))[2]
 
 
 def score_webpage(text, record):
@@ -283,17 +264,10 @@ def score_webpage(text, record):
     return dict(zip(("precision", "recall", "f1"), web_prf(text, webpage_task.target_text(record))))
 
 
-def web_f1(text, target_text) -> float:
-    """The reward: F1 of predicted against true changed items, in [0, 1]. Never raises."""
-    return web_prf(text, target_text)[2]
-
-
 def web_prf(text, target_text) -> tuple[float, float, float]:
-    """(precision, recall, f1) of the predicted items against the true ones, pooled over sections.
-
-    Matches per section are the multiset intersection of the exact items. No items on either side
-    gives (1, 1, 1); a side without items gives 0 for the ratio it divides. A prediction longer than
-    MAX_ANSWER_CHARS scores (0, 0, 0) unread. Never raises."""
+    """(precision, recall, f1) of the predicted items against the true ones, pooled over sections:
+    per section the multiset intersection of the exact items. No items on either side gives
+    (1, 1, 1); a side without items gives 0 for the ratio it divides. Never raises."""
     if not (isinstance(text, str) and isinstance(target_text, str)) or len(text) > MAX_ANSWER_CHARS:
         return 0.0, 0.0, 0.0
     pred, true = parse_sections(text), parse_sections(target_text)
@@ -308,11 +282,9 @@ def web_prf(text, target_text) -> tuple[float, float, float]:
 
 
 def parse_sections(text) -> dict[str, list[str]]:
-    """{"new": [...], "deleted": [...], "updated": [...]} read from a three-section answer.
-
-    Items are stripped non-blank lines after a header (in any order, possibly repeated); lines
-    before the first header are ignored; a missing section is an empty list; a non-string gives
-    empty sections."""
+    """{"new": [...], "deleted": [...], "updated": [...]} read from a three-section answer: the
+    stripped non-blank lines after a header (in any order, possibly repeated); lines before the
+    first header are ignored; a missing section (or a non-string) gives empty lists."""
     sections = {key: [] for key in SECTION_KEYS}
     current = None   # the list of the section being read
     for line in text.splitlines() if isinstance(text, str) else ():

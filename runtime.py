@@ -2,8 +2,7 @@
 The run plumbing every script shares: *how* a run executes (torchrun ranks, devices, precision,
 printing, the one way out on an error), not *what* it trains, so the scripts stay straight-line
 nanoGPT style; the scale path GRPO and MLE step through (DDP, FSDP); forked processes on a CPU;
-the memory estimate. A run's files (config guard, resumable stages) are checkpoint.py's. Why:
-docs/engineering.md (The GPU path, Reliability).
+the memory estimate. Why: docs/engineering.md (The GPU path, Reliability).
 
     run = Run(args, out_dir, path_flags)    # after argparse: DDP, device per rank, seed, autocast
     run.print0(...), run.log({...}), run.barrier(), run.fail("message")
@@ -33,15 +32,13 @@ from tqdm import tqdm
 from checkpoint import read_meta
 from model import GPT, finite_weights, is_fsdp
 
-# how long a rank waits at a collective for the others: NCCL's default 10 minutes is shorter than
-# what rank 0 may do alone at real sizes (the data, a validation pass, a checkpoint)
+# a rank's wait at a collective: NCCL's 10 minutes is less than rank 0 may work alone at scale
 DIST_TIMEOUT = datetime.timedelta(minutes=60)
 MAX_SKIPS = 10   # --on_nan=skip stops the run after this many skipped steps in a row
 
 
 class Run:
     """Rank, world size, device and precision of this process, and the helpers that need them."""
-
     def __init__(self, args, out_dir, path_flags=()):
         """path_flags: the flags holding paths, recorded relative to out_dir (`recorded_args`)."""
         self.args, self.out_dir, self.path_flags = args, Path(out_dir), path_flags
@@ -63,8 +60,7 @@ class Run:
         torch.set_num_threads(getattr(args, "threads", 1))   # a script without --threads: 1
         torch.manual_seed(args.seed)
         if args.dtype == "float16":   # its gradients underflow; bfloat16 has float32's range
-            self.fail("--dtype=float16: training in float16 needs a gradient scaler, which "
-                      "nanoRLVR does not have; use --dtype=bfloat16")
+            self.fail("--dtype=float16: needs a gradient scaler (none here); use --dtype=bfloat16")
         self.dtype = getattr(torch, args.dtype)   # the forwards' (autocast's, a frozen reference's)
         self.autocast = torch.autocast(torch.device(self.device).type, dtype=self.dtype,
                                        enabled=args.dtype != "float32")
@@ -98,8 +94,7 @@ class Run:
             dist.barrier()
 
     def any_rank(self, flag):
-        """`flag` on one rank -> True on every rank if any rank says True: ranks that must stop
-        together never disagree (one rank leaving a loop alone would hang the others)."""
+        """True on every rank if any rank's `flag` is (one rank leaving a loop alone would hang)."""
         if not self.ddp:
             return flag
         t = torch.tensor([int(flag)], device=self.device)
@@ -112,8 +107,7 @@ class Run:
             dist.destroy_process_group()
 
     def wrap(self, model, grad_ckpt=False):
-        """-> (model on the device, the module to train: DDP-wrapped around it under torchrun).
-        grad_ckpt: activation checkpointing per block; --fsdp=1: the model sharded, no DDP."""
+        """-> (model on the device, the module to train: DDP-wrapped, or sharded with --fsdp=1)."""
         model = model.to(self.device)
         if grad_ckpt:
             model.grad_ckpt = True
@@ -126,8 +120,7 @@ class Run:
 
     def nonfinite(self, stage, step, model, what):
         """A NaN/inf `what` at `step`: --on_nan=stop ends the run with one line; --on_nan=skip logs
-        it and returns (the caller drops the step), unless the weights are non-finite or more than
-        MAX_SKIPS steps in a row were skipped."""
+        it and returns (the caller drops the step), unless the weights are too or MAX_SKIPS were."""
         msg = f"{stage}: {re.sub(r' at step [0-9]+$', '', what)} at step {step}"
         if not finite_weights(model):
             self.fail(f"{msg}: the weights are non-finite; stopping "
@@ -144,8 +137,7 @@ class Run:
                   f"--on_nan=skip skips such steps)")
 
     def finite(self, stage, step, model, loss, grad_norm=None):
-        """May the optimizer step? True when `loss` (and `grad_norm`, when given) are finite; else
-        `nonfinite` stops the run or the answer is False (the step is skipped)."""
+        """May the optimizer step? Yes if `loss` and `grad_norm` are finite; else `nonfinite`."""
         for what, x in (("loss", loss), ("gradient norm", grad_norm)):
             if x is not None and not torch.isfinite(x):
                 self.nonfinite(stage, step, model, f"non-finite {what} ({x.item()})")
@@ -156,8 +148,9 @@ class Run:
         """Under DDP (not FSDP: shards) log each rank's weight checksum, stop on a mismatch."""
         if not self.ddp or self.fsdp:
             return
-        sums = [None] * self.world
-        dist.all_gather_object(sums, checksum(model))
+        sums = [None] * self.world   # CRC32 of the weights' bytes: equal iff bit-identical
+        crc = zlib.crc32(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters()))
+        dist.all_gather_object(sums, crc)
         self.print0(f"{stage}: weight checksums per rank {sums}")
         self.log({"stage": stage, "rank_checksums": sums})
         if len(set(sums)) != 1:
@@ -165,8 +158,7 @@ class Run:
 
 
 def join_process_group(device):
-    """A torchrun rank joins the others (NCCL on GPUs, gloo on CPUs) -> (rank, world size, its
-    device: on GPUs the one of its LOCAL_RANK)."""
+    """A torchrun rank joins the others (NCCL, gloo) -> (rank, world size, device: LOCAL_RANK's)."""
     # each torchrun attempt keeps its keys under its own prefix: after a restart the shared store
     # still holds the dead attempt's addresses, and a new rank would dial them
     store, rank, world = next(dist.rendezvous("env://"))
@@ -203,13 +195,12 @@ def check_ranges(parser, args, at_least_1=(), at_least_0=()):
 
 
 def knob(default, help, flag=None):
-    """A config dataclass field that is a script's flag (`add_flags`): its help, and its name if
-    not the field's (grpo.GRPOConfig's knobs)."""
+    """A config dataclass field that is a script's flag (`add_flags`), named `flag` if given."""
     return field(default=default, metadata=dict(help=help, flag=flag))
 
 
 def add_flags(group, cls):
-    """The knobs (grpo.knob fields) of dataclass `cls` as argparse flags; a bool is a 0/1 int."""
+    """The knobs of dataclass `cls` (grpo.GRPOConfig) as argparse flags; a bool is a 0/1 int."""
     for f in fields(cls):
         if f.metadata:
             kind = int if f.type is bool else f.type
@@ -221,11 +212,6 @@ def from_flags(args, cls):
     """The dataclass `cls` from the flags `add_flags` made (its other fields: their defaults)."""
     return cls(**{f.name: f.type(getattr(args, f.metadata["flag"] or f.name))
                   for f in fields(cls) if f.metadata})
-
-
-def checksum(model):
-    """CRC32 of all parameters' bytes: equal across ranks iff the weights are bit-identical."""
-    return zlib.crc32(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters()))
 
 
 def lr_at(step, total, base, warmup):
@@ -242,8 +228,7 @@ def lr_at(step, total, base, warmup):
 
 @contextmanager
 def unsharded(model):
-    """FSDP (Run.wrap): the full weights in place inside, gathered once (every rank enters
-    together), for the sampler, which calls the layers directly, past FSDP's hooks."""
+    """FSDP: the full weights inside (all ranks enter), for the sampler, past FSDP's hooks."""
     if is_fsdp(model):
         model.unshard()
     yield
@@ -253,7 +238,7 @@ def unsharded(model):
 
 def no_sync_unless_last(policy, last):
     """DDP all-reduces the gradients on a minibatch's last chunk only; FSDP reduce-scatters them
-    there and keeps the weights its first forward gathered until then: once per minibatch."""
+    there and keeps the weights its first forward gathered until then."""
     if is_fsdp(policy):   # FSDP: switches, set before each chunk
         policy.set_requires_gradient_sync(last)
         policy.set_reshard_after_backward(last)
@@ -261,8 +246,7 @@ def no_sync_unless_last(policy, last):
 
 
 def minibatch_sizes(policy, plan):
-    """The rows of each minibatch of `plan`, summed over the ranks (DDP / FSDP): a rank steps
-    wherever any rank has rows, so all take the same optimizer steps."""
+    """The rows of each minibatch of `plan` summed over the ranks: all step where any has rows."""
     device = next(policy.parameters()).device
     sizes = torch.tensor([len(mb) for mb in plan], device=device)
     if hasattr(policy, "no_sync") or is_fsdp(policy):   # DDP / FSDP: the rows on all ranks
@@ -271,8 +255,7 @@ def minibatch_sizes(policy, plan):
 
 
 def rollout_chunk(model, prompts, cfg):
-    """grpo.rollout's prompts a call: cfg.rollout_prompts, else all (CPU) or what 80% of the free
-    GPU memory holds (their float32 KV cache and G rows' logits)."""
+    """grpo.rollout's prompts a call: cfg.rollout_prompts, else all, or what 80% of a GPU holds."""
     c, G = model.config, cfg.group_size
     if cfg.rollout_prompts or model.wte.weight.device.type != "cuda":
         return cfg.rollout_prompts or len(prompts)
@@ -290,15 +273,14 @@ def join_rows(parts):
 
 
 def join_empty_minibatch(policy):
-    """A rank without rows in a minibatch the others have: a zero gradient, joining their
-    gradient collectives."""
+    """A rank without rows in a minibatch the others have joins their collectives: a 0 gradient."""
     device = next(policy.parameters()).device
     (policy(torch.zeros(1, 1, dtype=torch.long, device=device))[0].sum() * 0.0).backward()
 
 
 def check_step(model, step, autocast):
     """grpo_step's guards: no enclosing autocast (ValueError), finite weights (FloatingPointError)
-    -> True when `autocast` or the weights make the forwards other than float32 (bf16, fp16)."""
+    -> True when `autocast` or the weights make the forwards bf16 / fp16."""
     device = model.wte.weight.device.type
     if torch.is_autocast_enabled(device):
         raise ValueError("grpo_step: called inside an autocast region, where its optimizer steps "
@@ -316,8 +298,7 @@ def check_step(model, step, autocast):
 # run is safe); under torchrun the ranks share jobs (rank_map: the final evaluations' batches)
 
 def fork_alongside(target, log_path):
-    """Start target() in a forked process whose prints and progress bars go to log_path, not over
-    the parent's -> the process, to join. It dies with the parent, however the parent ends."""
+    """target() in a forked process printing to log_path, dying with the parent -> the process."""
     parent = os.getpid()
 
     def orphaned():   # a parent killed outright (SIGKILL, out of memory) cannot stop its child: the
@@ -337,10 +318,8 @@ def fork_alongside(target, log_path):
 
 
 class ComputeBudget:
-    """The control's allowance: RLVR's compute in forward-token units (grpo.step_stats), the same
-    on any machine. ComputeBudget(total): a finished RLVR's. ComputeBudget(): shared with a control
-    forked beside a running RLVR, which `add`s each step's compute and `close`s at its end."""
-
+    """The control's allowance: RLVR's compute in forward-token units (grpo.step_stats). Given a
+    total: a finished RLVR's; else shared with a control forked beside a running RLVR."""
     def __init__(self, total=None):
         fork = mp.get_context("fork")
         self.rl = fork.Value("d", total or 0.0)   # RLVR's compute so far, shared across the fork
@@ -355,11 +334,6 @@ class ComputeBudget:
     def close(self):
         self.closed.set()
 
-    def less(self, compute):
-        """A finished budget less `compute`, spent by the control before its steps."""
-        assert self.closed.is_set(), "ComputeBudget.less: RLVR has not finished"
-        return ComputeBudget(max(self.rl.value - compute, 0.0))
-
     def reached(self, used):
         """True once `used` is at least RLVR's whole compute (waiting while RLVR is behind)."""
         while used >= self.rl.value and not self.closed.is_set():
@@ -368,11 +342,9 @@ class ComputeBudget:
 
 
 def control_beside(run, control, rl_file):
-    """Start the control, control(budget): the RLVR start trained further by MLE until it has used
-    RLVR's compute (ComputeBudget: tokens through the model, the same on any machine). On a CPU it
-    runs in a forked process on the second core *while* RLVR runs, waiting whenever it is ahead
-    (the run takes half as long) -> (the budget RLVR adds each step's compute to, the process);
-    otherwise (no control, a GPU, torchrun, RLVR already done) -> (the budget, None)."""
+    """Start control(budget), MLE from the RLVR start for RLVR's compute: on a CPU in a forked
+    process on the second core *while* RLVR runs, waiting whenever it is ahead -> (the budget RLVR
+    adds to, the process); otherwise (a GPU, torchrun, RLVR done) -> (the budget, None)."""
     budget = ComputeBudget()
     done = run.args.resume and rl_file.is_file() and read_meta(rl_file)["metrics"].get("done")
     if control is None or not run.forks or done:
@@ -385,20 +357,17 @@ def control_beside(run, control, rl_file):
 
 
 def control_after(run, child, control, rl_file):
-    """After RLVR: wait for the forked control (it stops at RLVR's compute, saves its checkpoint
-    and exits), or run control(budget) now for the compute rl_file records (None: no control)."""
+    """After RLVR: wait for the forked control, or run control (None: none) for rl_file's."""
     if child is not None:
         child.join()
         if child.exitcode:
-            run.fail(f"the control process failed (exit code {child.exitcode}); see "
-                     f"{run.out_dir / 'control.log'}")
+            run.fail(f"the control failed (exit {child.exitcode}); see {run.out_dir}/control.log")
     elif control is not None:
         control(ComputeBudget(read_meta(rl_file)["metrics"].get("rl_compute", 0)))
 
 
 def fork_map(fn, jobs, workers):
-    """[fn(job) for job in jobs], in order; with workers > 1, computed by that many forked processes
-    (jobs first to last, one at a time each: put the largest first)."""
+    """[fn(job) for job in jobs], in order, by `workers` forked processes (largest jobs first)."""
     if workers <= 1:
         return [fn(job) for job in jobs]
     global _fork_fn
@@ -413,8 +382,7 @@ def _call_fork_fn(job):
 
 
 def rank_map(fn, jobs):
-    """[fn(job) for job in jobs] on every rank, in order; under torchrun rank r computes jobs r,
-    r + world, ... and the ranks exchange their results. Every rank calls it with the same jobs."""
+    """[fn(job) for job in jobs] on every rank; under torchrun rank r does jobs r, r + world..."""
     jobs = list(jobs)
     if not dist.is_initialized():
         return [fn(job) for job in jobs]
@@ -429,18 +397,17 @@ def rank_map(fn, jobs):
 # (docs/engineering.md: --stage=memory, and the measured peaks it is held to)
 
 def prompts_per_chunk(prompts, samples, minibatches, micro_batch):
-    """The prompts one micro-batch of the GRPO update holds (grpo.minibatch_plan): up to all of
-    them if a minibatch fits one; else (cut in row order) the prompts of its rows and one more."""
+    """The prompts one micro-batch of the GRPO update holds (grpo.minibatch_plan): up to all if a
+    minibatch fits one; else (cut in row order) the prompts of its rows and one more."""
     rows = prompts * samples // minibatches   # a minibatch's rows
     return min(prompts, rows if rows <= micro_batch else -(-micro_batch // samples) + 1)
 
 
 def memory_estimate(config, low_precision, reference, grad_ckpt, prompt_len, new_tokens, prompts,
                     samples, micro_batch, prompts_per_chunk):
-    """Bytes of one RLVR step's peak, by part -> dict (name -> bytes, "peak" their sum at the
-    worst moment). `low_precision`: bf16 forwards under autocast; `prompts` x `samples` rows are
-    sampled with a KV cache holding each prompt once; a micro-batch of the update holds
-    `micro_batch` rows of `new_tokens` and `prompts_per_chunk` prompts of `prompt_len` tokens."""
+    """Bytes of one RLVR step's peak, by part -> dict ("peak": their sum at the worst moment).
+    `prompts` x `samples` rows are sampled with a KV cache holding each prompt once; a micro-batch
+    of the update holds `micro_batch` rows of `new_tokens`, `prompts_per_chunk` prompts."""
     with torch.device("meta"):   # the GPT's parameters, counted without memory or time
         c, P = config, sum(p.numel() for p in GPT(config).parameters())
     act = 2 if low_precision else 4                         # bytes of an activation
@@ -474,9 +441,7 @@ def print_memory(stage, parts, print0):
 
 
 def print_estimates(config, cfg, pairs, mle_stage, rl_stage, low, grad_ckpt, batch_size, print0):
-    """train_lang.py's memory of an MLE step (`mle_stage`: a micro-batch of the longest (prompt,
-    answer) pair of `pairs` that fits; no reference, no sampling) and an RLVR step (`rl_stage`:
-    its longest prompt; cfg, grpo.GRPOConfig), per rank, one line each."""
+    """train_lang.py's memory of an MLE step (its longest pair) and an RLVR step, a line each."""
     if mle_stage:
         fit = [(len(p), len(a)) for p, a in pairs if len(p) + len(a) <= config.block_size + 1]
         p_len, a_len = max(fit or [(config.block_size // 2, config.block_size // 2)], key=sum)

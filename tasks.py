@@ -1,9 +1,8 @@
 """
-The language tasks and what training needs of them: the registry (TASKS) that train_lang.py,
-eval.py and the research scripts share, loading a language world model and its splits, decoding,
-RLVR's prompt pool, reward and probe (train_lang.py runs the RL loop), and the MLE stage on text
-and its control (`train_mle`, `train_control`). Scoring whole splits is eval.py's job. docs/tasks.md
-adds a task: one module (data/lights/task.py is the worked example) and one line in TASKS.
+The language tasks and what training needs of them: the registry (TASKS), loading a language world
+model and its splits, decoding, RLVR's prompt pool, reward and probe, and the MLE stage on text and
+its control (`train_mle`, `train_control`). docs/tasks.md adds a task: one module
+(data/lights/task.py is the worked example) and one line in TASKS.
 """
 import filecmp
 import shutil
@@ -32,20 +31,16 @@ class Task:
     # load_records(path) -> [record]; prompt_text(record), target_text(record) -> str (what the
     # model reads, what it must write); is_changed(record) -> bool (the action changes something)
     data: ModuleType
-    # ensure_splits(data_dir, n_train=, n_val=, n_test=, seed=, verbose=): writes the missing
-    # train/val/test.jsonl of data_dir from a seeded generator -> {split: path}
-    prepare: ModuleType
+    prepare: ModuleType   # ensure_splits(data_dir): writes the missing train/val/test.jsonl
     score: Callable   # score(text, record) -> {metric: float}: one decoded answer's metrics
     headline: str     # the metric (a key of score's dict) of the tables, paired CIs and pass@k
     rewards: tuple    # the names RLVR's --reward takes; the first is the default
-    reward: Callable  # reward(text, record, kind) -> float >= 0, highest for the target text;
-                      # kind in rewards; never raises, whatever the text
+    reward: Callable  # reward(text, record, kind) -> float >= 0; never raises, whatever the text
     no_change: str    # the answer "nothing changes": right exactly on the unchanged records
 
 
 def from_module(module):
-    """A task written as one module (docs/tasks.md): the module is its data and its split
-    generator, and defines score, headline, rewards, reward and no_change under those names."""
+    """A task written as one module (docs/tasks.md), defining Task's fields by their names."""
     return Task(data=module, prepare=module, score=module.score, headline=module.headline,
                 rewards=module.rewards, reward=module.reward, no_change=module.no_change)
 
@@ -68,22 +63,19 @@ TASKS = {
 def load_lang_model(path, device="cpu"):
     """Our checkpoint (naming its tokenizer file) or an HF directory -> (model, tokenizer, meta)."""
     model, meta = load_model(path, device)
-    tok = meta["args"].get("tokenizer")
-    if not tok:
+    if not (tok := meta["args"].get("tokenizer")):
         raise ValueError(f"{path}: checkpoint names no tokenizer")
     # relative to the checkpoint's folder (an HF directory's meta names itself, absolute)
     return model, load_tokenizer(recorded_path(tok, Path(path).parent)), meta
 
 
 def keep_tokenizer(init, meta, out_dir, write=True):
-    """The tokenizer entry (a path or a file name) for the args of a run started from `init` (its
-    meta from load_lang_model): an HF tokenizer stays in its directory (an absolute path); ours
-    is copied beside the run's checkpoints (`write`: rank 0), so out_dir is self-contained."""
+    """The tokenizer entry for the args of a run started from `init` (meta: load_lang_model's): an
+    HF tokenizer's absolute path; ours is copied into out_dir (`write`: rank 0), self-contained."""
     src = recorded_path(meta["args"]["tokenizer"], Path(init).parent)   # relative, or absolute
     if src.is_dir():
         return str(src.resolve())
-    name = "tokenizer" + src.suffix
-    dst = Path(out_dir) / name
+    dst = Path(out_dir) / (name := "tokenizer" + src.suffix)
     # copied when missing or another (a --resume=0 run from another --init)
     if write and not (dst.is_file() and filecmp.cmp(src, dst, shallow=False)):
         atomic_write(dst, lambda tmp: shutil.copyfile(src, tmp))
@@ -91,18 +83,15 @@ def keep_tokenizer(init, meta, out_dir, write=True):
 
 
 def scratch_tokenizer(run, texts, vocab_size, write=True):
-    """train_lang.py --init=scratch's tokenizer: BPE with `vocab_size` ranks trained on `texts` by
-    rank 0 and saved as out_dir/tokenizer.tiktoken (again when starting over, --resume=0: the
-    flags may differ), recorded in every checkpoint's args (eval.py finds it there); `write`
-    False (--stage=memory): trained, not saved -> the Tokenizer."""
+    """--init=scratch's tokenizer: BPE trained on `texts` by rank 0, saved in out_dir and recorded
+    in the checkpoints' args (`write` False, --stage=memory: not saved)."""
     if not write:
         return Tokenizer.train(texts, vocab_size)
     tok_file = run.out_dir / "tokenizer.tiktoken"
     if run.master and (not run.args.resume or not tok_file.is_file()):
         t0 = time.time()
         Tokenizer.train(texts, vocab_size).save(tok_file)   # written atomically
-        run.print0(f"tokenizer: trained {vocab_size} BPE ranks in {time.time() - t0:.1f}s "
-                   f"-> {tok_file}")
+        run.print0(f"tokenizer: {vocab_size} BPE ranks in {time.time() - t0:.1f}s -> {tok_file}")
     run.barrier()   # the other ranks wait for rank 0's file
     run.recorded["tokenizer"] = str(tok_file)   # relative to the checkpoints' folder
     return Tokenizer.from_tiktoken_file(tok_file)
@@ -113,8 +102,7 @@ def scratch_tokenizer(run, texts, vocab_size, write=True):
 
 def load_splits(run, task, data_dir):
     """The train, val and test records of `data_dir` (run.fail names a missing or malformed file).
-    Only data/<task> and data/<task>/cover, holding none of the three, are generated by rank 0 from
-    the seeded simulator: a folder of your own records is never topped up with simulator data."""
+    Only data/<task> and data/<task>/cover are generated (rank 0) when holding none of the three."""
     files = [f"{s}.jsonl" for s in ("train", "val", "test")]
     missing = [f for f in files if not (data_dir / f).is_file()]
     own = ROOT / "data" / task
@@ -122,9 +110,8 @@ def load_splits(run, task, data_dir):
         run.fail(f"--data_dir {data_dir}: missing {', '.join(missing)} (a data folder holds "
                  f"{', '.join(files)}; only data/{task} is generated when missing)")
     if 0 < len(missing) < len(files):
-        run.fail(f"--data_dir {data_dir}: missing {', '.join(missing)}; its splits are generated "
-                 f"all three at once: delete the others to have them generated again, or add the "
-                 f"missing ones")
+        run.fail(f"--data_dir {data_dir}: missing {', '.join(missing)}; the splits are generated "
+                 f"all three at once: delete the others to have them generated again, or add these")
     run.barrier()   # every rank has looked before rank 0 writes
     if run.master and missing:
         TASKS[task].prepare.ensure_splits(data_dir)   # the seeded simulator's splits
@@ -150,8 +137,7 @@ def encode(task, tok, record):
 # decoding, and RLVR's probe
 
 def crop(prompts, block_size, max_new_tokens):
-    """Prompts too long to leave min(max_new_tokens, 64, block_size // 2) new tokens keep their
-    last tokens, as nanoGPT crops (the action, the page's end survive) -> (prompts, n cropped)"""
+    """Prompts keep the last tokens that leave min(max_new_tokens, 64, block_size // 2) new ones."""
     keep = block_size - min(max_new_tokens, 64, block_size // 2)
     return [p[-keep:] for p in prompts], sum(len(p) > keep for p in prompts)
 
@@ -159,8 +145,7 @@ def crop(prompts, block_size, max_new_tokens):
 def generate_texts(model, tok, prompts, max_new_tokens, temperature=0.0, batch_size=64,
                    generator=None, desc=None, share=None):
     """Decode completions of token-id prompts (`crop`ped), in batches sorted by length -> list of
-    strings. A batch gets min(max_new_tokens, the room its longest prompt leaves) new tokens.
-    share (greedy only; e.g. runtime.rank_map): computes the batches, as map(decode, batches)."""
+    strings. share (greedy only; e.g. runtime.rank_map): computes the batches, as map does."""
     model.eval()
     prompts = crop(prompts, model.config.block_size, max_new_tokens)[0]
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
@@ -171,8 +156,7 @@ def generate_texts(model, tok, prompts, max_new_tokens, temperature=0.0, batch_s
         tokens, _ = generate(model, [prompts[i] for i in ids], min(max_new_tokens, room),
                              temperature, eos_id=tok.eos_id, generator=generator, vocab=tok.n_vocab)
         # generate pads finished rows with -1; the text stops before the end-of-sequence token
-        return [tok.decode([t for t in row if t >= 0 and t != tok.eos_id])
-                for row in tokens.tolist()]
+        return [tok.decode([t for t in row if 0 <= t != tok.eos_id]) for row in tokens.tolist()]
 
     out = [None] * len(prompts)
     bar = tqdm(batches, desc=desc, leave=False, disable=desc is None)
@@ -205,9 +189,7 @@ PAPER_EPOCHS, PAPER_UNCHANGED = 15, {"binary": 7278, "task_specific": 1000}
 PROBE_N, PROBE_EVERY = 64, 10   # RLVR's probe: fixed train prompts, measured every 10 steps
 
 class PromptPool:
-    """RLVR's prompt pool: the items (records; a study's chains) whose prompt fits `room` tokens,
-    split into those that change something (the headroom) and not (so "no change" stays right)."""
-
+    """RLVR's prompt pool: the items whose prompt fits `room` tokens, changed or unchanged ones."""
     def __init__(self, items, prompt_text, is_changed, tok, room, unchanged_frac, generator):
         pool = [(x, prompt) for x in items if len(prompt := tok.prompt(prompt_text(x))) <= room]
         self.dropped = len(items) - len(pool)   # prompts longer than `room`
@@ -226,10 +208,8 @@ class PromptPool:
 
 
 class EpochSampler:
-    """--recipe=paper's draw (verl's RandomSampler, last partial batch dropped): each epoch every
-    changed prompt and n_unchanged slots of random unchanged ones (None: each once), reshuffled; a
-    call -> this rank's n of the next global batch. `drawn`: batches so far (resume: the step)."""
-
+    """--recipe=paper's draw (verl's RandomSampler, drop_last): each epoch every changed prompt and
+    n_unchanged random unchanged ones (None: each once), reshuffled -> this rank's n of a batch."""
     def __init__(self, pool, n_unchanged, seed, rank=0, world=1):
         self.pool, self.seed, self.rank, self.world, self.drawn = pool, seed, rank, world, 0
         self.every = n_unchanged is None or not pool.unchanged
@@ -272,8 +252,7 @@ EVAL_EVERY, VAL_N = 500, 200   # MLE's progress checks: every 500 steps, VAL_N v
 
 def train_mle(run, task, tok, model, name, pairs, val_recs, steps, lr_of_step, max_new_tokens,
               budget=None):
-    """mle.train on the `pairs` that fit the model for `steps` steps or RLVR's compute (`budget`,
-    runtime.ComputeBudget), at lr_of_step(step) -> its checkpoint, out_dir/<name>.safetensors."""
+    """mle.train on the `pairs` that fit, `steps` steps or RLVR's compute -> out_dir/<name>'s."""
     ckpt = run.out_dir / f"{name}.safetensors"   # resumable while it runs, the model once done
 
     def fits(pair):   # a whole (prompt, answer) pair fits the model's context
@@ -310,8 +289,7 @@ def train_mle(run, task, tok, model, name, pairs, val_recs, steps, lr_of_step, m
 
 def train_control(run, task, tok, start, pairs, val_recs, budget, max_new_tokens, lr=None):
     """The control: MLE continued from the checkpoint `start` until it has used `budget`, at `lr`,
-    by default the start's own final MLE rate (mle.final_lr; an HF start records none: RLVR's
-    rate, --rl_lr) -> its checkpoint, out_dir/mle_more.safetensors."""
+    by default the start's final MLE rate (else --rl_lr) -> out_dir/mle_more.safetensors."""
     final = mle.final_lr(start)
     lr = lr or (run.args.rl_lr if final is None else final)
     run.print0(f"control: MLE continued from the start at lr {lr:.3g} for RLVR's compute")

@@ -8,14 +8,11 @@ Encoding replays it: within a pre-token, keep fusing the adjacent pair whose con
 lowest rank. tiktoken does exactly this in Rust, with token id == rank.
 
 Training (`train_ranks`) fast: pre-tokens never interact, so each *distinct* pre-token is counted
-once with its frequency (JSON-like text has a few thousand distinct words for millions of bytes),
-with a count per adjacent pair and, per pair, the words containing it. A merge rewrites only those
-words; a heap with lazily discarded stale entries yields the next most frequent pair, ties to the
-smallest (left id, right id): seconds for megabytes, where re-scanning the corpus for every merge
-(tiktoken's `_educational` trainer) takes many minutes.
-
-Files: our `.tiktoken` (`save`, `from_tiktoken_file`) and HF's tokenizer.json
-(`load_hf_tokenizer`; tools/export_hf.py writes them); `load_tokenizer` reads either.
+once with its frequency, with a count per adjacent pair and, per pair, the words containing it. A
+merge rewrites only those words; a heap with lazily discarded stale entries yields the next most
+frequent pair: seconds for megabytes, where re-scanning the corpus for every merge (tiktoken's
+`_educational` trainer) takes many minutes. Files: our `.tiktoken` (`save`, `from_tiktoken_file`)
+and HF's tokenizer.json (`load_hf_tokenizer`); `load_tokenizer` reads either.
 """
 import base64
 import heapq
@@ -37,14 +34,11 @@ EOT = "<|endoftext|>"
 def check_bytes(ranks, where):
     """A ValueError naming `where` unless the ranks hold all 256 single-byte tokens."""
     if sum(len(token) == 1 for token in ranks) != 256:
-        raise ValueError(f"{where}: the vocabulary lacks some of the 256 single-byte tokens "
-                         f"(not byte-level)")
+        raise ValueError(f"{where}: the vocabulary lacks some of the 256 single-byte tokens")
 
 
 class Tokenizer:
-    """A `tiktoken.Encoding` (`.enc`) plus the eos id; `nfc` applies the NFC normalizer (Qwen2)
-    before encoding."""
-
+    """A `tiktoken.Encoding` (`.enc`) plus the eos id; `nfc`: NFC-normalize first (Qwen2)."""
     def __init__(self, enc, eos_id, nfc=False, chat=None):
         self.enc, self.eos_id, self.nfc, self.n_vocab = enc, int(eos_id), nfc, enc.n_vocab
         self.chat = chat   # an HF chat model's (compiled chat template, its special tokens)
@@ -55,8 +49,7 @@ class Tokenizer:
 
     def prompt(self, text):
         """A prompt's ids: encode(text), or, for a chat model, the text as one user message and the
-        generation prompt, rendered by the chat template as apply_chat_template(...,
-        add_generation_prompt=True, tokenize=False) renders it, its special tokens read as such."""
+        generation prompt, rendered by the chat template (its special tokens read as such)."""
         if self.chat is None:
             return self.encode(text)
         template, tokens = self.chat
@@ -66,14 +59,12 @@ class Tokenizer:
                                allowed_special="all")
 
     def decode(self, ids):
-        """Ids -> text; byte sequences that are not valid UTF-8 (a cut-off character) become
-        U+FFFD, and ids that are no token (a model's embedding padded past its tokenizer, as
-        Qwen2's is) are dropped: decoding never raises on model output."""
+        """Ids -> text, never raising on model output: invalid UTF-8 becomes U+FFFD, and ids that
+        are no token (a model's embedding padded past its tokenizer, as Qwen2's is) are dropped."""
         return self.enc.decode([t for t in ids if 0 <= t < self.n_vocab], errors="replace")
 
     def save(self, path):
-        """Write the ranks as tiktoken's `.tiktoken` file (a base64 token, a space, its rank, per
-        line), atomically (temp file, then rename)."""
+        """Write the ranks as tiktoken's `.tiktoken` file (a base64 token, a space, its rank)."""
         by_rank = sorted((self.enc.encode_single_token(t), t) for t in self.enc.token_byte_values())
         atomic_write_text(path, "".join(f"{base64.b64encode(t).decode()} {rank}\n"
                                         for rank, t in by_rank))
@@ -108,15 +99,13 @@ class Tokenizer:
 # ----------------------------------------------------------------------------- training
 
 def train_ranks(texts, vocab_size, pat_str):
-    """Byte-level BPE trained on an iterable of strings, split into pre-tokens by the regex
-    `pat_str` -> tiktoken's mergeable ranks {token bytes: rank}, `vocab_size` of them."""
+    """Byte-level BPE on strings split by the regex `pat_str` -> `vocab_size` mergeable ranks."""
     if vocab_size < 256:
         raise ValueError(f"vocab_size must be >= 256 (the byte tokens), got {vocab_size}")
     pattern = regex.compile(pat_str)
     counts = Counter(word for text in texts for word in pattern.findall(text))
     words = [list(w.encode("utf-8")) for w in counts]  # each distinct pre-token once, as token ids
     freqs = list(counts.values())
-
     tokens = [bytes([b]) for b in range(256)]  # id -> bytes
     ranks = {t: i for i, t in enumerate(tokens)}
     # pair -> weighted count, pair -> indices of words having it
@@ -127,11 +116,9 @@ def train_ranks(texts, vocab_size, pat_str):
             where[pair].add(i)
     heap = [(-c, pair) for pair, c in pairs.items()]
     heapq.heapify(heap)
-
     while len(tokens) < vocab_size:
         if not heap:
-            raise ValueError(f"training text too small: all pre-tokens are single tokens at size "
-                             f"{len(tokens)}")
+            raise ValueError(f"training text too small: every pre-token one token at {len(tokens)}")
         neg_count, pair = heapq.heappop(heap)
         if pairs.get(pair) != -neg_count:
             continue  # stale heap entry: the pair's count changed since it was pushed
@@ -175,9 +162,8 @@ def _merge(word, pair, new_id):
 # ----------------------------------------------------------------------------- HF tokenizer files
 
 def bytes_to_unicode():
-    """GPT-2's byte -> printable character table: HF tokenizer.json files store tokens as JSON
-    strings, so each byte is a character, printable Latin-1 bytes themselves and the other 68
-    chr(256), chr(257), ... (a space is "Ġ")."""
+    """GPT-2's byte -> printable character table of HF tokenizer.json files: printable Latin-1 bytes
+    themselves and the other 68 chr(256), chr(257), ... (a space is "Ġ")."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
                  *range(ord("®"), ord("ÿ") + 1)]
     others = [b for b in range(256) if b not in printable]
@@ -185,9 +171,8 @@ def bytes_to_unicode():
 
 
 def load_hf_tokenizer(path):
-    """A byte-level BPE tokenizer.json (a HF directory holding it, or the file itself) ->
-    Tokenizer. All added tokens become tiktoken specials; HF's post-processor is ignored (encode()
-    never adds BOS/EOS)."""
+    """A byte-level BPE tokenizer.json (or a HF directory holding it) -> Tokenizer. Added tokens
+    become tiktoken specials; HF's post-processor is ignored (encode() never adds BOS/EOS)."""
     path = Path(path)
     file = path / "tokenizer.json" if path.is_dir() else path
     try:
@@ -216,8 +201,7 @@ def load_hf_tokenizer(path):
     config, tokens = hf_config(file)
     eos = tokens.get("eos_token") or EOT
     if eos not in specials:
-        raise ValueError(f"{file}: eos token {eos!r} is not among the added tokens "
-                         f"{sorted(specials)}")
+        raise ValueError(f"{file}: eos token {eos!r} is no added token {sorted(specials)}")
     enc = tiktoken.Encoding(f"hf:{file.parent.name}", pat_str=pat_str, mergeable_ranks=ranks,
                             special_tokens=specials)
     # a chat model's template renders its prompts: compiled in the sandboxed jinja2 environment
@@ -232,8 +216,7 @@ def load_hf_tokenizer(path):
 
 
 def hf_ranks(model, special_ids, file, unsupported):
-    """tiktoken's mergeable ranks (token bytes -> id) of a HF byte-level BPE "model" object whose
-    ids follow its merge order, the added tokens' ids (special_ids) left out."""
+    """tiktoken's ranks (token bytes -> id) of a HF BPE "model" object, special_ids left out."""
     byte_of = {c: b for b, c in bytes_to_unicode().items()}
 
     def to_bytes(token):
@@ -275,8 +258,7 @@ CHAT_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", 
 
 
 def hf_pattern(pre, unsupported):
-    """The split regex of a byte-level pre-tokenizer: ByteLevel(use_regex=True) as GPT-2 has, or
-    Sequence[Split(Regex, Isolated), ByteLevel(use_regex=False)] as Qwen2 has."""
+    """The split regex of GPT-2's ByteLevel pre-tokenizer, or of Qwen2's Split then ByteLevel."""
     steps = pre.get("pretokenizers", []) if pre and pre.get("type") == "Sequence" else [pre]
     types = [s and s.get("type") for s in steps]
     if any(t == "ByteLevel" and s.get("add_prefix_space") for t, s in zip(types, steps)):
@@ -298,5 +280,4 @@ def load_tokenizer(path):
         return load_hf_tokenizer(p)
     if p.suffix == ".tiktoken":
         return Tokenizer.from_tiktoken_file(p)
-    raise ValueError(f"{path}: not a tokenizer (want a HF dir with tokenizer.json, "
-                     f"a tokenizer.json or a .tiktoken)")
+    raise ValueError(f"{path}: not a tokenizer (an HF dir with tokenizer.json, or a .tiktoken)")

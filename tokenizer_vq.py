@@ -1,27 +1,20 @@
 """
-The visual tokenizer: discrete codes for 64x64 frames and back (the context-conditioned tokenizer of
-the research, CondVQVAE, is research/cond_tokenizer.py; it has the same API):
+The visual tokenizer: discrete codes for 64x64 frames and back (research/cond_tokenizer.py's too):
 
     codes = vq.tokenize(frames)              # (N, H, W, 3) uint8 or (N, 3, H, W) float in [0, 1]
     frames = vq.detokenize(codes, context)   # codes (N, L) long -> (N, 3, H, W) float in [0, 1]
     ctx_codes = vq.tokenize_context(frames)  # the codes a context frame gets in the GPT's sequence
 
-`VQVAE`, per frame: every frame becomes 8x8 = 64 codes, on its own, and is decoded on its own, every
-pixel re-drawn; with `vq.copy_gate = True` (train_video.py's RLVR and evaluation) decoding against a
-context frame copies the context's pixels in every 8x8 cell whose code is the context frame's code
-there, so a cell the prediction leaves as it was is the context exactly (research/README.md).
+`VQVAE`, per frame: every frame becomes 8x8 = 64 codes, on its own, and is decoded on its own; with
+`vq.copy_gate = True` (train_video.py's RLVR and evaluation) decoding against a context frame copies
+the context's pixels in every 8x8 cell whose code is the context frame's code there.
 
-Architecture (a small cousin of VQGAN/iVideoGPT's tokenizer, without the GAN and perceptual losses):
-encoder = conv 3x3, then per level a stride-2 conv 4x4 and a residual block (channels
-32 -> 64 -> 128, three levels = 8x downsampling), then a 1x1 conv to the code dimension; the decoder
-mirrors it with nearest-neighbour upsampling + conv 3x3. No normalisation layers: the model is fully
-convolutional, so it can train on 32x32 crops (4x cheaper on a CPU, the latent grid stays aligned
-because crops start at multiples of 8) and run on whole frames.
-
+Architecture: a small cousin of VQGAN/iVideoGPT's tokenizer without the GAN and perceptual losses,
+per level a stride-2 conv and a residual block (8x downsampling), the decoder its mirror. Fully
+convolutional (no normalisation layers), so it trains on 32x32 crops and runs on whole frames.
 The quantiser: nearest codebook vector, straight-through gradient, codebook loss ||sg[z] - q||^2 +
 beta * commitment ||z - sg[q]||^2 (VQ-VAE). The codebook starts from encoder outputs (random init
 leaves most codes unused) and dead codes are re-seeded (restart_dead), so usage stays high.
-Trained by train_vq.py, then frozen (MLE and RLVR only see codes).
 """
 import json
 import math
@@ -70,8 +63,7 @@ class VectorQuantizer(nn.Module):
         self.register_buffer("initialised", torch.tensor(False))
 
     def forward(self, z):
-        """z (B, dim, h, w) -> (z_q (B, dim, h, w) with straight-through gradient, loss,
-        indices (B, h, w))."""
+        """z (B, dim, h, w) -> (z_q, straight-through gradient; loss; indices (B, h, w))."""
         B, C, h, w = z.shape
         flat = z.permute(0, 2, 3, 1).reshape(-1, C)
         if self.training and not bool(self.initialised):
@@ -210,6 +202,5 @@ def load_vq(path, device="cpu"):
         model = model_cls(config_cls(**config))
         model.load_state_dict(tensors)
     except Exception as e:
-        raise ValueError(f"{path}: not a nanoRLVR tokenizer checkpoint "
-                         f"({type(e).__name__}: {e})") from None
+        raise ValueError(f"{path}: not a nanoRLVR tokenizer ({type(e).__name__}: {e})") from None
     return model.to(device).eval().requires_grad_(False), header

@@ -1,9 +1,7 @@
-"""Verifiable rewards of video: each metric of decoded frames against the true ones.
-
-A reward never raises on model output: an unscorable frame gets the worst video reward. In order:
-`video_reward` (train_video.py's RLVR reward: a VideoReward's metric and terms), its metrics (MAE,
-SSIM, ... , push_error), LPIPS, and `repetition_rate`, an evaluation metric of multi-step video,
-not a reward. The language tasks' rewards: rewards.py; the formulas' sources: docs/rewards.md.
+"""Verifiable rewards of video: each metric of decoded frames against the true ones. A reward never
+raises on model output: an unscorable frame gets the worst video reward. In order: `video_reward`
+(train_video.py's RLVR reward), its metrics (MAE, SSIM, ... , push_error), LPIPS, and
+`repetition_rate`, an evaluation metric, not a reward. The formulas' sources: docs/rewards.md.
 """
 import math
 from dataclasses import dataclass
@@ -15,12 +13,10 @@ from data.robot.detect import locate_blocks
 
 
 # Every function takes float tensors (N, 3, H, W) in [0, 1], the *decoded* prediction and the true
-# frames, and returns a per-sample tensor (N,): a reward for a whole GRPO batch at once. Wrong
-# shapes or dtypes and non-finite true frames are the caller's bug: a ValueError says what was
-# expected.
+# frames, and returns a per-sample tensor (N,). Wrong shapes or dtypes and non-finite true frames
+# are the caller's bug: a ValueError says what was expected.
 WORST_VIDEO_REWARD = -3.0   # the floor of -(MAE + (1 - SSIM)): MAE <= 1, SSIM >= -1
-# a pixel moved: it differs from the context frame by more than MOVE_TOL; an object pixel differs
-# from the background by more than OBJECT_TOL
+# a moved pixel differs from the context by > MOVE_TOL, an object's from the background > OBJECT_TOL
 MOVE_TOL, OBJECT_TOL = 0.1, 0.15
 # push_error's scale in pixels: one step of the robot (sim.SPEED), so a pushed block left where it
 # was scores about 1 after a full-speed push (pushes move a block 1.9 px on average)
@@ -35,8 +31,7 @@ REWARDS = {"mae": lambda pred, true, lpips_net: -mae(pred, true),   # the headro
 @dataclass
 class VideoReward:
     """A video reward: the named metric (REWARDS) minus weighted terms (each in [0, 1]) that close
-    the holes whole-frame metrics leave (docs/rewards.md); VideoReward() is the metric alone.
-    train_video.py's MODES set the weights per mode."""
+    the holes whole-frame metrics leave (docs/rewards.md); VideoReward() is the metric alone."""
     name: str = "mae+ssim"   # "mae+ssim" | "mae+lpips"
     moving: float = 0.0      # x moving_mae: copying the last frame, or a still scene, is not paid
     object: float = 0.0      # x object_miss: erasing an object is not paid (needs backgrounds)
@@ -45,19 +40,15 @@ class VideoReward:
 
 def video_reward(cfg, pred, true, lpips_net=None, context=None, background=None):
     """Per-sample reward (N,) of decoded predictions (N, 3, H, W) against the true frames, under
-    VideoReward `cfg`. context: the last true context frames (the moving and push terms);
-    background: the bare scenes without objects (the object term). Never raises on model output:
-    the prediction is clamped to [0, 1] (+-inf pixels read as 1 and 0), and a sample holding a NaN
-    or infinite pixel, or whose reward is still non-finite, gets the floor, WORST_VIDEO_REWARD (-3)
-    minus the terms' weights, never a neutral value that RL could learn to reach."""
+    VideoReward `cfg`; context: the last true context frames; background: the bare scenes. A
+    non-finite sample or reward gets the floor, never a neutral value that RL could learn."""
     if cfg.name not in REWARDS:
         raise ValueError(f"unknown video reward {cfg.name!r}; choose from {sorted(REWARDS)}")
     _check_frames(pred, true, min_side=11)
     if not torch.isfinite(true).all():
         raise ValueError("video reward: the true frames hold non-finite values")
     if ((cfg.moving or cfg.push) and context is None) or (cfg.object and background is None):
-        raise ValueError("video reward: the moving and push terms need the context frames, "
-                         "the object term the backgrounds")
+        raise ValueError("video reward: moving and push terms need context, object backgrounds")
     with torch.no_grad():
         clamped, true = pred.float().clamp(0, 1), true.float()
         r = REWARDS[cfg.name](clamped, true, lpips_net)
@@ -79,15 +70,14 @@ def pick_reward(name, lpips_net):
     if name not in REWARDS:
         raise ValueError(f"unknown video reward {name!r}; choose from {sorted(REWARDS)}")
     if name == "mae+lpips" and lpips_net is None:
-        raise ValueError("reward mae+lpips needs LPIPS weights "
-                         "(--lpips=FILE, see tools/convert_lpips.py)")
+        raise ValueError("mae+lpips needs LPIPS weights (--lpips=FILE, tools/convert_lpips.py)")
     return name
 
 
 # ---------------------------------------------------------------------------------- metrics
 def _check_frames(pred, true, *others, min_side=None):
-    """true, pred and each of `others`: float tensors of one shape (N, ...); with min_side, (N, 3,
-    H, W) with H, W >= min_side. Else a ValueError naming the first pair (x, true) that fails."""
+    """A ValueError unless pred, true and `others` are float tensors of one shape (N, ...); with
+    min_side, (N, 3, H, W) with H, W >= min_side."""
     for x in (pred, *others):
         ok = (all(torch.is_tensor(t) and t.is_floating_point() for t in (x, true))
               and x.shape == true.shape and x.dim() >= 2)
@@ -120,8 +110,7 @@ def psnr(pred, true):
 
 
 def ssim(pred, true, data_range=1.0, sigma=1.5):
-    """Structural similarity per sample (Gaussian window, valid region, computed in float64),
-    averaged over pixels and channels -> (N,)."""
+    """Structural similarity per sample (Gaussian window, valid region, float64) -> (N,)."""
     # the normalised Gaussian window; scipy.ndimage's radius (truncate 3.5): 11 taps for sigma 1.5
     radius = int(3.5 * sigma + 0.5)
     w = torch.exp(-0.5 * (torch.arange(-radius, radius + 1, dtype=torch.float64) / sigma) ** 2)
@@ -138,8 +127,7 @@ def ssim(pred, true, data_range=1.0, sigma=1.5):
 
     x, y = pred.double(), true.double()
     # the separable Gaussian, valid region only, as two banded matmuls over all five maps at once,
-    # (5, N, C, H', W'): float64 conv2d has no fast CPU path; the same sums as matmuls are several
-    # times faster
+    # (5, N, C, H', W'): float64 conv2d has no fast CPU path, matmuls are several times faster
     ux, uy, xx, yy, xy = band(H) @ torch.stack([x, y, x * x, y * y, x * y]) @ band(W).T
     vx, vy, vxy = xx - ux * ux, yy - uy * uy, xy - ux * uy   # local variances and covariance
     c1, c2 = (0.01 * data_range) ** 2, (0.03 * data_range) ** 2
@@ -148,8 +136,7 @@ def ssim(pred, true, data_range=1.0, sigma=1.5):
 
 
 def moving_mae(pred, true, context, tol=MOVE_TOL):
-    """MAE over the pixels that move: where the true frame differs from the context frame by > tol
-    in some channel (video_eval.py's mae_moving, per sample); 0 where nothing moves. -> (N,)"""
+    """MAE where the true frame differs from the context by > tol in a channel (0: none). -> (N,)"""
     _check_frames(pred, true, context)
     mask = ((true - context).abs().amax(1, keepdim=True) > tol).float()   # (N, 1, H, W)
     err = ((pred - true).abs() * mask).flatten(1).sum(1)   # summed over the moving pixels
@@ -157,9 +144,7 @@ def moving_mae(pred, true, context, tol=MOVE_TOL):
 
 
 def object_miss(pred, true, background, tol=OBJECT_TOL):
-    """Share of the true frame's object pixels (differing from the background by > tol in some
-    channel) where the prediction shows none: 1 - video_eval.py's object recall, per sample; 0 for a
-    frame without objects. -> (N,)"""
+    """Share of the true object pixels (> tol off the background) left bare (0: none). -> (N,)"""
     _check_frames(pred, true, background)
     shown = (true - background).abs().amax(1) > tol   # (N, H, W) objects in the truth
     drawn = (pred - background).abs().amax(1) > tol   # ... and in the prediction
@@ -172,12 +157,9 @@ def to_uint8(x):
 
 
 def push_error(pred, true, context, locate_blocks, scale=PUSH_SCALE, moved=0.5):
-    """How far from the true blocks the prediction draws the blocks that the true step pushed, per
-    frame, in [0, 1]: over the blocks whose centre moved by more than `moved` pixels from the
-    context frame to the true one, the mean distance between the predicted and the true centre,
-    over `scale` pixels, capped at 1 (1 where the prediction shows no such block); 0 for a frame
-    where no block moved (nothing to check). locate_blocks: (H, W, 3) uint8 frame -> a list of
-    block centres (x, y) or None, in a fixed order (data/robot/detect.locate_blocks). -> (N,)"""
+    """How far from the true blocks the prediction draws the blocks the true step pushed (centre
+    moved > `moved` pixels), in [0, 1]: the mean distance between the predicted and the true centre
+    over `scale` pixels, capped at 1 (1: not drawn); 0 where no block moved. -> (N,)"""
     _check_frames(pred, true, context)
     p, t, c = (to_uint8(x.nan_to_num(0.0)) for x in (pred, true, context))
     err = []
@@ -194,8 +176,7 @@ def push_error(pred, true, context, locate_blocks, scale=PUSH_SCALE, moved=0.5):
 # ---------------------------------------------------------------------------------- LPIPS (VGG16)
 # LPIPS compares the two images' deep features: the unit-normalised activations of five VGG16
 # stages, their squared difference weighted per channel by a learned 1x1 "lin" layer, averaged over
-# space, and summed over the stages. tools/convert_lpips.py writes the official weights and checks
-# the distances.
+# space, and summed over the stages. tools/convert_lpips.py writes the official weights.
 
 VGG16 = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512]
 TAPS = (3, 8, 15, 22, 29)   # relu1_2 ... relu5_3 in torchvision's features
@@ -220,8 +201,7 @@ class LPIPS(nn.Module):
             self.register_buffer(key, torch.tensor(v).view(1, 3, 1, 1), persistent=False)
 
     def forward(self, pred, true):
-        """(N, 3, H, W) in [0, 1] twice, H, W >= 16 -> (N,) distances (computed on the network's
-        device, returned on pred's)."""
+        """(N, 3, H, W) in [0, 1] twice, H, W >= 16 -> (N,) distances, on pred's device."""
         _check_frames(pred, true, min_side=16)   # five VGG stages: 16 pixels shrink to 1
         # both batches through the network at once: [0, 1] -> [-1, 1] -> the official scaling
         x = torch.cat([pred, true]).to(self.shift.device, torch.float32) * 2 - 1
@@ -245,8 +225,7 @@ def load_lpips(path, device="cpu"):
     try:
         sd = load_file(str(path))
     except Exception as e:
-        raise ValueError(f"{path}: cannot read LPIPS weights ({e}); "
-                         "build them with tools/convert_lpips.py") from None
+        raise ValueError(f"{path}: bad LPIPS weights ({e}); see tools/convert_lpips.py") from None
     net = LPIPS()
     # the file names the lin layers lin0 ... lin4; the module holds them as lins.0 ... lins.4
     sd = {k.replace("lin", "lins.", 1) if k.startswith("lin") else k: v for k, v in sd.items()}
@@ -260,13 +239,10 @@ def load_lpips(path, device="cpu"):
 # ---------------------------------------------------------------------------------- repetition
 def repetition_rate(pred_codes, context_codes, true_frames, context_frame, tol=0.05):
     """Share of predicted frames that repeat the previous frame while the world moved, per sample.
-
-    pred_codes (N, K, L): the K predicted frames' codes; context_codes (N, L): codes of the last
-    context frame; true_frames (N, K, 3, H, W) and context_frame (N, 3, H, W): the truth, in [0, 1].
-    Predicted frame k is a *repetition* when its codes equal those of the frame before it (predicted
-    frame k - 1, or the last context frame for k = 0) while the true frame k differs from the true
-    frame before it (some pixel by more than tol). The rate is repetitions / frames whose truth
-    changed (0 where the truth never changes). -> (N,)"""
+    pred_codes (N, K, L): the K predicted frames' codes; context_codes (N, L): the last context
+    frame's; true_frames (N, K, 3, H, W), context_frame (N, 3, H, W): the truth. Frame k repeats
+    when its codes equal the previous frame's while the true frame k differs from its previous
+    one (some pixel by more than tol); the rate is over the frames whose truth changed. -> (N,)"""
     prev_codes = torch.cat([context_codes[:, None], pred_codes[:, :-1]], 1)
     repeated = (pred_codes == prev_codes).all(-1)                            # (N, K)
     prev_true = torch.cat([context_frame[:, None], true_frames[:, :-1]], 1)

@@ -71,7 +71,7 @@ def flops_per_token(model, T):
     appendix B: 6 x the non-embedding weights, the LM head (tied: its matrix is the embedding's), the attention."""
     c = model.config
     attention = 12 * c.n_layer * c.n_head * c.head_dim * T
-    return 6 * model.num_params(non_embedding=True) + 6 * c.vocab_size * c.n_embd + attention
+    return 6 * model.num_params() + 6 * c.vocab_size * c.n_embd + attention
 
 
 def trainer(model, step_loss):

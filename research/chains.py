@@ -405,7 +405,8 @@ def control(run, init, tok, args, train, val, budget):
             more, cost, _ = imagined_pairs(args.task, model, tok, chains[:args.control_imagined],
                                            args.max_new_tokens)
         pairs += [encode_pair(tok, a, b) for a, b in more]
-        budget = budget.less(cost)   # the imagination is part of the control's compute
+        # the imagination is part of the control's compute (RLVR has finished: the budget is final)
+        budget = ComputeBudget(max(budget.rl.value - cost, 0.0))
     return train_control(run, args.task, tok, init, pairs, val, budget, args.max_new_tokens)
 
 

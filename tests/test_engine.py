@@ -278,12 +278,12 @@ def test_static_path_equals_eager(family):
 
 
 def test_static_uniforms_drawn_in_blocks_equal_per_step_draws():
-    """The static path's Uniforms: blocks of SYNC_EVERY columns from a CPU generator give the
+    """The static path's uniforms: blocks of SYNC_EVERY columns from a CPU generator give the
     numbers of one draw per column, and the generator ends in the same state."""
     g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
-    draws = engine.Uniforms(g1, 5, 70, torch.device("cpu"))
+    draws = engine.uniforms(g1, 5, 70, torch.device("cpu"))
     for c in range(70):
-        assert torch.equal(draws.column(c), torch.rand(5, 1, generator=g2, dtype=torch.float64))
+        assert torch.equal(next(draws), torch.rand(5, 1, generator=g2, dtype=torch.float64))
     assert torch.equal(g1.get_state(), g2.get_state())
 
 

@@ -78,8 +78,7 @@ def test_training_loss_and_counts():
     idx, targets = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
     logits, loss = m(idx, targets)
     assert logits.shape == (2, 16, 64) and abs(loss.item() - torch.log(torch.tensor(64.0)).item()) < 0.5
-    assert m.num_params(non_embedding=False) == sum(p.numel() for p in m.parameters())
-    assert m.num_params() == m.num_params(non_embedding=False) - 64 * 32   # the (tied) embedding left out
+    assert m.num_params() == sum(p.numel() for p in m.parameters()) - 64 * 32   # the (tied) embedding left out
 
 
 def test_missing_tensor_is_a_clear_error(tmp_path):

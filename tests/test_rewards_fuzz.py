@@ -22,9 +22,15 @@ from data.textgame.simulator import generate_split as textgame_split
 from data.textgame.task import make_diff, target_text as textgame_target
 from data.webpage.simulator import generate_split as webpage_split
 from data.webpage.task import target_text as webpage_target
-from rewards import MAX_ANSWER_CHARS, _last_fenced, textgame_metrics, textgame_reward, web_f1, web_prf
+from rewards import MAX_ANSWER_CHARS, _last_fenced, textgame_metrics, textgame_reward, web_prf
 from video_rewards import (LPIPS, WORST_VIDEO_REWARD, VideoReward, mae, mse, psnr, repetition_rate, ssim,
                      video_reward)
+
+
+def web_f1(text, target):
+    """The F1 alone, the web page's reward."""
+    return web_prf(text, target)[2]
+
 
 FUZZ = dict(deadline=None, derandomize=True, database=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

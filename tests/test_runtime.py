@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 from model import GPT, GPTConfig
 import runtime
 from checkpoint import check_config, resume_stage, save_checkpoint, save_config, save_stage
-from runtime import (MAX_SKIPS, ComputeBudget, Run, check_device, check_ranges, checksum, fork_alongside,
+from runtime import (MAX_SKIPS, ComputeBudget, Run, check_device, check_ranges, fork_alongside,
                      fork_map, lr_at, rank_map)
 from tasks import generate_texts
 
@@ -70,7 +70,7 @@ def test_save_resume_round_trip_restores_weights_optimizer_and_generator(tmp_pat
     g2 = torch.Generator().manual_seed(99)
     assert resume_stage(run, ckpt, model2, opt2, g2, "mle") == (10, False)
     assert torch.equal(torch.randint(100, (20,), generator=g2), expected)
-    assert checksum(model2) == checksum(model)
+    assert all(torch.equal(a, b) for a, b in zip(model2.parameters(), model.parameters()))
     assert opt2.state_dict()["state"][0]["step"] == opt.state_dict()["state"][0]["step"]
 
 

@@ -13,7 +13,13 @@ from data.webpage.prepare import ensure_splits
 from data.webpage.simulator import (HELD_OUT_FIELDS, SPLIT_BUCKETS, STICKY, VIEW, Catalog, CustomerForm, Dashboard,
                                     Forum, action_text, bucket, generate_split)
 from data.webpage.task import diff_items, diff_text, is_changed, load_records, prompt_text, target_text
-from rewards import parse_sections, web_f1
+from rewards import parse_sections, web_prf
+
+
+def web_f1(text, target):
+    """The F1 alone, the web page's reward."""
+    return web_prf(text, target)[2]
+
 
 ROOT = Path(__file__).resolve().parents[1]
 PREPARE = ROOT / "data" / "webpage" / "prepare.py"
