@@ -34,6 +34,10 @@ RESULTS = ROOT / "results"
 TEXT_SEEDS = ("textgame_s1337", "textgame_s1", "textgame_s2")
 WEB_SEEDS = ("webpage_s1337", "webpage_s1", "webpage_s2")
 VIDEO_SEEDS = ("video_default", "video_default_s1", "video_default_s2")   # machine A
+# issue 58's runs (this machine, validation first, test once after): one-step video over 8 seeds,
+# and RLVR from the weak text start (checkpoints/textgame/mle_lf10) over 3 seeds
+VIDEO_8 = tuple(f"video_seeds/s{s}" for s in (1337, 1, 2, 3, 4, 5, 6, 7))
+WEAK = ("textgame_weak_s1337", "textgame_weak_s1", "textgame_weak_s2")
 VIDEO_B = ("video_default_machine_b",)   # seed 1337 again on machine B (other float rounding)
 MULTI_B = ("video_multi4000", "video_multi4000_s1")   # machine B, seeds 1337 and 1
 MULTI_A = ("video_multi4000_machine_a", "video_multi4000_machine_a_s1")   # machine A, the same
@@ -173,15 +177,15 @@ def plan_diff(specs, ref):
     return paired_bootstrap([plan_success(s) for s in specs], [plan_success(ref)])
 
 
-def seed_ci(runs, a, b, metric, split="test", scale=100, digits=2):
+def seed_ci(runs, a, b, metric, split="test", scale=100, digits=2, subset="all"):
     """a - b, one mean difference per seed (run), -> "mean [low, high] *" with the t-interval over
     the seeds' means (95%); a single run: the bootstrap interval over its records instead."""
     if len(runs) == 1:
-        return ci(diff(runs, a, b, metric, split=split), scale, digits) + " (records)"
+        return ci(diff(runs, a, b, metric, subset, split), scale, digits) + " (records)"
     d = []
     for run in runs:
         r = load(run, split)
-        x = per_record(r, a, metric) - per_record(r, b, metric)
+        x = per_record(r, a, metric, subset) - per_record(r, b, metric, subset)
         d.append(np.nanmean(x))
     d = np.asarray(d)
     half = st.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
@@ -220,26 +224,20 @@ def readme():
                          each(seeds, "rlvr", metric, split), each(seeds, "mle_more", metric, split),
                          pct(r["mle"]["baseline_no_change"][metric]) + ' ("no change")',
                          seed_ci(seeds, "rlvr", "mle", metric, split)])
-    for task, draws, what in (
-            ("video", ((VIDEO_SEEDS, "machine A"), (VIDEO_B, "machine B")),
-             "MAE x 1e-3 of the next frame"),
-            ("multi", ((MULTI_B, "machine B"), (MULTI_A, "machine A")), "MAE x 1e-3 of 7 frames")):
-        for i, (seeds, machine) in enumerate(draws):
-            r = load(seeds[0])
-            rows.append([f"`{COMMANDS[task]}`" if i == 0 else "",
-                         f"test ({r['mle']['n_windows']} windows, {machine}), {what}",
-                         milli(r["mle"]["mae"]), each(seeds, "rlvr", "mae", fmt=milli),
-                         each(seeds, "mle_more", "mae", fmt=milli) + CONTROL_NOTE[task],
+    # one-step video: 8 seeds on one machine, validation first, test once after (issue 58)
+    for i, split in enumerate(("val", "test")):
+        have = [r for r in VIDEO_8 if (RESULTS / r / ("eval_val.json" if split == "val"
+                                                      else "eval.json")).is_file()]
+        if have:
+            r = load(have[0], split)
+            rows.append([f"`{COMMANDS['video']}`" if i == 0 else "",
+                         f"{split} ({r['mle']['n_windows']} windows), MAE x 1e-3 of the next "
+                         f"frame, {len(have)} seeds", milli(r["mle"]["mae"]),
+                         each(have, "rlvr", "mae", split, milli),
+                         each(have, "mle_more", "mae", split, milli),
                          milli(r["mle"]["copy_last_frame"]["mae"]) + " (copy the last frame)",
-                         seed_ci(seeds, "rlvr", "mle", "mae", scale=1000)])
-        val_run, val_control = VIDEO_VAL[draws[0][0][0]]
-        rl, ctl = load(val_run, "val"), load(val_control, "val")
-        rows.append(["", f"val ({rl['mle']['n_windows']} windows, 1 seed; "
-                         f"{VAL_WHEN[draws[0][0][0]]}), {what}", milli(rl["mle"]["mae"]),
-                     milli(rl["rlvr"]["mae"]),
-                     milli(ctl["mle_more"]["mae"]),
-                     milli(rl["mle"]["copy_last_frame"]["mae"]) + " (copy the last frame)",
-                     seed_ci([val_run], "rlvr", "mle", "mae", "val", scale=1000)])
+                         seed_ci(have, "rlvr", "mle", "mae", split, scale=1000)])
+    # seven-step video: docs/results.md (the seeds block), as its README bullet says
     return table(head, rows, right=(2,))
 
 
@@ -278,6 +276,52 @@ def seeds():
                      ci(diff([val_run], "rlvr", (val_control, "mle_more"), "mae", split="val"),
                         1000),
                      ci(diff([val_control], "mle_more", "mle", "mae", split="val"), 1000)])
+    return table(head, rows)
+
+
+def wins():
+    """Where RLVR may beat equal-compute MLE (issue 58): one-step video over 8 seeds and the weak
+    text start over 3, each split: the MLE start, RLVR and MLE continued (means over the seeds),
+    and RLVR minus each, the mean over seeds with its t-interval (text: overall / changed /
+    unchanged records)."""
+    head = ["regime (results/)", "split (n)", "MLE start", "RLVR, mean", "MLE continued, mean",
+            "RLVR - MLE start", "RLVR - MLE continued, same compute"]
+    rows = []
+    for label, runs, metric, scale, fmt, subsets in (
+            ("one-step video, MAE x 1e-3 (`video_seeds/`)", VIDEO_8, "mae", 1000, milli, ("all",)),
+            ("text game from the weak start, % (`textgame_weak_s*`)", WEAK, "accuracy", 100, pct,
+             ("all", "changed", "unchanged"))):
+        for split in ("val", "test"):
+            have = [r for r in runs if (RESULTS / r / ("eval_val.json" if split == "val"
+                                                       else "eval.json")).is_file()]
+            if not have:
+                continue
+            rs = [load(r, split) for r in have]
+            n = rs[0]["mle"].get("n_windows", rs[0]["mle"]["n"])
+            rows.append([label if split == "val" else "", f"{split} ({n}), {len(have)} seeds",
+                         fmt(rs[0]["mle"][metric]),
+                         fmt(float(np.mean([r["rlvr"][metric] for r in rs]))),
+                         fmt(float(np.mean([r["mle_more"][metric] for r in rs]))),
+                         *(" / ".join(seed_ci(have, "rlvr", b, metric, split, scale, subset=x)
+                                      for x in subsets) for b in ("mle", "mle_more"))])
+    return table(head, rows)
+
+
+def headroom():
+    """The headroom line of each demo's start (eval.headroom, results/headroom/<start>.json: the
+    line the command printed before its first GRPO step): greedy against the best of G samples on
+    64 fixed validation prompts, the share a sample fixes, the share of groups with spread."""
+    head = ["start (command)", "metric", "greedy", "best of 8 at T=1", "a sample beats greedy",
+            "groups with reward spread"]
+    rows = []
+    for name, what, scale in (("textgame", "exact next state, %", 100),
+                              ("textgame_weak", "exact next state, %", 100),
+                              ("webpage", "F1 of the page changes, %", 100),
+                              ("video", "MAE x 1e-3 (lower is better)", -1000)):
+        r = json.loads((RESULTS / "headroom" / f"{name}.json").read_text())
+        h = r["headroom"]
+        rows.append([f"`{r['command']}`", what, f"{scale * h['greedy']:.2f}",
+                     f"{scale * h['best']:.2f}", f"{h['fixed']:.1%}", f"{h['spread']:.1%}"])
     return table(head, rows)
 
 
@@ -380,8 +424,10 @@ def planning():
 
 BLOCKS = {   # name -> (page, the function that makes it)
     "readme": ("README.md", readme),
+    "headroom": ("README.md", headroom),
     "seeds": ("docs/results.md", seeds),
     "regimes": ("docs/results.md", regimes),
+    "wins": ("docs/results.md", wins),
     "budget": ("docs/results.md", budget),
     "ceiling": ("docs/results.md", ceiling),
     "planning": ("research/README.md", planning),
