@@ -33,7 +33,7 @@ class GRPOConfig:
     prompts_per_step: int = knob(16, "groups WITH reward spread per step (DAPO refill)")
     max_rounds: int = 4          # sampling rounds a step may take to collect them
     group_size: int = knob(8, "samples per prompt (G)")
-    # AdamW (`make_optimizer`), a linear warm-up to a constant rate (`set_lr`)
+    # AdamW, a linear warm-up to a constant rate (the scripts' RL loop sets it each step)
     lr: float = knob(1e-4, "AdamW learning rate of RLVR, after 10 steps of warm-up", "rl_lr")
     warmup: int = 10
     weight_decay: float = 0.01   # official: 0.01

@@ -251,6 +251,8 @@ if args.stage in ("all", "rlvr"):
             return probe_rewards(args.task, model, tok, probe_prompts, probe_recs, args.reward,
                                  cfg.max_new_tokens) if master else {}
 
+    if not finite_weights(model):   # a poisoned start stops before anything samples from it
+        run.nonfinite("rlvr", 0, model, "non-finite weights in the policy")
     # the headroom line (eval.headroom), of the start here and of RLVR after the loop: on fixed
     # validation prompts, the greedy answer against the best of G samples at the RL temperature
     held = [(p, r) for r in val_recs if len(p := tok.prompt(data.prompt_text(r))) <= room]
@@ -270,8 +272,6 @@ if args.stage in ("all", "rlvr"):
     prev = read_meta(rl_file)["metrics"] if step else {}
     totals = dict(rl_seconds=prev.get("rl_seconds", 0.0), rl_compute=prev.get("rl_compute", 0))
     budget.add(totals["rl_compute"])
-    if not rl_done and not finite_weights(model):   # a poisoned start stops before sampling
-        run.nonfinite("rlvr", step, model, "non-finite weights in the policy")
     if step == 0 and (first := probe()):   # the probe before any update (rank 0's)
         run.log({"stage": "rlvr", "step": 0, **first})
     bar = tqdm(total=rl_steps, initial=step, desc="rlvr", disable=not master or rl_done)

@@ -346,6 +346,8 @@ if args.stage in ("all", "rlvr"):
     draw = make_draw(clips, pool, prompts_per_step, bool(reward.object))   # draw(gen): a step's
     source = Source(make_reward(vq, clips, reward, lpips_net, run.device),
                     sampler=make_sampler(horizon, layout.L))
+    if not finite_weights(model):   # a poisoned start stops before anything samples from it
+        run.nonfinite("rlvr", 0, model, "non-finite weights in the policy")
     # the headroom line (eval.headroom), of the start here and of RLVR after the loop: on fixed
     # validation windows where the scene moves, the greedy prediction's MAE against the best of G
     held_clips = Clips(val_eps, tokens["val"], layout, horizon, CONTEXT)
@@ -366,8 +368,6 @@ if args.stage in ("all", "rlvr"):
     prev = read_meta(FILES["rlvr"])["metrics"] if step else {}
     totals = dict(rl_seconds=prev.get("rl_seconds", 0.0), rl_compute=prev.get("rl_compute", 0))
     budget.add(totals["rl_compute"])
-    if not rl_done and not finite_weights(model):   # a poisoned start stops before sampling
-        run.nonfinite("rlvr", step, model, "non-finite weights in the policy")
     bar = tqdm(total=rl_steps, initial=step, desc="rlvr", disable=not master or rl_done)
     while step < rl_steps and not rl_done:
         prompts, items = draw(gen)   # constant rate (cfg.warmup 0): AdamW's lr as made

@@ -584,7 +584,8 @@ def run_grpo_step(label, prompts, G, new, micro, dtype):
     cfg = grpo.GRPOConfig(prompts_per_step=len(prompts), group_size=G, max_new_tokens=new,
                           micro_batch=micro, minibatches=2, max_rounds=1, lr=1e-6, warmup=0,
                           vocab=need("tok")[0].n_vocab)
-    opt = grpo.make_optimizer(policy, cfg)
+    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=cfg.betas,
+                            weight_decay=cfg.weight_decay)   # as train_lang.py's
     ac = torch.autocast(DEVICE.type, dtype=dtype, enabled=dtype != torch.float32)
     gen = torch.Generator().manual_seed(0)   # CPU, as train_lang.py's
     reward_fn, items = random_rewards(G, seed=4), [None] * len(prompts)

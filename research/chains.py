@@ -173,7 +173,7 @@ def imagined_pairs(task, model, tok, chains, max_new_tokens):
     there (scored_on: text game, the diff from the imagined state to the true next state, so
     the imagined chain returns to the truth; web page, the recorded changes) -> (pairs of
     (prompt text, answer text), the imagination's cost in forward-token units (prompt and answer
-    tokens of every step, as grpo.compute_used counts a rollout), chains that ended early)."""
+    tokens of every step, as grpo.step_stats counts a rollout), chains that ended early)."""
     data = TASKS[task].data
     steps = imagine_chains(task, chains, text_predictor(model, tok, task, max_new_tokens))
     pairs, cost = [], 0
