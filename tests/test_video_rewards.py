@@ -101,7 +101,7 @@ def test_named_rewards():
     bad[0] = float("nan")
     out = video_reward(VideoReward(), bad, true)
     assert torch.isfinite(out).all() and out[0] == -3.0 and (out[1:] == r[1:]).all()  # NaN: the worst score
-    assert set(REWARDS) == {"mae+ssim", "mae+lpips"}
+    assert set(REWARDS) == {"mae", "mae+ssim", "mae+lpips"}   # mae: the headroom line's
 
 
 def test_moving_and_object_terms_by_hand():

@@ -103,6 +103,10 @@ def write_readme(lines, readme=ROOT / "README.md"):
 
 
 write = "--write" in sys.argv
+helping = bool({"-h", "--help"} & set(sys.argv[1:]))
+if helping:   # this tool's one flag, then train_lang.py's, which it passes on
+    print(f"{__doc__.strip()}\n\n--write: rewrite README.md's reading-order table from the trace; every "
+          f"other flag is train_lang.py's:\n")
 sys.argv = [str(SCRIPT), *[a for a in sys.argv[1:] if a != "--write"]]
 sys.path.insert(0, str(ROOT))
 sys.setprofile(record)
@@ -110,6 +114,7 @@ try:
     runpy.run_path(str(SCRIPT), run_name="__main__")
 finally:
     sys.setprofile(None)
+if not helping:
     lines = counts()
     print(f"from {SCRIPT.name}'s first line to its first optimizer step:")
     for f, n in sorted(lines.items(), key=lambda kv: -kv[1]):
