@@ -256,13 +256,14 @@ if args.stage in ("all", "rlvr"):
     # the headroom line (eval.headroom), of the start here and of RLVR after the loop: on fixed
     # validation prompts, the greedy answer against the best of G samples at the RL temperature
     held = [(p, r) for r in val_recs if len(p := tok.prompt(data.prompt_text(r))) <= room]
-    held_prompts, held_recs = map(list, zip(*held[:HEADROOM_N]))
+    held_prompts, held_recs = [p for p, _ in held[:HEADROOM_N]], [r for _, r in held[:HEADROOM_N]]
 
-    def head(name):   # every rank gathers FSDP's weights; rank 0 samples and prints
+    def head(name):   # every rank gathers FSDP's weights; rank 0 samples and prints (none: none)
         with unsharded(model):
-            h = (headroom(model, held_prompts, held_recs, source, cfg, run.autocast) if master
-                 else {})
-        print0(headroom_line(name, h, f"{args.reward} reward x 100") if master else "")
+            h = (headroom(model, held_prompts, held_recs, source, cfg, run.autocast)
+                 if master and held else {})
+        if h:
+            print0(headroom_line(name, h, f"{args.reward} reward x 100"))
         return h
     heads = {"mle": head("the start")}   # RLVR can only sharpen what its samples already find
 

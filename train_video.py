@@ -351,15 +351,16 @@ if args.stage in ("all", "rlvr"):
     # the headroom line (eval.headroom), of the start here and of RLVR after the loop: on fixed
     # validation windows where the scene moves, the greedy prediction's MAE against the best of G
     held_clips = Clips(val_eps, tokens["val"], layout, horizon, CONTEXT)
-    held = make_draw(held_clips, moving_windows(held_clips), HEADROOM_N, False)(
-        torch.Generator().manual_seed(0))
+    held = moving_windows(held_clips)   # none (a tiny split): no headroom line
+    held = held and make_draw(held_clips, held, HEADROOM_N, False)(torch.Generator().manual_seed(0))
     by_mae = Source(make_reward(vq, held_clips, VideoReward("mae"), None, run.device),
                     sampler=source.sampler)
 
     def head(name):   # every rank gathers FSDP's weights; rank 0 samples and prints
         with unsharded(model):
-            h = headroom(model, *held, by_mae, cfg, run.autocast) if master else {}
-        print0(headroom_line(name, h, "MAE x 1e-3", -1000) if master else "")
+            h = headroom(model, *held, by_mae, cfg, run.autocast) if master and held else {}
+        if h:
+            print0(headroom_line(name, h, "MAE x 1e-3", -1000))
         return h
     heads = {"mle": head("the start")}   # RLVR can only sharpen what its samples already find
 
