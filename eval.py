@@ -31,7 +31,6 @@ action never occur together in train; data/textgame/prepare.py), is made when it
 Video: --task=video runs video_eval.py (rollouts on held-out episodes), with flags of its own.
 """
 import argparse
-import dataclasses
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -41,7 +40,6 @@ import torch
 
 from checkpoint import ROOT, read_meta, write_json
 from data.textgame.prepare import COMPOSE_PATH, ensure_compose
-from grpo import rollout
 from runtime import check_device, check_ranges, fork_map, rank_map
 from tasks import TASKS, crop, generate_texts, load_lang_model
 
@@ -264,37 +262,6 @@ def compare_checkpoints(run, task, ckpts, tok, splits, max_new_tokens, headroom=
             write_json(run.out_dir / ("eval.json" if split == "test" else "eval_val.json"), r)
             print_comparison(task, split, r)   # RLVR - start, RLVR - control: paired 95% CIs
     return results
-
-
-# -----------------------------------------------------------------------------
-# headroom: RLVR can only sharpen what the sampler already finds
-
-HEADROOM_N = 64   # the validation prompts of a run's headroom line: the first that fit
-
-
-def headroom(model, prompts, items, source, cfg, autocast=nullcontext()):
-    """What GRPO can learn from on `prompts` (their `items`), scored by source.reward_fn: the
-    reward of the greedy answer and the best of cfg.group_size samples at cfg.temperature (the RL
-    stage's G and T, from a fixed seed) -> dict: greedy and best (their means), fixed (the share of
-    prompts whose best sample beats the greedy answer: what sharpening can fix) and spread (the
-    share of groups whose rewards differ: the only ones that give GRPO a gradient)."""
-    g = torch.Generator().manual_seed(0)
-    one = dataclasses.replace(cfg, group_size=1, temperature=0.0)   # greedy
-    greedy = rollout(model, prompts, items, source, one, g, autocast)["rewards"]   # (P,)
-    r = rollout(model, prompts, items, source, cfg, g, autocast)["rewards"].view(len(prompts), -1)
-    best = r.max(1).values
-    return dict(n=len(prompts), G=cfg.group_size, temperature=cfg.temperature,
-                greedy=greedy.mean().item(), best=best.mean().item(),
-                fixed=(best > greedy).float().mean().item(),
-                spread=(r.std(1, unbiased=False) > 0).float().mean().item())
-
-
-def headroom_line(name, h, what="reward x 100", scale=100):
-    """headroom's dict as one line (`scale`: the reward's print scale; -1000: video's -MAE)."""
-    return (f"headroom of {name} on {h['n']} val prompts ({what}): greedy "
-            f"{h['greedy'] * scale:.2f}, best of {h['G']} samples at T={h['temperature']:g} "
-            f"{h['best'] * scale:.2f}; a sample beats greedy on {h['fixed']:.1%} of prompts, "
-            f"{h['spread']:.1%} of groups have reward spread")
 
 
 def main():

@@ -8,13 +8,14 @@ steps", and this file reads in their order: the math on plain tensors, then one 
 5-6. PPO-clip, KL      `clipped_objective`, `k3_kl` and an entropy bonus, in `grpo_loss`
 7. token-mean, step    `aggregate`; `update`: ppo_epochs x minibatches AdamW steps
 Log-probs use logits / temperature, the sampler's distribution. The scripts (train_lang.py,
-train_video.py) run the loop: a learning rate, prompts, `grpo_step`, a log line, a checkpoint.
+train_video.py) run the loop: a learning rate, prompts, `grpo_step`, a log line, a checkpoint;
+before it and after it `headroom`, what the groups can teach.
 """
 import math
 import time
 from collections import namedtuple
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -365,3 +366,33 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, source, cfg, generat
     sums, n_mb = update(policy, optimizer, b, plan, chunks, cfg, step, autocast)
     return step_stats(step, rounds, kept, b, plan, sums, n_mb, cfg, source.eos_id, low, t0,
                       t_rollout)
+
+
+# -----------------------------------------------------------------------------
+# before the loop and after it: what the groups can teach
+
+HEADROOM_N = 64   # the validation prompts of a run's headroom line: the first that fit
+
+
+def headroom(model, prompts, items, source, cfg, autocast=nullcontext(), name="the start",
+             what="reward x 100", scale=100):
+    """What GRPO can learn from on `prompts` (their `items`), scored by source.reward_fn: the
+    reward of the greedy answer and the best of cfg.group_size samples at cfg.temperature (the RL
+    stage's G and T, from a fixed seed) -> dict: greedy and best (their means), fixed (the share of
+    prompts whose best sample beats the greedy answer: what sharpening can fix) and spread (the
+    share of groups whose rewards differ: the only ones that give GRPO a gradient). Prints it as
+    one line, the rewards x `scale` (video's -MAE: -1000)."""
+    g = torch.Generator().manual_seed(0)
+    one = replace(cfg, group_size=1, temperature=0.0)   # greedy
+    greedy = rollout(model, prompts, items, source, one, g, autocast)["rewards"]   # (P,)
+    r = rollout(model, prompts, items, source, cfg, g, autocast)["rewards"].view(len(prompts), -1)
+    best = r.max(1).values
+    h = dict(n=len(prompts), G=cfg.group_size, temperature=cfg.temperature,
+             greedy=greedy.mean().item(), best=best.mean().item(),
+             fixed=(best > greedy).float().mean().item(),
+             spread=(r.std(1, unbiased=False) > 0).float().mean().item())
+    print(f"headroom of {name} on {h['n']} val prompts ({what}): greedy {h['greedy'] * scale:.2f}, "
+          f"best of {h['G']} samples at T={h['temperature']:g} {h['best'] * scale:.2f}; a sample "
+          f"beats greedy on {h['fixed']:.1%} of prompts, {h['spread']:.1%} of groups have reward "
+          f"spread", flush=True)
+    return h

@@ -16,14 +16,15 @@ import copy
 import dataclasses
 import sys
 import time
+from itertools import islice
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from checkpoint import ROOT, check_config, read_meta, resume_stage, save_config, save_stage
-from eval import HEADROOM_N, compare_checkpoints, headroom, headroom_line
-from grpo import PAPER_RECIPE, GRPOConfig, Source, grpo_step
+from eval import compare_checkpoints
+from grpo import HEADROOM_N, PAPER_RECIPE, GRPOConfig, Source, grpo_step, headroom
 import mle
 from model import GPT, GPTConfig, finite_weights
 from runtime import (Run, add_flags, check_ranges, control_after, control_beside, from_flags, lr_at,
@@ -253,18 +254,15 @@ if args.stage in ("all", "rlvr"):
 
     if not finite_weights(model):   # a poisoned start stops before anything samples from it
         run.nonfinite("rlvr", 0, model, "non-finite weights in the policy")
-    # the headroom line (eval.headroom), of the start here and of RLVR after the loop: on fixed
-    # validation prompts, the greedy answer against the best of G samples at the RL temperature
-    held = [(p, r) for r in val_recs if len(p := tok.prompt(data.prompt_text(r))) <= room]
-    held_prompts, held_recs = [p for p, _ in held[:HEADROOM_N]], [r for _, r in held[:HEADROOM_N]]
+    # the headroom line (grpo.headroom), of the start here and of RLVR after the loop: on the first
+    # HEADROOM_N validation prompts that fit, the greedy answer against the best of G samples
+    fits = ((p, r) for r in val_recs if len(p := tok.prompt(data.prompt_text(r))) <= room)
+    held = [list(x) for x in zip(*islice(fits, HEADROOM_N))]   # [prompts, records], or none
 
-    def head(name):   # every rank gathers FSDP's weights; rank 0 samples and prints (none: none)
+    def head(name):   # every rank gathers FSDP's weights; rank 0 samples and prints
         with unsharded(model):
-            h = (headroom(model, held_prompts, held_recs, source, cfg, run.autocast)
-                 if master and held else {})
-        if h:
-            print0(headroom_line(name, h, f"{args.reward} reward x 100"))
-        return h
+            return headroom(model, *held, source, cfg, run.autocast, name,
+                            f"{args.reward} reward x 100") if master and held else {}
     heads = {"mle": head("the start")}   # RLVR can only sharpen what its samples already find
 
     # a re-run continues a stopped RLVR exactly; its compute so far counts for the control

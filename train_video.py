@@ -41,8 +41,7 @@ from checkpoint import (ROOT, atomic_write, check_config, read_meta, recorded_pa
 from data.robot.prepare import DATA_DIR
 from data.robot.task import (Clips, Layout, cached_tokens, make_draw, make_reward, make_sampler,
                              moving_windows, read_action_stats, windows)
-from eval import HEADROOM_N, headroom, headroom_line
-from grpo import GRPOConfig, Source, grpo_step
+from grpo import HEADROOM_N, GRPOConfig, Source, grpo_step, headroom
 from model import GPT, GPTConfig, finite_weights
 from runtime import (ComputeBudget, Run, check_ranges, control_after, control_beside, lr_at,
                      memory_estimate, print_memory, prompts_per_chunk, rank_map, unsharded)
@@ -283,7 +282,7 @@ if args.stage == "mle" or (args.stage == "all" and start_model is None):
 else:                                            # RLVR starts from --init as it is
     mle_path = Path(init)
 
-heads = {}   # the headroom lines' numbers (eval.headroom), kept in eval.json
+heads = {}   # the headroom lines' numbers (grpo.headroom), kept in eval.json
 if args.stage in ("all", "rlvr", "control"):
     lpips_net = run.or_fail(load_lpips, args.lpips, run.device)   # the eval's (and reward's)
     models = {"mle": (start_model, mle_path)}   # name -> (model, checkpoint file), evaluated below
@@ -348,7 +347,7 @@ if args.stage in ("all", "rlvr"):
                     sampler=make_sampler(horizon, layout.L))
     if not finite_weights(model):   # a poisoned start stops before anything samples from it
         run.nonfinite("rlvr", 0, model, "non-finite weights in the policy")
-    # the headroom line (eval.headroom), of the start here and of RLVR after the loop: on fixed
+    # the headroom line (grpo.headroom), of the start here and of RLVR after the loop: on fixed
     # validation windows where the scene moves, the greedy prediction's MAE against the best of G
     held_clips = Clips(val_eps, tokens["val"], layout, horizon, CONTEXT)
     held = moving_windows(held_clips)   # none (a tiny split): no headroom line
@@ -358,10 +357,8 @@ if args.stage in ("all", "rlvr"):
 
     def head(name):   # every rank gathers FSDP's weights; rank 0 samples and prints
         with unsharded(model):
-            h = headroom(model, *held, by_mae, cfg, run.autocast) if master and held else {}
-        if h:
-            print0(headroom_line(name, h, "MAE x 1e-3", -1000))
-        return h
+            return headroom(model, *held, by_mae, cfg, run.autocast, name, "MAE x 1e-3",
+                            -1000) if master and held else {}
     heads = {"mle": head("the start")}   # RLVR can only sharpen what its samples already find
 
     # a re-run continues a stopped RLVR exactly; its compute so far counts for the control

@@ -162,6 +162,20 @@ def test_groups_without_reward_spread_are_skipped():
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
+def test_headroom_scores_greedy_against_the_best_sample(capsys):
+    model, prompts = tiny_model(), [[1, 2], [4], [5, 6, 7]]
+    cfg = config(group_size=6, max_new_tokens=5)
+    greedy = engine.generate(model, prompts, 5, temperature=0)[0].tolist()   # (3, 5): EOS never drawn
+    # reward 1 for any answer but the greedy one: greedy scores 0, a sample that differs fixes it
+    source = Source(lambda items, comps: [float(c != greedy[i]) for i, c in zip(items, comps)])
+    h = grpo.headroom(model, prompts, [0, 1, 2], source, cfg, name="the test")
+    assert (h["n"], h["G"], h["greedy"], h["best"], h["fixed"]) == (3, 6, 0.0, 1.0, 1.0), h
+    assert "headroom of the test on 3 val prompts" in capsys.readouterr().out
+    flat = Source(lambda items, comps: [0.5] * len(comps))   # no sample can beat greedy
+    assert grpo.headroom(model, prompts, [0, 1, 2], flat, cfg) | {"n": 0} == dict(
+        n=0, G=6, temperature=1.0, greedy=0.5, best=0.5, fixed=0.0, spread=0.0)
+
+
 # -----------------------------------------------------------------------------
 # dynamic sampling, placebo, entropy bonus, low precision
 

@@ -308,7 +308,7 @@ def wins():
 
 
 def headroom():
-    """The headroom line of each demo's start (eval.headroom, results/headroom/<start>.json: the
+    """The headroom line of each demo's start (grpo.headroom, results/headroom/<start>.json: the
     line the command printed before its first GRPO step): greedy against the best of G samples on
     64 fixed validation prompts, the share a sample fixes, the share of groups with spread."""
     head = ["start (command)", "metric", "greedy", "best of 8 at T=1", "a sample beats greedy",
