@@ -124,27 +124,28 @@ def clipped_objective(logp, old_logp, adv, clip_eps):
     return -torch.min(unclipped, clipped), ratio, (clipped < unclipped).float()  # pessimistic
 
 
-def aggregate(per_token, mask, how, n_tokens=None, n_seqs=None):
-    """Step 7. Masked mean of per-token values (n, T): "token-mean" = masked sum / n_tokens
-    (default: their count), "seq-mean" = sum of the rows' masked means / n_seqs (default: n),
-    "micro-token-mean" = these rows' token-mean / n_seqs micro-batches (verl's)."""
+def aggregate(per_token, mask, how, n_tokens=None, n_parts=None):
+    """Step 7. Masked mean of per-token values (n, T), the share of a minibatch these n rows are:
+    "token-mean" = masked sum / n_tokens (default: their count); "seq-mean" = sum of the rows'
+    masked means / n_parts, the minibatch's rows (default: n); "micro-token-mean" (verl's) = these
+    rows' own token-mean / n_parts, the minibatch's micro-batches (default: 1)."""
     mask = mask.to(per_token.dtype)
     if how == "micro-token-mean":
-        return aggregate(per_token, mask, "token-mean") / max(n_seqs or 1, 1)
+        return aggregate(per_token, mask, "token-mean") / max(n_parts or 1, 1)
     if how == "token-mean":
         n = mask.sum().clamp(min=1) if n_tokens is None else max(n_tokens, 1)
         return (per_token * mask).sum() / n
     assert how == "seq-mean", f"loss_agg: {how!r}"
     per_seq = (per_token * mask).sum(1) / mask.sum(1).clamp(min=1)  # (n,) each row's mean
-    return per_seq.sum() / max(len(per_seq) if n_seqs is None else n_seqs, 1)
+    return per_seq.sum() / max(len(per_seq) if n_parts is None else n_parts, 1)
 
 
-def grpo_loss(logp, old_logp, ref_logp, entropy, adv, mask, cfg, n_tokens=None, n_seqs=None):
+def grpo_loss(logp, old_logp, ref_logp, entropy, adv, mask, cfg, n_tokens=None, n_parts=None):
     """Steps 5-7: the loss of n rows (`aggregate`), and per token ratio, clip and KL for the log."""
     pg, ratio, was_clipped = clipped_objective(logp, old_logp, adv, cfg.clip_eps)
     kl = k3_kl(logp, ref_logp, cfg.kl_clamp)         # 0 where the policy equals the reference
     per_token = pg + cfg.beta * kl - cfg.entropy_coef * entropy  # reward, entropy up; stay near
-    loss = aggregate(per_token, mask, cfg.loss_agg, n_tokens, n_seqs)
+    loss = aggregate(per_token, mask, cfg.loss_agg, n_tokens, n_parts)
     return loss, dict(ratio=ratio, clip=was_clipped, kl=kl)
 
 

@@ -66,8 +66,8 @@ def test_aggregate_by_hand():
     # a micro-batch's share of its minibatch's mean: the minibatch's token / row counts divide; shares add up
     assert aggregate(x[:1], m[:1], "token-mean", n_tokens=4).item() == pytest.approx(6 / 4)
     assert aggregate(x[1:], m[1:], "token-mean", n_tokens=4).item() == pytest.approx(4 / 4)
-    assert aggregate(x[:1], m[:1], "seq-mean", n_seqs=2).item() == pytest.approx(2 / 2)
-    assert aggregate(x[1:], m[1:], "seq-mean", n_seqs=2).item() == pytest.approx(4 / 2)
+    assert aggregate(x[:1], m[:1], "seq-mean", n_parts=2).item() == pytest.approx(2 / 2)
+    assert aggregate(x[1:], m[1:], "seq-mean", n_parts=2).item() == pytest.approx(4 / 2)
     empty = torch.zeros(2, 3, dtype=torch.bool)   # no tokens: 0, not NaN
     assert aggregate(x, empty, "token-mean").item() == 0.0 and aggregate(x, empty, "seq-mean").item() == 0.0
 
