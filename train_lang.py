@@ -192,6 +192,8 @@ all_pairs = [encode(args.task, tok, r) for r in train_recs]
 config = start_model.config if start_model else GPTConfig.llama(
     vocab_size=tok.n_vocab, block_size=args.block_size, n_layer=args.n_layer,
     n_head=args.n_embd // 32, n_embd=args.n_embd)
+# RLVR's prompts: those that leave room for the longest answer, at most --recipe=paper's longest
+room = min(config.block_size - cfg.max_new_tokens, cfg.max_prompt or config.block_size)
 do_mle = args.stage == "mle" or (args.stage in ("all", "memory") and not init_is_ckpt)
 if args.stage == "memory" or run.device != "cpu":   # a GPU step's memory by part, per rank
     print_estimates(config, cfg, all_pairs, do_mle, args.stage in ("all", "rlvr", "memory"),
@@ -225,7 +227,6 @@ if args.stage in ("all", "rlvr"):
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,
                             weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(args.seed + 1000 + run.rank)   # prompts and samples
-    room = min(model.config.block_size - cfg.max_new_tokens, cfg.max_prompt or 10 ** 9)
     pool = PromptPool(train_recs, data.prompt_text, data.is_changed, tok, room, UNCHANGED_FRAC,
                       gen)
     # the probe: fixed train prompts whose greedy and T=1 reward is logged every PROBE_EVERY steps
