@@ -78,9 +78,9 @@ def test_the_readme_8_gpu_recipe_fits_80_gb_per_rank():
 
 def test_a_7b_model_on_8_ranks_with_fsdp():
     """Qwen2-7B's shape on 8 ranks with --fsdp=1, --recipe=paper's per-rank batch (16 prompts x 5, micro-batches of 2;
-    rollouts of 2 prompts at a time, --rollout_prompts=2): each rank holds 1/8 of the weights, gradients and AdamW
-    state, but the whole-model copies (the sampler's gathered float32 weights, autocast's bf16 copy, the reference)
-    keep the peak near 98 GB: over an H100's 80 GB, within an H200's 141 GB (DDP: about 194 GB)."""
+    sampled 2 prompts at a time, as runtime.rollout_chunk does where memory is short): each rank holds 1/8 of the
+    weights, gradients and AdamW state, but the whole-model copies (the sampler's gathered float32 weights, autocast's
+    bf16 copy, the reference) keep the peak near 98 GB: over an H100's 80 GB, within an H200's 141 (DDP: 194 GB)."""
     from model import GPTConfig
     from runtime import memory_estimate, prompts_per_chunk
     qwen = GPTConfig.llama(vocab_size=152064, block_size=16384, n_layer=28, n_head=28, n_kv_head=4, n_embd=3584,
