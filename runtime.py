@@ -118,6 +118,7 @@ class Run:
             model.h[-1].set_reshard_after_backward(False)   # freed by no_sync_unless_last
             with torch.no_grad():   # FSDP finds its root at the first forward (the sampler calls
                 model(torch.zeros(1, 1, dtype=torch.long, device=self.device))   # blocks alone)
+            model.reshard()   # (the root keeps its forward's weights; AdamW must get the shards)
         if self.ddp and not self.fsdp:
             return model, torch.nn.parallel.DistributedDataParallel(model)
         return model, model
