@@ -1,9 +1,8 @@
-"""--fsdp=1 on two gloo ranks (CPU): three GRPO steps sharded by FSDP, a unit per block, end with DDP's weights, the
-checkpoints are the files DDP writes (checkpoint.load_model reads them), and a run resumed from the step-1 checkpoint
-ends with the step-3 weights (float32 and bf16; so does one resumed under FSDP from DDP's step-1 checkpoint), as does
-one with activation checkpointing. The
-ranks draw different prompts, so their kept groups and micro-batches differ: rank 1 has fewer chunks in a minibatch
-(FSDP's padding chunks) or none (at step 3)."""
+"""--fsdp=1 on two gloo ranks (CPU): three GRPO steps sharded by FSDP, a unit per block, end with DDP's weights (with
+activation checkpointing too), the checkpoints are the files DDP writes (checkpoint.load_model reads them), and a run
+resumed from the step-1 checkpoint ends with the step-3 weights (float32 and bf16; so does one resumed under FSDP from
+DDP's step-1 checkpoint). The ranks draw different prompts, so their kept groups and micro-batches differ: rank 1 has
+fewer chunks in a minibatch (FSDP's padding chunks) or none (at step 3)."""
 import argparse
 import os
 import shutil
