@@ -257,8 +257,7 @@ def no_sync_unless_last(policy, last):
 def minibatch_chunks(policy, b, chunks):
     """The most chunks of each minibatch on any rank (0: no rows, no step). FSDP gathers a block
     per pass: every chunk must run a prompt pass (a prompt of >= 2 tokens), as `join_chunks`."""
-    device = next(policy.parameters()).device
-    most = torch.tensor([len(c) for c in chunks], device=device)
+    most = torch.tensor([len(c) for c in chunks], device=next(policy.parameters()).device)
     if is_fsdp(policy) and any(int(b.prompt_len[b.rows[c]].max()) == 0 for m in chunks for c in m):
         raise ValueError("--fsdp=1: a micro-batch whose prompts are all 1 token long")
     if hasattr(policy, "no_sync") or is_fsdp(policy):   # DDP / FSDP: the most on any rank
