@@ -24,7 +24,7 @@ from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
 from engine import cast_copy, generate
-from runtime import (check_step, join_empty_minibatch, join_rows, knob, minibatch_sizes,
+from runtime import (check_step, join_chunks, join_rows, knob, minibatch_chunks,
                      no_sync_unless_last, rollout_chunk, unsharded)
 
 
@@ -279,12 +279,11 @@ def update(policy, optimizer, b, plan, chunks, cfg, step, autocast):
     Only the forwards run under `autocast`: its weight copies would outlive an optimizer step."""
     sums, n_mb = dict(loss=0.0, kl=0.0, entropy=0.0, clip=0.0, grad_norm=0.0, ratio=0.0), 0
     # several processes: every rank steps where any has rows (runtime.py's scale path)
-    for m, (mb, size) in enumerate(zip(plan, minibatch_sizes(policy, plan))):
+    for m, (mb, most) in enumerate(zip(plan, minibatch_chunks(policy, b, chunks))):
         optimizer.zero_grad(set_to_none=True)
-        if not size:   # no rows on any rank: no step (AdamW would move on zero gradients)
+        if not most:   # no rows on any rank: no step (AdamW would move on zero gradients)
             continue
-        if not mb:   # the other ranks have rows: join their collectives with a zero gradient
-            join_empty_minibatch(policy)
+        join_chunks(policy, len(chunks[m]), most, autocast)   # fewer than another rank: 0 grads
         n_tok = int(b.mask[mb].sum()) if mb else 0   # the minibatch's loss tokens
         n = len(chunks[m]) if cfg.loss_agg == "micro-token-mean" else len(mb)   # rows or chunks
         for c, chunk in enumerate(chunks[m]):   # its share of the minibatch's loss and log

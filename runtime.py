@@ -30,7 +30,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from checkpoint import read_meta
-from model import GPT, finite_weights, is_fsdp
+from model import GPT, Block, finite_weights, is_fsdp
 
 # a rank's wait at a collective: NCCL's 10 minutes is less than rank 0 may work alone at scale
 DIST_TIMEOUT = datetime.timedelta(minutes=60)
@@ -113,7 +113,12 @@ class Run:
             model.grad_ckpt = True
         if self.fsdp:   # (imported here: the import takes most of a second)
             from torch.distributed.fsdp import fully_shard
-            fully_shard(model)
+            for m in (*model.h, model):   # a unit per block, then the root (embeddings, head)
+                fully_shard(m)
+            model.h[-1].set_reshard_after_backward(False)   # freed by no_sync_unless_last
+            with torch.no_grad():   # FSDP finds its root at the first forward (the sampler calls
+                model(torch.zeros(1, 1, dtype=torch.long, device=self.device))   # blocks alone)
+            model.reshard()   # (the root keeps its forward's weights; AdamW must get the shards)
         if self.ddp and not self.fsdp:
             return model, torch.nn.parallel.DistributedDataParallel(model)
         return model, model
@@ -229,29 +234,35 @@ def lr_at(step, total, base, warmup):
 @contextmanager
 def unsharded(model):
     """FSDP: the full weights inside (all ranks enter), for the sampler, past FSDP's hooks."""
-    if is_fsdp(model):
-        model.unshard()
+    units = [m for m in model.modules() if is_fsdp(m)]   # the root, then each block
+    for m in units:   # gathered, and kept through the forwards inside (each rank's own number)
+        m.unshard()
+        m.set_reshard_after_forward(False, recurse=False)
     yield
-    if is_fsdp(model):
-        model.reshard()
+    for i, m in enumerate(units):
+        m.reshard()
+        m.set_reshard_after_forward(i > 0, recurse=False)   # the blocks' again; the root's not
 
 
+@contextmanager
 def no_sync_unless_last(policy, last):
-    """DDP all-reduces the gradients on a minibatch's last chunk only; FSDP reduce-scatters them
-    there and keeps the weights its first forward gathered until then."""
-    if is_fsdp(policy):   # FSDP: switches, set before each chunk
-        policy.set_requires_gradient_sync(last)
-        policy.set_reshard_after_backward(last)
-    return policy.no_sync() if not last and hasattr(policy, "no_sync") else nullcontext()
+    """DDP all-reduces the gradients on a minibatch's last chunk only. FSDP reduce-scatters a
+    block's each chunk and frees its weights, the last block's here (a prompt pass needs them)."""
+    with policy.no_sync() if not last and hasattr(policy, "no_sync") else nullcontext():
+        yield
+    if is_fsdp(policy):
+        policy.h[-1].reshard()
 
 
-def minibatch_sizes(policy, plan):
-    """The rows of each minibatch of `plan` summed over the ranks: all step where any has rows."""
-    device = next(policy.parameters()).device
-    sizes = torch.tensor([len(mb) for mb in plan], device=device)
-    if hasattr(policy, "no_sync") or is_fsdp(policy):   # DDP / FSDP: the rows on all ranks
-        dist.all_reduce(sizes)
-    return sizes.tolist()
+def minibatch_chunks(policy, b, chunks):
+    """The most chunks of each minibatch on any rank (0: no rows, no step). FSDP gathers a block
+    per pass: every chunk must run a prompt pass (a prompt of >= 2 tokens), as `join_chunks`."""
+    most = torch.tensor([len(c) for c in chunks], device=next(policy.parameters()).device)
+    if is_fsdp(policy) and any(int(b.prompt_len[b.rows[c]].max()) == 0 for m in chunks for c in m):
+        raise ValueError("--fsdp=1: a micro-batch whose prompts are all 1 token long")
+    if hasattr(policy, "no_sync") or is_fsdp(policy):   # DDP / FSDP: the most on any rank
+        dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    return most.tolist()
 
 
 def rollout_chunk(model, prompts, cfg):
@@ -272,10 +283,15 @@ def join_rows(parts):
         for i, v in enumerate((-1, 0.0, False)))
 
 
-def join_empty_minibatch(policy):
-    """A rank without rows in a minibatch the others have joins their collectives: a 0 gradient."""
-    device = next(policy.parameters()).device
-    (policy(torch.zeros(1, 1, dtype=torch.long, device=device))[0].sum() * 0.0).backward()
+def join_chunks(policy, have, most, autocast):
+    """A rank with fewer chunks than another (DDP: none) joins their collectives: 0 gradients of
+    a chunk's passes (a 1-token prompt, row), in its autocast (its casts order the reductions)."""
+    one = torch.zeros(1, 1, dtype=torch.long, device=next(policy.parameters()).device)
+    for _ in range(most - have if is_fsdp(policy) else int(not have)):
+        with no_sync_unless_last(policy, True):
+            with autocast:
+                out = policy(one, prompts=(one, one[0] + 1, one[0]))[0]
+            (out.float().sum() * 0.0).backward()
 
 
 def check_step(model, step, autocast):
@@ -404,12 +420,14 @@ def prompts_per_chunk(prompts, samples, minibatches, micro_batch):
 
 
 def memory_estimate(config, low_precision, reference, grad_ckpt, prompt_len, new_tokens, prompts,
-                    samples, micro_batch, prompts_per_chunk):
-    """Bytes of one RLVR step's peak, by part -> dict ("peak": their sum at the worst moment).
-    `prompts` x `samples` rows are sampled with a KV cache holding each prompt once; a micro-batch
-    of the update holds `micro_batch` rows of `new_tokens`, `prompts_per_chunk` prompts."""
-    with torch.device("meta"):   # the GPT's parameters, counted without memory or time
-        c, P = config, sum(p.numel() for p in GPT(config).parameters())
+                    samples, micro_batch, prompts_per_chunk, world=1, fsdp=False):
+    """Bytes of one RLVR step's peak on a rank, by part -> dict ("peak": their sum at the worst
+    moment). `prompts` x `samples` rows are sampled with a KV cache holding each prompt once; a
+    micro-batch of the update holds `micro_batch` rows of `new_tokens`, `prompts_per_chunk`
+    prompts. fsdp: 1/world of the weights, gradients, AdamW state (the reference stays whole)."""
+    with torch.device("meta"):   # the GPT's and a block's parameters, without memory or time
+        P, block = (sum(p.numel() for p in m.parameters()) for m in (GPT(config), Block(config)))
+    c, shard = config, P / world if fsdp else P   # (shard: a rank's)
     act = 2 if low_precision else 4                         # bytes of an activation
     kv = c.n_layer * 2 * c.n_kv_head * c.head_dim * act     # bytes of one token's keys and values
     tokens = prompts_per_chunk * prompt_len + micro_batch * new_tokens   # one update forward's
@@ -420,8 +438,10 @@ def memory_estimate(config, low_precision, reference, grad_ckpt, prompt_len, new
                                            + 2 * c.n_embd + 4 * c.mlp_hidden))
     kept = 4 * c.n_embd if grad_ckpt else per_layer
     parts = dict(
-        weights=4 * P, grads=4 * P, adamw=8 * P, reference=act * P if reference else 0,
-        autocast_copy=2 * P if low_precision else 0,
+        weights=4 * shard, grads=4 * shard, adamw=8 * shard, reference=act * P if reference else 0,
+        autocast_copy=2 * P if low_precision else 0,   # the weights cast by autocast, all of them
+        # FSDP: the sampler's weights (every unit gathered); the update's root and block (+ grads)
+        sampler_weights=4 * P * fsdp, units=8 * (P - (c.n_layer - 1) * block) * fsdp,
         kv_cache=kv * prompts * (prompt_len + samples * new_tokens),
         # the activations one micro-batch keeps for its backward (+ one block recomputed)
         activations=tokens * (c.n_layer * kept + (per_layer if grad_ckpt else 0)),
@@ -430,7 +450,8 @@ def memory_estimate(config, low_precision, reference, grad_ckpt, prompt_len, new
         logits=scored * c.vocab_size * (act + 4 * 5))
     static = sum(parts[k] for k in ("weights", "grads", "adamw", "reference", "autocast_copy"))
     # the rollout and the update do not overlap: the peak is the larger of the two
-    parts["peak"] = static + max(parts["kv_cache"], parts["activations"] + parts["logits"])
+    parts["peak"] = static + max(parts["sampler_weights"] + parts["kv_cache"],
+                                 parts["units"] + parts["activations"] + parts["logits"])
     return parts
 
 
@@ -440,20 +461,19 @@ def print_memory(stage, parts, print0):
            + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in parts.items() if v))
 
 
-def print_estimates(config, cfg, pairs, mle_stage, rl_stage, low, grad_ckpt, batch_size, print0):
-    """train_lang.py's memory of an MLE step (its longest pair) and an RLVR step, a line each."""
+def print_estimates(config, cfg, pairs, mle_stage, rl_stage, low, grad_ckpt, batch_size, run):
+    """train_lang.py's memory of an MLE step (its longest pair) and an RLVR step, per rank."""
     if mle_stage:
         fit = [(len(p), len(a)) for p, a in pairs if len(p) + len(a) <= config.block_size + 1]
         p_len, a_len = max(fit or [(config.block_size // 2, config.block_size // 2)], key=sum)
         mb = min(cfg.micro_batch, batch_size)
         print_memory("mle", memory_estimate(config, low, False, grad_ckpt, p_len, a_len, 0, 1, mb,
-                                            mb), print0)
+                                            mb, run.world, run.fsdp), run.print0)
     if rl_stage:
         room = min(config.block_size - cfg.max_new_tokens, cfg.max_prompt or config.block_size)
         longest = max([len(p) for p, _ in pairs if len(p) <= room] or [room])   # RLVR's longest
-        chunk = prompts_per_chunk(cfg.prompts_per_step, cfg.group_size, cfg.minibatches,
-                                  cfg.micro_batch)
-        print_memory("rlvr", memory_estimate(config, low, cfg.beta > 0, grad_ckpt, longest,
-                                             cfg.max_new_tokens,
-                                             cfg.rollout_prompts or cfg.prompts_per_step,
-                                             cfg.group_size, cfg.micro_batch, chunk), print0)
+        P, G, mb = cfg.prompts_per_step, cfg.group_size, cfg.micro_batch
+        print_memory("rlvr", memory_estimate(
+            config, low, cfg.beta > 0, grad_ckpt, longest, cfg.max_new_tokens,
+            cfg.rollout_prompts or P, G, mb, prompts_per_chunk(P, G, cfg.minibatches, mb),
+            run.world, run.fsdp), run.print0)

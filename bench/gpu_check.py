@@ -39,7 +39,9 @@ the others still run; the exit status is 1 if any row is FAIL):
    graphs row compiled the other way (a GPU: uncompiled; a CPU: compiled), its compile seconds
    and its greedy tokens compiled against uncompiled shown.
 5. GRPO: one grpo.grpo_step at micro_batch 8 and 2 on 300- and 3,000-token prompts, float32
-   weights under --dtype autocast as train_lang.py runs it; time and peak memory.
+   weights under --dtype autocast as train_lang.py runs it; time and peak memory. Then one at
+   --recipe=paper's batch a rank (16 prompts x 5, 7,192 + 4,096 tokens, micro_batch 2; --tiny:
+   30 + 16) sampled 2 prompts at a time (--rollout_prompts=2) and all at once: each one's peak.
 6. stale weights: no optimizer step may run inside autocast (autocast caches the low-precision
    copy of each weight for its whole region: a forward after an in-place step inside it reads the
    old weights); checked on a bf16 grpo_step with a global optimizer step pre-hook, and shown
@@ -128,20 +130,21 @@ SKIP = {int(s) for s in args.skip.split(",") if s.strip()}
 THREADS = args.threads or (1 if args.tiny else torch.get_num_threads())
 torch.set_num_threads(THREADS)
 
-# the shapes: DeepSeek-R1-Distill-Qwen-1.5B (its config.json, but max_position_embeddings 8192
+# the shapes: DeepSeek-R1-Distill-Qwen-1.5B (its config.json, but max_position_embeddings 16384
 # instead of 131072: enough for the prompts here), or a tiny model of the same family.
 # vocab None: the tokenizer's vocabulary padded by 64 (and up to a multiple of 64)
-FULL = dict(n_layer=28, hidden=1536, heads=12, kv_heads=2, mlp=8960, vocab=151936, max_pos=8192,
+FULL = dict(n_layer=28, hidden=1536, heads=12, kv_heads=2, mlp=8960, vocab=151936, max_pos=16384,
             tok_vocab=2048, n_train=100,
             parity=(4, 64),                        # prompts x tokens of the logits comparison
             greedy=(2, 64),                        # prompts x greedy tokens
             sampler=(16, 8, (300, 3000), 1024),    # prompts, samples each, prompt lengths, new
             grpo=(2, 8, (300, 3000), 256, (8, 2)),  # prompts, group, prompt lengths, new, micro
+            chunked=(16, 5, 7192, 4096, 2),        # --recipe=paper's a rank: the same, 1 length
             sub_new=32)                            # max_new_tokens of step 7's train_lang runs
 TINY = dict(n_layer=2, hidden=64, heads=4, kv_heads=2, mlp=128, vocab=None, max_pos=1024,
             tok_vocab=300, n_train=60, parity=(4, 32), greedy=(2, 64),
             sampler=(4, 4, (30, 100), 160),   # 160 new: a few EOS draws, 2 widths of WIDTH
-            grpo=(2, 4, (30, 100), 16, (8, 2)), sub_new=16)
+            grpo=(2, 4, (30, 100), 16, (8, 2)), chunked=(16, 5, 30, 16, 2), sub_new=16)
 S = TINY if args.tiny else FULL
 FP32_ATOL = 1e-4   # float32 logits: as tests/test_model.py (times the logits' scale when above 1)
 
@@ -577,13 +580,13 @@ def policy_and_ref():
     return STATE["policy"], STATE["ref"]
 
 
-def run_grpo_step(label, prompts, G, new, micro, dtype):
+def run_grpo_step(label, prompts, G, new, micro, dtype, rollout_prompts=0):
     """One grpo_step under `dtype` autocast, as train_lang.py calls it -> (stats, seconds). Its
     forwards run under the autocast context it is given, its optimizer steps outside."""
     policy, ref = policy_and_ref()
     cfg = grpo.GRPOConfig(prompts_per_step=len(prompts), group_size=G, max_new_tokens=new,
                           micro_batch=micro, minibatches=2, max_rounds=1, lr=1e-6, warmup=0,
-                          vocab=need("tok")[0].n_vocab)
+                          vocab=need("tok")[0].n_vocab, rollout_prompts=rollout_prompts)
     opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=cfg.betas,
                             weight_decay=cfg.weight_decay)   # as train_lang.py's
     ac = torch.autocast(DEVICE.type, dtype=dtype, enabled=dtype != torch.float32)
@@ -616,6 +619,19 @@ def step_grpo(L, micro):
     return (f"rollout {stats['t_rollout']:.1f} s + update {sec - stats['t_rollout']:.1f} s, "
             f"loss {stats['loss']:.4f}, {n_steps} optimizer steps, {stats['groups_kept']} groups "
             f"kept; estimated peak {est / 2**30:.2f} GiB", "PASS" if ok else "FAIL")
+
+
+def step_chunked():
+    """grpo_step at --recipe=paper's batch per rank, sampled 2 prompts at a time
+    (--rollout_prompts=2), then all at once (a GPU: as many as memory allows): peaks, times."""
+    P, G, L, new, micro = S["chunked"]
+    parts = []
+    for n in (2, 0):
+        reset_peak()
+        stats, sec = run_grpo_step(f"chunked {n}", windows(P, L, seed=7), G, new, micro, DTYPE, n)
+        parts.append(f"{n or 'all'}: rollout {stats['t_rollout']:.1f} s, step {sec:.1f} s, "
+                     f"peak {peak()}")
+    return "; ".join(parts), "PASS" if stats["groups_kept"] == P else "FAIL"
 
 
 def step_stale_grpo():
@@ -855,7 +871,9 @@ def main():
                 *([("HF", step_sampler_hf)] if L in hf_lens else []))]
            + [("4 graphs greedy", "4 x 2 samples, 64 new, T=0", step_graphs_greedy)],
         5: [("5 grpo_step", f"{P} x {Gg}, prompt {L}, {gnew} new, micro_batch {mb}",
-             (lambda L=L, mb=mb: step_grpo(L, mb))) for L in glens for mb in micros],
+             (lambda L=L, mb=mb: step_grpo(L, mb))) for L in glens for mb in micros]
+           + [("5 grpo_step rollout_prompts", "%d x %d, prompt %d, %d new, micro_batch %d"
+               % S["chunked"], step_chunked)],
         6: [("6a stale weights: grpo_step", "bf16 autocast, optimizer step hook", step_stale_grpo),
             ("6b stale weights: autocast cache", "Linear 64, SGD, bf16 autocast",
              step_stale_direct)],

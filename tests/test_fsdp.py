@@ -1,7 +1,8 @@
-"""--fsdp=1 on two gloo ranks (CPU): two GRPO steps sharded by FSDP end with DDP's weights, the checkpoints are the
-files DDP writes (checkpoint.load_model reads them), and a run resumed from the step-1 checkpoint ends with the
-step-2 weights (so does one resumed under FSDP from DDP's step-1 checkpoint). The ranks draw different prompts, so
-their kept groups and micro-batches differ (rank 1 has none at step 2)."""
+"""--fsdp=1 on two gloo ranks (CPU): three GRPO steps sharded by FSDP, a unit per block, end with DDP's weights (with
+activation checkpointing too), the checkpoints are the files DDP writes (checkpoint.load_model reads them), and a run
+resumed from the step-1 checkpoint ends with the step-3 weights (float32 and bf16; so does one resumed under FSDP from
+DDP's step-1 checkpoint). The ranks draw different prompts, so their kept groups and micro-batches differ: rank 1 has
+fewer chunks in a minibatch (FSDP's padding chunks) or none (at step 3)."""
 import argparse
 import os
 import shutil
@@ -12,11 +13,11 @@ from torch.distributed.tensor import DTensor
 
 import grpo
 from checkpoint import load_model, read_checkpoint
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, is_fsdp
 from research import common  # train_lang.py's RL loop as a function
 from runtime import Run
 
-STEPS = 2
+STEPS = 3
 
 
 def free_port():
@@ -33,29 +34,30 @@ def worker(rank, world, runs):
     """One rank of torchrun-like groups, one after the other: for each (port, fsdp, out, start) of `runs`, the RL stage
     of a tiny GPT for STEPS steps, checkpointed every step into out/rl.safetensors (first copied from `start`, to
     resume); rank 0 keeps the step-1 checkpoint as out/step1.safetensors (the watch before step 2's save)."""
-    for port, fsdp, out, start, dtype in runs:
+    for port, fsdp, out, start, dtype, *grad_ckpt in runs:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                           WORLD_SIZE=str(world))
         out.mkdir(exist_ok=True)
         if start and rank == 0:   # before the group forms: rank 1 waits for rank 0 there
             shutil.copy(start, out / "rl.safetensors")
         train(Run(argparse.Namespace(device="cpu", threads=1, seed=0, dtype=dtype, resume=1, ckpt_every=1,
-                                     fsdp=fsdp), out), rank, out)
+                                     fsdp=fsdp), out), rank, out, bool(grad_ckpt))
 
 
-def train(run, rank, out):
+def train(run, rank, out, grad_ckpt):
     torch.manual_seed(0)   # the same start on every rank and in every group
     model = GPT(GPTConfig.llama(vocab_size=8, block_size=32, n_layer=2, n_head=2, n_embd=16))
     # one round of 3 prompts per step, 3-row micro-batches: rank 0 has 2 chunks per minibatch, rank 1 keeps at most
     # its first prompt's group (1 chunk, or none: then it joins the others' collectives with zeros)
     cfg = grpo.GRPOConfig(group_size=4, max_new_tokens=6, prompts_per_step=3, max_rounds=1, beta=0.01, lr=3e-3,
                           micro_batch=3, warmup=0)
-    parts = common.policy(run, model, cfg)   # research/common.py: train_lang.py's RL loop
-    (out / f"sharded{rank}.txt").write_text(str(isinstance(parts[0].wte.weight, DTensor)))
+    parts = common.policy(run, model, cfg, grad_ckpt)   # research/common.py: train_lang.py's RL loop
+    sharded = [isinstance(p, DTensor) for p in (parts[0].wte.weight, parts[0].h[0].attn.c_attn.weight)]
+    (out / f"sharded{rank}.txt").write_text(f"{sharded} {is_fsdp(parts[0].h[0])}")   # a block: a unit
     g = torch.Generator().manual_seed(2 + rank)   # each rank its own prompts and samples
 
-    def draw(n):   # -> n prompts of 1-3 tokens, and their places in the round
-        return [torch.randint(1, 8, (int(torch.randint(1, 4, (1,), generator=g)),), generator=g).tolist()
+    def draw(n):   # -> n prompts of 2-4 tokens (FSDP: each chunk runs a prompt pass), their places in the round
+        return [torch.randint(1, 8, (int(torch.randint(2, 5, (1,), generator=g)),), generator=g).tolist()
                 for _ in range(n)], list(range(n))
 
     def reward(items, completions):   # rank 1: 1 for its first prompt's samples that start with a 3
@@ -72,37 +74,49 @@ def train(run, rank, out):
             shutil.copy(out / "rl.safetensors", out / "step1.safetensors")   # not yet step 2's
         return {}
     probes = []
+    pads, join = [], grpo.join_chunks   # the chunks a rank pads with (fewer than another rank's)
+    grpo.join_chunks = lambda policy, have, most, autocast: pads.append(most - have) or join(policy, have, most,
+                                                                                            autocast)
     common.rl_loop(run, parts, grpo.Source(reward, draw=draw), cfg, g, out / "rl.safetensors", STEPS,
                    probe=probe, every=2)
+    grpo.join_chunks = join
+    (out / f"pads{rank}.txt").write_text(str(pads))
     run.finish()
 
 
 def test_fsdp_matches_ddp_and_resumes_exactly(tmp_path):
-    ddp, fsdp, again, switched, bf16 = (tmp_path / name for name in ("ddp", "fsdp", "again", "switched", "bf16"))
+    names = ("ddp", "fsdp", "again", "switched", "bf16", "bf16_again", "ckpt")
+    ddp, fsdp, again, switched, bf16, bf16_again, ckpt = (tmp_path / name for name in names)
     runs = [(free_port(), 0, ddp, None, "float32"), (free_port(), 1, fsdp, None, "float32"),
             (free_port(), 1, again, fsdp / "step1.safetensors", "float32"),
             (free_port(), 1, switched, ddp / "step1.safetensors", "float32"),   # --fsdp may change on resume
-            (free_port(), 1, bf16, None, "bfloat16")]   # bf16 autocast: the sampler's cast copy is not taken
+            (free_port(), 1, bf16, None, "bfloat16"),   # bf16 autocast: the sampler's cast copy is not taken
+            (free_port(), 1, bf16_again, bf16 / "step1.safetensors", "bfloat16"),
+            (free_port(), 1, ckpt, None, "float32", True)]   # activation checkpointing: its blocks recomputed
     torch.multiprocessing.spawn(worker, args=(2, runs), nprocs=2)
-    assert read_checkpoint(bf16 / "rl.safetensors")[1]["step"] == STEPS
     sharded = [(out / f"sharded{r}.txt").read_text() for out in (ddp, fsdp) for r in (0, 1)]
-    assert sharded == ["False", "False", "True", "True"]   # DDP's whole weights, FSDP's DTensor shards
-    assert (fsdp / "rank1_kept.txt").read_text() == "10"   # step 2: rank 1 has no rows
+    # DDP's whole weights; FSDP's DTensor shards, the root's and each block's (a unit of its own)
+    assert sharded == ["[False, False] False"] * 2 + ["[True, True] True"] * 2
+    # rank 1 keeps one group at steps 1 and 2 (a chunk a minibatch; rank 0 has 2: one padding chunk), none at 3
+    assert (fsdp / "rank1_kept.txt").read_text() == "110"
+    assert [(fsdp / f"pads{r}.txt").read_text() for r in (0, 1)] == [str([0] * 6), "[1, 1, 1, 1, 2, 2]"]
     step1 = fsdp / "step1.safetensors"
-    ddp, fsdp, again, switched = (read_checkpoint(out / "rl.safetensors")[0]
-                                  for out in (ddp, fsdp, again, switched))
+    ddp, fsdp, again, switched, bf16, bf16_again, ckpt = (read_checkpoint(out / "rl.safetensors")[0] for out in
+                                                          (ddp, fsdp, again, switched, bf16, bf16_again, ckpt))
     assert ddp.keys() == fsdp.keys() and any(k.startswith("model.h.1.") for k in ddp)
     torch.manual_seed(0)
     start = GPT(GPTConfig.llama(vocab_size=8, block_size=32, n_layer=2, n_head=2, n_embd=16)).state_dict()
     assert max((ddp["model." + k] - t).abs().max().item() for k, t in start.items() if "model." + k in ddp) > 1e-3
-    # DDP's weights (FSDP reduces the gradients and their norm in another order: equal within 1e-6)
+    # DDP's weights (FSDP reduces each chunk's gradients and their norm in another order: equal within 1e-5)
     for k in ddp:
-        torch.testing.assert_close(fsdp[k], ddp[k], atol=1e-6, rtol=0, msg=k)
-        torch.testing.assert_close(switched[k], ddp[k], atol=1e-6, rtol=0, msg=k)   # DDP's step 1, then FSDP
+        torch.testing.assert_close(fsdp[k], ddp[k], atol=1e-5, rtol=0, msg=k)
+        torch.testing.assert_close(switched[k], ddp[k], atol=1e-5, rtol=0, msg=k)   # DDP's step 1, then FSDP
+        torch.testing.assert_close(ckpt[k], ddp[k], atol=1e-5, rtol=0, msg=k)
     # the step-1 checkpoint is resumable (optimizer and every rank's generators in it) and loads as a model
     tensors, meta = read_checkpoint(step1)
     assert meta["step"] == 1 and any(k.startswith("optim.") for k in tensors) and "state.rng1" in tensors
     model, _ = load_model(step1)
     assert not torch.equal(model.state_dict()["h.0.attn.c_attn.weight"], fsdp["model.h.0.attn.c_attn.weight"])
-    # resumed from step 1 under FSDP: the uninterrupted run's step-2 weights, bit for bit
+    # resumed from step 1 under FSDP: the uninterrupted run's step-3 weights, bit for bit (bf16 too)
     assert all(torch.equal(again[k], fsdp[k]) for k in fsdp)
+    assert all(torch.equal(bf16_again[k], bf16[k]) for k in bf16) and not torch.equal(bf16[k], fsdp[k])

@@ -27,9 +27,9 @@ def test_gpu_check_tiny_on_cpu_passes_every_row(tmp_path):
     assert out.is_file(), p.stdout[-3000:] + p.stderr[-3000:]
     table = [line for line in out.read_text().splitlines() if line.startswith("| ")][1:]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in table]
-    # steps 1-8: build, load, logits, greedy, 2 x 5 sampler + its greedy check, 4 GRPO,
-    # 2 stale-weight, 3 scripts, FSDP
-    assert len(rows) == 25, out.read_text()
+    # steps 1-8: build, load, logits, greedy, 2 x 5 sampler + its greedy check, 4 GRPO + the
+    # chunked rollout, 2 stale-weight, 3 scripts, FSDP
+    assert len(rows) == 26, out.read_text()
     failed = [f"{r[0]}: {r[2]}" for r in rows if r[-1] != "PASS"]
     assert not failed, "\n".join(failed)
     # every sampler row of ours: tok/s, ms a step, both bounds with the share reached; the EOS
