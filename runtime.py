@@ -461,16 +461,16 @@ def print_memory(stage, parts, print0):
            + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in parts.items() if v))
 
 
-def print_estimates(config, cfg, pairs, mle_stage, rl_stage, low, grad_ckpt, batch_size, run):
-    """train_lang.py's memory of an MLE step (its longest pair) and an RLVR step, per rank."""
+def print_estimates(config, cfg, pairs, mle_stage, room, low, grad_ckpt, batch_size, run):
+    """train_lang.py's memory of an MLE step (its longest pair) and an RLVR step (its longest
+    prompt up to `room`; None: no RLVR stage), per rank."""
     if mle_stage:
         fit = [(len(p), len(a)) for p, a in pairs if len(p) + len(a) <= config.block_size + 1]
         p_len, a_len = max(fit or [(config.block_size // 2, config.block_size // 2)], key=sum)
         mb = min(cfg.micro_batch, batch_size)
         print_memory("mle", memory_estimate(config, low, False, grad_ckpt, p_len, a_len, 0, 1, mb,
                                             mb, run.world, run.fsdp), run.print0)
-    if rl_stage:
-        room = min(config.block_size - cfg.max_new_tokens, cfg.max_prompt or config.block_size)
+    if room is not None:
         longest = max([len(p) for p, _ in pairs if len(p) <= room] or [room])   # RLVR's longest
         P, G, mb = cfg.prompts_per_step, cfg.group_size, cfg.micro_batch
         print_memory("rlvr", memory_estimate(

@@ -196,7 +196,7 @@ config = start_model.config if start_model else GPTConfig.llama(
 room = min(config.block_size - cfg.max_new_tokens, cfg.max_prompt or config.block_size)
 do_mle = args.stage == "mle" or (args.stage in ("all", "memory") and not init_is_ckpt)
 if args.stage == "memory" or run.device != "cpu":   # a GPU step's memory by part, per rank
-    print_estimates(config, cfg, all_pairs, do_mle, args.stage in ("all", "rlvr", "memory"),
+    print_estimates(config, cfg, all_pairs, do_mle, room if args.stage != "mle" else None,
                     args.dtype != "float32", args.grad_ckpt, args.batch_size, run)
 if not writes:
     run.finish()
