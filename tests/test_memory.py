@@ -77,11 +77,11 @@ def test_the_readme_8_gpu_recipe_fits_80_gb_per_rank():
 
 
 def test_a_7b_model_on_8_ranks_with_fsdp():
-    """Qwen2-7B's shape on 8 ranks, as a user would run it: --fsdp=1 --dtype=bfloat16 --grad_ckpt=1 --recipe=paper
-    (16 prompts a rank x 5, micro-batches of 2, the longest prompts and answers) --rollout_prompts=8 (about what
-    runtime.rollout_chunk picks by free memory on an 80 GB GPU). Each rank holds 1/8 of the weights, gradients, AdamW
-    state and the bf16 reference; autocast caches no casts (runtime.Run); what is gathered whole takes turns: the
-    sampler's float32 weights (+ KV cache, then the bf16 old log-probs' pass), the reference (its log-probs' pass),
+    """Qwen2-7B's shape on 8 ranks, the README's 8-GPU command with --fsdp=1 (--dtype=bfloat16 --grad_ckpt=1
+    --recipe=paper: 16 prompts a rank x 5, micro-batches of 2, the longest prompts and answers), sampling 8 prompts at
+    a time (about what runtime.rollout_chunk picks on an 80 GB GPU; all 16 fit too). Each rank holds 1/8 of the
+    weights, gradients, AdamW state and bf16 reference; autocast caches no casts (runtime.Run); what is gathered whole
+    takes turns: the sampler's float32 weights (+ KV cache; then bf16's old log-probs), the reference (its log-probs),
     the update's root and block (+ activations and logits: the peak). Under 80 GB a rank (DDP: over 190)."""
     from model import GPTConfig
     from runtime import memory_estimate, prompts_per_chunk
@@ -96,3 +96,5 @@ def test_a_7b_model_on_8_ranks_with_fsdp():
     update = sum(fsdp[k] for k in ("weights", "grads", "adamw", "reference", "autocast_copy", "units",
                                    "activations", "logits"))
     assert fsdp["peak"] == pytest.approx(update) and 70e9 < fsdp["peak"] <= 80e9, fsdp
+    all_at_once = memory_estimate(qwen, True, True, True, *args[4:6], 16, *args[7:], world=8, fsdp=True)
+    assert fsdp["peak"] < all_at_once["peak"] <= 80e9, all_at_once   # the rollout then the peak, under 80
