@@ -112,7 +112,8 @@ class Run:
     def wrap(self, model, grad_ckpt=False):
         """-> (model on the device, the module to train: DDP-wrapped, or sharded with --fsdp=1)."""
         model = model.to(self.device)
-        model.grad_ckpt |= bool(grad_ckpt)
+        if grad_ckpt:   # (a VQ-VAE has none)
+            model.grad_ckpt = True
         if self.fsdp:
             self.shard(model).h[-1].set_reshard_after_backward(False)   # no_sync_unless_last frees
         ddp = self.ddp and not self.fsdp
