@@ -338,30 +338,28 @@ def step_stats(step, rounds, kept, b, plan, sums, n_mb, cfg, eos_id, recomputed,
 def grpo_step(policy, ref_model, optimizer, prompts, items, source, cfg, generator, step=0,
               autocast=nullcontext()):
     """The seven steps -> a dict of stats. policy: the GPT, maybe DDP- or FSDP-wrapped; ref_model:
-    frozen (None if beta == 0); prompts, items: the first round's P token-id lists and task
-    objects; source: a Source; autocast: the forwards' mixed precision. A non-finite weight,
-    reward, loss or gradient norm: FloatingPointError."""
+    frozen (None if beta == 0), FSDP-sharded too; prompts, items: the first round's P token-id
+    lists and task objects; source: a Source; autocast: the forwards' mixed precision. A
+    non-finite weight, reward, loss or gradient norm: FloatingPointError."""
     t0 = time.time()
     raw = getattr(policy, "module", policy)   # the GPT itself
     low = check_step(raw, step, autocast)   # finite weights, no outer autocast; True: bf16 / fp16
-    # FSDP: the full weights, gathered once per step for the rollouts and the fixed log-probs
-    with unsharded(raw):
+    with unsharded(raw):   # FSDP: the full weights, gathered for the rollouts
         # 1-3. rollouts, rewards, and more prompts until enough groups have reward spread
         kept, rounds = sample_groups(raw, prompts, items, source, cfg, generator, autocast)
-        t_rollout = time.time() - t0
-        # 4. advantages, and the rows of the update (none if no group had spread)
-        b = update_batch(kept, cfg, raw.wte.weight.device) if kept else None
-        plan, chunks = minibatch_plan(len(kept) * cfg.group_size, cfg, generator)
-        if b is not None:   # the fixed log-probs, on the first epoch's chunks: every row once
-            first_epoch = [c for mb in chunks[:cfg.minibatches] for c in mb]
-            # the reference's (beta 0, no reference: the sampler's, so the KL logged is to it);
-            # in bf16 / fp16 the sampler's, recomputed on the update's path (as verl): ratio 1
-            b = b._replace(ref_logp=b.old_logp.clone())
-            fixed = [(ref_model, b.ref_logp)] * (cfg.beta > 0) + [(raw, b.old_logp)] * low
-            for model, out in fixed:
-                for chunk in first_epoch:
-                    with torch.no_grad(), autocast:
-                        out[chunk] = logprobs_shared_prompts(model, b, chunk, cfg)[0]
+    t_rollout = time.time() - t0
+    # 4. advantages, and the rows of the update (none if no group had spread)
+    b = update_batch(kept, cfg, raw.wte.weight.device) if kept else None
+    plan, chunks = minibatch_plan(len(kept) * cfg.group_size, cfg, generator)
+    if b is not None:   # the reference's: the sampler's until replaced (beta 0: the KL is to it)
+        b = b._replace(ref_logp=b.old_logp.clone())
+    # the fixed log-probs on the first epoch's chunks (every row once): bf16 / fp16's old ones on
+    # the update's path (as verl: ratio 1), the reference's; FSDP: each gathered whole in turn
+    for model, out in [(raw, "old_logp")] * low + [(ref_model, "ref_logp")] * (cfg.beta > 0):
+        with unsharded(model) if model is not None else nullcontext():
+            for chunk in [c for mb in chunks[:cfg.minibatches] for c in mb]:   # (none: no b)
+                with torch.no_grad(), autocast:
+                    getattr(b, out)[chunk] = logprobs_shared_prompts(model, b, chunk, cfg)[0]
     # 5-7. PPO-clip + KL - entropy, token-mean, an optimizer step per minibatch
     sums, n_mb = update(policy, optimizer, b, plan, chunks, cfg, step, autocast)
     return step_stats(step, rounds, kept, b, plan, sums, n_mb, cfg, source.eos_id, low, t0,

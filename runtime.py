@@ -11,6 +11,7 @@ the memory estimate. Why: docs/engineering.md (The GPU path, Reliability).
     results = fork_map(evaluate_one, jobs, workers=2)   # jobs shared by 2 forked processes
     results = rank_map(evaluate_batch, batches)   # shared by the torchrun ranks, all get all
 """
+import copy
 import datetime
 import json
 import math
@@ -62,8 +63,10 @@ class Run:
         if args.dtype == "float16":   # its gradients underflow; bfloat16 has float32's range
             self.fail("--dtype=float16: needs a gradient scaler (none here); use --dtype=bfloat16")
         self.dtype = getattr(torch, args.dtype)   # the forwards' (autocast's, a frozen reference's)
+        # FSDP + checkpointing: no cast cache (it would keep a bf16 copy of every gathered block)
+        cache = not (self.fsdp and getattr(args, "grad_ckpt", 0))
         self.autocast = torch.autocast(torch.device(self.device).type, dtype=self.dtype,
-                                       enabled=args.dtype != "float32")
+                                       enabled=args.dtype != "float32", cache_enabled=cache)
 
     def print0(self, *a, **k):
         if self.master:
@@ -109,19 +112,28 @@ class Run:
     def wrap(self, model, grad_ckpt=False):
         """-> (model on the device, the module to train: DDP-wrapped, or sharded with --fsdp=1)."""
         model = model.to(self.device)
-        if grad_ckpt:
+        if grad_ckpt:   # (a VQ-VAE has none)
             model.grad_ckpt = True
-        if self.fsdp:   # (imported here: the import takes most of a second)
-            from torch.distributed.fsdp import fully_shard
-            for m in (*model.h, model):   # a unit per block, then the root (embeddings, head)
-                fully_shard(m)
-            model.h[-1].set_reshard_after_backward(False)   # freed by no_sync_unless_last
-            with torch.no_grad():   # FSDP finds its root at the first forward (the sampler calls
-                model(torch.zeros(1, 1, dtype=torch.long, device=self.device))   # blocks alone)
-            model.reshard()   # (the root keeps its forward's weights; AdamW must get the shards)
-        if self.ddp and not self.fsdp:
-            return model, torch.nn.parallel.DistributedDataParallel(model)
-        return model, model
+        if self.fsdp:
+            self.shard(model).h[-1].set_reshard_after_backward(False)   # no_sync_unless_last frees
+        ddp = self.ddp and not self.fsdp
+        return model, torch.nn.parallel.DistributedDataParallel(model) if ddp else model
+
+    def reference(self, model):
+        """The KL's frozen reference: a copy of `model` in the forwards' dtype (--fsdp=1: sharded;
+        grpo_step gathers it for its log-probs after the policy's weights are freed)."""
+        ref = copy.deepcopy(model).eval().requires_grad_(False).to(self.device, self.dtype)
+        return self.shard(ref) if self.fsdp else ref
+
+    def shard(self, model):
+        """`model` sharded by FSDP: a unit per block, then the root (embeddings, norm, head)."""
+        from torch.distributed.fsdp import fully_shard   # (the import takes most of a second)
+        for m in (*model.h, model):
+            fully_shard(m)
+        with torch.no_grad(), self.autocast:   # FSDP finds its root at the first forward (the
+            model(torch.zeros(1, 1, dtype=torch.long, device=self.device))   # sampler calls blocks)
+        model.reshard()   # (the root keeps its forward's weights; AdamW must get the shards)
+        return model
 
     def nonfinite(self, stage, step, model, what):
         """A NaN/inf `what` at `step`: --on_nan=stop ends the run with one line; --on_nan=skip logs
@@ -424,34 +436,40 @@ def memory_estimate(config, low_precision, reference, grad_ckpt, prompt_len, new
     """Bytes of one RLVR step's peak on a rank, by part -> dict ("peak": their sum at the worst
     moment). `prompts` x `samples` rows are sampled with a KV cache holding each prompt once; a
     micro-batch of the update holds `micro_batch` rows of `new_tokens`, `prompts_per_chunk`
-    prompts. fsdp: 1/world of the weights, gradients, AdamW state (the reference stays whole)."""
+    prompts. fsdp: 1/world of the weights, gradients, AdamW state and reference, each gathered
+    whole in a phase of its own (grad_ckpt: autocast caches no casts, Run)."""
     with torch.device("meta"):   # the GPT's and a block's parameters, without memory or time
         P, block = (sum(p.numel() for p in m.parameters()) for m in (GPT(config), Block(config)))
     c, shard = config, P / world if fsdp else P   # (shard: a rank's)
+    unit = P - (c.n_layer - 1) * block   # the root (embeddings, final norm, head) and a block
     act = 2 if low_precision else 4                         # bytes of an activation
     kv = c.n_layer * 2 * c.n_kv_head * c.head_dim * act     # bytes of one token's keys and values
     tokens = prompts_per_chunk * prompt_len + micro_batch * new_tokens   # one update forward's
-    scored = micro_batch * new_tokens                       # positions with logits
+    scored = micro_batch * new_tokens * c.vocab_size        # logits: at the targets' positions
     # per token and layer, what the backward keeps: the float32 residual and norms, q, k, v, the
     # attention output, the MLP's gate, up and their product (checkpointing: the residual only)
     per_layer = (4 * 3 * c.n_embd + act * ((c.n_head + 2 * c.n_kv_head) * c.head_dim
                                            + 2 * c.n_embd + 4 * c.mlp_hidden))
     kept = 4 * c.n_embd if grad_ckpt else per_layer
     parts = dict(
-        weights=4 * shard, grads=4 * shard, adamw=8 * shard, reference=act * P if reference else 0,
-        autocast_copy=2 * P if low_precision else 0,   # the weights cast by autocast, all of them
-        # FSDP: the sampler's weights (every unit gathered); the update's root and block (+ grads)
-        sampler_weights=4 * P * fsdp, units=8 * (P - (c.n_layer - 1) * block) * fsdp,
-        kv_cache=kv * prompts * (prompt_len + samples * new_tokens),
+        weights=4 * shard, grads=4 * shard, adamw=8 * shard, reference=act * shard * reference,
+        # autocast's bf16 casts: all (cached, or kept for backward); FSDP + checkpointing: a unit's
+        autocast_copy=2 * (unit if fsdp and grad_ckpt else P) * low_precision,
+        # gathered by FSDP in turn: the sampler's, the reference's weights, root and block (+ grads)
+        sampler_weights=4 * P * fsdp, reference_gathered=act * P * reference * fsdp,
+        units=8 * unit * fsdp, kv_cache=kv * prompts * (prompt_len + samples * new_tokens),
         # the activations one micro-batch keeps for its backward (+ one block recomputed)
         activations=tokens * (c.n_layer * kept + (per_layer if grad_ckpt else 0)),
         # the logits of its targets: the forward's, a float32 copy, the log-softmax, its exp and
         # their product for the entropy, and the gradient of one of them
-        logits=scored * c.vocab_size * (act + 4 * 5))
+        logits=scored * (act + 4 * 5))
     static = sum(parts[k] for k in ("weights", "grads", "adamw", "reference", "autocast_copy"))
-    # the rollout and the update do not overlap: the peak is the larger of the two
-    parts["peak"] = static + max(parts["sampler_weights"] + parts["kv_cache"],
-                                 parts["units"] + parts["activations"] + parts["logits"])
+    fixed = scored * (act + 4 * 3)   # a fixed log-prob pass's logits (no copy, no gradient)
+    # the largest phase: the rollout (then bf16's old log-probs), the reference's, the update
+    parts["peak"] = static + max(
+        parts["sampler_weights"] + max(parts["kv_cache"], fixed * low_precision),
+        parts["reference_gathered"] + fixed * reference,
+        parts["units"] + parts["activations"] + parts["logits"])
     return parts
 
 

@@ -12,7 +12,6 @@ eval.json (test), eval_val.json (val). The same command again resumes (torchrun 
 too); other flags there stop it, naming them; bad input is one "error:" line, before any write.
 """
 import argparse
-import copy
 import dataclasses
 import sys
 import time
@@ -222,7 +221,7 @@ if args.stage in ("all", "rlvr"):
     # the KL's reference (in the forwards' dtype), AdamW, and the prompt pool: every train prompt
     # that leaves room for the longest answer, a share from records where nothing changes
     model = start_model or load_lang_model(start, run.device)[0]
-    ref = copy.deepcopy(model).eval().requires_grad_(False).to(run.dtype) if cfg.beta > 0 else None
+    ref = run.reference(model) if cfg.beta > 0 else None   # FSDP: sharded too
     model, trained = run.wrap(model, grad_ckpt=args.grad_ckpt)   # on the device; DDP or FSDP
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,
                             weight_decay=cfg.weight_decay)

@@ -337,7 +337,7 @@ if args.stage in ("all", "rlvr"):
     # the policy, a copy of the start (the comparison's "mle" stays as it is), its frozen start as
     # the KL's reference, AdamW
     model = copy.deepcopy(start_model)
-    ref = copy.deepcopy(model).eval().requires_grad_(False).to(run.dtype) if cfg.beta > 0 else None
+    ref = run.reference(model) if cfg.beta > 0 else None   # FSDP: sharded too
     model, trained = run.wrap(model, grad_ckpt=args.grad_ckpt)   # on the device; DDP or FSDP
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,
                             weight_decay=cfg.weight_decay)

@@ -5,7 +5,6 @@ changes the one piece it studies (the reward, the prompt pool, the MLE data) and
 reward or probe in. Built on the core only: tasks.py, grpo.py, eval.py, runtime.py, checkpoint.py.
 """
 import argparse
-import copy
 import dataclasses
 import sys
 from pathlib import Path
@@ -60,7 +59,7 @@ def setup(args, stage_files=("rlvr.safetensors", "mle_more.safetensors")):
 def policy(run, model, cfg, grad_ckpt=False):
     """train_lang.py's RL stage start: (the GPT on the device, the module that steps (DDP),
     its frozen reference or None, AdamW)."""
-    ref = copy.deepcopy(model).eval().requires_grad_(False).to(run.dtype) if cfg.beta > 0 else None
+    ref = run.reference(model) if cfg.beta > 0 else None   # FSDP: sharded too
     model, trained = run.wrap(model, grad_ckpt=grad_ckpt)
     return model, trained, ref, torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,
                                                   weight_decay=cfg.weight_decay)

@@ -1,8 +1,9 @@
-"""--fsdp=1 on two gloo ranks (CPU): three GRPO steps sharded by FSDP, a unit per block, end with DDP's weights (with
-activation checkpointing too), the checkpoints are the files DDP writes (checkpoint.load_model reads them), and a run
-resumed from the step-1 checkpoint ends with the step-3 weights (float32 and bf16; so does one resumed under FSDP from
-DDP's step-1 checkpoint). The ranks draw different prompts, so their kept groups and micro-batches differ: rank 1 has
-fewer chunks in a minibatch (FSDP's padding chunks) or none (at step 3)."""
+"""--fsdp=1 on two gloo ranks (CPU): three GRPO steps sharded by FSDP, a unit per block (the KL's reference too),
+end with DDP's weights (with activation checkpointing too; in bf16 autocast then caches no casts), the checkpoints are
+the files DDP writes (checkpoint.load_model reads them), and a run resumed from the step-1 checkpoint ends with the
+step-3 weights (float32 and bf16; so does one resumed under FSDP from DDP's step-1 checkpoint). The ranks draw
+different prompts, so their kept groups and micro-batches differ: rank 1 has fewer chunks in a minibatch (FSDP's
+padding chunks) or none (at step 3)."""
 import argparse
 import os
 import shutil
@@ -41,7 +42,7 @@ def worker(rank, world, runs):
         if start and rank == 0:   # before the group forms: rank 1 waits for rank 0 there
             shutil.copy(start, out / "rl.safetensors")
         train(Run(argparse.Namespace(device="cpu", threads=1, seed=0, dtype=dtype, resume=1, ckpt_every=1,
-                                     fsdp=fsdp), out), rank, out, bool(grad_ckpt))
+                                     fsdp=fsdp, grad_ckpt=int(bool(grad_ckpt))), out), rank, out, bool(grad_ckpt))
 
 
 def train(run, rank, out, grad_ckpt):
@@ -52,8 +53,11 @@ def train(run, rank, out, grad_ckpt):
     cfg = grpo.GRPOConfig(group_size=4, max_new_tokens=6, prompts_per_step=3, max_rounds=1, beta=0.01, lr=3e-3,
                           micro_batch=3, warmup=0)
     parts = common.policy(run, model, cfg, grad_ckpt)   # research/common.py: train_lang.py's RL loop
-    sharded = [isinstance(p, DTensor) for p in (parts[0].wte.weight, parts[0].h[0].attn.c_attn.weight)]
-    (out / f"sharded{rank}.txt").write_text(f"{sharded} {is_fsdp(parts[0].h[0])}")   # a block: a unit
+    model, ref = parts[0], parts[2]   # the policy and its reference: DTensor shards (FSDP), a block a unit
+    sharded = [isinstance(p, DTensor) for m in (model, ref) for p in (m.wte.weight, m.h[0].attn.c_attn.weight)]
+    with run.autocast:   # FSDP with activation checkpointing: autocast caches no casts
+        cache = torch.is_autocast_cache_enabled()
+    (out / f"sharded{rank}.txt").write_text(f"{sharded} {is_fsdp(model.h[0])} {is_fsdp(ref.h[0])} {cache}")
     g = torch.Generator().manual_seed(2 + rank)   # each rank its own prompts and samples
 
     def draw(n):   # -> n prompts of 2-4 tokens (FSDP: each chunk runs a prompt pass), their places in the round
@@ -85,24 +89,28 @@ def train(run, rank, out, grad_ckpt):
 
 
 def test_fsdp_matches_ddp_and_resumes_exactly(tmp_path):
-    names = ("ddp", "fsdp", "again", "switched", "bf16", "bf16_again", "ckpt")
-    ddp, fsdp, again, switched, bf16, bf16_again, ckpt = (tmp_path / name for name in names)
+    names = ("ddp", "fsdp", "again", "switched", "bf16", "bf16_again", "ckpt", "bf16_ckpt")
+    ddp, fsdp, again, switched, bf16, bf16_again, ckpt, bf16_ckpt = (tmp_path / name for name in names)
     runs = [(free_port(), 0, ddp, None, "float32"), (free_port(), 1, fsdp, None, "float32"),
             (free_port(), 1, again, fsdp / "step1.safetensors", "float32"),
             (free_port(), 1, switched, ddp / "step1.safetensors", "float32"),   # --fsdp may change on resume
             (free_port(), 1, bf16, None, "bfloat16"),   # bf16 autocast: the sampler's cast copy is not taken
             (free_port(), 1, bf16_again, bf16 / "step1.safetensors", "bfloat16"),
-            (free_port(), 1, ckpt, None, "float32", True)]   # activation checkpointing: its blocks recomputed
+            (free_port(), 1, ckpt, None, "float32", True),   # activation checkpointing: its blocks recomputed
+            (free_port(), 1, bf16_ckpt, None, "bfloat16", True)]   # and recast (no autocast cache)
     torch.multiprocessing.spawn(worker, args=(2, runs), nprocs=2)
-    sharded = [(out / f"sharded{r}.txt").read_text() for out in (ddp, fsdp) for r in (0, 1)]
-    # DDP's whole weights; FSDP's DTensor shards, the root's and each block's (a unit of its own)
-    assert sharded == ["[False, False] False"] * 2 + ["[True, True] True"] * 2
+    sharded = [(out / f"sharded{r}.txt").read_text() for out in (ddp, fsdp, bf16_ckpt) for r in (0, 1)]
+    # DDP's whole weights; FSDP's DTensor shards, the root's and each block's (a unit of its own), the reference's too
+    assert sharded == (["[False, False, False, False] False False True"] * 2
+                       + ["[True, True, True, True] True True True"] * 2
+                       + ["[True, True, True, True] True True False"] * 2)
     # rank 1 keeps one group at steps 1 and 2 (a chunk a minibatch; rank 0 has 2: one padding chunk), none at 3
     assert (fsdp / "rank1_kept.txt").read_text() == "110"
     assert [(fsdp / f"pads{r}.txt").read_text() for r in (0, 1)] == [str([0] * 6), "[1, 1, 1, 1, 2, 2]"]
     step1 = fsdp / "step1.safetensors"
-    ddp, fsdp, again, switched, bf16, bf16_again, ckpt = (read_checkpoint(out / "rl.safetensors")[0] for out in
-                                                          (ddp, fsdp, again, switched, bf16, bf16_again, ckpt))
+    ddp, fsdp, again, switched, bf16, bf16_again, ckpt, bf16_ckpt = (
+        read_checkpoint(out / "rl.safetensors")[0]
+        for out in (ddp, fsdp, again, switched, bf16, bf16_again, ckpt, bf16_ckpt))
     assert ddp.keys() == fsdp.keys() and any(k.startswith("model.h.1.") for k in ddp)
     torch.manual_seed(0)
     start = GPT(GPTConfig.llama(vocab_size=8, block_size=32, n_layer=2, n_head=2, n_embd=16)).state_dict()
@@ -120,3 +128,6 @@ def test_fsdp_matches_ddp_and_resumes_exactly(tmp_path):
     # resumed from step 1 under FSDP: the uninterrupted run's step-3 weights, bit for bit (bf16 too)
     assert all(torch.equal(again[k], fsdp[k]) for k in fsdp)
     assert all(torch.equal(bf16_again[k], bf16[k]) for k in bf16) and not torch.equal(bf16[k], fsdp[k])
+    # bf16 with checkpointing (no autocast cache) runs; its weights differ from bf16's by rounding: uncached, a
+    # weight's gradient sums its two passes' (prompts, rows) in float32, not in one shared bf16 cast
+    assert bf16_ckpt.keys() == bf16.keys() and all(torch.isfinite(t).all() for t in bf16_ckpt.values())
