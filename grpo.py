@@ -283,7 +283,8 @@ def update(policy, optimizer, b, plan, chunks, cfg, step, autocast):
         optimizer.zero_grad(set_to_none=True)
         if not most:   # no rows on any rank: no step (AdamW would move on zero gradients)
             continue
-        join_chunks(policy, len(chunks[m]), most, autocast)   # fewer than another rank: 0 grads
+        if len(chunks[m]) < most:   # fewer chunks than another rank: pad with 0-gradient ones
+            join_chunks(policy, len(chunks[m]), most, autocast)
         n_tok = int(b.mask[mb].sum()) if mb else 0   # the minibatch's loss tokens
         n = len(chunks[m]) if cfg.loss_agg == "micro-token-mean" else len(mb)   # rows or chunks
         for c, chunk in enumerate(chunks[m]):   # its share of the minibatch's loss and log

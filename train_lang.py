@@ -234,15 +234,14 @@ if args.stage in ("all", "rlvr"):
     print0(f"rlvr: {len(pool.changed)} changed + {len(pool.unchanged)} unchanged train prompts "
            f"({pool.dropped} over {room} tokens left out); per step "
            f"{cfg.prompts_per_step * run.world} prompts in all, {cfg.prompts_per_step} per rank, "
-           f"groups with reward spread (up to "
-           f"{cfg.max_rounds} rounds) x {cfg.group_size} samples; reward {args.reward}")
-    draw = EpochSampler(pool, PAPER_UNCHANGED.get(args.reward), args.seed, run.rank, run.world) \
-        if recipe else pool   # the official schedule, or draws with replacement
-    rl_steps = args.rl_steps   # GRPO steps (0 under --recipe=paper: its epochs')
-    if recipe and not draw.steps_per_epoch(cfg.prompts_per_step):
-        fail(f"--recipe=paper: {len(draw)} prompts, fewer than a step's")
-    if recipe:
-        rl_steps = rl_steps or PAPER_EPOCHS * draw.steps_per_epoch(cfg.prompts_per_step)
+           f"groups with reward spread (up to {cfg.max_rounds} rounds) x {cfg.group_size} "
+           f"samples; reward {args.reward}")
+    draw, rl_steps = pool, args.rl_steps   # draws with replacement, --rl_steps steps
+    if recipe:   # the official schedule: epochs of the changed records and N unchanged ones
+        draw = EpochSampler(pool, PAPER_UNCHANGED.get(args.reward), args.seed, run.rank, run.world)
+        if not (per_epoch := draw.steps_per_epoch(cfg.prompts_per_step)):
+            fail(f"--recipe=paper: {len(draw)} prompts, fewer than a step's")
+        rl_steps = rl_steps or PAPER_EPOCHS * per_epoch   # --rl_steps=0: the recipe's epochs
         print0(f"--recipe=paper: epochs of {len(draw)} prompts, {len(pool.changed)} changed + "
                f"{draw.n_unch} unchanged (verl's text-game dataset), reshuffled; {rl_steps} "
                f"steps ({PAPER_EPOCHS} epochs)")
