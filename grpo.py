@@ -230,7 +230,7 @@ def pack(prompts, tokens, mask=None):
     no loss): prompt + idx[n, :t+1] predicts targets[n, t]. Each prompt is stored once."""
     P, G = len(prompts), len(tokens) // len(prompts)
     L = max(len(p) for p in prompts) - 1
-    prompt_idx = torch.tensor([p[:-1] + [0] * (L + 1 - len(p)) for p in prompts]).view(P, L)
+    prompt_idx = torch.tensor([p[:-1] + [0] * (L + 1 - len(p)) for p in prompts], dtype=torch.long)
     prompt_len = torch.tensor([len(p) - 1 for p in prompts])
     last = torch.tensor([p[-1] for p in prompts]).repeat_interleave(G)  # (N,) the prompt's last
     idx = torch.cat([last.unsqueeze(1), tokens[:, :-1].clamp(min=0)], dim=1)  # (N, T) inputs
@@ -247,8 +247,8 @@ def logprobs_shared_prompts(model, b, sel, cfg):
     prompts = (b.prompt_idx[used, :L], b.prompt_len[used], rows)
     targets = b.targets[sel]
     at = targets >= 0                                # (n, T) the positions with a target
-    # 1-token prompts: nothing to share, the prompt is idx's first token
-    logits, _ = model(b.idx[sel], prompts=prompts if L else None, at=at)   # (k, vocab)
+    # (1-token prompts: an empty prompt pass, which FSDP's gathers need on every rank)
+    logits, _ = model(b.idx[sel], prompts=prompts, at=at)   # (k, vocab)
     logits = logits[:, :cfg.vocab or None]           # the ids the tokenizer decodes
     logp_all = F.log_softmax(logits.float() / cfg.temperature, dim=-1)   # the sampler's
     zeros = torch.zeros(at.shape, device=logits.device)
@@ -279,7 +279,7 @@ def update(policy, optimizer, b, plan, chunks, cfg, step, autocast):
     Only the forwards run under `autocast`: its weight copies would outlive an optimizer step."""
     sums, n_mb = dict(loss=0.0, kl=0.0, entropy=0.0, clip=0.0, grad_norm=0.0, ratio=0.0), 0
     # several processes: every rank steps where any has rows (runtime.py's scale path)
-    for m, (mb, most) in enumerate(zip(plan, minibatch_chunks(policy, b, chunks))):
+    for m, (mb, most) in enumerate(zip(plan, minibatch_chunks(policy, chunks))):
         optimizer.zero_grad(set_to_none=True)
         if not most:   # no rows on any rank: no step (AdamW would move on zero gradients)
             continue

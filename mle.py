@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from checkpoint import read_meta, resume_stage, save_stage
-from runtime import lr_at, no_sync_unless_last, unsharded
+from runtime import NanPolicy, lr_at, no_sync_unless_last, unsharded
 
 
 WARMUP = 100   # warm-up steps of the MLE schedule (runtime.lr_at) of train_lang.py
@@ -67,6 +67,7 @@ def train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, budge
     # a compute budget: the number of steps is known at the end only
     bar = tqdm(total=None if budget else steps, initial=step, desc=desc or name,
                disable=not run.master)
+    nan = NanPolicy(run, name)   # --on_nan: a NaN/inf stops the run, or skips the step
     while step < steps:
         for group in opt.param_groups:
             group["lr"] = lr_of_step(step)   # MLE: warm-up then cosine; the control: constant
@@ -75,8 +76,8 @@ def train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, budge
         loss = micro_steps(run, trained, idx, tgt, weight[0] if weight else None)
         # the optimizer step, guarded: a NaN/inf loss or gradient never reaches the weights
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)   # rescale to norm <= 1
-        if run.finite(name, step, model, loss, norm):   # else: stop, or skip the step (--on_nan)
-            opt.step()                                  # AdamW: the weights change here
+        if nan.finite(step, model, loss, norm):   # else: stop, or skip the step (--on_nan)
+            opt.step()                            # AdamW: the weights change here
         step += 1
         compute += batch_compute(tgt)
         bar.update(1)

@@ -7,6 +7,7 @@ the memory estimate. Why: docs/engineering.md (The GPU path, Reliability).
     run = Run(args, out_dir, path_flags)    # after argparse: DDP, device per rank, seed, autocast
     run.print0(...), run.log({...}), run.barrier(), run.fail("message")
     model, trained = run.wrap(model)        # to the device, DDP (FSDP with --fsdp=1)
+    nan = NanPolicy(run, "rlvr")            # --on_nan: if nan.finite(step, model, loss): opt.step()
     budget, child = control_beside(run, control, rl_file)   # MLE on the second core
     results = fork_map(evaluate_one, jobs, workers=2)   # jobs shared by 2 forked processes
     results = rank_map(evaluate_batch, batches)   # shared by the torchrun ranks, all get all
@@ -55,7 +56,6 @@ class Run:
         self.fsdp = self.ddp and bool(getattr(args, "fsdp", 0))
         if getattr(args, "fsdp", 0) and not self.ddp:
             self.print0("--fsdp=1 without torchrun: one process, nothing to shard (kept whole)")
-        self.skips, self.last_skip = 0, None
         if self.ddp and getattr(args, "on_nan", "stop") == "skip":
             self.fail("--on_nan=skip is for single-process runs (under torchrun use --on_nan=stop)")
         torch.set_num_threads(getattr(args, "threads", 1))   # a script without --threads: 1
@@ -135,43 +135,51 @@ class Run:
         model.reshard()   # (the root keeps its forward's weights; AdamW must get the shards)
         return model
 
-    def nonfinite(self, stage, step, model, what):
+
+class NanPolicy:
+    """--on_nan for one stage's loop: a NaN/inf loss, reward or gradient stops the run, or (skip)
+    drops that step; created beside the loop, one per stage."""
+    def __init__(self, run, stage):
+        self.run, self.stage, self.skips, self.last_skip = run, stage, 0, None
+
+    def nonfinite(self, step, model, what):
         """A NaN/inf `what` at `step`: --on_nan=stop ends the run with one line; --on_nan=skip logs
         it and returns (the caller drops the step), unless the weights are too or MAX_SKIPS were."""
-        msg = f"{stage}: {re.sub(r' at step [0-9]+$', '', what)} at step {step}"
+        msg = f"{self.stage}: {re.sub(r' at step [0-9]+$', '', what)} at step {step}"
         if not finite_weights(model):
-            self.fail(f"{msg}: the weights are non-finite; stopping "
-                      "(the last checkpoint is intact)")
-        if getattr(self.args, "on_nan", "stop") == "skip":
+            self.run.fail(f"{msg}: the weights are non-finite; stopping (the last checkpoint is "
+                          "intact)")
+        if getattr(self.run.args, "on_nan", "stop") == "skip":
             self.skips = self.skips + 1 if self.last_skip == step - 1 else 1
             self.last_skip = step
             if self.skips <= MAX_SKIPS:
-                self.print0(f"\n{msg}: step skipped (--on_nan=skip)")
-                self.log({"stage": stage, "step": step, "skipped": what})
+                self.run.print0(f"\n{msg}: step skipped (--on_nan=skip)")
+                self.run.log({"stage": self.stage, "step": step, "skipped": what})
                 return
             msg += f" ({MAX_SKIPS} steps in a row already skipped)"
-        self.fail(f"{msg}; stopping before it reaches the weights (the last checkpoint is intact; "
-                  f"--on_nan=skip skips such steps)")
+        self.run.fail(f"{msg}; stopping before it reaches the weights (the last checkpoint is "
+                      f"intact; --on_nan=skip skips such steps)")
 
-    def finite(self, stage, step, model, loss, grad_norm=None):
+    def finite(self, step, model, loss, grad_norm=None):
         """May the optimizer step? Yes if `loss` and `grad_norm` are finite; else `nonfinite`."""
         for what, x in (("loss", loss), ("gradient norm", grad_norm)):
             if x is not None and not torch.isfinite(x):
-                self.nonfinite(stage, step, model, f"non-finite {what} ({x.item()})")
+                self.nonfinite(step, model, f"non-finite {what} ({x.item()})")
                 return False
         return True
 
-    def check_ranks_in_sync(self, model, stage):
-        """Under DDP (not FSDP: shards) log each rank's weight checksum, stop on a mismatch."""
-        if not self.ddp or self.fsdp:
-            return
-        sums = [None] * self.world   # CRC32 of the weights' bytes: equal iff bit-identical
-        crc = zlib.crc32(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters()))
-        dist.all_gather_object(sums, crc)
-        self.print0(f"{stage}: weight checksums per rank {sums}")
-        self.log({"stage": stage, "rank_checksums": sums})
-        if len(set(sums)) != 1:
-            self.fail(f"ranks diverged: weight checksums {sums}")
+
+def check_ranks_in_sync(run, model, stage):
+    """Under DDP (not FSDP: shards) log each rank's weight checksum, stop on a mismatch."""
+    if not run.ddp or run.fsdp:
+        return
+    sums = [None] * run.world   # CRC32 of the weights' bytes: equal iff bit-identical
+    crc = zlib.crc32(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters()))
+    dist.all_gather_object(sums, crc)
+    run.print0(f"{stage}: weight checksums per rank {sums}")
+    run.log({"stage": stage, "rank_checksums": sums})
+    if len(set(sums)) != 1:
+        run.fail(f"ranks diverged: weight checksums {sums}")
 
 
 def join_process_group(device):
@@ -266,12 +274,10 @@ def no_sync_unless_last(policy, last):
         policy.h[-1].reshard()
 
 
-def minibatch_chunks(policy, b, chunks):
-    """The most chunks of each minibatch on any rank (0: no rows, no step). FSDP gathers a block
-    per pass: every chunk must run a prompt pass (a prompt of >= 2 tokens), as `join_chunks`."""
+def minibatch_chunks(policy, chunks):
+    """The most chunks of each minibatch on any rank (0: no rows, no step): every rank runs as
+    many passes (FSDP gathers each block in each pass; a rank with fewer: `join_chunks`)."""
     most = torch.tensor([len(c) for c in chunks], device=next(policy.parameters()).device)
-    if is_fsdp(policy) and any(int(b.prompt_len[b.rows[c]].max()) == 0 for m in chunks for c in m):
-        raise ValueError("--fsdp=1: a micro-batch whose prompts are all 1 token long")
     if hasattr(policy, "no_sync") or is_fsdp(policy):   # DDP / FSDP: the most on any rank
         dist.all_reduce(most, op=dist.ReduceOp.MAX)
     return most.tolist()

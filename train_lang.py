@@ -26,8 +26,8 @@ from eval import compare_checkpoints
 from grpo import HEADROOM_N, PAPER_RECIPE, GRPOConfig, Source, grpo_step, headroom
 import mle
 from model import GPT, GPTConfig, finite_weights
-from runtime import (Run, add_flags, check_ranges, control_after, control_beside, from_flags, lr_at,
-                     print_estimates, unsharded)
+from runtime import (NanPolicy, Run, add_flags, check_ranges, check_ranks_in_sync, control_after,
+                     control_beside, from_flags, lr_at, print_estimates, unsharded)
 from tasks import (PAPER_EPOCHS, PAPER_UNCHANGED, PROBE_EVERY, PROBE_N, TASKS, UNCHANGED_FRAC,
                    EpochSampler, PromptPool, encode, keep_tokenizer, load_lang_model, load_splits,
                    probe_rewards, reward_fn, scratch_tokenizer, train_control, train_mle)
@@ -251,8 +251,9 @@ if args.stage in ("all", "rlvr"):
             return probe_rewards(args.task, model, tok, probe_prompts, probe_recs, args.reward,
                                  cfg.max_new_tokens) if master else {}
 
+    nan = NanPolicy(run, "rlvr")   # --on_nan: a NaN/inf stops the run, or skips the step
     if not finite_weights(model):   # a poisoned start stops before anything samples from it
-        run.nonfinite("rlvr", 0, model, "non-finite weights in the policy")
+        nan.nonfinite(0, model, "non-finite weights in the policy")
     # the headroom line (grpo.headroom), of the start here and of RLVR after the loop: on the first
     # HEADROOM_N validation prompts that fit, the greedy answer against the best of G samples
     fits = ((p, r) for r in val_recs if len(p := tok.prompt(data.prompt_text(r))) <= room)
@@ -281,7 +282,7 @@ if args.stage in ("all", "rlvr"):
             stats = grpo_step(trained, ref, opt, prompts, items, source, cfg, gen, step,
                               run.autocast)
         except FloatingPointError as e:   # a NaN/inf reward, loss, gradient norm or weight
-            run.nonfinite("rlvr", step, model, str(e))   # stops, or logs a skipped step
+            nan.nonfinite(step, model, str(e))   # stops, or logs a skipped step
             stats = {}
         step += 1
         bar.update(1)
@@ -305,7 +306,7 @@ if args.stage in ("all", "rlvr"):
                    done=step == rl_steps)
     bar.close()
     budget.close()   # RLVR's compute is final: the control stops once it has used as much
-    run.check_ranks_in_sync(model, "rlvr")   # under torchrun: the same weights on every rank
+    check_ranks_in_sync(run, model, "rlvr")   # under torchrun: the same weights on every rank
     run.barrier()
     heads["rlvr"] = head("RLVR")
     model = trained = ref = opt = start_model = None   # let go of RLVR's memory

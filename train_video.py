@@ -43,8 +43,9 @@ from data.robot.task import (Clips, Layout, cached_tokens, make_draw, make_rewar
                              moving_windows, read_action_stats, windows)
 from grpo import HEADROOM_N, GRPOConfig, Source, grpo_step, headroom
 from model import GPT, GPTConfig, finite_weights
-from runtime import (ComputeBudget, Run, check_ranges, control_after, control_beside, lr_at,
-                     memory_estimate, print_memory, prompts_per_chunk, rank_map, unsharded)
+from runtime import (ComputeBudget, NanPolicy, Run, check_ranges, check_ranks_in_sync,
+                     control_after, control_beside, lr_at, memory_estimate, print_memory,
+                     prompts_per_chunk, rank_map, unsharded)
 from tokenizer_vq import load_vq
 from video_eval import (EvalSpec, eval_video, evaluate_video_models, load_video_model,
                         print_video_report)
@@ -345,8 +346,9 @@ if args.stage in ("all", "rlvr"):
     draw = make_draw(clips, pool, prompts_per_step, bool(reward.object))   # draw(gen): a step's
     source = Source(make_reward(vq, clips, reward, lpips_net, run.device),
                     sampler=make_sampler(horizon, layout.L))
+    nan = NanPolicy(run, "rlvr")   # --on_nan: a NaN/inf stops the run, or skips the step
     if not finite_weights(model):   # a poisoned start stops before anything samples from it
-        run.nonfinite("rlvr", 0, model, "non-finite weights in the policy")
+        nan.nonfinite(0, model, "non-finite weights in the policy")
     # the headroom line (grpo.headroom), of the start here and of RLVR after the loop: on fixed
     # validation windows where the scene moves, the greedy prediction's MAE against the best of G
     held_clips = Clips(val_eps, tokens["val"], layout, horizon, CONTEXT)
@@ -373,7 +375,7 @@ if args.stage in ("all", "rlvr"):
             stats = grpo_step(trained, ref, opt, prompts, items, source, cfg, gen, step,
                               run.autocast)
         except FloatingPointError as e:   # a NaN/inf reward, loss, gradient norm or weight
-            run.nonfinite("rlvr", step, model, str(e))   # stops, or logs a skipped step
+            nan.nonfinite(step, model, str(e))   # stops, or logs a skipped step
             stats = {}
         step += 1
         bar.update(1)
@@ -400,7 +402,7 @@ if args.stage in ("all", "rlvr"):
                    done=step == rl_steps)
     bar.close()
     budget.close()   # RLVR's compute is final: the control stops once it has used as much
-    run.check_ranks_in_sync(model, "rlvr")   # under torchrun: the same weights on every rank
+    check_ranks_in_sync(run, model, "rlvr")   # under torchrun: the same weights on every rank
     barrier()
     heads["rlvr"] = head("RLVR")
     control_after(run, child, mle_more, FILES["rlvr"])

@@ -23,7 +23,7 @@ from tqdm import tqdm
 from checkpoint import recorded_args, resume_stage, save_stage
 from data.robot.prepare import DATA_DIR, ensure_splits
 from data.robot.task import clips, episode_files, load_split, to_float
-from runtime import Run, check_ranges, lr_at
+from runtime import NanPolicy, Run, check_ranges, lr_at
 from tokenizer_vq import VQConfig, VQVAE, codebook_stats, load_vq, save_vq
 from video_rewards import psnr
 
@@ -114,6 +114,7 @@ def train_tokenizer(run, vq, cfg, batch, state):
     step, _ = resume_stage(run, state, vq, opt, g, "tokenizer")   # 0, or where a run stopped
     t0 = time.time()
     bar = tqdm(total=cfg.steps, initial=step, desc="tokenizer", disable=not run.master)
+    nan = NanPolicy(run, "tokenizer")   # a NaN/inf stops the run (or skips the step, --on_nan)
     while step < cfg.steps:
         for group in opt.param_groups:                      # 50 warm-up steps, then cosine
             group["lr"] = lr_at(step, cfg.steps, cfg.lr, 50)
@@ -123,7 +124,7 @@ def train_tokenizer(run, vq, cfg, batch, state):
         loss = (rec.float() - x).square().mean() + qloss
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        if run.finite("tokenizer", step, vq, loss):   # a NaN/inf stops the run
+        if nan.finite(step, vq, loss):
             opt.step()
         step += 1
         # dead-code restart: codes unused lately are re-seeded with this batch's latents (not

@@ -18,7 +18,8 @@ from checkpoint import check_config, read_meta, resume_stage, save_config, save_
 from eval import compare_checkpoints  # noqa: E402
 from grpo import GRPOConfig, Source, grpo_step  # noqa: E402
 from model import finite_weights  # noqa: E402
-from runtime import ComputeBudget, Run, add_flags, from_flags, unsharded  # noqa: E402
+from runtime import (ComputeBudget, NanPolicy, Run, add_flags, check_ranks_in_sync,  # noqa: E402
+                     from_flags, unsharded)
 from tasks import (PROBE_EVERY, PROBE_N, TASKS, UNCHANGED_FRAC, PromptPool, encode,  # noqa: E402
                    keep_tokenizer, load_lang_model, load_splits, probe_rewards, reward_fn,
                    train_control)
@@ -78,8 +79,9 @@ def rl_loop(run, parts, source, cfg, gen, ckpt, steps, budget=None, probe=None,
     totals = dict(rl_seconds=prev.get("rl_seconds", 0.0), rl_compute=prev.get("rl_compute", 0))
     if budget is not None:
         budget.add(totals["rl_compute"])
+    nan = NanPolicy(run, name)   # --on_nan: a NaN/inf stops the run, or skips the step
     if not finite_weights(model):
-        run.nonfinite(name, step, model, "non-finite weights in the policy")
+        nan.nonfinite(step, model, "non-finite weights in the policy")
 
     def watch():   # every rank gathers FSDP's weights; rank 0 runs the probe
         with unsharded(model), run.autocast:
@@ -95,7 +97,7 @@ def rl_loop(run, parts, source, cfg, gen, ckpt, steps, budget=None, probe=None,
             stats = grpo_step(trained, ref, opt, prompts, items, source, cfg, gen, step,
                               run.autocast)
         except FloatingPointError as e:
-            run.nonfinite(name, step, model, str(e))
+            nan.nonfinite(step, model, str(e))
             stats = {}
         step += 1
         bar.update(1)
@@ -113,7 +115,7 @@ def rl_loop(run, parts, source, cfg, gen, ckpt, steps, budget=None, probe=None,
     bar.close()
     if budget is not None:
         budget.close()
-    run.check_ranks_in_sync(model, name)
+    check_ranks_in_sync(run, model, name)
     run.barrier()
     return stats
 

@@ -300,6 +300,9 @@ def test_shared_prompt_logprobs_equal_the_plain_forward_of_prompt_and_completion
         plain = torch.log_softmax(logits[0, len(p) - 1:].float() / 0.7, -1)   # (len(done), vocab)
         assert torch.allclose(logp[n, :len(done)], plain[torch.arange(len(done)), done], atol=1e-5)
         assert torch.allclose(ent[n, :len(done)], -(plain.exp() * plain).sum(-1), atol=1e-5)
+    # the 1-token prompt's rows alone: an empty prompt pass (FSDP needs one in every chunk)
+    alone, _ = logprobs_shared_prompts(model, b, [2, 3], config(temperature=0.7))
+    assert torch.allclose(alone, logp[2:], atol=1e-6)
 
 
 # -----------------------------------------------------------------------------

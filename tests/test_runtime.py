@@ -22,8 +22,8 @@ from safetensors.torch import save_file
 from model import GPT, GPTConfig
 import runtime
 from checkpoint import check_config, resume_stage, save_checkpoint, save_config, save_stage
-from runtime import (MAX_SKIPS, ComputeBudget, Run, check_device, check_ranges, fork_alongside,
-                     fork_map, lr_at, rank_map)
+from runtime import (MAX_SKIPS, ComputeBudget, NanPolicy, Run, check_device, check_ranges,
+                     check_ranks_in_sync, fork_alongside, fork_map, lr_at, rank_map)
 from tasks import generate_texts
 
 torch.set_num_threads(1)
@@ -108,31 +108,31 @@ def test_log_appends_json_lines_and_single_process_needs_no_process_group(tmp_pa
     run.log({"stage": "mle", "step": 1})
     run.log({"stage": "mle", "step": 2})
     run.barrier()
-    run.check_ranks_in_sync(tiny(), "rlvr")                          # a no-op without DDP: nothing logged
+    check_ranks_in_sync(run, tiny(), "rlvr")                         # a no-op without DDP: nothing logged
     rows = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert rows == [{"stage": "mle", "step": 1}, {"stage": "mle", "step": 2}]
 
 
 def test_nonfinite_stops_or_skips_and_still_stops_after_max_skips(tmp_path, capsys):
     model = tiny()
-    run = make_run(tmp_path, on_nan="stop")
+    nan = NanPolicy(make_run(tmp_path, on_nan="stop"), "mle")
     with pytest.raises(SystemExit):
-        run.nonfinite("mle", 7, model, "non-finite loss (nan)")
+        nan.nonfinite(7, model, "non-finite loss (nan)")
     err = capsys.readouterr().err
     assert err.startswith("error: mle: non-finite loss (nan) at step 7; stopping before it reaches the weights")
     assert err.count("\n") == 1
-    run = make_run(tmp_path, on_nan="skip")
+    nan = NanPolicy(make_run(tmp_path, on_nan="skip"), "rlvr")
     for step in [3, 5, *range(10, 10 + MAX_SKIPS)]:        # isolated skips, then MAX_SKIPS in a row: all allowed
-        run.nonfinite("rlvr", step, model, f"non-finite GRPO loss at step {step}")
+        nan.nonfinite(step, model, f"non-finite GRPO loss at step {step}")
     skipped = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in skipped] == [3, 5, *range(10, 10 + MAX_SKIPS)] and skipped[0]["stage"] == "rlvr"
     with pytest.raises(SystemExit):                          # one more in a row: stop
-        run.nonfinite("rlvr", 10 + MAX_SKIPS, model, "non-finite reward")
+        nan.nonfinite(10 + MAX_SKIPS, model, "non-finite reward")
     assert f"({MAX_SKIPS} steps in a row already skipped)" in capsys.readouterr().err
     with torch.no_grad():
         model.wte.weight[0, 0] = float("nan")
     with pytest.raises(SystemExit):                          # skipping cannot repair non-finite weights
-        make_run(tmp_path, on_nan="skip").nonfinite("mle", 1, model, "non-finite loss (nan)")
+        NanPolicy(make_run(tmp_path, on_nan="skip"), "mle").nonfinite(1, model, "non-finite loss (nan)")
     assert "the weights are non-finite" in capsys.readouterr().err
 
 

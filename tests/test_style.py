@@ -37,9 +37,10 @@ def test_the_core_stays_small():
     # a ratchet at today's size (issue 45's target, 14 files and 3,200 lines, is not reached yet):
     # the core may shrink, never grow; 16 files since issue 56 put the video metrics and the video
     # evaluator in files of their own (video_rewards.py, video_eval.py); 5,293 lines since issue
-    # 57's per-block FSDP and sharded reference (runtime.py, about 30 lines) landed
+    # 57's per-block FSDP and sharded reference (runtime.py, about 30 lines) landed; 5,304 since
+    # the NaN policy left runtime.Run for a class of its own, one per stage (issue 56, item 5)
     lines = sum(len((ROOT / name).read_text().splitlines()) for name in CORE)
-    assert len(CORE) <= 16 and lines <= 5293, f"top level: {len(CORE)} files, {lines} lines"
+    assert len(CORE) <= 16 and lines <= 5304, f"top level: {len(CORE)} files, {lines} lines"
 
 
 def imported_modules(path):

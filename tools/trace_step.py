@@ -114,6 +114,9 @@ try:
     runpy.run_path(str(SCRIPT), run_name="__main__")
 finally:
     sys.setprofile(None)
+if not helping and stack is None:   # e.g. a finished run in --out_dir, resumed: nothing to count
+    raise SystemExit("error: no optimizer step ran (a finished run in --out_dir is resumed, not "
+                     "trained: pass a new one); README.md is left as it is")
 if not helping:
     lines = counts()
     print(f"from {SCRIPT.name}'s first line to its first optimizer step:")
