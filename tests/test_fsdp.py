@@ -16,7 +16,7 @@ import grpo
 from checkpoint import load_model, read_checkpoint
 from model import GPT, GPTConfig, is_fsdp
 from research import common  # train_lang.py's RL loop as a function
-from runtime import Run
+from runtime import Run, no_sync_unless_last
 
 STEPS = 3
 
@@ -60,7 +60,7 @@ def train(run, rank, out, grad_ckpt):
     (out / f"sharded{rank}.txt").write_text(f"{sharded} {is_fsdp(model.h[0])} {is_fsdp(ref.h[0])} {cache}")
     g = torch.Generator().manual_seed(2 + rank)   # each rank its own prompts and samples
 
-    def draw(n):   # -> n prompts of 2-4 tokens (FSDP: each chunk runs a prompt pass), their places in the round
+    def draw(n):   # -> n prompts of 2-4 tokens, their places in the round
         return [torch.randint(1, 8, (int(torch.randint(2, 5, (1,), generator=g)),), generator=g).tolist()
                 for _ in range(n)], list(range(n))
 
@@ -85,7 +85,29 @@ def train(run, rank, out, grad_ckpt):
                    probe=probe, every=2)
     grpo.join_chunks = join
     (out / f"pads{rank}.txt").write_text(str(pads))
+    if run.fsdp and out.name == "fsdp":
+        one_token_chunk(run, parts[1], rank, out)
     run.finish()
+
+
+def one_token_chunk(run, policy, rank, out):
+    """Rank 0's chunk holds only 1-token prompts (an empty prompt pass), rank 1's longer ones: both run every block
+    twice, and the sharded gradients are those of the whole model on both chunks."""
+    def logp_sum(model, r):
+        prompts = [[3], [5]] if r == 0 else [[1, 2, 3], [4, 5]]
+        tokens = torch.randint(0, 8, (4, 5), generator=torch.Generator().manual_seed(r))
+        b = grpo.Batch(*grpo.pack(prompts, tokens), torch.tensor([0, 0, 1, 1]), None, None, None, None)
+        return grpo.logprobs_shared_prompts(model, b, [0, 1, 2, 3], grpo.GRPOConfig())[0].sum()
+    whole = GPT(policy.config)
+    whole.load_state_dict({k: v.full_tensor() for k, v in policy.state_dict().items()})
+    for r in (0, 1):
+        logp_sum(whole, r).backward()
+    policy.zero_grad(set_to_none=True)
+    with no_sync_unless_last(policy, True):
+        logp_sum(policy, rank).backward()
+    equal = all(torch.allclose(2 * p.grad.full_tensor(), q.grad, atol=1e-5)   # FSDP: the mean over 2 ranks
+                for p, q in zip(policy.parameters(), whole.parameters()))
+    (out / f"one_token{rank}.txt").write_text(str(equal))
 
 
 def test_fsdp_matches_ddp_and_resumes_exactly(tmp_path):
@@ -108,6 +130,7 @@ def test_fsdp_matches_ddp_and_resumes_exactly(tmp_path):
     assert (fsdp / "rank1_kept.txt").read_text() == "110"
     # (update calls join_chunks only on the rank with fewer chunks: rank 0 never)
     assert [(fsdp / f"pads{r}.txt").read_text() for r in (0, 1)] == ["[]", "[1, 1, 1, 1, 2, 2]"]
+    assert [(fsdp / f"one_token{r}.txt").read_text() for r in (0, 1)] == ["True", "True"]
     step1 = fsdp / "step1.safetensors"
     ddp, fsdp, again, switched, bf16, bf16_again, ckpt, bf16_ckpt = (
         read_checkpoint(out / "rl.safetensors")[0]
