@@ -1,7 +1,9 @@
 """
-GRPO (Group Relative Policy Optimization) by hand: `grpo_step` is the README's "GRPO in seven
-steps", and this file reads in their order: the math on plain tensors, then one function per step.
+GRPO (Group Relative Policy Optimization) by hand, the README's "GRPO in seven steps".
 
+Read `plain_grpo_step` first: the algorithm and nothing else, in one function on the math below
+(one process, float32, the plain sampler). `grpo_step` is the same step made fast and ready for
+scale; tests/test_grpo.py holds the two equal. Its parts, one per step:
 1-2. rollout, reward   `rollout`: G completions per prompt, the sampler's log-probs, the rewards
 3. dynamic sampling    `sample_groups`: keep groups with reward spread, sample more prompts
 4. advantages          `group_advantages`; `update_batch` lays the kept groups out as rows
@@ -15,7 +17,7 @@ import math
 import time
 from collections import namedtuple
 from contextlib import nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -24,18 +26,18 @@ from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
 from engine import cast_copy, generate
-from runtime import (check_step, join_chunks, join_rows, knob, minibatch_chunks,
-                     no_sync_unless_last, rollout_chunk, unsharded)
+from runtime import (check_step, join_passes, join_rows, no_sync_unless_last, over_ranks,
+                     plan_update, rollout_chunk, unsharded)
 
 
 @dataclass
 class GRPOConfig:
     # per step: prompts_per_step groups with reward spread (0: as many as the prompts given)
-    prompts_per_step: int = knob(16, "groups WITH reward spread per step (DAPO refill)")
+    prompts_per_step: int = 16   # groups WITH reward spread per step (DAPO refill)
     max_rounds: int = 4          # sampling rounds a step may take to collect them
-    group_size: int = knob(8, "samples per prompt (G)")
+    group_size: int = 8          # samples per prompt (G)
     # AdamW, a linear warm-up to a constant rate (the scripts' RL loop sets it each step)
-    lr: float = knob(1e-4, "AdamW learning rate of RLVR, after 10 steps of warm-up", "rl_lr")
+    lr: float = 1e-4             # after `warmup` steps of a linear warm-up
     warmup: int = 10
     weight_decay: float = 0.01   # official: 0.01
     betas: tuple = (0.9, 0.999)
@@ -51,13 +53,12 @@ class GRPOConfig:
     # the update: ppo_epochs x minibatches optimizer steps, in micro-batches
     ppo_epochs: int = 1
     minibatches: int = 2
-    micro_batch: int = knob(64, "sequences per forward/backward (the GRPO update, MLE, validation)")
+    micro_batch: int = 64        # sequences per forward/backward
     grad_clip: float = 1.0
     # sampling; skip_zero_std: drop groups without reward spread
     temperature: float = 1.0
-    max_new_tokens: int = knob(200, "longest answer sampled")
-    graphs: bool = knob(False, "1: sample on static shapes, each decode step one CUDA graph on a "
-                               "GPU (engine.py; same greedy tokens, EOS sampling may differ)")
+    max_new_tokens: int = 200    # the longest answer sampled
+    graphs: bool = False         # sample on static shapes, a decode step one CUDA graph (GPU)
     # the ids below it are the tokenizer's (0: all); the rest (Qwen2's padding) is never drawn
     vocab: int = 0
     skip_zero_std: bool = True
@@ -80,21 +81,6 @@ PAPER_RECIPE = {
                      micro_batch=2, max_prompt=7192),
     "webpage": dict(PAPER_COMMON, prompts_per_step=64, minibatches=4, max_new_tokens=7288,
                     micro_batch=5, max_prompt=5000)}
-
-
-# a kept group (step 3): its prompt, the rollout holding its G rows, which rows, their rewards
-Group = namedtuple("Group", "prompt rollout rows rewards")
-# the update's N rows (step 4): `pack`'s four tensors, each row's group, its log-probs, advantage
-Batch = namedtuple("Batch", "prompt_idx prompt_len idx targets rows old_logp adv mask ref_logp")
-
-
-@dataclass
-class Source:
-    """How a step's groups are scored and where more come from (grpo_step's hooks)."""
-    reward_fn: Callable          # reward_fn(items, completions) -> a float per completion
-    eos_id: int = None
-    draw: Callable = None        # draw(n) -> (n token-id prompts, their items); None: one round
-    sampler: Callable = None     # see `rollout`; None: engine.generate
 
 
 # -----------------------------------------------------------------------------
@@ -133,11 +119,11 @@ def aggregate(per_token, mask, how, n_tokens=None, n_parts=None):
     if how == "micro-token-mean":
         return aggregate(per_token, mask, "token-mean") / max(n_parts or 1, 1)
     if how == "token-mean":
-        n = mask.sum().clamp(min=1) if n_tokens is None else max(n_tokens, 1)
+        n = mask.sum().clamp(min=1) if n_tokens is None else n_tokens or 1
         return (per_token * mask).sum() / n
     assert how == "seq-mean", f"loss_agg: {how!r}"
     per_seq = (per_token * mask).sum(1) / mask.sum(1).clamp(min=1)  # (n,) each row's mean
-    return per_seq.sum() / max(len(per_seq) if n_parts is None else n_parts, 1)
+    return per_seq.sum() / ((len(per_seq) if n_parts is None else n_parts) or 1)
 
 
 def grpo_loss(logp, old_logp, ref_logp, entropy, adv, mask, cfg, n_tokens=None, n_parts=None):
@@ -150,25 +136,91 @@ def grpo_loss(logp, old_logp, ref_logp, entropy, adv, mask, cfg, n_tokens=None, 
 
 
 # -----------------------------------------------------------------------------
+# the algorithm, plain: one process, float32, no chunks, ranks or refill
+
+def plain_grpo_step(model, ref_model, optimizer, prompts, records, reward_fn, cfg, generator,
+                    eos_id=None):
+    """One GRPO step, plainly: G completions of each prompt (token-id lists) by the plain sampler,
+    scored by reward_fn(records, completions); groups without reward spread dropped; one forward
+    of prompt + completion for the log-probs; `grpo_loss` on every kept token; one AdamW step.
+    -> rewards (P, G). `grpo_step` computes the same (tests/test_grpo.py), fast and at scale."""
+    G, rows = cfg.group_size, []   # rows: (prompt, completion up to and with its EOS)
+    model.eval()
+    for p in prompts:   # 1. rollout: the prompt G times, one full forward per new token (model.py)
+        out = model.generate(torch.tensor([p] * G), cfg.max_new_tokens, cfg.temperature,
+                             eos_id=eos_id, generator=generator)[:, len(p):].tolist()
+        rows += [(p, c[:c.index(eos_id) + 1] if eos_id in c else c) for c in out]
+    model.train()
+    # 2. reward: the task's metric of each decoded completion -> (P, G)
+    reps = [r for r in records for _ in range(G)]
+    rewards = torch.tensor(reward_fn(reps, [c for _, c in rows]), dtype=torch.float32).view(-1, G)
+    # 3. keep the groups whose rewards differ; 4. their advantages, one per completion
+    keep = rewards.std(1) > 0 if cfg.skip_zero_std else torch.ones(len(rewards), dtype=bool)
+    adv = group_advantages(rewards[keep], cfg.std_norm, cfg.adv_eps, cfg.std_unbiased).view(-1)
+    rows = [row for g in keep.nonzero().flatten().tolist() for row in rows[g * G:(g + 1) * G]]
+    # 5-6. one forward of prompt + completion: log-probs, entropies, the reference's log-probs
+    logp, entropy, ref_logp = [], [], []
+    for p, c in rows:   # position i of prompt + completion predicts token i + 1
+        x, y = torch.tensor([p + c[:-1]]), torch.tensor(c)[:, None]
+        lp, ref = [F.log_softmax(m(x)[0][0, len(p) - 1:].float() / cfg.temperature, -1)
+                   for m in (model, ref_model or model)]   # (len(c), vocab) each
+        logp.append(lp.gather(-1, y).squeeze(-1))
+        entropy.append(-(lp.exp() * lp).sum(-1))
+        ref_logp.append(ref.gather(-1, y).squeeze(-1).detach())   # (no reference: unused, beta 0)
+    if rows:   # no group with spread: no update
+        logp, entropy, ref_logp = (pad_sequence(x, batch_first=True)
+                                   for x in (logp, entropy, ref_logp))
+        mask = pad_sequence([torch.ones(len(c), dtype=bool) for _, c in rows], batch_first=True)
+        # PPO-clip to the sampling policy (this forward's own log-probs), KL to the reference
+        loss, _ = grpo_loss(logp, logp.detach(), ref_logp, entropy, adv, mask, cfg)
+        optimizer.zero_grad(set_to_none=True)   # 7. backward, clip the gradient, one step
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+    return rewards
+
+
+# -----------------------------------------------------------------------------
+# the fast step: what `grpo_step` adds to the plain one
+
+# a kept group (step 3): its prompt, the rollout holding its G rows, which rows, their rewards
+Group = namedtuple("Group", "prompt rollout rows rewards")
+# the update's N rows (step 4): `pack`'s four tensors, each row's group, its log-probs, advantage
+Batch = namedtuple("Batch", "prompt_idx prompt_len idx targets group old_logp adv mask ref_logp")
+
+
+@dataclass
+class Env:
+    """What the task gives a step (grpo_step's hooks): its rewards, and more prompts."""
+    reward_fn: Callable          # reward_fn(records, completions) -> a float per completion
+    eos_id: int = None
+    draw: Callable = None        # draw(n) -> (n token-id prompts, their records); None: one round
+    sampler: Callable = None     # see `rollout`; None: engine.generate
+
+
+# -----------------------------------------------------------------------------
 # steps 1-3: rollouts, rewards, dynamic sampling
 
 @torch.no_grad()
-def rollout(model, prompts, items, source, cfg, generator, autocast=nullcontext()):
+def rollout(model, prompts, records, env, cfg, generator, autocast=nullcontext()):
     """Steps 1-2. G samples per prompt, scored -> N = P * G rows grouped by prompt: tokens (N, T)
     (-1 after EOS), old_logp (N, T), mask (N, T) (the sampled tokens), rewards (N,), completions.
-    source.sampler: None (engine.generate), or (model, prompts, items, cfg, generator) -> tokens,
+    env.sampler: None (engine.generate), or (model, prompts, records, cfg, generator) -> tokens,
     logprobs, sampled (N, T) when the task injects tokens (video's true actions: sampled False)."""
     G, parts = cfg.group_size, []
-    reps = [it for it in items for _ in range(G)]   # each prompt's item for each of its G rows
+    reps = [r for r in records for _ in range(G)]   # each prompt's record for each of its G rows
     model.eval()
     n = rollout_chunk(model, prompts, cfg)   # prompts per sampler call (runtime.py)
     for s in range(0, len(prompts), n):
-        with autocast:  # each prompt prefilled once; its G samples share its KV cache
-            parts.append((*generate(model, prompts[s:s + n], cfg.max_new_tokens, cfg.temperature,
-                                    eos_id=source.eos_id, generator=generator, num_samples=G,
-                                    vocab=cfg.vocab or None, graphs=cfg.graphs), None)
-                          if source.sampler is None else
-                          source.sampler(model, [p for p in prompts[s:s + n] for _ in range(G)],
+        chunk = prompts[s:s + n]
+        with autocast:
+            if env.sampler is None:   # each prompt prefilled once; its G samples share its cache
+                tokens, logp = generate(model, chunk, cfg.max_new_tokens, cfg.temperature,
+                                        eos_id=env.eos_id, generator=generator, num_samples=G,
+                                        vocab=cfg.vocab or None, graphs=cfg.graphs)
+                parts.append((tokens, logp, None))
+            else:
+                parts.append(env.sampler(model, [p for p in chunk for _ in range(G)],
                                          reps[s * G:(s + n) * G], cfg, generator))
     tokens, old_lp, sampled = join_rows(parts)
     model.train()
@@ -176,34 +228,34 @@ def rollout(model, prompts, items, source, cfg, generator, autocast=nullcontext(
     tokens, old_lp = tokens.cpu().clone(), old_lp.float().cpu().clone()
     mask = tokens >= 0 if sampled is None else sampled.cpu() & (tokens >= 0)
     completions = [row[:n] for row, n in zip(tokens.tolist(), (tokens >= 0).sum(1).tolist())]
-    rewards = torch.tensor(source.reward_fn(reps, completions), dtype=torch.float32)
+    rewards = torch.tensor(env.reward_fn(reps, completions), dtype=torch.float32)
     if not torch.isfinite(rewards).all():
         raise FloatingPointError("reward_fn returned a non-finite reward")
     return dict(tokens=tokens, old_logp=old_lp, mask=mask, rewards=rewards, completions=completions,
                 prompt_tokens=sum(len(p) for p in prompts))
 
 
-def sample_groups(model, prompts, items, source, cfg, generator, autocast=nullcontext()):
+def sample_groups(model, prompts, records, env, cfg, generator, autocast=nullcontext()):
     """Steps 1-3: rounds of rollouts until cfg.prompts_per_step groups have reward spread (DAPO's
     dynamic sampling), at most cfg.max_rounds -> (at most that many kept Groups, every rollout)."""
     G, want = cfg.group_size, cfg.prompts_per_step or len(prompts)
     kept, rounds = [], []
     with autocast:   # engine.generate's weights, cast once for every round (a sampler gets model's)
-        model = cast_copy(model) if source.sampler is None else model
+        model = cast_copy(model) if env.sampler is None else model
     while True:
-        out = rollout(model, prompts, items, source, cfg, generator, autocast)
+        out = rollout(model, prompts, records, env, cfg, generator, autocast)
         rounds.append(out)
         r = out["rewards"].view(-1, G)   # (P, G) one row per group
         spread = (r.std(1, unbiased=False) > 0 if cfg.skip_zero_std
                   else torch.ones(len(r), dtype=torch.bool))   # step 3: the groups to keep
         kept += [Group(prompts[g], out, slice(g * G, (g + 1) * G), r[g])
                  for g in spread.nonzero().flatten().tolist()]
-        if len(kept) >= want or len(rounds) >= cfg.max_rounds or source.draw is None:
+        if len(kept) >= want or len(rounds) >= cfg.max_rounds or env.draw is None:
             return kept[:want], rounds              # a fixed-size update, as DAPO's
         # enough prompts to fill the gap at the spread rate so far, at most the first round's number
         n_sampled = sum(len(s["rewards"]) for s in rounds) // G
         n = math.ceil((want - len(kept)) * n_sampled / max(len(kept), 1))
-        prompts, items = source.draw(min(len(rounds[0]["rewards"]) // G, n))
+        prompts, records = env.draw(min(len(rounds[0]["rewards"]) // G, n))
 
 
 # -----------------------------------------------------------------------------
@@ -211,15 +263,15 @@ def sample_groups(model, prompts, items, source, cfg, generator, autocast=nullco
 
 def update_batch(kept, cfg, device):
     """Step 4: the kept Groups as N = groups x G rows right-padded to T -> a Batch: `pack`'s
-    tensors, rows (N,) each row's group, old_logp (N, T), adv (N,), mask (N, T), ref_logp None."""
+    tensors, group (N,) each row's, old_logp (N, T), adv (N,), mask (N, T), ref_logp None."""
     tokens, old_logp, mask = (pad_sequence([row for k in kept for row in k.rollout[key][k.rows]],
                                            batch_first=True, padding_value=pad)
                               for key, pad in (("tokens", -1), ("old_logp", 0.0), ("mask", False)))
     adv = group_advantages(torch.stack([k.rewards for k in kept]), cfg.std_norm, cfg.adv_eps,
                            cfg.std_unbiased)
     *packed, targets = [t.to(device) for t in pack([k.prompt for k in kept], tokens, mask)]
-    rows = torch.arange(len(kept), device=device).repeat_interleave(cfg.group_size)
-    return Batch(*packed, targets, rows, old_logp.to(device), adv.view(-1).to(device),
+    group = torch.arange(len(kept), device=device).repeat_interleave(cfg.group_size)
+    return Batch(*packed, targets, group, old_logp.to(device), adv.view(-1).to(device),
                  targets >= 0, None)   # mask: EOS in; padding and injected tokens out
 
 
@@ -241,10 +293,10 @@ def pack(prompts, tokens, mask=None):
 def logprobs_shared_prompts(model, b, sel, cfg):
     """Log-probs (n, T) of the targets and entropies (n, T) of the rows `sel` of `update_batch`,
     0 where a row has no target. Each prompt runs once for its rows; logits only at the targets."""
-    used, rows = torch.unique(b.rows[sel], return_inverse=True)
+    used, group = torch.unique(b.group[sel], return_inverse=True)
     # the chunk's prompts, their padding cut to the longest of them
     L = int(b.prompt_len[used].max()) if len(used) else 0
-    prompts = (b.prompt_idx[used, :L], b.prompt_len[used], rows)
+    prompts = (b.prompt_idx[used, :L], b.prompt_len[used], group)
     targets = b.targets[sel]
     at = targets >= 0                                # (n, T) the positions with a target
     # (1-token prompts: an empty prompt pass, which FSDP's gathers need on every rank)
@@ -258,112 +310,130 @@ def logprobs_shared_prompts(model, b, sel, cfg):
     return logp, entropy
 
 
+def fixed_logprobs(model, b, chunks, cfg, autocast):
+    """Log-probs (N, T) of every row of b under `model`, without gradient, one chunk at a time.
+    FSDP: the model gathered whole for these forwards (every rank enters, with rows or not)."""
+    out = torch.zeros_like(b.old_logp) if b is not None else None
+    with unsharded(model), torch.no_grad():
+        for rows in chunks:
+            with autocast:
+                out[rows] = logprobs_shared_prompts(model, b, rows, cfg)[0]
+    return out
+
+
 # -----------------------------------------------------------------------------
 # steps 5-7: the optimizer steps
 
-def minibatch_plan(N, cfg, generator):
-    """Each epoch a fresh order of the N rows, cut into cfg.minibatches minibatches, each cut into
-    chunks of cfg.micro_batch rows -> (minibatches, their chunks). Several chunks are cut in row
-    order, so a prompt's samples sit together and its prompt runs once (logprobs_shared_prompts)."""
-    per_mb = math.ceil(N / cfg.minibatches)
-    orders = [torch.randperm(N, generator=generator).tolist() for _ in range(cfg.ppo_epochs)]
-    plan = [order[m * per_mb:(m + 1) * per_mb] for order in orders for m in range(cfg.minibatches)]
-    mu = cfg.micro_batch
-    chunks = [[(mb if len(mb) <= mu else sorted(mb))[s:s + mu] for s in range(0, len(mb), mu)]
-              for mb in plan]
-    return plan, chunks
-
-
-def update(policy, optimizer, b, plan, chunks, cfg, step, autocast):
-    """Steps 5-7: an optimizer step per minibatch -> (the stats' sums, minibatches with rows).
-    Only the forwards run under `autocast`: its weight copies would outlive an optimizer step."""
-    sums, n_mb = dict(loss=0.0, kl=0.0, entropy=0.0, clip=0.0, grad_norm=0.0, ratio=0.0), 0
-    # several processes: every rank steps where any has rows (runtime.py's scale path)
-    for m, (mb, most) in enumerate(zip(plan, minibatch_chunks(policy, chunks))):
+def update(policy, optimizer, b, plan, cfg, step, autocast):
+    """Steps 5-7: for each minibatch, for each micro-batch: log-probs -> loss -> backward; then
+    clip and step -> the stats' sums. plan: `runtime.plan_update`'s minibatches. Only the
+    forwards run under `autocast`: its weight copies would outlive an optimizer step."""
+    sums = dict(loss=0.0, kl=0.0, entropy=0.0, clip=0.0, grad_norm=0.0, ratio=0.0,
+                ratio_tokens=0, steps=0)
+    for m, mb in enumerate(plan):
         optimizer.zero_grad(set_to_none=True)
-        if not most:   # no rows on any rank: no step (AdamW would move on zero gradients)
+        if not mb.micro and not mb.pad:   # no rows on any rank: no step (AdamW would move)
             continue
-        if len(chunks[m]) < most:   # fewer chunks than another rank: pad with 0-gradient ones
-            join_chunks(policy, len(chunks[m]), most, autocast)
-        n_tok = int(b.mask[mb].sum()) if mb else 0   # the minibatch's loss tokens
-        n = len(chunks[m]) if cfg.loss_agg == "micro-token-mean" else len(mb)   # rows or chunks
-        for c, chunk in enumerate(chunks[m]):   # its share of the minibatch's loss and log
-            with no_sync_unless_last(policy, c == len(chunks[m]) - 1):
+        for i, rows in enumerate(mb.micro):   # DDP: the gradients all-reduced after the last
+            with no_sync_unless_last(policy, i == len(mb.micro) - 1):
                 with autocast:
-                    logp, ent = logprobs_shared_prompts(policy, b, chunk, cfg)   # (n, T) float32
-                mask = b.mask[chunk]
-                loss, parts = grpo_loss(logp, b.old_logp[chunk], b.ref_logp[chunk], ent,
-                                        b.adv[chunk], mask, cfg, n_tok, n)
+                    logp, entropy = logprobs_shared_prompts(policy, b, rows, cfg)   # (n, T)
+                mask = b.mask[rows]
+                loss, parts = grpo_loss(logp, b.old_logp[rows], b.ref_logp[rows], entropy,
+                                        b.adv[rows], mask, cfg, mb.tokens, mb.parts)
                 if not torch.isfinite(loss):
                     raise FloatingPointError(f"non-finite GRPO loss at step {step}")
                 loss.backward()
-            sums["loss"] += loss.item()
-            for name, x in (("kl", parts["kl"]), ("entropy", ent), ("clip", parts["clip"])):
-                sums[name] += aggregate(x.detach(), mask, "token-mean", n_tok).item()
-            if m == 0:   # the first minibatch's token ratios: their mean is 1 when on-policy
+            sums["loss"] += loss.item()   # the stats: this micro-batch's share of the minibatch's
+            for name, x in (("kl", parts["kl"]), ("entropy", entropy), ("clip", parts["clip"])):
+                sums[name] += aggregate(x.detach(), mask, "token-mean", mb.tokens).item()
+            if m == 0:   # the first minibatch's token ratios: 1 on average when on-policy
                 sums["ratio"] += parts["ratio"].detach()[mask].sum().item()
+                sums["ratio_tokens"] += int(mask.sum())
+        join_passes(policy, mb.pad, autocast)   # as many passes as the rank with the most
         gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
         if not torch.isfinite(gn):
             raise FloatingPointError(f"non-finite gradient norm at step {step}")
         sums["grad_norm"] += gn.item()
-        n_mb += bool(mb)
+        sums["steps"] += 1
         optimizer.step()
-    return sums, n_mb
+    return sums
 
 
 # -----------------------------------------------------------------------------
 # one GRPO step
 
-def step_stats(step, rounds, kept, b, plan, sums, n_mb, cfg, eos_id, recomputed, t0, t_rollout):
-    """The log: reward, length, EOS over every sampled group; the update's means (NaN: none); the
-    step's compute in forward-token units (forward 1, forward and backward 3): the rollout, then
-    per kept token the reference's and (bf16: `recomputed`) old log-probs' forwards, 3 an epoch."""
+def step_stats(policy, step, rounds, kept, plan, sums, cfg, eos_id, recomputed, t0, t_rollout):
+    """The log, over every rank: reward, length, EOS over every sampled group; the update's means
+    per minibatch (NaN: none); the step's compute in forward-token units (forward 1, forward and
+    backward 3): the rollout, then per kept token the reference's and (bf16: `recomputed`) old
+    log-probs' forwards, 3 an epoch."""
     rewards = torch.cat([s["rewards"] for s in rounds]).view(-1, cfg.group_size)  # (groups, G)
-    lengths = torch.tensor([len(c) for s in rounds for c in s["completions"]], dtype=torch.float32)
-    eos = [bool(c) and c[-1] == eos_id for s in rounds for c in s["completions"]]
-    m = {k: v / n_mb if n_mb else float("nan") for k, v in sums.items()}   # means per minibatch
-    ratio_tokens = int(b.mask[plan[0]].sum()) if b is not None else 0   # the first minibatch's
+    completions = [c for s in rounds for c in s["completions"]]
+    eos = sum(bool(c) and c[-1] == eos_id for c in completions)
     sampled = sum(s["prompt_tokens"] + int((s["tokens"] >= 0).sum()) for s in rounds)
     updated = sum(len(k.prompt) + int((k.rollout["tokens"][k.rows] >= 0).sum()) for k in kept)
     passes = 3 * cfg.ppo_epochs + (cfg.beta > 0) + recomputed
-    return dict(step=step, reward_mean=rewards.mean().item(), reward_max=rewards.max().item(),
-                zero_std_frac=(rewards.std(1, unbiased=False) == 0).float().mean().item(),
-                rounds=len(rounds), groups=len(rewards), groups_kept=len(kept), kl=m["kl"],
+    # sums over the ranks (a rank's update sums are its share of the mean: summed as they are)
+    total, most = over_ranks(policy, dict(
+        reward=rewards.sum().item(), n=rewards.numel(), groups=len(rewards), groups_kept=len(kept),
+        zero_std=(rewards.std(1, unbiased=False) == 0).sum().item(),
+        length=sum(map(len, completions)), eos=eos,
+        tokens_sampled=sampled, tokens_updated=updated, compute=sampled + passes * updated,
+        **{k: v for k, v in sums.items() if k != "steps"}),
+        dict(reward_max=rewards.max().item(), rounds=len(rounds), t_rollout=t_rollout))
+    m = {k: total[k] / plan[0].world / sums["steps"] if sums["steps"] else float("nan")
+         for k in ("kl", "entropy", "clip", "loss", "grad_norm")}   # means per minibatch
+    n = total["n"]
+    return dict(step=step, reward_mean=total["reward"] / n, reward_max=most["reward_max"],
+                zero_std_frac=total["zero_std"] / total["groups"], rounds=int(most["rounds"]),
+                **{k: int(total[k]) for k in ("groups", "groups_kept")}, kl=m["kl"],
                 entropy=m["entropy"], clip_frac=m["clip"], loss=m["loss"], grad_norm=m["grad_norm"],
-                ratio_first=sums["ratio"] / ratio_tokens if ratio_tokens else float("nan"),
-                response_len=lengths.mean().item(), eos_frac=sum(eos) / len(eos),
-                t_rollout=t_rollout, t_step=time.time() - t0, tokens_sampled=sampled,
-                tokens_updated=updated, compute=sampled + passes * updated)
+                ratio_first=total["ratio"] / total["ratio_tokens"] if total["ratio_tokens"]
+                else float("nan"), response_len=total["length"] / n, eos_frac=total["eos"] / n,
+                t_rollout=most["t_rollout"], t_step=time.time() - t0,
+                **{k: int(total[k]) for k in ("tokens_sampled", "tokens_updated", "compute")})
 
 
-def grpo_step(policy, ref_model, optimizer, prompts, items, source, cfg, generator, step=0,
+def grpo_step(policy, ref_model, optimizer, prompts, records, env, cfg, generator, step=0,
               autocast=nullcontext()):
-    """The seven steps -> a dict of stats. policy: the GPT, maybe DDP- or FSDP-wrapped; ref_model:
-    frozen (None if beta == 0), FSDP-sharded too; prompts, items: the first round's P token-id
-    lists and task objects; source: a Source; autocast: the forwards' mixed precision. A
-    non-finite weight, reward, loss or gradient norm: FloatingPointError."""
+    """`plain_grpo_step` made fast and scale-ready -> a dict of stats, over every rank. What it
+    adds, and why:
+    - dynamic sampling (DAPO): rounds of prompts from env.draw until cfg.prompts_per_step groups
+      have reward spread, so every update has as many groups that teach;
+    - the KV-cache sampler (engine.py), each prompt prefilled once for its G samples;
+    - `update`: ppo_epochs x minibatches optimizer steps, in micro-batches that fit memory, each
+      prompt run once for its rows (model.forward(prompts=)), logits only where a token is scored;
+    - autocast (bf16 / fp16): the sampler on a cast copy, the old log-probs recomputed on the
+      update's own path (as verl: the first ratio is 1, not a precision gap);
+    - DDP / FSDP (`policy` wrapped, ref_model sharded too): the plan evened out across the ranks
+      and the loss normalised by their summed counts, so N ranks take the one-process step.
+    A non-finite weight, reward, loss or gradient norm: FloatingPointError."""
     t0 = time.time()
-    raw = getattr(policy, "module", policy)   # the GPT itself
-    low = check_step(raw, step, autocast)   # finite weights, no outer autocast; True: bf16 / fp16
-    with unsharded(raw):   # FSDP: the full weights, gathered for the rollouts
+    raw_model = getattr(policy, "module", policy)   # the GPT itself
+    low_precision = check_step(raw_model, step, autocast)   # finite weights, no outer autocast
+    with unsharded(raw_model):   # FSDP: the full weights, gathered for the rollouts
         # 1-3. rollouts, rewards, and more prompts until enough groups have reward spread
-        kept, rounds = sample_groups(raw, prompts, items, source, cfg, generator, autocast)
+        kept, rounds = sample_groups(raw_model, prompts, records, env, cfg, generator, autocast)
     t_rollout = time.time() - t0
     # 4. advantages, and the rows of the update (none if no group had spread)
-    b = update_batch(kept, cfg, raw.wte.weight.device) if kept else None
-    plan, chunks = minibatch_plan(len(kept) * cfg.group_size, cfg, generator)
-    if b is not None:   # the reference's: the sampler's until replaced (beta 0: the KL is to it)
+    b = update_batch(kept, cfg, raw_model.wte.weight.device) if kept else None
+    # minibatches of micro-batches, shuffled each epoch, evened out over the ranks (runtime.py)
+    plan = plan_update(policy, b, cfg, generator)
+    every_row = [rows for mb in plan[:cfg.minibatches] for rows in mb.micro]   # the first epoch
+    # the log-probs the update holds fixed: bf16 / fp16's old ones recomputed on the update's path,
+    # the reference's (beta 0: none, the KL is to the sampler's)
+    if low_precision:
+        old = fixed_logprobs(raw_model, b, every_row, cfg, autocast)
+        b = b._replace(old_logp=old) if b is not None else None
+    if b is not None:
         b = b._replace(ref_logp=b.old_logp.clone())
-    # the fixed log-probs on the first epoch's chunks (every row once): bf16 / fp16's old ones on
-    # the update's path (as verl: ratio 1), the reference's; FSDP: each gathered whole in turn
-    for model, out in [(raw, "old_logp")] * low + [(ref_model, "ref_logp")] * (cfg.beta > 0):
-        with unsharded(model) if model is not None else nullcontext():
-            for chunk in [c for mb in chunks[:cfg.minibatches] for c in mb]:   # (none: no b)
-                with torch.no_grad(), autocast:
-                    getattr(b, out)[chunk] = logprobs_shared_prompts(model, b, chunk, cfg)[0]
+    if cfg.beta > 0 and ref_model is not None:
+        ref = fixed_logprobs(ref_model, b, every_row, cfg, autocast)
+        b = b._replace(ref_logp=ref) if b is not None else None
     # 5-7. PPO-clip + KL - entropy, token-mean, an optimizer step per minibatch
-    sums, n_mb = update(policy, optimizer, b, plan, chunks, cfg, step, autocast)
-    return step_stats(step, rounds, kept, b, plan, sums, n_mb, cfg, source.eos_id, low, t0,
+    sums = update(policy, optimizer, b, plan, cfg, step, autocast)
+    return step_stats(policy, step, rounds, kept, plan, sums, cfg, env.eos_id, low_precision, t0,
                       t_rollout)
 
 
@@ -373,9 +443,9 @@ def grpo_step(policy, ref_model, optimizer, prompts, items, source, cfg, generat
 HEADROOM_N = 64   # the validation prompts of a run's headroom line: the first that fit
 
 
-def headroom(model, prompts, items, source, cfg, autocast=nullcontext(), name="the start",
+def headroom(model, prompts, records, env, cfg, autocast=nullcontext(), name="the start",
              what="reward x 100", scale=100):
-    """What GRPO can learn from on `prompts` (their `items`), scored by source.reward_fn: the
+    """What GRPO can learn from on `prompts` (their `records`), scored by env.reward_fn: the
     reward of the greedy answer and the best of cfg.group_size samples at cfg.temperature (the RL
     stage's G and T, from a fixed seed) -> dict: greedy and best (their means), fixed (the share of
     prompts whose best sample beats the greedy answer: what sharpening can fix) and spread (the
@@ -383,8 +453,8 @@ def headroom(model, prompts, items, source, cfg, autocast=nullcontext(), name="t
     one line, the rewards x `scale` (video's -MAE: -1000)."""
     g = torch.Generator().manual_seed(0)
     one = replace(cfg, group_size=1, temperature=0.0)   # greedy
-    greedy = rollout(model, prompts, items, source, one, g, autocast)["rewards"]   # (P,)
-    r = rollout(model, prompts, items, source, cfg, g, autocast)["rewards"].view(len(prompts), -1)
+    greedy = rollout(model, prompts, records, env, one, g, autocast)["rewards"]   # (P,)
+    r = rollout(model, prompts, records, env, cfg, g, autocast)["rewards"].view(len(prompts), -1)
     best = r.max(1).values
     h = dict(n=len(prompts), G=cfg.group_size, temperature=cfg.temperature,
              greedy=greedy.mean().item(), best=best.mean().item(),

@@ -23,6 +23,11 @@ from runtime import NanPolicy, lr_at, no_sync_unless_last, unsharded
 WARMUP = 100   # warm-up steps of the MLE schedule (runtime.lr_at) of train_lang.py
 
 
+def cosine_lr(steps, lr):
+    """train_lang.py's MLE schedule: WARMUP steps of warm-up to lr, then cosine to lr / 10."""
+    return lambda s: lr_at(s, steps, lr, WARMUP)
+
+
 def control_lr(lr, warmup=10):
     """The control's schedule: a linear warm-up over `warmup` steps, then `lr` (constant)."""
     return lambda step: lr * min(1.0, (step + 1) / warmup)

@@ -24,7 +24,7 @@ import threading
 import time
 import zlib
 from contextlib import contextmanager, nullcontext
-from dataclasses import field, fields
+from collections import namedtuple
 from pathlib import Path
 
 import torch
@@ -142,6 +142,11 @@ class NanPolicy:
     def __init__(self, run, stage):
         self.run, self.stage, self.skips, self.last_skip = run, stage, 0, None
 
+    def check_start(self, model):
+        """A start with non-finite weights stops before anything samples from it."""
+        if not finite_weights(model):
+            self.nonfinite(0, model, "non-finite weights in the policy")
+
     def nonfinite(self, step, model, what):
         """A NaN/inf `what` at `step`: --on_nan=stop ends the run with one line; --on_nan=skip logs
         it and returns (the caller drops the step), unless the weights are too or MAX_SKIPS were."""
@@ -219,26 +224,6 @@ def check_ranges(parser, args, at_least_1=(), at_least_0=()):
                 parser.error(f"--{name} must be >= {low}, got {getattr(args, name)}")
 
 
-def knob(default, help, flag=None):
-    """A config dataclass field that is a script's flag (`add_flags`), named `flag` if given."""
-    return field(default=default, metadata=dict(help=help, flag=flag))
-
-
-def add_flags(group, cls):
-    """The knobs of dataclass `cls` (grpo.GRPOConfig) as argparse flags; a bool is a 0/1 int."""
-    for f in fields(cls):
-        if f.metadata:
-            kind = int if f.type is bool else f.type
-            group.add_argument(f"--{f.metadata['flag'] or f.name}", type=kind,
-                               default=kind(f.default), help=f.metadata["help"])
-
-
-def from_flags(args, cls):
-    """The dataclass `cls` from the flags `add_flags` made (its other fields: their defaults)."""
-    return cls(**{f.name: f.type(getattr(args, f.metadata["flag"] or f.name))
-                  for f in fields(cls) if f.metadata})
-
-
 def lr_at(step, total, base, warmup):
     """Linear warmup over `warmup` steps, then cosine decay from base to 0.1 * base at `total`."""
     if step < warmup:
@@ -274,13 +259,53 @@ def no_sync_unless_last(policy, last):
         policy.h[-1].reshard()
 
 
-def minibatch_chunks(policy, chunks):
-    """The most chunks of each minibatch on any rank (0: no rows, no step): every rank runs as
-    many passes (FSDP gathers each block in each pass; a rank with fewer: `join_chunks`)."""
-    most = torch.tensor([len(c) for c in chunks], device=next(policy.parameters()).device)
-    if hasattr(policy, "no_sync") or is_fsdp(policy):   # DDP / FSDP: the most on any rank
+# the update's plan, per minibatch: this rank's micro-batches (row lists), the passes without rows
+# it runs to match the rank with the most, the loss's normalisers, the number of ranks
+Minibatch = namedtuple("Minibatch", "micro pad tokens parts world")
+
+
+def plan_update(policy, b, cfg, generator):
+    """The GRPO update's plan, made once per step -> a Minibatch per minibatch. Each epoch a fresh
+    order of the N rows of Batch b (None: none here), cut into cfg.minibatches minibatches, each
+    into micro-batches of cfg.micro_batch rows (several: in row order, so that a prompt's samples
+    sit together and its prompt runs once). Evened out over the ranks (DDP, FSDP): `pad` passes
+    without rows where another rank has more micro-batches (FSDP gathers each block in every pass;
+    DDP: one where a rank has none, to join the all-reduce); `tokens` ("token-mean") and `parts`
+    ("seq-mean": rows) the minibatch's counts summed over the ranks, over their number, since DDP
+    and FSDP average the ranks' gradients, which then equal one process's on all the rows.
+    "micro-token-mean" (verl's, per rank): `parts` is this rank's micro-batches."""
+    N, mu = (0 if b is None else len(b.idx)), cfg.micro_batch
+    per_mb = math.ceil(N / cfg.minibatches)
+    orders = [torch.randperm(N, generator=generator).tolist() for _ in range(cfg.ppo_epochs)]
+    mbs = [order[m * per_mb:(m + 1) * per_mb] for order in orders for m in range(cfg.minibatches)]
+    micro = [[(mb if len(mb) <= mu else sorted(mb))[s:s + mu] for s in range(0, len(mb), mu)]
+             for mb in mbs]
+    device = next(policy.parameters()).device
+    have = torch.tensor([len(c) for c in micro], device=device)   # micro-batches here
+    totals = torch.tensor([[float(b.mask[mb].sum()) if mb else 0.0, len(mb)] for mb in mbs],
+                          dtype=torch.float64, device=device)       # (minibatches, 2)
+    most, world, fsdp = have.clone(), 1, is_fsdp(policy)
+    if hasattr(policy, "no_sync") or fsdp:   # DDP / FSDP
         dist.all_reduce(most, op=dist.ReduceOp.MAX)
-    return most.tolist()
+        dist.all_reduce(totals)
+        world = dist.get_world_size()
+    return [Minibatch(c, m - n if fsdp else int(m > 0 and n == 0), tokens / world,
+                      n if cfg.loss_agg == "micro-token-mean" else rows / world, world)
+            for c, n, m, (tokens, rows) in zip(micro, have.tolist(), most.tolist(),
+                                               totals.tolist())]
+
+
+def over_ranks(policy, sums, maxes):
+    """Dicts of numbers -> the same, summed (sums) and maxed (maxes) over the ranks (DDP, FSDP)."""
+    if not (hasattr(policy, "no_sync") or is_fsdp(policy)):
+        return sums, maxes
+    device = next(policy.parameters()).device
+    out = []
+    for d, op in ((sums, dist.ReduceOp.SUM), (maxes, dist.ReduceOp.MAX)):
+        t = torch.tensor([float(v) for v in d.values()], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=op)
+        out.append(dict(zip(d, t.tolist())))
+    return tuple(out)
 
 
 def rollout_chunk(model, prompts, cfg):
@@ -301,11 +326,11 @@ def join_rows(parts):
         for i, v in enumerate((-1, 0.0, False)))
 
 
-def join_chunks(policy, have, most, autocast):
-    """A rank with fewer chunks than another (DDP: none) joins their collectives: 0 gradients of
-    a chunk's passes (a 1-token prompt, row), in its autocast (its casts order the reductions)."""
+def join_passes(policy, n, autocast):
+    """n passes without rows (Minibatch.pad): 0 gradients of a 1-token prompt and row, that join
+    the collectives of a rank with more micro-batches, in its autocast (its casts order them)."""
     one = torch.zeros(1, 1, dtype=torch.long, device=next(policy.parameters()).device)
-    for _ in range(most - have if is_fsdp(policy) else int(not have)):
+    for _ in range(n):
         with no_sync_unless_last(policy, True):
             with autocast:
                 out = policy(one, prompts=(one, one[0] + 1, one[0]))[0]

@@ -8,6 +8,7 @@ import filecmp
 import shutil
 import time
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from types import ModuleType
 from typing import Callable
@@ -15,13 +16,16 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from checkpoint import ROOT, atomic_write, load_model, recorded_path
+from checkpoint import ROOT, atomic_write, load_model, read_meta, recorded_path, save_config
 from data.lights import task as lights_task
 from data.textgame import prepare as textgame_prepare, task as textgame_task
 from data.webpage import prepare as webpage_prepare, task as webpage_task
 from engine import generate
+from grpo import HEADROOM_N, headroom
 import mle
+from model import GPT, GPTConfig
 from rewards import reward_textgame, reward_webpage, score_textgame, score_webpage
+from runtime import unsharded
 from tokenizer_text import Tokenizer, load_tokenizer
 
 
@@ -96,6 +100,53 @@ def scratch_tokenizer(run, texts, vocab_size, write=True):
     run.recorded["tokenizer"] = str(tok_file)   # relative to the checkpoints' folder
     return Tokenizer.from_tiktoken_file(tok_file)
 
+
+
+def check_inputs(run, args):
+    """train_lang.py's flags that need the run to check (its ranks) or a file read, before
+    anything is written -> True when --init is a checkpoint file (False: scratch or HF)."""
+    if args.prompts_per_step % run.world:   # the global count: whole groups on each rank
+        run.fail(f"--prompts_per_step {args.prompts_per_step}: a multiple of the {run.world} ranks")
+    if args.reward not in TASKS[args.task].rewards:
+        run.fail(f"--reward {args.reward}: the {args.task} task has rewards "
+                 f"{TASKS[args.task].rewards}")
+    is_ckpt = args.init != "scratch" and Path(args.init).is_file()
+    if args.init != "scratch" and not Path(args.init).exists():
+        run.fail(f"--init {args.init}: no such checkpoint file or HF directory")
+    if args.stage == "rlvr" and args.init == "scratch":
+        run.fail("--stage=rlvr needs --init=<checkpoint or HF dir> (it post-trains a trained "
+                 "model)")
+    # its header only: train_video.py's checkpoints name their frame tokenizer (vq)
+    if is_ckpt and "vq" in run.or_fail(read_meta, args.init)["args"]:
+        run.fail(f"--init {args.init}: a video world model of train_video.py (its tokens are frame "
+                 f"codes, not text); start from a train_lang.py checkpoint or an HF directory")
+    return is_ckpt
+
+
+def load_start(run, args, train_recs, vocab_size, record):
+    """--init's model and tokenizer -> (model, tokenizer). A checkpoint or an HF directory is
+    loaded before out_dir/config.json (`record`; False: --stage=memory, nothing written) is; from
+    scratch, BPE on the train records after it, and a new GPT of the flags' shape."""
+    if args.init != "scratch":
+        try:
+            model, tok, meta = load_lang_model(args.init, run.device)
+        except ValueError as e:
+            run.fail(str(e))
+        except (OSError, KeyError, TypeError) as e:   # e.g. an HF config.json without a key
+            run.fail(f"--init {args.init}: cannot load ({type(e).__name__}: {e})")
+    save_config(run, record)   # the inputs are good; from here on the run writes
+    if args.init == "scratch":   # and a fresh GPT of the flags' shape
+        data = TASKS[args.task].data
+        texts = [data.prompt_text(r) + data.target_text(r) for r in train_recs]
+        tok = scratch_tokenizer(run, texts, vocab_size, bool(record))
+        return GPT(GPTConfig.llama(vocab_size=tok.n_vocab, block_size=args.block_size,
+                                   n_layer=args.n_layer, n_head=args.n_embd // 32,
+                                   n_embd=args.n_embd)), tok
+    # the tokenizer: HF, its directory; ours, a copy beside the run's checkpoints
+    kept = keep_tokenizer(args.init, meta, run.out_dir, write=run.master and bool(record))
+    run.recorded["tokenizer"] = str(run.out_dir / kept)
+    run.print0(f"init: {args.init} ({model.num_params() / 1e6:.2f}M non-embedding parameters)")
+    return model, tok
 
 # -----------------------------------------------------------------------------
 # the splits, and records as token ids
@@ -210,8 +261,9 @@ class PromptPool:
 class EpochSampler:
     """--recipe=paper's draw (verl's RandomSampler, drop_last): each epoch every changed prompt and
     n_unchanged random unchanged ones (None: each once), reshuffled -> this rank's n of a batch."""
-    def __init__(self, pool, n_unchanged, seed, rank=0, world=1):
-        self.pool, self.seed, self.rank, self.world, self.drawn = pool, seed, rank, world, 0
+    def __init__(self, pool, n_unchanged, seed, rank=0, world=1, drawn=0):
+        self.pool, self.seed, self.rank, self.world = pool, seed, rank, world
+        self.drawn = drawn   # batches drawn so far (a resumed run's steps)
         self.every = n_unchanged is None or not pool.unchanged
         self.n_unch = len(pool.unchanged) if self.every else n_unchanged
 
@@ -233,6 +285,56 @@ class EpochSampler:
                  for i in order[(b * self.world + self.rank) * n:][:n].tolist()]
         return [x[1] for x in picks], [x[0] for x in picks]
 
+
+
+class RLPrompts:
+    """train_lang.py's RLVR prompts, those that fit `longest` tokens: `pool` (a PromptPool, drawn
+    with `generator`), `probe`, fixed train prompts and their records (reward logged every
+    PROBE_EVERY steps), `held_out`, the first HEADROOM_N validation ones (the headroom line's)."""
+    def __init__(self, run, args, tok, train_recs, val_recs, longest, cfg, generator):
+        self.run, self.args, self.tok, self.cfg = run, args, tok, cfg
+        data = TASKS[args.task].data
+        self.pool = PromptPool(train_recs, data.prompt_text, data.is_changed, tok, longest,
+                               UNCHANGED_FRAC, generator)
+        self.probe = self.pool(PROBE_N)
+        fits = ((p, r) for r in val_recs if len(p := tok.prompt(data.prompt_text(r))) <= longest)
+        self.held_out = [list(x) for x in zip(*islice(fits, HEADROOM_N))]   # or []
+        run.print0(f"rlvr: {len(self.pool.changed)} changed + {len(self.pool.unchanged)} "
+                   f"unchanged train prompts ({self.pool.dropped} over {longest} tokens left out); "
+                   f"per step {cfg.prompts_per_step * run.world} prompts in all, "
+                   f"{cfg.prompts_per_step} per rank, groups with reward spread (up to "
+                   f"{cfg.max_rounds} rounds) x {cfg.group_size} samples; reward {args.reward}")
+
+    def schedule(self, step):
+        """-> (draw(n): a step's prompts and records from `step` on, the run's steps): the pool's
+        draws with replacement and --rl_steps, or --recipe=paper's epochs (EpochSampler): each
+        the changed records and N unchanged ones, as verl's text-game dataset, reshuffled."""
+        if self.args.recipe != "paper":
+            return self.pool, self.args.rl_steps
+        draw = EpochSampler(self.pool, PAPER_UNCHANGED.get(self.args.reward), self.args.seed,
+                            self.run.rank, self.run.world, drawn=step)
+        if not (per_epoch := draw.steps_per_epoch(self.cfg.prompts_per_step)):
+            self.run.fail(f"--recipe=paper: {len(draw)} prompts, fewer than a step's")
+        steps = self.args.rl_steps or PAPER_EPOCHS * per_epoch   # --rl_steps=0: the epochs
+        self.run.print0(f"--recipe=paper: epochs of {len(draw)} prompts, "
+                        f"{len(self.pool.changed)} changed + {draw.n_unch} unchanged, "
+                        f"reshuffled; {steps} steps ({PAPER_EPOCHS} epochs)")
+        return draw, steps
+
+    def score_probe(self, model):
+        """The probe's rewards, greedy and at T=1: every rank gathers FSDP's weights, rank 0
+        scores (the others: {})."""
+        with unsharded(model), self.run.autocast:
+            return probe_rewards(self.args.task, model, self.tok, *self.probe, self.args.reward,
+                                 self.cfg.max_new_tokens) if self.run.master else {}
+
+    def headroom(self, model, env, name):
+        """grpo.headroom's line on `held_out`: every rank gathers FSDP's weights, rank 0 samples
+        and prints (the others: {})."""
+        with unsharded(model):
+            return headroom(model, *self.held_out, env, self.cfg, self.run.autocast, name,
+                            f"{self.args.reward} reward x 100") if self.run.master and \
+                self.held_out else {}
 
 def reward_fn(task, tok, kind):
     """grpo_step's reward: token lists -> the task's reward `kind` of each decoded answer."""

@@ -32,7 +32,7 @@ from common import ROOT, machine, median, print_table
 
 from data.textgame.prepare import generate_split  # noqa: E402
 from data.textgame.task import is_changed, prompt_text  # noqa: E402
-from grpo import GRPOConfig, Source, grpo_step  # noqa: E402
+from grpo import Env, GRPOConfig, grpo_step  # noqa: E402
 from tasks import TASKS, load_lang_model  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -122,7 +122,7 @@ def memory_check():
             in_use = (rss_mb(trim=True), tensor_mb())
         picks = [records[i] for i in torch.randint(len(records), (args.mem_prompts,), generator=g)]
         t0 = time.perf_counter()
-        grpo_step(model, ref, opt, [tok.encode(prompt_text(r)) for r in picks], picks, Source(reward_fn, tok.eos_id),
+        grpo_step(model, ref, opt, [tok.encode(prompt_text(r)) for r in picks], picks, Env(reward_fn, tok.eos_id),
                   cfg, g, step)
         times.append(time.perf_counter() - t0)
         rss.append(rss_mb())

@@ -34,7 +34,7 @@ from common import machine, median, print_table, thread_list  # noqa: E402
 
 from data.textgame.prepare import generate_split  # noqa: E402
 from data.textgame.task import prompt_text  # noqa: E402
-from grpo import GRPOConfig, Source, grpo_step  # noqa: E402
+from grpo import Env, GRPOConfig, grpo_step  # noqa: E402
 from checkpoint import load_model  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -144,7 +144,7 @@ def bench(threads, path, tok, texts):
             s = state.global_step - 1
             prompts = [tok(t)["input_ids"] for t in step_texts[s * P:(s + 1) * P]]
             t0, c0 = time.perf_counter(), time.process_time()
-            stats = grpo_step(ours, ref, opt, prompts, [None] * P, Source(reward_fn, eos), cfg, gen, s)
+            stats = grpo_step(ours, ref, opt, prompts, [None] * P, Env(reward_fn, eos), cfg, gen, s)
             assert stats["rounds"] == 1 and stats["groups_kept"] == P, "both sides must learn from every group"
             times["ours"].append((time.perf_counter() - t0, time.process_time() - c0))
             lens["ours"].append(stats["response_len"])

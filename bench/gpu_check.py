@@ -596,7 +596,7 @@ def run_grpo_step(label, prompts, G, new, micro, dtype, rollout_prompts=0):
     sync()
     t0 = time.perf_counter()
     try:
-        stats = grpo.grpo_step(policy, ref, opt, prompts, items, grpo.Source(reward_fn), cfg, gen,
+        stats = grpo.grpo_step(policy, ref, opt, prompts, items, grpo.Env(reward_fn), cfg, gen,
                                autocast=ac)
         sync()
     finally:

@@ -38,8 +38,9 @@ from checkpoint import save_checkpoint, write_jsonl  # noqa: E402
 from data.robot.detect import locate_blocks, locate_gripper  # noqa: E402
 from data.robot.task import episode_files, read_npz, to_float  # noqa: E402
 from research.policy_eval import load_world_model, sample_chunk  # noqa: E402
-from grpo import (Batch, GRPOConfig, group_advantages, logprobs_shared_prompts, minibatch_plan,  # noqa: E402
+from grpo import (Batch, GRPOConfig, group_advantages, logprobs_shared_prompts,  # noqa: E402
                   pack, update)
+from runtime import plan_update  # noqa: E402
 from video_rewards import VideoReward, video_reward  # noqa: E402
 
 
@@ -190,13 +191,14 @@ def main(argv=None):
         prompt_idx, prompt_len, idx, targets = pack(prompts, torch.stack(tok))
         b = Batch(prompt_idx, prompt_len, idx, targets, torch.arange(N), torch.stack(lp),
                   adv.repeat(args.chain), targets >= 0, None)
-        plan, chunks = minibatch_plan(N, cfg, gen)
-        once = [c for mb in chunks for c in mb] if cfg.beta > 0 else []   # beta 0: the sampler's
+        plan = plan_update(policy, b, cfg, gen)
+        once = [c for mb in plan for c in mb.micro] if cfg.beta > 0 else []   # beta 0: the sampler's
         b = b._replace(ref_logp=b.old_logp.clone())
         with torch.no_grad():   # the reference's log-probs, every row once
             for chunk in once:
                 b.ref_logp[chunk] = logprobs_shared_prompts(ref, b, chunk, cfg)[0]
-        sums, n_mb = update(policy, opt, b, plan, chunks, cfg, step, nullcontext())
+        sums = update(policy, opt, b, plan, cfg, step, nullcontext())
+        n_mb = sums["steps"]
         row = dict(step=step + 1, reward_mean=reward.mean().item(), kl=sums["kl"] / n_mb,
                    grad_norm=sums["grad_norm"] / n_mb, minutes=(time.time() - t0) / 60)
         log.append(row)

@@ -28,10 +28,10 @@ sys.path.insert(0, str(ROOT))  # run as a file: the repository root
 from checkpoint import write_json  # noqa: E402
 from engine import generate  # noqa: E402
 from eval import evaluate_checkpoints, print_comparison, summarize  # noqa: E402
-from grpo import GRPOConfig, Source  # noqa: E402
+from grpo import Env, GRPOConfig  # noqa: E402
 from rewards import apply_diff, parse_diff, parse_sections  # noqa: E402
 from research import common  # noqa: E402
-from runtime import ComputeBudget, from_flags  # noqa: E402
+from runtime import ComputeBudget  # noqa: E402
 from tasks import (TASKS, PromptPool, crop, encode, encode_pair, generate_texts,  # noqa: E402
                    load_lang_model, train_control)
 from data.webpage import task as webpage_task  # noqa: E402
@@ -348,7 +348,7 @@ def main():
     reward = args.reward or task.rewards[0]
     run, (train, val, test), init, model, tok = common.setup(args)
     out_dir = run.out_dir
-    cfg = dataclasses.replace(from_flags(args, GRPOConfig), vocab=tok.n_vocab)
+    cfg = dataclasses.replace(common.rl_config(args), vocab=tok.n_vocab)
     rl = rlvr_on_chains(run, model, tok, args, cfg, train, reward)
     ckpts = {"mle": init, "rlvr": str(rl)}
     if args.control:   # for the compute RLVR's checkpoint records
@@ -386,7 +386,7 @@ def rlvr_on_chains(run, model, tok, args, cfg, train, reward):
         return probe_chain_rewards(args.task, parts[0], tok, probe_chains, reward,
                                    cfg.max_new_tokens)
     ckpt = run.out_dir / "rlvr.safetensors"
-    common.rl_loop(run, parts, Source(score, tok.eos_id, draw, sampler), cfg, gen, ckpt,
+    common.rl_loop(run, parts, Env(score, tok.eos_id, draw, sampler), cfg, gen, ckpt,
                    args.rl_steps, None, probe, 10)
     return ckpt
 

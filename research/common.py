@@ -16,13 +16,22 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a file: the repository root
 from checkpoint import check_config, read_meta, resume_stage, save_config, save_stage  # noqa: E402
 from eval import compare_checkpoints  # noqa: E402
-from grpo import GRPOConfig, Source, grpo_step  # noqa: E402
+from grpo import Env, GRPOConfig, grpo_step  # noqa: E402
 from model import finite_weights  # noqa: E402
-from runtime import (ComputeBudget, NanPolicy, Run, add_flags, check_ranks_in_sync,  # noqa: E402
-                     from_flags, unsharded)
+from runtime import ComputeBudget, NanPolicy, Run, check_ranks_in_sync, unsharded  # noqa: E402
 from tasks import (PROBE_EVERY, PROBE_N, TASKS, UNCHANGED_FRAC, PromptPool, encode,  # noqa: E402
                    keep_tokenizer, load_lang_model, load_splits, probe_rewards, reward_fn,
                    train_control)
+
+
+# train_lang.py's RL flags and the GRPOConfig fields they set
+RL_FLAGS = dict(prompts_per_step="prompts_per_step", group_size="group_size", rl_lr="lr",
+                micro_batch="micro_batch", max_new_tokens="max_new_tokens", graphs="graphs")
+
+
+def rl_config(args):
+    """The GRPOConfig of `parser`'s RL flags (its other fields: their defaults)."""
+    return GRPOConfig(**{name: getattr(args, flag) for flag, name in RL_FLAGS.items()})
 
 
 def parser(doc):
@@ -33,7 +42,10 @@ def parser(doc):
     p.add_argument("--data_dir", default=None, help="default data/<task>")
     p.add_argument("--out_dir", required=True)
     p.add_argument("--rl_steps", type=int, default=30)
-    add_flags(p, GRPOConfig)
+    for flag, name in RL_FLAGS.items():   # GRPOConfig's defaults; a bool as 0 / 1
+        default = getattr(GRPOConfig, name)
+        p.add_argument(f"--{flag}", type=int if isinstance(default, bool) else type(default),
+                       default=default)
     p.add_argument("--reward", default=None, help="default: the task's first")
     p.add_argument("--control", type=int, default=1, help="1: the equal-compute MLE control")
     for flag, default in (("val_limit", 0), ("test_limit", 0), ("seed", 1337), ("resume", 1),
@@ -123,7 +135,7 @@ def rl_loop(run, parts, source, cfg, gen, ckpt, steps, budget=None, probe=None,
 def rlvr(run, model, tok, args, records, score=None, unchanged_frac=UNCHANGED_FRAC):
     """train_lang.py's RLVR stage on the prompt pool of `records`, rewarded by `score` (default:
     the task's reward, as train_lang.py) -> the checkpoint."""
-    cfg = dataclasses.replace(from_flags(args, GRPOConfig), vocab=tok.n_vocab)
+    cfg = dataclasses.replace(rl_config(args), vocab=tok.n_vocab)
     kind = args.reward or TASKS[args.task].rewards[0]
     parts = policy(run, model, cfg, args.grad_ckpt)
     gen = torch.Generator().manual_seed(args.seed + 1000 + run.rank)
@@ -132,7 +144,7 @@ def rlvr(run, model, tok, args, records, score=None, unchanged_frac=UNCHANGED_FR
                       parts[0].config.block_size - cfg.max_new_tokens, unchanged_frac, gen)
     probe_prompts, probe_recs = pool(PROBE_N)
     ckpt = run.out_dir / "rlvr.safetensors"
-    rl_loop(run, parts, Source(score or reward_fn(args.task, tok, kind), tok.eos_id, pool), cfg,
+    rl_loop(run, parts, Env(score or reward_fn(args.task, tok, kind), tok.eos_id, pool), cfg,
             gen, ckpt, args.rl_steps,
             probe=lambda: probe_rewards(args.task, parts[0], tok, probe_prompts, probe_recs, kind,
                                         cfg.max_new_tokens))
@@ -149,7 +161,7 @@ def control(run, start, tok, args, train, val, compute, lr=None):
     record for `compute` (forward-token units), at `lr` (default: the start's final MLE rate)."""
     pairs = [encode(args.task, tok, r) for r in train]
     return train_control(run, args.task, tok, start, pairs, val, ComputeBudget(compute),
-                         from_flags(args, GRPOConfig).max_new_tokens, lr)
+                         rl_config(args).max_new_tokens, lr)
 
 
 def compare(run, tok, args, init, rl, train, val, test):
@@ -166,4 +178,4 @@ def evaluate(run, tok, args, ckpts, val, test=None):
     and the tables."""
     splits = {"val": val[:args.val_limit or None], "test": (test or [])[:args.test_limit or None]}
     return compare_checkpoints(run, args.task, ckpts, tok, {k: v for k, v in splits.items() if v},
-                               from_flags(args, GRPOConfig).max_new_tokens)
+                               rl_config(args).max_new_tokens)

@@ -1,6 +1,6 @@
 """
 The extra video reward terms and prompt draws of the action studies (research/README.md, "Paying RLVR
-for the action's effect"), as pieces that plug into train_video.py's RLVR (grpo.Source's draw and
+for the action's effect"), as pieces that plug into train_video.py's RLVR (grpo.Env's draw and
 reward_fn, in place of data/robot/task.make_draw and make_reward) and MLE (next_batch):
 
 - `gripper_error` and `action_reward`: the core's VideoReward minus action_weight x how far from

@@ -78,12 +78,11 @@ def train(run, rank, out, grad_ckpt):
             shutil.copy(out / "rl.safetensors", out / "step1.safetensors")   # not yet step 2's
         return {}
     probes = []
-    pads, join = [], grpo.join_chunks   # the chunks a rank pads with (fewer than another rank's)
-    grpo.join_chunks = lambda policy, have, most, autocast: pads.append(most - have) or join(policy, have, most,
-                                                                                            autocast)
-    common.rl_loop(run, parts, grpo.Source(reward, draw=draw), cfg, g, out / "rl.safetensors", STEPS,
+    pads, join = [], grpo.join_passes   # the passes without rows a rank runs (fewer micro-batches than another's)
+    grpo.join_passes = lambda policy, n, autocast: (n and pads.append(n)) or join(policy, n, autocast)
+    common.rl_loop(run, parts, grpo.Env(reward, draw=draw), cfg, g, out / "rl.safetensors", STEPS,
                    probe=probe, every=2)
-    grpo.join_chunks = join
+    grpo.join_passes = join
     (out / f"pads{rank}.txt").write_text(str(pads))
     if run.fsdp and out.name == "fsdp":
         one_token_chunk(run, parts[1], rank, out)
@@ -128,7 +127,7 @@ def test_fsdp_matches_ddp_and_resumes_exactly(tmp_path):
                        + ["[True, True, True, True] True True False"] * 2)
     # rank 1 keeps one group at steps 1 and 2 (a chunk a minibatch; rank 0 has 2: one padding chunk), none at 3
     assert (fsdp / "rank1_kept.txt").read_text() == "110"
-    # (update calls join_chunks only on the rank with fewer chunks: rank 0 never)
+    # (passes without rows only on the rank with fewer micro-batches: rank 0 never)
     assert [(fsdp / f"pads{r}.txt").read_text() for r in (0, 1)] == ["[]", "[1, 1, 1, 1, 2, 2]"]
     assert [(fsdp / f"one_token{r}.txt").read_text() for r in (0, 1)] == ["True", "True"]
     step1 = fsdp / "step1.safetensors"

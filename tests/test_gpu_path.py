@@ -11,7 +11,7 @@ import torch
 
 import grpo
 from engine import generate
-from grpo import GRPOConfig, Source, grpo_step
+from grpo import Env, GRPOConfig, grpo_step
 from model import GPT, GPTConfig, sample_next
 from runtime import Run
 from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -78,7 +78,7 @@ def test_bf16_grpo_step_takes_no_optimizer_step_inside_autocast():
     try:
         stats = grpo_step(model, copy.deepcopy(model).eval(), torch.optim.AdamW(model.parameters(), lr=1e-2),
                           [[1, 2], [4], [5, 6, 7]], [None] * 3,
-                          Source(lambda items, c: [float(sum(x) % 2) for x in c], eos_id=0), cfg,
+                          Env(lambda items, c: [float(sum(x) % 2) for x in c], eos_id=0), cfg,
                           torch.Generator().manual_seed(0), autocast=torch.autocast("cpu", dtype=torch.bfloat16))
     finally:
         handle.remove()
@@ -86,7 +86,7 @@ def test_bf16_grpo_step_takes_no_optimizer_step_inside_autocast():
     # called inside an autocast region, it refuses rather than train on stale weights
     with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(ValueError, match="autocast"):
         grpo_step(model, None, torch.optim.SGD(model.parameters(), lr=0.1), [[1]], [None],
-                  Source(lambda i, c: [0.0] * 4), GRPOConfig(prompts_per_step=0, group_size=4, max_new_tokens=2,
+                  Env(lambda i, c: [0.0] * 4), GRPOConfig(prompts_per_step=0, group_size=4, max_new_tokens=2,
                                                              beta=0.0), torch.Generator())
 
 
@@ -116,7 +116,7 @@ def test_padded_ids_are_never_sampled_and_the_update_agrees():
         return [float(sum(c) % 2) for c in comps]
 
     stats = grpo_step(model, copy.deepcopy(model).eval(), torch.optim.SGD(model.parameters(), lr=0.0),
-                      [[1, 2], [3, 4, 5]], [None, None], Source(reward, eos_id=0), cfg,
+                      [[1, 2], [3, 4, 5]], [None, None], Env(reward, eos_id=0), cfg,
                       torch.Generator().manual_seed(1))
     assert drawn and max(drawn) < 30 and stats["ratio_first"] == pytest.approx(1.0, abs=1e-6)
 
@@ -151,10 +151,13 @@ def test_activation_checkpointing_gives_the_same_gradients():
 def test_update_chunks_keep_a_prompts_samples_together():
     """A minibatch cut into several micro-batches is cut in row order (rows are grouped by prompt), so a chunk of
     G rows holds one prompt; a minibatch that fits one micro-batch keeps its drawn order."""
-    cfg = GRPOConfig(group_size=8, minibatches=2, micro_batch=8)
-    plan, chunks = grpo.minibatch_plan(64, cfg, torch.Generator().manual_seed(0))
-    for mb, cuts in zip(plan, chunks):
-        assert sorted(r for c in cuts for r in c) == sorted(mb)
-        assert sum(len({r // 8 for r in c}) for c in cuts) <= len({r // 8 for r in mb}) + len(cuts)
-    whole = grpo.minibatch_plan(64, GRPOConfig(minibatches=2, micro_batch=64), torch.Generator().manual_seed(0))
-    assert [c[0] for c in whole[1]] == whole[0]
+    from types import SimpleNamespace
+    from runtime import plan_update
+    b, policy = SimpleNamespace(idx=torch.zeros(64, 1), mask=torch.ones(64, 1, dtype=torch.bool)), torch.nn.Linear(1, 1)
+    plan = plan_update(policy, b, GRPOConfig(group_size=8, minibatches=2, micro_batch=8), torch.Generator().manual_seed(0))
+    whole = plan_update(policy, b, GRPOConfig(minibatches=2, micro_batch=64), torch.Generator().manual_seed(0))
+    for mb, drawn in zip(plan, whole):   # the same draw, cut in row order
+        assert sorted(r for c in mb.micro for r in c) == sorted(drawn.micro[0])
+        assert sum(len({r // 8 for r in c}) for c in mb.micro) <= len({r // 8 for r in drawn.micro[0]}) + len(mb.micro)
+    assert [len(mb.micro) for mb in plan] == [4, 4] and all(mb.tokens == 32 and mb.pad == 0 for mb in plan)
+    assert sorted(whole[0].micro[0]) != whole[0].micro[0]   # one micro-batch: the drawn order

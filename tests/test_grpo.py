@@ -1,5 +1,5 @@
 """GRPO math on hand-computed tensors, packing and masks, micro-batching, dynamic sampling, the entropy bonus, bf16
-old log-probs, DDP minibatches empty on every rank, the flags built from GRPOConfig, a tiny task whose reward must
+old log-probs, DDP minibatches empty on every rank, grpo_step against the plain step, a tiny task whose reward must
 rise (the RL loop: the scripts' tests, and research/tests/test_rl_loop.py; research/tests/test_placebo.py: the
 placebo)."""
 import argparse
@@ -16,10 +16,10 @@ from safetensors.torch import load_file, save_file
 
 import engine
 import grpo
-from grpo import (GRPOConfig, Source, aggregate, clipped_objective, group_advantages, grpo_loss, grpo_step, k3_kl,
+from grpo import (Env, GRPOConfig, aggregate, clipped_objective, group_advantages, grpo_loss, grpo_step, k3_kl,
                   logprobs_shared_prompts, pack)
 from model import GPT, GPTConfig
-from runtime import add_flags, check_step, from_flags
+from runtime import check_step
 
 torch.set_num_threads(1)
 
@@ -121,7 +121,7 @@ def test_micro_batching_gives_the_same_update(agg):
         model = tiny_model()
         ref = copy.deepcopy(model).eval()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        grpo_step(model, ref, opt, [[1, 2], [4]], [None, None], Source(count_threes, eos_id=0), cfg,
+        grpo_step(model, ref, opt, [[1, 2], [4]], [None, None], Env(count_threes, eos_id=0), cfg,
                   torch.Generator().manual_seed(0))
         weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     assert torch.allclose(weights[0], weights[1], atol=1e-6)
@@ -131,7 +131,7 @@ def test_on_policy_ratio_is_one_and_kl_zero_at_start():
     model = tiny_model()
     ref = copy.deepcopy(model).eval()
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    stats = grpo_step(model, ref, opt, [[1, 2], [4], [5, 6, 7]], [None] * 3, Source(count_threes, eos_id=0),
+    stats = grpo_step(model, ref, opt, [[1, 2], [4], [5, 6, 7]], [None] * 3, Env(count_threes, eos_id=0),
                       config(group_size=4, max_new_tokens=6, beta=0.1), torch.Generator().manual_seed(0))
     assert stats["clip_frac"] == 0.0 and abs(stats["kl"]) < 1e-6
     assert abs(stats["ratio_first"] - 1.0) < 1e-5          # float32: the sampler's log-probs are the update's
@@ -143,7 +143,7 @@ def test_reward_rises_on_a_tiny_task():
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     cfg = config(group_size=8, max_new_tokens=6, beta=0.01, minibatches=2, prompts_per_step=4)
     g = torch.Generator().manual_seed(0)
-    source = Source(count_threes, draw=lambda n: ([[1 + i % 5] for i in range(n)], [None] * n))
+    source = Env(count_threes, draw=lambda n: ([[1 + i % 5] for i in range(n)], [None] * n))
     stats = [grpo_step(model, ref, opt, [[1], [2], [4], [5]], [None] * 4, source, cfg, g, step=s)
              for s in range(40)]
     rewards = [s["reward_mean"] for s in stats]
@@ -156,7 +156,7 @@ def test_groups_without_reward_spread_are_skipped():
     model = tiny_model()
     before = [p.detach().clone() for p in model.parameters()]
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    stats = grpo_step(model, None, opt, [[1, 2], [4]], [None, None], Source(lambda items, comps: [1.0] * len(comps)),
+    stats = grpo_step(model, None, opt, [[1, 2], [4]], [None, None], Env(lambda items, comps: [1.0] * len(comps)),
                       config(group_size=4, max_new_tokens=4, beta=0.0), torch.Generator().manual_seed(0))
     assert stats["zero_std_frac"] == 1.0
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
@@ -167,11 +167,11 @@ def test_headroom_scores_greedy_against_the_best_sample(capsys):
     cfg = config(group_size=6, max_new_tokens=5)
     greedy = engine.generate(model, prompts, 5, temperature=0)[0].tolist()   # (3, 5): EOS never drawn
     # reward 1 for any answer but the greedy one: greedy scores 0, a sample that differs fixes it
-    source = Source(lambda items, comps: [float(c != greedy[i]) for i, c in zip(items, comps)])
+    source = Env(lambda items, comps: [float(c != greedy[i]) for i, c in zip(items, comps)])
     h = grpo.headroom(model, prompts, [0, 1, 2], source, cfg, name="the test")
     assert (h["n"], h["G"], h["greedy"], h["best"], h["fixed"]) == (3, 6, 0.0, 1.0, 1.0), h
     assert "headroom of the test on 3 val prompts" in capsys.readouterr().out
-    flat = Source(lambda items, comps: [0.5] * len(comps))   # no sample can beat greedy
+    flat = Env(lambda items, comps: [0.5] * len(comps))   # no sample can beat greedy
     assert grpo.headroom(model, prompts, [0, 1, 2], flat, cfg) | {"n": 0} == dict(
         n=0, G=6, temperature=1.0, greedy=0.5, best=0.5, fixed=0.0, spread=0.0)
 
@@ -200,7 +200,7 @@ def test_dynamic_sampling_refills_to_the_target():
     # the first round: 2 prompts without spread, 1 with: 1 kept, 2 more wanted at a spread rate of 1/3 -> asks for
     # min(3 = the first round's size, ceil(2 * 3 / 1) = 6) = 3
     stats = grpo_step(model, None, torch.optim.SGD(model.parameters(), lr=0.1), [[1, 2], [4], [5, 6]],
-                      ["1", "4", "5"], Source(spread_only_after_token_5, draw=next_prompts), cfg,
+                      ["1", "4", "5"], Env(spread_only_after_token_5, draw=next_prompts), cfg,
                       torch.Generator().manual_seed(0))
     assert asked == [3] and stats["rounds"] == 2 and stats["groups"] == 6
     assert stats["groups_kept"] == 3                        # 4 groups had spread; the update takes exactly 3
@@ -218,14 +218,14 @@ def test_dynamic_sampling_stops_after_max_rounds_without_an_update():
 
     cfg = config(group_size=4, max_new_tokens=4, beta=0.1, prompts_per_step=2, max_rounds=3)
     stats = grpo_step(model, copy.deepcopy(model).eval(), torch.optim.SGD(model.parameters(), lr=1.0),
-                      [[1, 2], [4]], ["1", "4"], Source(spread_only_after_token_5, draw=next_prompts), cfg,
+                      [[1, 2], [4]], ["1", "4"], Env(spread_only_after_token_5, draw=next_prompts), cfg,
                       torch.Generator().manual_seed(0))
     assert asked == [2, 2] and stats["rounds"] == 3 and stats["groups"] == 6 and stats["groups_kept"] == 0
     assert stats["zero_std_frac"] == 1.0 and torch.equal(before, weights(model))   # nothing to learn from
     assert math.isnan(stats["kl"]) and math.isnan(stats["ratio_first"])            # no update: no update stats
     # without a prompt source a step is one round, as before dynamic sampling
     stats = grpo_step(model, None, torch.optim.SGD(model.parameters(), lr=1.0), [[1, 2], [4]], ["1", "4"],
-                      Source(spread_only_after_token_5), cfg, torch.Generator().manual_seed(0))
+                      Env(spread_only_after_token_5), cfg, torch.Generator().manual_seed(0))
     assert stats["rounds"] == 1 and stats["groups_kept"] == 0
 
 
@@ -238,7 +238,7 @@ def test_a_bf16_step_casts_the_sampler_weights_once_for_all_its_rounds(monkeypat
     model = tiny_model()
     cfg = config(group_size=4, max_new_tokens=4, beta=0.0, prompts_per_step=2, max_rounds=3)
     stats = grpo_step(model, None, torch.optim.SGD(model.parameters(), lr=1.0), [[1, 2], [4]], ["1", "4"],
-                      Source(spread_only_after_token_5, draw=lambda n: ([[1, 2]] * n, ["1"] * n)), cfg,
+                      Env(spread_only_after_token_5, draw=lambda n: ([[1, 2]] * n, ["1"] * n)), cfg,
                       torch.Generator().manual_seed(0), autocast=torch.autocast("cpu", dtype=torch.bfloat16))
     assert stats["rounds"] == 3 and len(casts) == 1 and sampled == [torch.bfloat16] * 3
 
@@ -263,7 +263,7 @@ def test_entropy_bonus_raises_entropy(coef):
     before = mean_entropy(model, [[1, 2], [4]], probe)
     cfg = config(group_size=4, max_new_tokens=6, beta=0.0, entropy_coef=coef, skip_zero_std=False)
     stats = grpo_step(model, None, torch.optim.SGD(model.parameters(), lr=0.5), [[1, 2], [4]], [None, None],
-                      Source(lambda items, comps: [1.0] * len(comps)), cfg, torch.Generator().manual_seed(0))
+                      Env(lambda items, comps: [1.0] * len(comps)), cfg, torch.Generator().manual_seed(0))
     after = mean_entropy(model, [[1, 2], [4]], probe)
     assert stats["grad_norm"] > 0 and stats["loss"] == pytest.approx(-coef * stats["entropy"], rel=1e-5)
     assert (after - before) * coef > 0, (before, after)     # +coef raises the entropy, -coef lowers it
@@ -275,7 +275,7 @@ def test_bf16_recomputes_old_logprobs_so_the_first_ratio_is_one(monkeypatch, min
         cfg = config(group_size=4, max_new_tokens=6, beta=0.1, minibatches=minibatches, micro_batch=3,
                          entropy_coef=0.01)
         return grpo_step(model, copy.deepcopy(model).eval(), torch.optim.AdamW(model.parameters(), lr=1e-2),
-                         [[1, 2], [4], [5, 6, 7]], [None] * 3, Source(count_threes, eos_id=0), cfg,
+                         [[1, 2], [4], [5, 6, 7]], [None] * 3, Env(count_threes, eos_id=0), cfg,
                          torch.Generator().manual_seed(0), autocast=torch.autocast("cpu", dtype=torch.bfloat16))
 
     assert check_step(tiny_model(), 0, nullcontext()) is False   # fp32, no autocast: the sampler's kept
@@ -321,11 +321,11 @@ def ddp_worker(rank, world, init_file, out_dir):
     cfg = config(group_size=4, max_new_tokens=6, beta=0.0, minibatches=8)
     reward = count_threes if rank == 0 else (lambda items, comps: [1.0] * len(comps))
     gen = torch.Generator().manual_seed(0)
-    first = grpo_step(policy, None, opt, [[1, 2]], [None], Source(reward), cfg, gen)
+    first = grpo_step(policy, None, opt, [[1, 2]], [None], Env(reward), cfg, gen)
     after_first = weights(model)
     steps = [int(opt.state[p]["step"]) for p in model.parameters()]
     # no spread anywhere: every minibatch empty on every rank, nothing moves
-    second = grpo_step(policy, None, opt, [[1, 2]], [None], Source(lambda items, comps: [1.0] * len(comps)), cfg,
+    second = grpo_step(policy, None, opt, [[1, 2]], [None], Env(lambda items, comps: [1.0] * len(comps)), cfg,
                        gen)
     save_file(dict(after_first=after_first, end=weights(model)), f"{out_dir}/rank{rank}.safetensors")
     Path(f"{out_dir}/rank{rank}.json").write_text(json.dumps(dict(first=first, second=second, steps=steps)))
@@ -342,22 +342,45 @@ def test_ddp_minibatches_empty_on_every_rank_take_no_optimizer_step(tmp_path):
     torch.multiprocessing.spawn(ddp_worker, args=(2, tmp_path / "init", tmp_path), nprocs=2)
     r0, r1 = ({**load_file(tmp_path / f"rank{r}.safetensors"),
                **json.loads((tmp_path / f"rank{r}.json").read_text())} for r in (0, 1))
-    assert r0["first"]["groups_kept"] == 1 and r1["first"]["groups_kept"] == 0
+    assert r0["first"]["groups_kept"] == r1["first"]["groups_kept"] == 1   # the ranks' sum, logged by both
     assert r0["steps"] == r1["steps"] == [4] * len(r0["steps"])   # one AdamW step per minibatch with rows
     assert torch.equal(r0["after_first"], r1["after_first"])        # the ranks stay in step
     assert torch.equal(r0["end"], r0["after_first"]) and torch.equal(r1["end"], r1["after_first"])
 
 
 # -----------------------------------------------------------------------------
-# GRPOConfig: the flags and the optimizer
+# the plain step and the fast one: the same GRPO (llm.c's pattern: a reference beside the fast code)
 
-def test_flags_are_built_from_the_config_and_read_back():
-    p = argparse.ArgumentParser()
-    add_flags(p.add_argument_group("rl"), GRPOConfig)
-    assert from_flags(p.parse_args([]), GRPOConfig) == GRPOConfig()   # the flags' defaults are the config's
-    args = p.parse_args(["--rl_lr=0.5", "--group_size=3", "--max_new_tokens=7"])
-    cfg = from_flags(args, GRPOConfig)
-    assert (cfg.lr, cfg.group_size, cfg.max_new_tokens) == (0.5, 3, 7)
-    assert not hasattr(args, "betas") and not hasattr(args, "lr")     # no flag, or the flag's own name
-    with pytest.raises(SystemExit):
-        p.parse_args(["--clip_eps=0.1"])                              # a setting, not a flag
+@pytest.mark.parametrize("kw", [dict(beta=0.1, entropy_coef=0.01, micro_batch=4),
+                                dict(beta=0.0, loss_agg="seq-mean", std_unbiased=True, micro_batch=64),
+                                dict(beta=0.05, kl_clamp=0.5, clip_eps=0.1, temperature=0.8, micro_batch=5)])
+def test_grpo_step_equals_the_plain_step(kw):
+    """One process, float32, one minibatch and epoch, no refill: grpo_step samples the same completions, gets the
+    same rewards and advantages, and leaves the weights the plain step leaves (three steps in a row, AdamW)."""
+    cfg = config(group_size=6, max_new_tokens=5, max_rounds=1, **kw)
+    prompts = [[1, 2], [4], [5, 6, 7]]   # one a step: the plain sampler draws the uniforms of each prompt's G rows
+    seen = {"plain": [], "fast": []}
+
+    def scorer(name):   # count_threes, logging what it scored
+        def score(records, completions):
+            seen[name].append((completions, count_threes(records, completions)))
+            return seen[name][-1][1]
+        return score
+
+    models = {}
+    for name in ("plain", "fast"):
+        model = tiny_model(3)
+        ref = copy.deepcopy(model).eval() if cfg.beta > 0 else None
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for s, p in enumerate(prompts):
+            g = torch.Generator().manual_seed(s)   # (grpo_step draws its minibatch order after sampling)
+            if name == "plain":
+                grpo.plain_grpo_step(model, ref, opt, [p], [None], scorer(name), cfg, g)
+            else:
+                grpo_step(model, ref, opt, [p], [None], Env(scorer(name)), cfg, g, step=s)
+        models[name] = model
+    for (c_plain, r_plain), (c_fast, r_fast) in zip(seen["plain"], seen["fast"]):
+        assert [list(c) for c in c_fast] == c_plain and r_fast == r_plain   # the same samples and rewards
+    assert any(len(set(r)) > 1 for _, r in seen["plain"])                   # some group taught something
+    for a, b in zip(models["plain"].parameters(), models["fast"].parameters()):
+        assert torch.allclose(a, b, atol=1e-6), (a - b).abs().max()

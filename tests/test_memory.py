@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 MEASURE = """
 import copy, json, sys, torch
-from grpo import GRPOConfig, Source, grpo_step
+from grpo import Env, GRPOConfig, grpo_step
 from model import GPT, GPTConfig
 from runtime import memory_estimate
 torch.set_num_threads(1)
@@ -33,7 +33,7 @@ g = torch.Generator().manual_seed(0)
 prompts = [torch.randint(1, 32768, (L,), generator=g).tolist() for _ in range(B)]
 opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
 stats = grpo_step(model, ref, opt, prompts, [None] * B,
-                  Source(lambda items, comps: [float(i % 2) for i in range(len(comps))]), cfg, g)
+                  Env(lambda items, comps: [float(i % 2) for i in range(len(comps))]), cfg, g)
 assert stats["groups_kept"] == B and len(stats) > 0
 peak = rss("VmHWM") - base
 est = memory_estimate(config, False, True, bool(ckpt), L, new, B, G, mb, B)

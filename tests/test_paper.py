@@ -15,7 +15,7 @@ import torch
 
 from data.textgame.prepare import convert_record, official_prompt
 from data.textgame.task import make_diff, prompt_text
-from grpo import PAPER_RECIPE, GRPOConfig, Source, grpo_step, k3_kl
+from grpo import PAPER_RECIPE, Env, GRPOConfig, grpo_step, k3_kl
 from rewards import textgame_reward
 from tasks import load_lang_model, reward_fn
 
@@ -177,7 +177,7 @@ def test_paper_format_gets_reward_spread(chat_dir):
     before = copy.deepcopy(model.state_dict())
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     stats = grpo_step(model, copy.deepcopy(model).eval(), opt, [prompt],
-                      [rec], Source(reward_fn("textgame", tok, "binary"), tok.eos_id, sampler=scripted(texts, tok)),
+                      [rec], Env(reward_fn("textgame", tok, "binary"), tok.eos_id, sampler=scripted(texts, tok)),
                       cfg, torch.Generator().manual_seed(0))
     assert stats["groups_kept"] == 1 and stats["reward_mean"] == pytest.approx(0.2)
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -186,7 +186,9 @@ def test_paper_format_gets_reward_spread(chat_dir):
 def test_recipe_flags_and_clamp():
     p = subprocess.run([sys.executable, "train_lang.py", "--recipe=paper", "--task=webpage",
                         "--help"], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert "(default: 7288)" in p.stdout and "(default: 1e-06)" in p.stdout
+    help_text = " ".join(p.stdout.split())   # the recipe's values beside each RL flag's default
+    assert "(200; --recipe=paper: textgame 4096, webpage 7288)" in help_text
+    assert "(0.0001; --recipe=paper: textgame 1e-06, webpage 1e-06)" in help_text
     assert PAPER_RECIPE["textgame"]["minibatches"] == 2 and GRPOConfig().kl_clamp == 0
     logp, ref = torch.tensor([0.0, -20.0]), torch.tensor([-1.0, 0.0])
     assert torch.equal(k3_kl(logp, ref, 10.0), k3_kl(logp, ref).clamp(max=10))

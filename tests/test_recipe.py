@@ -8,7 +8,7 @@ import math
 import torch
 
 from grpo import (PAPER_RECIPE, GRPOConfig, Group, group_advantages, logprobs_shared_prompts, rollout, update,
-                  update_batch, Source)
+                  update_batch, Env)
 from model import GPT, GPTConfig
 from tasks import EpochSampler, PromptPool
 
@@ -119,7 +119,7 @@ def test_epoch_sampler_is_the_official_schedule():
 def test_chunked_rollout_equals_one_call_greedy():
     model = tiny_model()
     prompts = [[1, 2], [4], [5, 6, 7], [3]]
-    source = Source(lambda items, comps: [float(len(c)) for c in comps], eos_id=0)
+    source = Env(lambda items, comps: [float(len(c)) for c in comps], eos_id=0)
     outs = []
     for n in (0, 1, 3):
         cfg = GRPOConfig(group_size=2, max_new_tokens=6, temperature=0.0, rollout_prompts=n)

@@ -43,7 +43,7 @@ from data.robot.task import load_episode, load_split, read_action_stats, read_np
 from data.textgame.prepare import ensure_splits
 from data.textgame.task import load_records
 from eval import load_lang_model
-from grpo import GRPOConfig, Source, grpo_step
+from grpo import Env, GRPOConfig, grpo_step
 from tokenizer_text import load_tokenizer
 from model import GPT, GPTConfig
 from tokenizer_text import Tokenizer
@@ -499,12 +499,12 @@ def test_grpo_step_refuses_nan_rewards_and_weights_before_any_update():
     cfg = GRPOConfig(group_size=4, max_new_tokens=4, beta=0.0)
     nan_rewards = lambda items, completions: [float("nan") if i == 2 else float(i) for i in range(len(completions))]
     with pytest.raises(FloatingPointError, match="non-finite reward"):
-        grpo_step(policy, None, opt, [[1, 2]], [None], Source(nan_rewards), cfg, torch.Generator().manual_seed(0), 3)
+        grpo_step(policy, None, opt, [[1, 2]], [None], Env(nan_rewards), cfg, torch.Generator().manual_seed(0), 3)
     assert all(torch.equal(before[k], v) for k, v in policy.state_dict().items())
     with torch.no_grad():
         policy.h[0].attn.c_attn.weight[0, 0] = float("inf")
     with pytest.raises(FloatingPointError, match="non-finite weights in the policy at step 7"):
-        grpo_step(policy, None, opt, [[1, 2]], [None], Source(lambda i, c: [0.0] * len(c)), cfg, torch.Generator(), 7)
+        grpo_step(policy, None, opt, [[1, 2]], [None], Env(lambda i, c: [0.0] * len(c)), cfg, torch.Generator(), 7)
 
 
 # -----------------------------------------------------------------------------

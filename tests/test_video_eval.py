@@ -139,7 +139,7 @@ def test_write_grid_png(tmp_path):
 
 
 def test_grpo_with_the_multi_step_sampler_keeps_injected_actions_out_of_the_loss():
-    from grpo import GRPOConfig, Source, grpo_step, rollout as grpo_rollout
+    from grpo import Env, GRPOConfig, grpo_step, rollout as grpo_rollout
     vq, lay, gpt = tiny()
     K, L, D = 2, 64, 2
     cfg = GRPOConfig(group_size=2, max_new_tokens=K * L + D, beta=0.0, micro_batch=4)
@@ -154,12 +154,12 @@ def test_grpo_with_the_multi_step_sampler_keeps_injected_actions_out_of_the_loss
         return [sum(t == 3 for t in c) / len(c) for c in completions]
 
     g = torch.Generator().manual_seed(0)
-    batch = grpo_rollout(gpt, prompts, items, Source(reward_fn, sampler=sampler), cfg, g)
+    batch = grpo_rollout(gpt, prompts, items, Env(reward_fn, sampler=sampler), cfg, g)
     start = 0  # the batch holds the completions only; each prompt is stored once (batch["prompt_idx"])
     assert batch["mask"][:, start:start + L].all() and not batch["mask"][:, start + L:start + L + D].any()
     assert batch["mask"][:, start + L + D:start + 2 * L + D].all() and batch["mask"].sum() == 4 * K * L
     opt = torch.optim.AdamW(gpt.parameters(), lr=1e-3)
-    stats = grpo_step(gpt, None, opt, prompts, items, Source(reward_fn, sampler=sampler), cfg, g, 0)
+    stats = grpo_step(gpt, None, opt, prompts, items, Env(reward_fn, sampler=sampler), cfg, g, 0)
     assert np.isfinite(stats["loss"]) and stats["response_len"] == K * L + D
 
 

@@ -5,7 +5,7 @@ import copy
 
 import torch
 
-from grpo import GRPOConfig, Source, grpo_step
+from grpo import Env, GRPOConfig, grpo_step
 from model import GPT, GPTConfig
 from research.placebo import permuted
 
@@ -33,7 +33,7 @@ def test_reward_does_not_rise_under_the_placebo():
                      entropy_coef=0.0)
     g = torch.Generator().manual_seed(0)
     score = permuted(count_threes, cfg.group_size, torch.Generator().manual_seed(7919))
-    source = Source(score, draw=lambda n: ([[1 + i % 5] for i in range(n)], [None] * n))
+    source = Env(score, draw=lambda n: ([[1 + i % 5] for i in range(n)], [None] * n))
     stats = [grpo_step(model, ref, opt, [[1], [2], [4], [5]], [None] * 4, source, cfg, g, step=s)
              for s in range(40)]
     rewards = [s["reward_mean"] for s in stats]

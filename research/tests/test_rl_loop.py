@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from checkpoint import read_meta  # noqa: E402
-from grpo import GRPOConfig, Source  # noqa: E402
+from grpo import Env, GRPOConfig  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from research import common  # noqa: E402
 from runtime import ComputeBudget, Run  # noqa: E402
@@ -36,7 +36,7 @@ def loop_run(tmp_path):
 
     def draw(n):
         return [[1 + i % 5] for i in range(n)], [None] * n
-    return run, parts, Source(count_threes, draw=draw), cfg
+    return run, parts, Env(count_threes, draw=draw), cfg
 
 
 def test_rl_loop_logs_probes_counts_compute_and_resumes_exactly(tmp_path):
