@@ -350,7 +350,8 @@ def update(policy, optimizer, b, plan, cfg, step, autocast):
             if m == 0:   # the first minibatch's token ratios: 1 on average when on-policy
                 sums["ratio"] += parts["ratio"].detach()[mask].sum().item()
                 sums["ratio_tokens"] += int(mask.sum())
-        join_passes(policy, mb.pad, autocast)   # as many passes as the rank with the most
+        if mb.pad:   # passes without rows, as many as the rank with the most micro-batches
+            join_passes(policy, mb.pad, autocast)
         gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
         if not torch.isfinite(gn):
             raise FloatingPointError(f"non-finite gradient norm at step {step}")
@@ -363,51 +364,42 @@ def update(policy, optimizer, b, plan, cfg, step, autocast):
 # -----------------------------------------------------------------------------
 # one GRPO step
 
-def step_stats(policy, step, rounds, kept, plan, sums, cfg, eos_id, recomputed, t0, t_rollout):
-    """The log, over every rank: reward, length, EOS over every sampled group; the update's means
-    per minibatch (NaN: none); the step's compute in forward-token units (forward 1, forward and
-    backward 3): the rollout, then per kept token the reference's and (bf16: `recomputed`) old
-    log-probs' forwards, 3 an epoch."""
-    rewards = torch.cat([s["rewards"] for s in rounds]).view(-1, cfg.group_size)  # (groups, G)
-    completions = [c for s in rounds for c in s["completions"]]
-    eos = sum(bool(c) and c[-1] == eos_id for c in completions)
+def step_stats(policy, step, rounds, kept, sums, cfg, eos_id, recomputed, t0, t_rollout):
+    """The log, over every rank: rewards, lengths, EOS of every sampled group; the update's means
+    per minibatch (NaN: none); the compute in forward-token units (forward 1, with backward 3):
+    the rollout, per kept token the reference's and (bf16) old log-probs' passes, 3 an epoch."""
+    r = torch.cat([s["rewards"] for s in rounds]).view(-1, cfg.group_size)  # (groups, G)
+    done = [c for s in rounds for c in s["completions"]]
     sampled = sum(s["prompt_tokens"] + int((s["tokens"] >= 0).sum()) for s in rounds)
     updated = sum(len(k.prompt) + int((k.rollout["tokens"][k.rows] >= 0).sum()) for k in kept)
     passes = 3 * cfg.ppo_epochs + (cfg.beta > 0) + recomputed
-    # sums over the ranks (a rank's update sums are its share of the mean: summed as they are)
-    total, most = over_ranks(policy, dict(
-        reward=rewards.sum().item(), n=rewards.numel(), groups=len(rewards), groups_kept=len(kept),
-        zero_std=(rewards.std(1, unbiased=False) == 0).sum().item(),
-        length=sum(map(len, completions)), eos=eos,
-        tokens_sampled=sampled, tokens_updated=updated, compute=sampled + passes * updated,
-        **{k: v for k, v in sums.items() if k != "steps"}),
-        dict(reward_max=rewards.max().item(), rounds=len(rounds), t_rollout=t_rollout))
-    m = {k: total[k] / plan[0].world / sums["steps"] if sums["steps"] else float("nan")
-         for k in ("kl", "entropy", "clip", "loss", "grad_norm")}   # means per minibatch
-    n = total["n"]
-    return dict(step=step, reward_mean=total["reward"] / n, reward_max=most["reward_max"],
-                zero_std_frac=total["zero_std"] / total["groups"], rounds=int(most["rounds"]),
-                **{k: int(total[k]) for k in ("groups", "groups_kept")}, kl=m["kl"],
-                entropy=m["entropy"], clip_frac=m["clip"], loss=m["loss"], grad_norm=m["grad_norm"],
-                ratio_first=total["ratio"] / total["ratio_tokens"] if total["ratio_tokens"]
-                else float("nan"), response_len=total["length"] / n, eos_frac=total["eos"] / n,
-                t_rollout=most["t_rollout"], t_step=time.time() - t0,
-                **{k: int(total[k]) for k in ("tokens_sampled", "tokens_updated", "compute")})
+    t, most = over_ranks(policy, dict(   # summed over the ranks (the update's sums: shares)
+        reward=r.sum().item(), n=r.numel(), groups=len(r), groups_kept=len(kept),
+        zero_std=int((r.std(1, unbiased=False) == 0).sum()), length=sum(map(len, done)),
+        eos=sum(bool(c) and c[-1] == eos_id for c in done), tokens_sampled=sampled,
+        tokens_updated=updated, compute=sampled + passes * updated, **sums),
+        dict(reward_max=r.max().item(), rounds=len(rounds), t_rollout=t_rollout))
+    mean = {k: t[k] / t["steps"] if t["steps"] else float("nan")
+            for k in ("kl", "entropy", "clip", "loss", "grad_norm")}
+    return dict(step=step, reward_mean=t["reward"] / t["n"], reward_max=most["reward_max"],
+                zero_std_frac=t["zero_std"] / t["groups"], rounds=int(most["rounds"]),
+                kl=mean["kl"], entropy=mean["entropy"], clip_frac=mean["clip"], loss=mean["loss"],
+                grad_norm=mean["grad_norm"], response_len=t["length"] / t["n"],
+                ratio_first=t["ratio"] / t["ratio_tokens"] if t["ratio_tokens"] else float("nan"),
+                eos_frac=t["eos"] / t["n"], t_rollout=most["t_rollout"], t_step=time.time() - t0,
+                **{k: int(t[k]) for k in ("groups", "groups_kept", "tokens_sampled",
+                                          "tokens_updated", "compute")})
 
 
 def grpo_step(policy, ref_model, optimizer, prompts, records, env, cfg, generator, step=0,
               autocast=nullcontext()):
-    """`plain_grpo_step` made fast and scale-ready -> a dict of stats, over every rank. What it
-    adds, and why:
-    - dynamic sampling (DAPO): rounds of prompts from env.draw until cfg.prompts_per_step groups
-      have reward spread, so every update has as many groups that teach;
-    - the KV-cache sampler (engine.py), each prompt prefilled once for its G samples;
-    - `update`: ppo_epochs x minibatches optimizer steps, in micro-batches that fit memory, each
-      prompt run once for its rows (model.forward(prompts=)), logits only where a token is scored;
-    - autocast (bf16 / fp16): the sampler on a cast copy, the old log-probs recomputed on the
-      update's own path (as verl: the first ratio is 1, not a precision gap);
-    - DDP / FSDP (`policy` wrapped, ref_model sharded too): the plan evened out across the ranks
-      and the loss normalised by their summed counts, so N ranks take the one-process step.
+    """`plain_grpo_step` made fast and scale-ready -> a dict of stats over every rank. It adds:
+    - dynamic sampling (DAPO): more prompts (env.draw) until cfg.prompts_per_step groups teach;
+    - the KV-cache sampler (engine.py): each prompt prefilled once for its G samples;
+    - `update`: epochs x minibatches of micro-batches that fit memory, each prompt run once for
+      its rows (model.forward(prompts=)), logits only where a token is scored;
+    - autocast: the old log-probs recomputed on the update's path (as verl: the first ratio 1);
+    - DDP / FSDP (policy wrapped, ref_model sharded): N ranks take the one-process step.
     A non-finite weight, reward, loss or gradient norm: FloatingPointError."""
     t0 = time.time()
     raw_model = getattr(policy, "module", policy)   # the GPT itself
@@ -433,7 +425,7 @@ def grpo_step(policy, ref_model, optimizer, prompts, records, env, cfg, generato
         b = b._replace(ref_logp=ref) if b is not None else None
     # 5-7. PPO-clip + KL - entropy, token-mean, an optimizer step per minibatch
     sums = update(policy, optimizer, b, plan, cfg, step, autocast)
-    return step_stats(policy, step, rounds, kept, plan, sums, cfg, env.eos_id, low_precision, t0,
+    return step_stats(policy, step, rounds, kept, sums, cfg, env.eos_id, low_precision, t0,
                       t_rollout)
 
 

@@ -260,20 +260,17 @@ def no_sync_unless_last(policy, last):
 
 
 # the update's plan, per minibatch: this rank's micro-batches (row lists), the passes without rows
-# it runs to match the rank with the most, the loss's normalisers, the number of ranks
-Minibatch = namedtuple("Minibatch", "micro pad tokens parts world")
+# it runs to match the rank with the most, the loss's normalisers
+Minibatch = namedtuple("Minibatch", "micro pad tokens parts")
 
 
 def plan_update(policy, b, cfg, generator):
-    """The GRPO update's plan, made once per step -> a Minibatch per minibatch. Each epoch a fresh
-    order of the N rows of Batch b (None: none here), cut into cfg.minibatches minibatches, each
-    into micro-batches of cfg.micro_batch rows (several: in row order, so that a prompt's samples
-    sit together and its prompt runs once). Evened out over the ranks (DDP, FSDP): `pad` passes
-    without rows where another rank has more micro-batches (FSDP gathers each block in every pass;
-    DDP: one where a rank has none, to join the all-reduce); `tokens` ("token-mean") and `parts`
-    ("seq-mean": rows) the minibatch's counts summed over the ranks, over their number, since DDP
-    and FSDP average the ranks' gradients, which then equal one process's on all the rows.
-    "micro-token-mean" (verl's, per rank): `parts` is this rank's micro-batches."""
+    """The GRPO update's plan, once a step -> a Minibatch each: every epoch the N rows of Batch b
+    (None: none) shuffled, cut into cfg.minibatches, each into micro-batches of cfg.micro_batch
+    rows (several: in row order, a prompt's samples together). Over the ranks: `pad` passes without
+    rows (FSDP: as many passes as the rank with the most; DDP: one on a rank with none); `tokens`
+    and `parts` (rows; verl's "micro-token-mean": this rank's micro-batches) summed over the ranks
+    over their number: DDP and FSDP average the gradients, which then equal one process's."""
     N, mu = (0 if b is None else len(b.idx)), cfg.micro_batch
     per_mb = math.ceil(N / cfg.minibatches)
     orders = [torch.randperm(N, generator=generator).tolist() for _ in range(cfg.ppo_epochs)]
@@ -290,7 +287,7 @@ def plan_update(policy, b, cfg, generator):
         dist.all_reduce(totals)
         world = dist.get_world_size()
     return [Minibatch(c, m - n if fsdp else int(m > 0 and n == 0), tokens / world,
-                      n if cfg.loss_agg == "micro-token-mean" else rows / world, world)
+                      n if cfg.loss_agg == "micro-token-mean" else rows / world)
             for c, n, m, (tokens, rows) in zip(micro, have.tolist(), most.tolist(),
                                                totals.tolist())]
 

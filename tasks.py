@@ -103,30 +103,27 @@ def scratch_tokenizer(run, texts, vocab_size, write=True):
 
 
 def check_inputs(run, args):
-    """train_lang.py's flags that need the run to check (its ranks) or a file read, before
-    anything is written -> True when --init is a checkpoint file (False: scratch or HF)."""
+    """train_lang.py's flags checked by the run (its ranks, files), before anything is written
+    -> True when --init is a checkpoint file (False: scratch or an HF directory)."""
+    rewards = TASKS[args.task].rewards
+    is_ckpt = args.init != "scratch" and Path(args.init).is_file()
     if args.prompts_per_step % run.world:   # the global count: whole groups on each rank
         run.fail(f"--prompts_per_step {args.prompts_per_step}: a multiple of the {run.world} ranks")
-    if args.reward not in TASKS[args.task].rewards:
-        run.fail(f"--reward {args.reward}: the {args.task} task has rewards "
-                 f"{TASKS[args.task].rewards}")
-    is_ckpt = args.init != "scratch" and Path(args.init).is_file()
+    if args.reward not in rewards:
+        run.fail(f"--reward {args.reward}: the {args.task} task has rewards {rewards}")
     if args.init != "scratch" and not Path(args.init).exists():
         run.fail(f"--init {args.init}: no such checkpoint file or HF directory")
     if args.stage == "rlvr" and args.init == "scratch":
-        run.fail("--stage=rlvr needs --init=<checkpoint or HF dir> (it post-trains a trained "
-                 "model)")
-    # its header only: train_video.py's checkpoints name their frame tokenizer (vq)
-    if is_ckpt and "vq" in run.or_fail(read_meta, args.init)["args"]:
+        run.fail("--stage=rlvr needs --init=<checkpoint or HF dir>: it post-trains a model")
+    if is_ckpt and "vq" in run.or_fail(read_meta, args.init)["args"]:   # train_video.py's
         run.fail(f"--init {args.init}: a video world model of train_video.py (its tokens are frame "
                  f"codes, not text); start from a train_lang.py checkpoint or an HF directory")
     return is_ckpt
 
 
 def load_start(run, args, train_recs, vocab_size, record):
-    """--init's model and tokenizer -> (model, tokenizer). A checkpoint or an HF directory is
-    loaded before out_dir/config.json (`record`; False: --stage=memory, nothing written) is; from
-    scratch, BPE on the train records after it, and a new GPT of the flags' shape."""
+    """--init's (model, tokenizer), loaded before config.json is written (`record`; False: none);
+    from scratch, BPE on the train records after it, and a new GPT of the flags' shape."""
     if args.init != "scratch":
         try:
             model, tok, meta = load_lang_model(args.init, run.device)
@@ -135,7 +132,7 @@ def load_start(run, args, train_recs, vocab_size, record):
         except (OSError, KeyError, TypeError) as e:   # e.g. an HF config.json without a key
             run.fail(f"--init {args.init}: cannot load ({type(e).__name__}: {e})")
     save_config(run, record)   # the inputs are good; from here on the run writes
-    if args.init == "scratch":   # and a fresh GPT of the flags' shape
+    if args.init == "scratch":
         data = TASKS[args.task].data
         texts = [data.prompt_text(r) + data.target_text(r) for r in train_recs]
         tok = scratch_tokenizer(run, texts, vocab_size, bool(record))
@@ -267,6 +264,19 @@ class EpochSampler:
         self.every = n_unchanged is None or not pool.unchanged
         self.n_unch = len(pool.unchanged) if self.every else n_unchanged
 
+    @classmethod
+    def recipe(cls, run, pool, per_rank, step):
+        """--recipe=paper's draw from `step` on (verl's text-game dataset: each epoch the changed
+        records and N unchanged ones, reshuffled), and its steps -> (the sampler, the steps)."""
+        draw = cls(pool, PAPER_UNCHANGED.get(run.args.reward), run.args.seed, run.rank, run.world,
+                   drawn=step)
+        if not (per_epoch := draw.steps_per_epoch(per_rank)):
+            run.fail(f"--recipe=paper: {len(draw)} prompts, fewer than a step's")
+        steps = run.args.rl_steps or PAPER_EPOCHS * per_epoch   # --rl_steps=0: the epochs
+        run.print0(f"--recipe=paper: epochs of {len(draw)} prompts, {len(pool.changed)} changed + "
+                   f"{draw.n_unch} unchanged, reshuffled; {steps} steps ({PAPER_EPOCHS} epochs)")
+        return draw, steps
+
     def __len__(self):
         return len(self.pool.changed) + self.n_unch
 
@@ -288,9 +298,8 @@ class EpochSampler:
 
 
 class RLPrompts:
-    """train_lang.py's RLVR prompts, those that fit `longest` tokens: `pool` (a PromptPool, drawn
-    with `generator`), `probe`, fixed train prompts and their records (reward logged every
-    PROBE_EVERY steps), `held_out`, the first HEADROOM_N validation ones (the headroom line's)."""
+    """train_lang.py's RLVR prompts of at most `longest` tokens: `pool` (drawn with `generator`),
+    `probe` (train, scored every PROBE_EVERY steps), `held_out` (val, the headroom line's)."""
     def __init__(self, run, args, tok, train_recs, val_recs, longest, cfg, generator):
         self.run, self.args, self.tok, self.cfg = run, args, tok, cfg
         data = TASKS[args.task].data
@@ -301,25 +310,15 @@ class RLPrompts:
         self.held_out = [list(x) for x in zip(*islice(fits, HEADROOM_N))]   # or []
         run.print0(f"rlvr: {len(self.pool.changed)} changed + {len(self.pool.unchanged)} "
                    f"unchanged train prompts ({self.pool.dropped} over {longest} tokens left out); "
-                   f"per step {cfg.prompts_per_step * run.world} prompts in all, "
-                   f"{cfg.prompts_per_step} per rank, groups with reward spread (up to "
+                   f"a step {cfg.prompts_per_step} groups with reward spread a rank (up to "
                    f"{cfg.max_rounds} rounds) x {cfg.group_size} samples; reward {args.reward}")
 
     def schedule(self, step):
         """-> (draw(n): a step's prompts and records from `step` on, the run's steps): the pool's
-        draws with replacement and --rl_steps, or --recipe=paper's epochs (EpochSampler): each
-        the changed records and N unchanged ones, as verl's text-game dataset, reshuffled."""
+        draws with replacement and --rl_steps, or --recipe=paper's epochs."""
         if self.args.recipe != "paper":
             return self.pool, self.args.rl_steps
-        draw = EpochSampler(self.pool, PAPER_UNCHANGED.get(self.args.reward), self.args.seed,
-                            self.run.rank, self.run.world, drawn=step)
-        if not (per_epoch := draw.steps_per_epoch(self.cfg.prompts_per_step)):
-            self.run.fail(f"--recipe=paper: {len(draw)} prompts, fewer than a step's")
-        steps = self.args.rl_steps or PAPER_EPOCHS * per_epoch   # --rl_steps=0: the epochs
-        self.run.print0(f"--recipe=paper: epochs of {len(draw)} prompts, "
-                        f"{len(self.pool.changed)} changed + {draw.n_unch} unchanged, "
-                        f"reshuffled; {steps} steps ({PAPER_EPOCHS} epochs)")
-        return draw, steps
+        return EpochSampler.recipe(self.run, self.pool, self.cfg.prompts_per_step, step)
 
     def score_probe(self, model):
         """The probe's rewards, greedy and at T=1: every rank gathers FSDP's weights, rank 0

@@ -236,8 +236,7 @@ if args.stage in ("all", "rlvr"):
     ckpts = {"mle": start, "rlvr": str(rl_file)}
     if args.control:
         ckpts["mle_more"] = str(out_dir / "mle_more.safetensors")
-    # every model, loaded from its checkpoint, greedy on the first --eval_limit records of each
-    # split (all: None), the same for every model: differences are paired (eval.py)
+    # every model greedy on the same first --eval_limit records of each split: paired (eval.py)
     limit = args.eval_limit or None
     compare_checkpoints(run, args.task, ckpts, tok, {"val": val_recs[:limit],
                                                      "test": test_recs[:limit]},
