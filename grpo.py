@@ -183,8 +183,8 @@ def plain_grpo_step(model, ref_model, optimizer, prompts, records, reward_fn, cf
 # -----------------------------------------------------------------------------
 # the fast step: what `grpo_step` adds to the plain one
 
-# a kept group (step 3): its prompt, the rollout holding its G rows, which rows, their rewards
-Group = namedtuple("Group", "prompt rollout rows rewards")
+# a kept group (step 3): its prompt, the rollout holding its G rows, their span there, rewards
+Group = namedtuple("Group", "prompt rollout span rewards")
 # the update's N rows (step 4): `pack`'s four tensors, each row's group, its log-probs, advantage
 Batch = namedtuple("Batch", "prompt_idx prompt_len idx targets group old_logp adv mask ref_logp")
 
@@ -264,7 +264,7 @@ def sample_groups(model, prompts, records, env, cfg, generator, autocast=nullcon
 def update_batch(kept, cfg, device):
     """Step 4: the kept Groups as N = groups x G rows right-padded to T -> a Batch: `pack`'s
     tensors, group (N,) each row's, old_logp (N, T), adv (N,), mask (N, T), ref_logp None."""
-    tokens, old_logp, mask = (pad_sequence([row for k in kept for row in k.rollout[key][k.rows]],
+    tokens, old_logp, mask = (pad_sequence([row for k in kept for row in k.rollout[key][k.span]],
                                            batch_first=True, padding_value=pad)
                               for key, pad in (("tokens", -1), ("old_logp", 0.0), ("mask", False)))
     adv = group_advantages(torch.stack([k.rewards for k in kept]), cfg.std_norm, cfg.adv_eps,
@@ -371,7 +371,7 @@ def step_stats(policy, step, rounds, kept, sums, cfg, eos_id, recomputed, t0, t_
     r = torch.cat([s["rewards"] for s in rounds]).view(-1, cfg.group_size)  # (groups, G)
     done = [c for s in rounds for c in s["completions"]]
     sampled = sum(s["prompt_tokens"] + int((s["tokens"] >= 0).sum()) for s in rounds)
-    updated = sum(len(k.prompt) + int((k.rollout["tokens"][k.rows] >= 0).sum()) for k in kept)
+    updated = sum(len(k.prompt) + int((k.rollout["tokens"][k.span] >= 0).sum()) for k in kept)
     passes = 3 * cfg.ppo_epochs + (cfg.beta > 0) + recomputed
     t, most = over_ranks(policy, dict(   # summed over the ranks (the update's sums: shares)
         reward=r.sum().item(), n=r.numel(), groups=len(r), groups_kept=len(kept),

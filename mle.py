@@ -84,7 +84,7 @@ def train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, budge
         if nan.finite(step, model, loss, norm):   # else: stop, or skip the step (--on_nan)
             opt.step()                            # AdamW: the weights change here
         step += 1
-        compute += batch_compute(tgt)
+        compute += run.sum_ranks(batch_compute(tgt))   # every rank's, as RLVR's budget counts
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")
         # the compute budget (the control's); the ranks agree, so all leave at the same step

@@ -104,6 +104,14 @@ class Run:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
 
+    def sum_ranks(self, x):
+        """A number summed over the ranks (one process: x itself)."""
+        if not self.ddp:
+            return x
+        t = torch.tensor([float(x)], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return t.item()
+
     def finish(self):
         if self.ddp:
             dist.barrier()   # no rank tears the group down while another still talks to it

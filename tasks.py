@@ -237,16 +237,16 @@ PAPER_EPOCHS, PAPER_UNCHANGED = 15, {"binary": 7278, "task_specific": 1000}
 PROBE_N, PROBE_EVERY = 64, 10   # RLVR's probe: fixed train prompts, measured every 10 steps
 
 class PromptPool:
-    """RLVR's prompt pool: the items whose prompt fits `room` tokens, changed or unchanged ones."""
-    def __init__(self, items, prompt_text, is_changed, tok, room, unchanged_frac, generator):
-        pool = [(x, prompt) for x in items if len(prompt := tok.prompt(prompt_text(x))) <= room]
-        self.dropped = len(items) - len(pool)   # prompts longer than `room`
+    """RLVR's prompt pool: the records whose prompt fits `longest` tokens, changed or unchanged."""
+    def __init__(self, records, prompt_text, is_changed, tok, longest, unchanged_frac, generator):
+        pool = [(x, p) for x in records if len(p := tok.prompt(prompt_text(x))) <= longest]
+        self.dropped = len(records) - len(pool)   # prompts longer than `longest`
         self.changed = [x for x in pool if is_changed(x[0])]
         self.unchanged = [x for x in pool if not is_changed(x[0])]
         self.unchanged_frac, self.generator = unchanged_frac, generator
 
     def __call__(self, n):
-        """n draws with replacement, unchanged_frac unchanged -> (token-id prompts, items)."""
+        """n draws with replacement, unchanged_frac unchanged -> (token-id prompts, records)."""
         n_unch = round(n * self.unchanged_frac) if self.unchanged else 0
         picks = [self.changed[i] for i in
                  torch.randint(len(self.changed), (n - n_unch,), generator=self.generator)]

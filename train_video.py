@@ -41,7 +41,7 @@ from checkpoint import (ROOT, atomic_write, check_config, read_meta, recorded_pa
 from data.robot.prepare import DATA_DIR
 from data.robot.task import (Clips, Layout, cached_tokens, make_draw, make_reward, make_sampler,
                              moving_windows, read_action_stats, windows)
-from grpo import HEADROOM_N, GRPOConfig, Source, grpo_step, headroom
+from grpo import HEADROOM_N, Env, GRPOConfig, grpo_step, headroom
 from model import GPT, GPTConfig, finite_weights
 from runtime import (ComputeBudget, NanPolicy, Run, check_ranges, check_ranks_in_sync,
                      control_after, control_beside, lr_at, memory_estimate, print_memory,
@@ -344,7 +344,7 @@ if args.stage in ("all", "rlvr"):
                             weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(args.seed + 1000 + run.rank)   # prompts and samples
     draw = make_draw(clips, pool, prompts_per_step, bool(reward.object))   # draw(gen): a step's
-    source = Source(make_reward(vq, clips, reward, lpips_net, run.device),
+    source = Env(make_reward(vq, clips, reward, lpips_net, run.device),
                     sampler=make_sampler(horizon, layout.L))
     nan = NanPolicy(run, "rlvr")   # --on_nan: a NaN/inf stops the run, or skips the step
     if not finite_weights(model):   # a poisoned start stops before anything samples from it
@@ -354,7 +354,7 @@ if args.stage in ("all", "rlvr"):
     held_clips = Clips(val_eps, tokens["val"], layout, horizon, CONTEXT)
     held = moving_windows(held_clips)   # none (a tiny split): no headroom line
     held = held and make_draw(held_clips, held, HEADROOM_N, False)(torch.Generator().manual_seed(0))
-    by_mae = Source(make_reward(vq, held_clips, VideoReward("mae"), None, run.device),
+    by_mae = Env(make_reward(vq, held_clips, VideoReward("mae"), None, run.device),
                     sampler=source.sampler)
 
     def head(name):   # every rank gathers FSDP's weights; rank 0 samples and prints
