@@ -85,6 +85,9 @@ def test_the_report_of_a_tiny_text_run(tmp_path):
              "groups": 8, "groups_kept": s, "rl_seconds": 6.0 * s, "rl_compute": 100 * s}
             for s in (1, 2, 3)]
     log[-1] |= {"probe_greedy": 0.6, "probe_reward": 0.5}
+    log += [{"stage": "rlvr", "rank_checksums": [1, 1]},                  # torchrun's: no step
+            {"stage": "rlvr", "step": 4, "reward_mean": 0.4, "kl": float("nan"), "groups": 8,
+             "groups_kept": 0, "rl_seconds": 24.0, "rl_compute": 400}]   # a step of no spread
     log += [{"stage": "mle_more", "step": 5, "minutes": 0.3, "compute": 320}]
     (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
 
@@ -107,6 +110,7 @@ def test_the_report_of_a_tiny_text_run(tmp_path):
     assert f"<code>{recs[i]['action']}</code>" in text and f"<code>{truth[i]}</code>" in text
     assert "| MLE start | <code>1=1 2=1</code> | 0.00 |" in text
     assert "python train_lang.py --task=lights" in text and "1.5 min in all" in text
+    assert "RLVR's 4 steps 0.4 min, the control's 5 MLE steps 0.3 min" in text
     assert "| RLVR | 50.00 | 75.00 | 8, 1 | 25.0% | 50.0% |" in text   # the headroom line
     assert "rlvr - mle_more" in text and "val split" in text      # the paired tables, both splits
     # a rebuild from the files alone keeps the command, commit and wall time the run wrote

@@ -66,11 +66,11 @@ def read_json(path):
 
 def read_log(out_dir):
     """log.jsonl -> (the RLVR rows by step, the last control row or {}); a resumed run logs a
-    step again: its last row wins."""
+    step again: its last row wins; rows of no step (torchrun's checksums) are left out."""
     path, rl, control = out_dir / "log.jsonl", {}, {}
     for line in path.read_text().splitlines() if path.is_file() else []:
         row = json.loads(line)
-        if row.get("stage") == "rlvr":
+        if row.get("stage") == "rlvr" and "step" in row:
             rl.setdefault(row["step"], {}).update(row)
         elif row.get("stage") == "mle_more":
             control = row
