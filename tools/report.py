@@ -344,9 +344,11 @@ def strip(out_dir, config, rows, split):
     from train_vq import SIZE
     from video_eval import load_video_model
 
-    def found(name):   # this folder's checkpoint, else the recorded one (a shipped start: ours)
+    def found(name):   # this folder's checkpoint, else the recorded one: a start from a
+        # checkpoints/ folder is the repository's shipped file (recorded on whichever machine)
         rec = Path(rows[name].get("checkpoint", ""))
-        for f in (out_dir / f"video_{name}.safetensors", ROOT / "checkpoints" / rec.name, rec):
+        shipped = ROOT / "checkpoints" / rec.name if rec.parent.name == "checkpoints" else rec
+        for f in (out_dir / f"video_{name}.safetensors", shipped, rec):
             if f.is_file() and f.suffix == ".safetensors":
                 return f
     ckpts = {name: f for name in rows if (f := found(name))}
@@ -358,8 +360,8 @@ def strip(out_dir, config, rows, split):
     data = recorded_path(config["data"], out_dir) if "data" in config else DATA_DIR
     limit = config.get("test_limit", 0) if split == "test" else 0   # the episodes it scored
     try:
-        episodes = clips(load_split(data, split, SIZE, limit), config.get("clip_len",
-                                                                           a["clip_len"]))
+        episodes = clips(load_split(data, split, SIZE, limit),
+                         config["clip_len"] if "clip_len" in config else a["clip_len"])
     except ValueError as e:   # the data is not here
         return [f"No picture: {e}."]
     first = rows["mle"]
