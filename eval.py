@@ -19,10 +19,10 @@ Every language task writes "what changes" as text and is scored by its reward in
   averaged).
 Each metric is reported overall and on the transitions that change something (`_changed`) or nothing
 (`_unchanged`), greedy (T=0) at the top level of the JSON, sampled (T=1) under "sampled", best-of-k
-under "pass@k", per record under "per_record" (one value per record, in file order, and "changed"),
-plus the baseline that exposes fake gains: always answering "nothing changes", scored by the same
-reward. With --compare the paired differences (bootstrap 95% intervals over the same records) are
-printed too.
+under "pass@k", per record under "per_record" (one value per record, in file order, and "changed")
+and "answers" (the greedy answers), plus the baseline that exposes fake gains: always answering
+"nothing changes", scored by the same reward. With --compare the paired differences (bootstrap 95%
+intervals over the same records) are printed too.
 `n_cropped` counts prompts too long for the model's block_size, which keep only their last tokens
 (tasks.crop).
 data/textgame/compose.jsonl, the text game's composition split (records whose game, room objects and
@@ -132,12 +132,9 @@ def summarize(per_record, changed):
     records (None for an empty subset)."""
     def mean(xs):
         return sum(xs) / len(xs) if xs else None
-    out = {}
-    for k in per_record[0]:
-        out[k] = mean([m[k] for m in per_record])
-        out[k + "_changed"] = mean([m[k] for m, c in zip(per_record, changed) if c])
-        out[k + "_unchanged"] = mean([m[k] for m, c in zip(per_record, changed) if not c])
-    return out
+    kept = {"": [True] * len(changed), "_changed": changed, "_unchanged": [not c for c in changed]}
+    return {k + s: mean([m[k] for m, keep in zip(per_record, mask) if keep])
+            for k in per_record[0] for s, mask in kept.items()}
 
 
 def evaluate(task, model, tok, records, max_new_tokens=256, batch_size=64, sampled=False, pass_k=0,
@@ -176,8 +173,7 @@ def evaluate(task, model, tok, records, max_new_tokens=256, batch_size=64, sampl
                                    label("pass@k"))
             best = [max(b, m[T.headline]) for b, m in zip(best, score(texts))]
         res[f"pass@{pass_k}"] = summarize([{T.headline: b} for b in best], changed)
-    res["examples"] = [dict(action=r["action"], changed=c, prediction=t)
-                       for r, c, t in list(zip(records, changed, greedy))[:5]]
+    res["answers"] = greedy   # every record's greedy answer, in file order (tools/report.py)
     res["per_record"] = {k: [float(m[k]) for m in scores] for k in scores[0]} | {"changed": changed}
     return res
 

@@ -243,4 +243,6 @@ if args.stage in ("all", "rlvr"):
                         cfg.max_new_tokens, heads)
     print0(f"wrote eval.json (test) / eval_val.json (val) in {out_dir}; "
            f"total {(time.time() - t0) / 60:.1f} min")
+if master:   # out_dir/report.md: the run on one page (tools/report.py), imported here only
+    __import__("tools.report").report.write_report(out_dir, sys.argv, time.time() - t0)
 run.finish()

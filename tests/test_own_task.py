@@ -31,7 +31,7 @@ def test_every_task_satisfies_the_interface(name, tmp_path):
     records = T.data.load_records(paths["test"])
     assert 0 < sum(map(T.data.is_changed, records)) < len(records)   # both kinds, for the baseline
     for r in records:
-        assert isinstance(r["action"], str)                       # evaluate_lang's examples show it
+        assert isinstance(r["action"], str)                       # a run's report.md shows it
         prompt, target = T.data.prompt_text(r), T.data.target_text(r)
         assert isinstance(prompt, str) and prompt and isinstance(target, str) and target
         truth = T.score(target, r)

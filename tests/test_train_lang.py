@@ -43,6 +43,11 @@ def test_default_pipeline_writes_eval_json(tiny_run):
             pr = r["per_record"]   # one value per record, in file order: the paired statistics can be recomputed
             assert set(pr) == {"accuracy", "task_specific", "changed"} and all(len(v) == n for v in pr.values())
             assert sum(pr["accuracy"]) / n == r["accuracy"] and sum(pr["changed"]) == r["n_changed"]
+            assert len(r["answers"]) == n and all(isinstance(a, str) for a in r["answers"])
+    # the run on one page (tools/report.py), written at the end
+    page = (tmp / "out" / "report.md").read_text()
+    assert "![curves per GRPO step](curves.svg)" in page and "## Four test records" in page
+    assert (tmp / "out" / "curves.svg").is_file() and "- command: `python train_lang.py --init=scratch" in page
     assert "always-no-change baseline" in stdout and "rlvr - mle " in stdout and "rlvr - mle_more" in stdout
     log = [json.loads(line) for line in (tmp / "out" / "log.jsonl").read_text().splitlines()]
     rl = [row for row in log if row["stage"] == "rlvr" and "reward_mean" in row]

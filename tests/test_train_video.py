@@ -88,6 +88,10 @@ def test_all_stages_from_scratch_multi_step(trained):
     assert {"mle", "rlvr", "mle_more"} <= set(stages)
     assert re.search(r"rlvr - mle_more +mae +all +[-+]\d\.\d{5}  \[", out), out[-3000:]
     assert re.search(r"rlvr - copy +ssim +all", out) and "sampled at T=1 top-k 100:" in out
+    # the run on one page (tools/report.py): its curves, every model's rollout drawn, step by step
+    page = (o / "report.md").read_text()
+    assert "![curves per GRPO step](curves.svg)" in page and "Not drawn" not in page
+    assert all((o / f).is_file() for f in ("curves.svg", "strip.png", "rollout.gif"))
 
 
 @pytest.mark.slow

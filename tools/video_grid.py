@@ -1,7 +1,7 @@
 """Draw truth against the predictions of video world models on a few held-out windows, as a PNG (or animated GIF).
 
     python tools/video_grid.py --models mle=checkpoints/video_cond_mle.safetensors \
-        rlvr=out/video/video_rlvr.safetensors --out=docs/img/video_grid.png
+        rlvr=out/video/video_rlvr.safetensors --out=out/video_grid.png
     python tools/video_grid.py --models mle=A rlvr=B --out=grid.gif --mode=multi   # one GIF frame per predicted step
 
 One row per test window; columns: the last context frame (= copy-last-frame's prediction), the true next frame,
@@ -138,6 +138,24 @@ def grid_images(ctx, truth, preds, scale):
     return images
 
 
+def grid(loaded, episodes, context, horizon, lo, hi, n, scale):
+    """The labelled grid of `loaded` [(name, GPT, tokenizer)] on the n windows of `episodes` whose truth moves the
+    most (moving_windows) -> (one uint8 image per predicted step, the windows (clip, first frame), the MAE of each
+    model and of "copy" (copy-last-frame) on them)."""
+    picks = moving_windows(episodes, context, horizon, n)
+    preds = [predict(m, vq, episodes, picks, lo, hi, context, horizon) for _, m, vq in loaded]
+    ctx = torch.stack([to_float(episodes[e]["image"][t + context - 1]) for e, t in picks])
+    truth = torch.stack([to_float(episodes[e]["image"][t + context:t + context + horizon])
+                         for e, t in picks])                                      # (N, K, 3, H, W)
+    names = [name for name, _, _ in loaded]
+    columns = ["context", "truth", *names, "err copy", *(f"err {name}" for name in names)]
+    rows = [[f"clip {e}", f"frame {t}"] for e, t in picks]
+    images = [labelled(img, columns, rows, f"step {k + 1}/{horizon}", ctx.shape[-2:], scale)
+              for k, img in enumerate(grid_images(ctx, truth, preds, scale))]
+    maes = {name: float((pr - truth).abs().mean()) for name, pr in zip(names, preds)}
+    return images, picks, maes | {"copy": float((ctx[:, None] - truth).abs().mean())}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--models", nargs="+", required=True, help="name=checkpoint pairs, drawn in this order")
@@ -165,26 +183,18 @@ def main():
         episodes = clips(load_split(args.data, args.split, a["size"]), a["clip_len"])
     except (ValueError, OSError) as e:
         sys.exit(f"error: --data: {e}")
-    picks = moving_windows(episodes, a["context"], horizon, args.n)
-    preds = [predict(m, vq, episodes, picks, lo, hi, a["context"], horizon) for _, m, vq, _ in loaded]
-    ctx = torch.stack([to_float(episodes[e]["image"][t + a["context"] - 1]) for e, t in picks])
-    truth = torch.stack([to_float(episodes[e]["image"][t + a["context"]:t + a["context"] + horizon])
-                         for e, t in picks])                                      # (N, K, 3, H, W)
-    names = [n for n, _ in pairs]
-    columns = ["context", "truth", *names, "err copy", *(f"err {n}" for n in names)]
-    rows = [[f"clip {e}", f"frame {t}"] for e, t in picks]
-    images = [labelled(img, columns, rows, f"step {k + 1}/{horizon}", ctx.shape[-2:], args.scale)
-              for k, img in enumerate(grid_images(ctx, truth, preds, args.scale))]
+    images, picks, maes = grid([(n, m, vq) for n, m, vq, _ in loaded], episodes, a["context"], horizon,
+                               lo, hi, args.n, args.scale)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     if args.out.endswith(".gif"):
         imageio.mimsave(args.out, images, duration=0.6, loop=0)
     else:
         imageio.imwrite(args.out, images[-1])
+    names = [n for n, _ in pairs]
     print(f"wrote {args.out}: {len(picks)} {args.split} windows (clip, frame) {picks}; columns: context | truth | "
           f"{' | '.join(names)} | error of copy | {' | '.join(names)}")
-    for name, pr in zip(names, preds):   # the drawn windows' MAE, to read the picture against
-        print(f"  {name}: MAE {float((pr - truth).abs().mean()):.4f} on these windows "
-              f"(copy-last-frame {float((ctx[:, None] - truth).abs().mean()):.4f})")
+    for name in names:   # the drawn windows' MAE, to read the picture against
+        print(f"  {name}: MAE {maes[name]:.4f} on these windows (copy-last-frame {maes['copy']:.4f})")
 
 
 if __name__ == "__main__":
