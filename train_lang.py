@@ -10,6 +10,7 @@ checkpoints, the tokenizer, config.json (the flags), log.jsonl, eval.json (test)
 (val), report.md. The same command again resumes; bad input is one "error:" line, before any write.
 """
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -243,6 +244,7 @@ if args.stage in ("all", "rlvr"):
                         cfg.max_new_tokens, heads)
     print0(f"wrote eval.json (test) / eval_val.json (val) in {out_dir}; "
            f"total {(time.time() - t0) / 60:.1f} min")
-if master:   # out_dir/report.md: the run on one page (tools/report.py), imported here only
-    __import__("tools.report").report.write_report(out_dir, sys.argv, time.time() - t0)
+if run.master:   # out_dir/report.md: the run on one page, with its pictures
+    from tools.report import write_report
+    write_report(out_dir, sys.argv, time.time() - t0)
 run.finish()

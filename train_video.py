@@ -439,6 +439,7 @@ if args.stage in ("all", "rlvr", "control"):
             ("mle_more", "mle")) if a in rows and b in {*rows, "copy"}])
         print0(f"wrote {out_dir / 'eval.json'}")
     print0(f"total {(time.time() - t_start) / 60:.1f} min")
-if master:   # out_dir/report.md: the run on one page (tools/report.py), imported here only
-    __import__("tools.report").report.write_report(out_dir, sys.argv, time.time() - t_start)
+if master:   # out_dir/report.md: the run on one page, with its pictures
+    from tools.report import write_report
+    write_report(out_dir, sys.argv, time.time() - t_start)
 run.finish()

@@ -35,8 +35,8 @@ from checkpoint import load_model, write_json
 from data.robot.prepare import DATA_DIR, ensure_splits
 from data.robot.task import (EFFECTS, Layout, clips, frame_codes, load_split, object_report,
                              object_scores, rollout, to_float, tokenize_split, windows)
-from eval import paired_diffs, print_diffs, print_rows
 from runtime import check_device, check_ranges, fork_map
+from stats import paired_diffs, print_diffs, print_rows
 from tokenizer_vq import load_vq
 from video_rewards import MOVE_TOL, load_lpips, mae, mse, psnr, repetition_rate, ssim
 

@@ -47,7 +47,7 @@ from data.robot.task import Layout, action_bins, frame_codes, still_cells, token
 from engine import decode_step, prefill  # noqa: E402
 from research.policy_eval import (MOVED_PX, SCENE_STREAM, decode, load_world_model, locate_gripper,  # noqa: E402
                                      move_checks, parse_policy, predict_frames, real_episodes)
-from eval import paired_bootstrap  # noqa: E402
+from stats import paired_bootstrap  # noqa: E402
 from tokenizer_vq import load_vq  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))  # run as a file: the repository root
 from checkpoint import write_json  # noqa: E402
 from mle import final_lr as start_final_lr  # noqa: E402
 from research import common  # noqa: E402
-from eval import paired_bootstrap  # noqa: E402
+from stats import paired_bootstrap  # noqa: E402
 from tasks import TASKS  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[1].strip(), allow_abbrev=False)

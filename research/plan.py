@@ -30,7 +30,7 @@ from checkpoint import write_json  # noqa: E402
 from engine import generate  # noqa: E402
 from eval import pct  # noqa: E402
 from research.envs import ENVS  # noqa: E402
-from eval import paired_bootstrap  # noqa: E402
+from stats import paired_bootstrap  # noqa: E402
 from tasks import crop, load_lang_model  # noqa: E402
 
 BUILTIN = ("random", "sim", "policy")  # the planners that need no world-model checkpoint

@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository root
 from checkpoint import atomic_write, write_json  # noqa: E402
-from eval import paired_bootstrap  # noqa: E402
+from stats import paired_bootstrap  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
 p.add_argument("runs", nargs="+", help="label=dir[,dir...]: train_lang.py out_dirs, several = seeds of one regime")

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from eval import paired_bootstrap, paired_diffs
+from stats import paired_bootstrap, paired_diffs
 
 
 def test_paired_bootstrap_matches_hand_computed_cases():

@@ -7,7 +7,8 @@ import pytest
 from data.lights.task import generate_split as lights_split
 from data.textgame.simulator import generate_split as textgame_split
 from data.webpage.simulator import generate_split as webpage_split
-from eval import paired_diffs, print_comparison, print_diffs, print_table, summarize
+from eval import print_comparison, print_table, summarize
+from stats import paired_diffs, print_diffs
 from tasks import TASKS, Task, from_module
 
 

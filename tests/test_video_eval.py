@@ -7,7 +7,7 @@ import torch
 
 from data.robot import sim
 from data.robot.task import Layout, frame_codes, rollout
-from eval import paired_diffs
+from stats import paired_diffs
 from model import GPT, GPTConfig
 from tokenizer_vq import VQConfig, VQVAE
 from video_eval import EvalSpec, eval_video, evaluate_video_models, load_video_model, print_video_report, write_grid

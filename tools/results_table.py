@@ -27,7 +27,7 @@ from scipy import stats as st
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a file: the repository root
-from eval import paired_bootstrap  # noqa: E402
+from stats import paired_bootstrap  # noqa: E402
 
 RESULTS = ROOT / "results"
 # the runs the tables read (results/<folder>), seeds in the order 1337 (the default), 1, 2

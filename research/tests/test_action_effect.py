@@ -10,7 +10,7 @@ from data.robot import sim
 from data.robot.detect import gripper_response
 from data.robot.task import (EFFECTS, Layout, add_effects, find_still_code, still_cells, summarize_effects,
                              tokenize_split)
-from eval import paired_diffs
+from stats import paired_diffs
 from research import action_diagnosis as ad
 from research import policy_eval as pe
 from model import GPT, GPTConfig
