@@ -41,7 +41,7 @@ from checkpoint import (ROOT, atomic_write, check_config, read_meta, recorded_pa
 from data.robot.prepare import DATA_DIR
 from data.robot.task import (Clips, Layout, cached_tokens, make_draw, make_reward, make_sampler,
                              moving_windows, read_action_stats, windows)
-from grpo import HEADROOM_N, GRPOConfig, Source, grpo_step, headroom
+from grpo import HEADROOM_N, PAPER_RECIPE, GRPOConfig, Source, grpo_step, headroom
 from model import GPT, GPTConfig, finite_weights
 from runtime import (ComputeBudget, NanPolicy, Run, check_ranges, check_ranks_in_sync,
                      control_after, control_beside, lr_at, memory_estimate, print_memory,
@@ -57,6 +57,7 @@ SHIPPED_MLE = ROOT / "checkpoints" / "video_mle_4000.safetensors"
 SHIPPED_VQ = ROOT / "checkpoints" / "video_vq.safetensors"
 CONTEXT = 1   # true frames before the first predicted one
 WATCH_EVERY = 20   # RLVR steps between greedy validation scores
+EVAL_EVERY = 500   # MLE steps between validation losses
 
 
 @dataclass
@@ -73,6 +74,12 @@ class Mode:
 
 MODES = dict(single=Mode(100, 8, VideoReward(moving=1.0, object=0.5, push=0.1), 0.3),
              multi=Mode(40, 4, VideoReward(moving=1.0, object=0.5, push=0.0), 1.0))
+# the RL stage's settings by default (the rest GRPOConfig's, the prompts the mode's): one round of
+# the draw's prompts a step (no refill), no entropy bonus, AdamW with betas (0.9, 0.99), no weight
+# decay and a constant rate (no warm-up); --recipe=paper: the official run's (grpo.PAPER_RECIPE)
+VIDEO_GRPO = dict(temperature=1.0, clip_eps=0.2, beta=0.02, minibatches=2, micro_batch=32,
+                  max_rounds=1, entropy_coef=0.0, warmup=0, betas=(0.9, 0.99), weight_decay=0.0)
+DEFAULT, PAPER = GRPOConfig(**VIDEO_GRPO), GRPOConfig(**PAPER_RECIPE["video"])   # for --help
 
 
 # -----------------------------------------------------------------------------
@@ -85,8 +92,9 @@ add("--data", default=str(DATA_DIR), help="episode .npz directory (embedded data
 add("--out_dir", default=train_vq.OUT_DIR, help="checkpoints, caches, logs and eval.json go here")
 add("--stage", default="all", choices=["all", "tokenizer", "mle", "rlvr", "control"],
     help="the stages to run (control: the control alone for --control_compute: the lr sweep)")
-add("--mode", default="single", choices=["single", "multi"],
-    help="predict 1 frame, or --horizon frames with the true actions injected between them")
+add("--mode", default=None, choices=["single", "multi"],
+    help="predict 1 frame, or --horizon frames with the true actions injected between them "
+         "(default: single; --recipe=paper: multi)")
 add("--init", default="auto", help="auto (the shipped MLE model if it fits the data, else "
     "scratch) | scratch | a video_mle/video_rlvr .safetensors")
 add("--vq", default="auto", help="tokenizer file (train_vq.py) of a model from scratch (auto: "
@@ -102,19 +110,29 @@ add("--batch_size", type=int, default=16, help="MLE windows per step (per rank)"
 add("--mle_lr", type=float, default=2e-3, help="MLE peak learning rate (cosine decay)")
 add("--warmup", type=int, default=100, help="MLE warmup steps")
 add("--weight_decay", type=float, default=0.1, help="AdamW weight decay of MLE")
-add("--eval_every", type=int, default=500, help="MLE steps between validation losses")
 add("--control_lr", type=float, default=0, help="the control's constant rate (0: the "
     "mode's scale, single 0.3, multi 1, x the start's final MLE rate)")
 add("--control_compute", type=float, default=0,
     help="--stage=control: its compute (an RLVR run's rl_compute, in its log.jsonl)")
-add = p.add_argument_group("RLVR").add_argument
+add = p.add_argument_group("RLVR (grpo.py); flags given win over --recipe's values").add_argument
+add("--recipe", default="default", choices=["default", "paper"], help=(
+    "paper: the official video run (RLVR-World's vid_wm/verl run_ctx_msp_vgpt.sh), multi-step: "
+    "{prompts_per_step} prompts in all x {group_size} samples, lr {lr:g} constant (the first "
+    "update at 0), {minibatches} minibatches, micro-batch {micro_batch}, KL {beta:g} (k3 clamped "
+    "at {kl_clamp:g}), entropy {entropy_coef:g}, clip {clip_eps:g} and dual-clip {dual_clip:g}, "
+    "std N - 1, AdamW betas {betas}, weight decay {weight_decay:g}, T {temperature:g}"
+    ).format_map(vars(PAPER)))
 add("--rl_steps", type=int, default=None, help="GRPO steps (default: single 100, multi 40)")
-add("--prompts_per_step", type=int, default=None,
-    help="windows per GRPO step and rank (default: single 8, multi 4)")
-add("--group_size", type=int, default=8, help="samples per prompt (G)")
-add("--rl_lr", type=float, default=1e-4, help="GRPO learning rate")
-add("--beta", type=float, default=0.02, help="KL coefficient")
-add("--micro_batch", type=int, default=32, help="sequences per forward/backward")
+add("--prompts_per_step", type=int, default=None, help="windows per GRPO step, in all under "
+    f"torchrun (default: single 8, multi 4; paper {PAPER.prompts_per_step})")
+add("--group_size", type=int, default=None,
+    help=f"samples per prompt, G (default {DEFAULT.group_size}, paper {PAPER.group_size})")
+add("--rl_lr", type=float, default=None,
+    help=f"GRPO learning rate (default {DEFAULT.lr:g}, paper {PAPER.lr:g})")
+add("--beta", type=float, default=None,
+    help=f"KL coefficient (default {DEFAULT.beta:g}, paper {PAPER.beta:g})")
+add("--micro_batch", type=int, default=None, help="sequences per forward/backward (default "
+    f"{DEFAULT.micro_batch}, paper {PAPER.micro_batch})")
 add("--grad_ckpt", type=int, default=0, help="1: activation checkpointing")
 add("--lpips", default=None, help="LPIPS-VGG weights (tools/convert_lpips.py): the "
     "reward is mae+lpips, and the evaluation reports lpips")
@@ -124,18 +142,26 @@ add("--final_eval", default="test", choices=["val", "test"],
     help="the split of eval.json: val to choose flags on, test once for the result")
 train_vq.add_run_flags(add)   # --train_limit and the system flags: one home
 args = p.parse_args()
+args.mode = args.mode or ("multi" if args.recipe == "paper" else "single")   # checkpoints say it
 mode = MODES[args.mode]
-# the mode's defaults where a flag is not given
 rl_steps = mode.rl_steps if args.rl_steps is None else args.rl_steps
-prompts_per_step = mode.prompts_per_step if args.prompts_per_step is None else args.prompts_per_step
+# the RL stage's settings, in one object read from here on: the recipe's (the default's prompts:
+# the mode's), then the GRPO flags given
+recipe = dict(VIDEO_GRPO, prompts_per_step=mode.prompts_per_step) if args.recipe == "default" \
+    else PAPER_RECIPE["video"]
+given = dict(prompts_per_step=args.prompts_per_step, group_size=args.group_size, lr=args.rl_lr,
+             beta=args.beta, micro_batch=args.micro_batch)
+cfg = GRPOConfig(**{**recipe, **{k: v for k, v in given.items() if v is not None}})
+args.micro_batch = cfg.micro_batch   # MLE's and the control's micro-batches too (mle.py reads it)
 # every bad value stops here with one line naming its flag, before any data is read or file written
 check_ranges(p, args, at_least_1=("clip_len", "horizon", "n_layer", "n_embd", "mle_steps",
-                                  "batch_size", "group_size", "micro_batch", "eval_every",
-                                  "threads", "ckpt_every"),
+                                  "batch_size", "threads", "ckpt_every"),
              at_least_0=("mle_lr", "warmup", "weight_decay", "control_lr", "control_compute",
-                         "rl_lr", "beta", "test_limit", "train_limit"))
-if min(rl_steps, prompts_per_step) < 1:
-    p.error(f"--rl_steps and --prompts_per_step must be >= 1, got {rl_steps}, {prompts_per_step}")
+                         "test_limit", "train_limit"))
+check_ranges(p, cfg, at_least_1=("prompts_per_step", "group_size", "micro_batch"),
+             at_least_0=("beta",))
+if not (rl_steps >= 1 and cfg.lr >= 0):
+    p.error(f"need --rl_steps >= 1 and --rl_lr >= 0, got {rl_steps}, {cfg.lr}")
 if args.clip_len < 2 or args.n_embd % 32:
     p.error(f"need --clip_len >= 2 and --n_embd a multiple of 32 (got {args.clip_len}, "
             f"{args.n_embd})")
@@ -150,6 +176,8 @@ print0, fail, barrier = run.print0, run.fail, run.barrier   # rank 0 prints / st
 # every file a run writes besides the tokenizer's resumable state (video_vq_train.safetensors)
 FILES = dict(vq=out_dir / train_vq.VQ_FILE,
              **{k: out_dir / f"video_{k}.safetensors" for k in ("mle", "rlvr", "mle_more")})
+if cfg.prompts_per_step % world:   # torchrun: whole groups on each rank
+    fail(f"--prompts_per_step {cfg.prompts_per_step}: a multiple of the {world} ranks")
 if args.init not in ("auto", "scratch") and not Path(args.init).is_file():
     fail(f"--init {args.init}: no such checkpoint file")
 if args.stage == "control" and not args.control_compute:
@@ -220,7 +248,8 @@ def run_mle(run, model, name, ckpt, layout, tokens, horizon, steps, lr_of_step, 
         return float(np.mean([model(*pair(val_tok, val[i:i + 64, 0], val[i:i + 64, 1]))[1].item()
                               for i in range(0, len(val), 64)]))
 
-    return mle.train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, budget)
+    return mle.train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, budget,
+                     eval_every=EVAL_EVERY)
 
 
 # -----------------------------------------------------------------------------
@@ -291,9 +320,9 @@ if args.stage in ("all", "rlvr", "control"):
     def mle_more(budget):
         """The equal-compute control: MLE on a copy of the start at a constant rate, --control_lr
         or the mode's control_scale x the start's own final MLE rate (mle.final_lr; a start that
-        records no MLE schedule: --rl_lr), until `budget` (RLVR's compute) is spent."""
+        records no MLE schedule: the RL rate), until `budget` (RLVR's compute) is spent."""
         final = mle.final_lr(mle_path)
-        lr = args.control_lr or (args.rl_lr if final is None else mode.control_scale * final)
+        lr = args.control_lr or (cfg.lr if final is None else mode.control_scale * final)
         print0(f"control: MLE continued from the start at lr {lr:.3g} for RLVR's compute")
         return run_mle(run, copy.deepcopy(start_model), "mle_more", FILES["mle_more"], layout,
                        tokens, horizon, 10 ** 9, mle.control_lr(lr), budget), FILES["mle_more"]
@@ -320,21 +349,17 @@ if args.stage in ("all", "rlvr"):
     # the scene moves), the reward of the decoded frames and the multi-step sampler
     clips = Clips(train_eps, tokens["train"], layout, horizon, CONTEXT)
     pool = moving_windows(clips)
-    print0(f"rlvr: {len(pool)} train windows; per step {prompts_per_step} prompts x "
-           f"{args.group_size} samples x {world} ranks, {horizon} predicted frame(s) each")
-    # a completion: the predicted frames' codes with the true actions injected between them; one
-    # round of the draw's prompts a step (no refill), no entropy bonus, AdamW with betas
-    # (0.9, 0.99), no weight decay and a constant rate (no warm-up)
-    cfg = GRPOConfig(group_size=args.group_size, temperature=1.0, clip_eps=0.2, beta=args.beta,
-                     max_new_tokens=horizon * layout.L + (horizon - 1) * D, minibatches=2,
-                     micro_batch=args.micro_batch, prompts_per_step=0, max_rounds=1,
-                     entropy_coef=0.0, lr=args.rl_lr, warmup=0, betas=(0.9, 0.99),
-                     weight_decay=0.0)
+    # a rank's prompts; a completion: the predicted frames' codes with the true actions injected
+    cfg = replace(cfg, prompts_per_step=cfg.prompts_per_step // world,
+                  max_new_tokens=horizon * layout.L + (horizon - 1) * D)
+    print0(f"rlvr ({args.recipe} recipe): {len(pool)} train windows; per step "
+           f"{cfg.prompts_per_step * world} prompts in all, {cfg.prompts_per_step} a rank, x "
+           f"{cfg.group_size} samples, {horizon} predicted frame(s) each")
     print_memory("rlvr", memory_estimate(   # the step's memory, per rank
-        start_model.config, args.dtype != "float32", args.beta > 0, args.grad_ckpt,
-        layout.prompt_len(CONTEXT), cfg.max_new_tokens, prompts_per_step, args.group_size,
-        args.micro_batch, prompts_per_chunk(prompts_per_step, args.group_size, cfg.minibatches,
-                                            args.micro_batch)), print0)
+        start_model.config, args.dtype != "float32", cfg.beta > 0, args.grad_ckpt,
+        layout.prompt_len(CONTEXT), cfg.max_new_tokens, cfg.prompts_per_step, cfg.group_size,
+        cfg.micro_batch, prompts_per_chunk(cfg.prompts_per_step, cfg.group_size, cfg.minibatches,
+                                           cfg.micro_batch)), print0)
     # the policy, a copy of the start (the comparison's "mle" stays as it is), its frozen start as
     # the KL's reference, AdamW
     model = copy.deepcopy(start_model)
@@ -343,7 +368,7 @@ if args.stage in ("all", "rlvr"):
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,
                             weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(args.seed + 1000 + run.rank)   # prompts and samples
-    draw = make_draw(clips, pool, prompts_per_step, bool(reward.object))   # draw(gen): a step's
+    draw = make_draw(clips, pool, cfg.prompts_per_step, bool(reward.object))   # draw(gen): a step's
     source = Source(make_reward(vq, clips, reward, lpips_net, run.device),
                     sampler=make_sampler(horizon, layout.L))
     nan = NanPolicy(run, "rlvr")   # --on_nan: a NaN/inf stops the run, or skips the step
@@ -370,7 +395,9 @@ if args.stage in ("all", "rlvr"):
     budget.add(totals["rl_compute"])
     bar = tqdm(total=rl_steps, initial=step, desc="rlvr", disable=not master or rl_done)
     while step < rl_steps and not rl_done:
-        prompts, items = draw(gen)   # constant rate (cfg.warmup 0): AdamW's lr as made
+        for group in opt.param_groups:   # the recipe's schedule (paper: the first update at 0)
+            group["lr"] = cfg.lr_at(step)
+        prompts, items = draw(gen)
         try:   # rollout -> reward -> advantages -> PPO-clip + KL updates
             stats = grpo_step(trained, ref, opt, prompts, items, source, cfg, gen, step,
                               run.autocast)
