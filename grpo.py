@@ -67,9 +67,8 @@ class GRPOConfig:
     rollout_prompts: int = 0     # prompts sampled at once (0: all; on a GPU: as memory allows)
 
     def lr_at(self, step):
-        """The learning rate of update `step` (0-based, the updates done): a linear warm-up over
-        `warmup` updates, then constant. Ours reaches lr / warmup at the first update; verl's
-        get_constant_schedule_with_warmup (warmup_from_zero) 0, whatever the warm-up."""
+        """Update `step`'s rate (0-based: the updates done): a linear warm-up over `warmup` updates
+        to lr / warmup (verl's get_constant_schedule_with_warmup, warmup_from_zero: to 0) first."""
         n = step if self.warmup_from_zero else step + 1   # verl's counts from 0, ours from 1
         return self.lr * min(1.0, n / max(self.warmup, 1))
 
@@ -82,16 +81,15 @@ class GRPOConfig:
 # rate from 0, torch.std (N - 1), a token-mean per micro-batch over their count, every group kept
 # (no refill). max_prompt: the web run's filter; the text game has none (data.need_filter=False: a
 # longer prompt stops the run), here such prompts are dropped.
-PAPER_COMMON = dict(
-    group_size=5, lr=1e-6, warmup=0, warmup_from_zero=True, beta=0.001, kl_clamp=10.0,
-    entropy_coef=0.001, clip_eps=0.2, temperature=1.0, ppo_epochs=1, skip_zero_std=False,
-    max_rounds=1, std_unbiased=True, loss_agg="micro-token-mean")
+PAPER_COMMON = dict(group_size=5, lr=1e-6, warmup=0, warmup_from_zero=True, beta=0.001,
+                    kl_clamp=10.0, entropy_coef=0.001, clip_eps=0.2, temperature=1.0, ppo_epochs=1,
+                    skip_zero_std=False, max_rounds=1, std_unbiased=True,
+                    loss_agg="micro-token-mean")
 PAPER_RECIPE = {
     "textgame": dict(PAPER_COMMON, prompts_per_step=128, minibatches=2, max_new_tokens=4096,
                      micro_batch=2, max_prompt=7192),
     "webpage": dict(PAPER_COMMON, prompts_per_step=64, minibatches=4, max_new_tokens=7288,
                     micro_batch=5, max_prompt=5000),
-    # multi-step (interact=True): each completion 7 frames, the true actions injected
     "video": dict(PAPER_COMMON, prompts_per_step=128, lr=5e-5, minibatches=4, micro_batch=8,
                   entropy_coef=0.0, dual_clip=3.0)}
 
@@ -131,13 +129,12 @@ def k3_kl(logp, ref_logp, clamp=0.0):
 
 
 def clipped_objective(logp, old_logp, adv, clip_eps, dual_clip=0.0):
-    """Step 5. Per-token PPO-clip loss (N, T) to minimise, the ratio and a 'was clipped' 0/1.
-    dual_clip c (verl's clip_ratio_c; 0: off): a negative advantage's loss is at most c |A|."""
+    """Step 5. Per-token PPO-clip loss (N, T) to minimise, the ratio and a 'was clipped' 0/1."""
     ratio = torch.exp(logp - old_logp)                   # pi / pi_old, per token
     a = adv.unsqueeze(1)                                 # (N, 1): one advantage per sequence
     unclipped, clipped = ratio * a, ratio.clamp(1 - clip_eps, 1 + clip_eps) * a
     loss = -torch.min(unclipped, clipped)                # pessimistic
-    if dual_clip:   # a bad token whose ratio grew past c: its loss stops growing, no gradient
+    if dual_clip:   # verl's dual-clip c: a negative advantage's loss at most c |A| (no gradient)
         loss = torch.where(a < 0, torch.minimum(loss, -dual_clip * a), loss)
     return loss, ratio, (clipped < unclipped).float()
 

@@ -184,8 +184,7 @@ def probe_rewards(task, model, tok, prompts, records, kind, max_new_tokens, samp
 
 UNCHANGED_FRAC = 0.3          # share of RL prompts drawn from records where nothing changes
 # --recipe=paper's schedule: run_text_game_rl.sh's total_epochs, sample_no_gold_data_num per reward
-# beside every "gold" record (PAPER_GOLD; other tasks: is_changed); run_web_agent_rl.sh: every
-# train record once an epoch
+# beside its "gold" records (PAPER_GOLD); run_web_agent_rl.sh: every train record once an epoch
 PAPER_EPOCHS, PAPER_UNCHANGED = 15, {"binary": 7278, "task_specific": 1000}
 PAPER_GOLD = {"textgame": textgame_task.is_gold}
 PROBE_N, PROBE_EVERY = 64, 10   # RLVR's probe: fixed train prompts, measured every 10 steps

@@ -57,7 +57,6 @@ SHIPPED_MLE = ROOT / "checkpoints" / "video_mle_4000.safetensors"
 SHIPPED_VQ = ROOT / "checkpoints" / "video_vq.safetensors"
 CONTEXT = 1   # true frames before the first predicted one
 WATCH_EVERY = 20   # RLVR steps between greedy validation scores
-EVAL_EVERY = 500   # MLE steps between validation losses
 
 
 @dataclass
@@ -74,12 +73,11 @@ class Mode:
 
 MODES = dict(single=Mode(100, 8, VideoReward(moving=1.0, object=0.5, push=0.1), 0.3),
              multi=Mode(40, 4, VideoReward(moving=1.0, object=0.5, push=0.0), 1.0))
-# the RL stage's settings by default (the rest GRPOConfig's, the prompts the mode's): one round of
-# the draw's prompts a step (no refill), no entropy bonus, AdamW with betas (0.9, 0.99), no weight
-# decay and a constant rate (no warm-up); --recipe=paper: the official run's (grpo.PAPER_RECIPE)
-VIDEO_GRPO = dict(temperature=1.0, clip_eps=0.2, beta=0.02, minibatches=2, micro_batch=32,
-                  max_rounds=1, entropy_coef=0.0, warmup=0, betas=(0.9, 0.99), weight_decay=0.0)
-DEFAULT, PAPER = GRPOConfig(**VIDEO_GRPO), GRPOConfig(**PAPER_RECIPE["video"])   # for --help
+# --recipe's RL settings (the rest GRPOConfig's; the prompts: the mode's). default: one round a step
+# (no refill), no entropy bonus, AdamW (0.9, 0.99) without decay at a constant rate (no warm-up)
+RECIPES = dict(default=dict(beta=0.02, micro_batch=32, max_rounds=1, entropy_coef=0.0, warmup=0,
+                            betas=(0.9, 0.99), weight_decay=0.0), paper=PAPER_RECIPE["video"])
+DEFAULT, PAPER = (GRPOConfig(**r) for r in RECIPES.values())   # what --help shows
 
 
 # -----------------------------------------------------------------------------
@@ -92,9 +90,8 @@ add("--data", default=str(DATA_DIR), help="episode .npz directory (embedded data
 add("--out_dir", default=train_vq.OUT_DIR, help="checkpoints, caches, logs and eval.json go here")
 add("--stage", default="all", choices=["all", "tokenizer", "mle", "rlvr", "control"],
     help="the stages to run (control: the control alone for --control_compute: the lr sweep)")
-add("--mode", default=None, choices=["single", "multi"],
-    help="predict 1 frame, or --horizon frames with the true actions injected between them "
-         "(default: single; --recipe=paper: multi)")
+add("--mode", default=None, choices=["single", "multi"], help="predict 1 frame, or --horizon "
+    "frames with the true actions injected between them (single; --recipe=paper: multi)")
 add("--init", default="auto", help="auto (the shipped MLE model if it fits the data, else "
     "scratch) | scratch | a video_mle/video_rlvr .safetensors")
 add("--vq", default="auto", help="tokenizer file (train_vq.py) of a model from scratch (auto: "
@@ -114,25 +111,24 @@ add("--control_lr", type=float, default=0, help="the control's constant rate (0:
     "mode's scale, single 0.3, multi 1, x the start's final MLE rate)")
 add("--control_compute", type=float, default=0,
     help="--stage=control: its compute (an RLVR run's rl_compute, in its log.jsonl)")
-add = p.add_argument_group("RLVR (grpo.py); flags given win over --recipe's values").add_argument
-add("--recipe", default="default", choices=["default", "paper"], help=(
-    "paper: the official video run (RLVR-World's vid_wm/verl run_ctx_msp_vgpt.sh), multi-step: "
-    "{prompts_per_step} prompts in all x {group_size} samples, lr {lr:g} constant (the first "
-    "update at 0), {minibatches} minibatches, micro-batch {micro_batch}, KL {beta:g} (k3 clamped "
-    "at {kl_clamp:g}), entropy {entropy_coef:g}, clip {clip_eps:g} and dual-clip {dual_clip:g}, "
-    "std N - 1, AdamW betas {betas}, weight decay {weight_decay:g}, T {temperature:g}"
-    ).format_map(vars(PAPER)))
+add = p.add_argument_group("RLVR (grpo.py); a flag not given takes --recipe's value").add_argument
+add("--recipe", default="default", choices=list(RECIPES), help="paper: the official video run "
+    "(vid_wm/verl run_ctx_msp_vgpt.sh), multi-step, {prompts_per_step} prompts in all x "
+    "{group_size} samples, lr {lr:g} constant (the first update at 0), {minibatches} minibatches, "
+    "micro-batch {micro_batch}, KL {beta:g} (k3 clamped at {kl_clamp:g}), entropy "
+    "{entropy_coef:g}, clip {clip_eps:g}, dual-clip {dual_clip:g}, std N - 1, AdamW {betas}, "
+    "weight decay {weight_decay:g}, T {temperature:g}".format_map(vars(PAPER)))
 add("--rl_steps", type=int, default=None, help="GRPO steps (default: single 100, multi 40)")
 add("--prompts_per_step", type=int, default=None, help="windows per GRPO step, in all under "
     f"torchrun (default: single 8, multi 4; paper {PAPER.prompts_per_step})")
 add("--group_size", type=int, default=None,
-    help=f"samples per prompt, G (default {DEFAULT.group_size}, paper {PAPER.group_size})")
+    help=f"samples per prompt, G ({DEFAULT.group_size}; paper {PAPER.group_size})")
 add("--rl_lr", type=float, default=None,
-    help=f"GRPO learning rate (default {DEFAULT.lr:g}, paper {PAPER.lr:g})")
+    help=f"GRPO learning rate ({DEFAULT.lr:g}; paper {PAPER.lr:g})")
 add("--beta", type=float, default=None,
-    help=f"KL coefficient (default {DEFAULT.beta:g}, paper {PAPER.beta:g})")
-add("--micro_batch", type=int, default=None, help="sequences per forward/backward (default "
-    f"{DEFAULT.micro_batch}, paper {PAPER.micro_batch})")
+    help=f"KL coefficient ({DEFAULT.beta:g}; paper {PAPER.beta:g})")
+add("--micro_batch", type=int, default=None,
+    help=f"sequences per forward/backward ({DEFAULT.micro_batch}; paper {PAPER.micro_batch})")
 add("--grad_ckpt", type=int, default=0, help="1: activation checkpointing")
 add("--lpips", default=None, help="LPIPS-VGG weights (tools/convert_lpips.py): the "
     "reward is mae+lpips, and the evaluation reports lpips")
@@ -142,24 +138,22 @@ add("--final_eval", default="test", choices=["val", "test"],
     help="the split of eval.json: val to choose flags on, test once for the result")
 train_vq.add_run_flags(add)   # --train_limit and the system flags: one home
 args = p.parse_args()
-args.mode = args.mode or ("multi" if args.recipe == "paper" else "single")   # checkpoints say it
-mode = MODES[args.mode]
+mode_name = args.mode or ("multi" if args.recipe == "paper" else "single")   # the official's: multi
+mode = MODES[mode_name]
 rl_steps = mode.rl_steps if args.rl_steps is None else args.rl_steps
-# the RL stage's settings, in one object read from here on: the recipe's (the default's prompts:
-# the mode's), then the GRPO flags given
-recipe = dict(VIDEO_GRPO, prompts_per_step=mode.prompts_per_step) if args.recipe == "default" \
-    else PAPER_RECIPE["video"]
+# the RL stage's settings, in one object read from here on: the recipe's, then the GRPO flags given
+recipe = {"prompts_per_step": mode.prompts_per_step, **RECIPES[args.recipe]}   # paper's: 128
 given = dict(prompts_per_step=args.prompts_per_step, group_size=args.group_size, lr=args.rl_lr,
              beta=args.beta, micro_batch=args.micro_batch)
 cfg = GRPOConfig(**{**recipe, **{k: v for k, v in given.items() if v is not None}})
-args.micro_batch = cfg.micro_batch   # MLE's and the control's micro-batches too (mle.py reads it)
+# as resolved, the two flags other files read: the checkpoints' mode (eval.py), MLE's micro-batch
+args = argparse.Namespace(**{**vars(args), "mode": mode_name, "micro_batch": cfg.micro_batch})
 # every bad value stops here with one line naming its flag, before any data is read or file written
 check_ranges(p, args, at_least_1=("clip_len", "horizon", "n_layer", "n_embd", "mle_steps",
-                                  "batch_size", "threads", "ckpt_every"),
+                                  "batch_size", "micro_batch", "threads", "ckpt_every"),
              at_least_0=("mle_lr", "warmup", "weight_decay", "control_lr", "control_compute",
                          "test_limit", "train_limit"))
-check_ranges(p, cfg, at_least_1=("prompts_per_step", "group_size", "micro_batch"),
-             at_least_0=("beta",))
+check_ranges(p, cfg, at_least_1=("prompts_per_step", "group_size"), at_least_0=("beta",))
 if not (rl_steps >= 1 and cfg.lr >= 0):
     p.error(f"need --rl_steps >= 1 and --rl_lr >= 0, got {rl_steps}, {cfg.lr}")
 if args.clip_len < 2 or args.n_embd % 32:
@@ -249,7 +243,7 @@ def run_mle(run, model, name, ckpt, layout, tokens, horizon, steps, lr_of_step, 
                               for i in range(0, len(val), 64)]))
 
     return mle.train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, budget,
-                     eval_every=EVAL_EVERY)
+                     eval_every=500)   # MLE steps between validation losses
 
 
 # -----------------------------------------------------------------------------
@@ -330,7 +324,9 @@ if args.stage == "control":   # the control alone, for a given compute (the lr s
     models["mle_more"] = mle_more(ComputeBudget(args.control_compute))
 # RLVR, then the equal-compute control, then the held-out comparison of the three
 if args.stage in ("all", "rlvr"):
-    reward = replace(mode.reward, name=run.or_fail(pick_reward, "auto", lpips_net))
+    # the mode's reward, or --recipe=paper's: the metric alone (its yaml's loss_weight: mae, lpips)
+    reward = replace(VideoReward() if args.recipe == "paper" else mode.reward,
+                     name=run.or_fail(pick_reward, "auto", lpips_net))
     if train_eps[0]["background"] is None:   # not the embedded robot's: e.g. Meta-World or RT-1
         print0(f"reward: {args.data} has no background images, so no object term or push term")
         reward = replace(reward, object=0.0, push=0.0)
@@ -352,9 +348,8 @@ if args.stage in ("all", "rlvr"):
     # a rank's prompts; a completion: the predicted frames' codes with the true actions injected
     cfg = replace(cfg, prompts_per_step=cfg.prompts_per_step // world,
                   max_new_tokens=horizon * layout.L + (horizon - 1) * D)
-    print0(f"rlvr ({args.recipe} recipe): {len(pool)} train windows; per step "
-           f"{cfg.prompts_per_step * world} prompts in all, {cfg.prompts_per_step} a rank, x "
-           f"{cfg.group_size} samples, {horizon} predicted frame(s) each")
+    print0(f"rlvr ({args.recipe}): {len(pool)} train windows; per step {cfg.prompts_per_step} "
+           f"prompts x {cfg.group_size} samples x {world} ranks, {horizon} predicted frame(s) each")
     print_memory("rlvr", memory_estimate(   # the step's memory, per rank
         start_model.config, args.dtype != "float32", cfg.beta > 0, args.grad_ckpt,
         layout.prompt_len(CONTEXT), cfg.max_new_tokens, cfg.prompts_per_step, cfg.group_size,
