@@ -36,9 +36,10 @@ class GRPOConfig:
     prompts_per_step: int = 16   # groups WITH reward spread per step (DAPO refill)
     max_rounds: int = 4          # sampling rounds a step may take to collect them
     group_size: int = 8          # samples per prompt (G)
-    # AdamW, a linear warm-up to a constant rate (the scripts' RL loop sets it each step)
+    # AdamW, a linear warm-up to a constant rate (`lr_at`: the scripts' RL loop sets it each step)
     lr: float = 1e-4             # after `warmup` steps of a linear warm-up
     warmup: int = 10
+    warmup_from_zero: bool = False   # verl's schedule: it counts the updates done (first at lr 0)
     weight_decay: float = 0.01   # official: 0.01
     betas: tuple = (0.9, 0.999)
     # the loss (official: beta 0.001, entropy 0.001); beta 0: no reference model
@@ -46,6 +47,7 @@ class GRPOConfig:
     kl_clamp: float = 0.0        # 0: none; verl's low_var_kl clamps the k3 to [-10, 10]
     entropy_coef: float = 0.001
     clip_eps: float = 0.2        # PPO's clip range
+    dual_clip: float = 0.0       # c > 1: a negative advantage's loss at most c |A| (0: off)
     loss_agg: str = "token-mean"   # or "seq-mean"; "micro-token-mean": verl's (--recipe=paper)
     std_norm: bool = True        # divide advantages by the group's std
     std_unbiased: bool = False   # its N - 1 form (torch.std's, verl's)
@@ -65,22 +67,32 @@ class GRPOConfig:
     max_prompt: int = 0          # longest prompt trained on (0: block_size - max_new_tokens)
     rollout_prompts: int = 0     # prompts sampled at once (0: all; on a GPU: as memory allows)
 
+    def lr_at(self, step):
+        """Update `step`'s rate (0-based: the updates done): a linear warm-up over `warmup` updates
+        to lr / warmup (verl's get_constant_schedule_with_warmup, warmup_from_zero: to 0) first."""
+        n = step if self.warmup_from_zero else step + 1   # verl's counts from 0, ours from 1
+        return self.lr * min(1.0, n / max(self.warmup, 1))
 
-# The paper's recipe (train_lang.py --recipe=paper), from thuml/RLVR-World's lang_wm/verl
-# examples/grpo_trainer/run_{text_game,web_agent}_rl.sh: train_batch_size prompts x rollout.n,
-# actor.optim.lr, max_response_length, ppo_mini_batch_size (2 and 4 optimizer steps a batch),
-# kl_loss_coef 0.001, low_var_kl (clamped to [-10, 10]); the rest verl's ppo_trainer.yaml defaults.
-# Every group is trained and none refilled, as there (data.need_filter=False). torch.std (N - 1)
-# in core_algos.compute_grpo_outcome_advantage; dp_actor.update_policy's loss: a token-mean per
-# ppo_micro_batch_size_per_gpu rows over the micro-batches; max_prompt_length filters prompts.
-PAPER_COMMON = dict(group_size=5, lr=1e-6, warmup=0, beta=0.001, kl_clamp=10.0, entropy_coef=0.001,
-                    clip_eps=0.2, temperature=1.0, ppo_epochs=1, skip_zero_std=False, max_rounds=1,
-                    std_unbiased=True, loss_agg="micro-token-mean")
+
+# The paper's recipes (--recipe=paper) from thuml/RLVR-World: lang_wm/verl's examples/grpo_trainer/
+# run_{text_game,web_agent}_rl.sh, vid_wm/verl's run_ctx_msp_vgpt.sh: train_batch_size x rollout.n,
+# optim.lr, max_response_length, ppo_mini_batch_size (2, 4, 4 optimizer steps a batch) and
+# _micro_batch_size_per_gpu, kl_loss_coef with low_var_kl (clamped at 10), entropy_coeff; the rest
+# verl's defaults: clip_ratio_c 3 (the video's dual-clip), AdamW (0.9, 0.999) decay 0.01, a constant
+# rate from 0, torch.std (N - 1), a token-mean per micro-batch over their count, every group kept
+# (no refill). max_prompt: the web run's filter; the text game has none (data.need_filter=False: a
+# longer prompt stops the run), here such prompts are dropped.
+PAPER_COMMON = dict(group_size=5, lr=1e-6, warmup=0, warmup_from_zero=True, beta=0.001,
+                    kl_clamp=10.0, entropy_coef=0.001, clip_eps=0.2, temperature=1.0, ppo_epochs=1,
+                    skip_zero_std=False, max_rounds=1, std_unbiased=True,
+                    loss_agg="micro-token-mean")
 PAPER_RECIPE = {
     "textgame": dict(PAPER_COMMON, prompts_per_step=128, minibatches=2, max_new_tokens=4096,
                      micro_batch=2, max_prompt=7192),
     "webpage": dict(PAPER_COMMON, prompts_per_step=64, minibatches=4, max_new_tokens=7288,
-                    micro_batch=5, max_prompt=5000)}
+                    micro_batch=5, max_prompt=5000),
+    "video": dict(PAPER_COMMON, prompts_per_step=128, lr=5e-5, minibatches=4, micro_batch=8,
+                  entropy_coef=0.0, dual_clip=3.0)}
 
 
 # -----------------------------------------------------------------------------
@@ -102,12 +114,15 @@ def k3_kl(logp, ref_logp, clamp=0.0):
     return kl.clamp(-clamp, clamp) if clamp else kl
 
 
-def clipped_objective(logp, old_logp, adv, clip_eps):
+def clipped_objective(logp, old_logp, adv, clip_eps, dual_clip=0.0):
     """Step 5. Per-token PPO-clip loss (N, T) to minimise, the ratio and a 'was clipped' 0/1."""
     ratio = torch.exp(logp - old_logp)                   # pi / pi_old, per token
     a = adv.unsqueeze(1)                                 # (N, 1): one advantage per sequence
     unclipped, clipped = ratio * a, ratio.clamp(1 - clip_eps, 1 + clip_eps) * a
-    return -torch.min(unclipped, clipped), ratio, (clipped < unclipped).float()  # pessimistic
+    loss = -torch.min(unclipped, clipped)                # pessimistic
+    if dual_clip:   # verl's dual-clip c: a negative advantage's loss at most c |A| (no gradient)
+        loss = torch.where(a < 0, torch.minimum(loss, -dual_clip * a), loss)
+    return loss, ratio, (clipped < unclipped).float()
 
 
 def aggregate(per_token, mask, how, n_tokens=None, n_parts=None):
@@ -128,7 +143,7 @@ def aggregate(per_token, mask, how, n_tokens=None, n_parts=None):
 
 def grpo_loss(logp, old_logp, ref_logp, entropy, adv, mask, cfg, n_tokens=None, n_parts=None):
     """Steps 5-7: the loss of n rows (`aggregate`), and per token ratio, clip and KL for the log."""
-    pg, ratio, was_clipped = clipped_objective(logp, old_logp, adv, cfg.clip_eps)
+    pg, ratio, was_clipped = clipped_objective(logp, old_logp, adv, cfg.clip_eps, cfg.dual_clip)
     kl = k3_kl(logp, ref_logp, cfg.kl_clamp)         # 0 where the policy equals the reference
     per_token = pg + cfg.beta * kl - cfg.entropy_coef * entropy  # reward, entropy up; stay near
     loss = aggregate(per_token, mask, cfg.loss_agg, n_tokens, n_parts)

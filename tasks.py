@@ -231,9 +231,10 @@ def probe_rewards(task, model, tok, prompts, records, kind, max_new_tokens, samp
 # RLVR's prompts and reward
 
 UNCHANGED_FRAC = 0.3          # share of RL prompts drawn from records where nothing changes
-# --recipe=paper's schedule: run_text_game_rl.sh's total_epochs, sample_no_gold_data_num (changed
-# records are its "gold" ones) per reward; run_web_agent_rl.sh: every train record once an epoch
+# --recipe=paper's schedule: run_text_game_rl.sh's total_epochs, sample_no_gold_data_num per reward
+# beside its "gold" records (PAPER_GOLD); run_web_agent_rl.sh: every train record once an epoch
 PAPER_EPOCHS, PAPER_UNCHANGED = 15, {"binary": 7278, "task_specific": 1000}
+PAPER_GOLD = {"textgame": textgame_task.is_gold}
 PROBE_N, PROBE_EVERY = 64, 10   # RLVR's probe: fixed train prompts, measured every 10 steps
 
 class PromptPool:
@@ -302,8 +303,10 @@ class RLPrompts:
     `probe` (train, scored every PROBE_EVERY steps), `held_out` (val, the headroom line's)."""
     def __init__(self, run, args, tok, train_recs, val_recs, longest, cfg, generator):
         self.run, self.args, self.tok, self.cfg = run, args, tok, cfg
-        data = TASKS[args.task].data
-        self.pool = PromptPool(train_recs, data.prompt_text, data.is_changed, tok, longest,
+        data = TASKS[args.task].data   # the recipe's "changed" records: the official gold ones
+        changed = PAPER_GOLD.get(args.task, data.is_changed) if args.recipe == "paper" \
+            else data.is_changed
+        self.pool = PromptPool(train_recs, data.prompt_text, changed, tok, longest,
                                UNCHANGED_FRAC, generator)
         self.probe = self.pool(PROBE_N)
         fits = ((p, r) for r in val_recs if len(p := tok.prompt(data.prompt_text(r))) <= longest)

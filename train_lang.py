@@ -67,7 +67,7 @@ g.add_argument("--recipe", default="default", choices=["default", "paper"],
 
 
 def rl_help(text, field):   # a flag's help: GRPOConfig's default, then the recipe's per task
-    paper = ", ".join(f"{t} {r[field]}" for t, r in PAPER_RECIPE.items() if field in r)
+    paper = ", ".join(f"{t} {r[field]}" for t, r in PAPER_RECIPE.items() if t in TASKS)
     return f"{text} ({getattr(C, field)}; --recipe=paper: {paper})"
 
 
@@ -123,7 +123,8 @@ check_ranges(p, args, at_least_0=("mle_lr", "rl_lr", "eval_limit", "rl_steps"),
                          "ckpt_every") + (() if recipe else ("rl_steps",)))
 if args.n_embd % 32 or (args.recipe == "paper" and not recipe):
     p.error(f"--n_embd must be a multiple of 32, got {args.n_embd}" if args.n_embd % 32 else
-            f"--recipe=paper: the paper has recipes for {sorted(PAPER_RECIPE)}, not {args.task}")
+            f"--recipe=paper: the paper has recipes for {sorted(PAPER_RECIPE.keys() & TASKS)}, "
+            f"not {args.task}")
 
 # -----------------------------------------------------------------------------
 # setup (runtime.Run: one process or a torchrun rank, --device, seeds, autocast, 1 thread); every
@@ -199,8 +200,8 @@ if args.stage in ("all", "rlvr"):
         run.log({"stage": "rlvr", "step": 0, **first})
     bar = tqdm(total=rl_steps, initial=step, desc="rlvr", disable=not run.master or rl_done)
     while step < rl_steps and not rl_done:
-        for group in opt.param_groups:   # a linear warm-up over cfg.warmup steps, then constant
-            group["lr"] = cfg.lr * min(1.0, (step + 1) / max(cfg.warmup, 1))
+        for group in opt.param_groups:   # warm-up, then constant (the recipe: verl's, from 0)
+            group["lr"] = cfg.lr_at(step)
         try:   # rollout -> reward -> advantages -> PPO-clip + KL updates
             stats = grpo_step(model, ref_model, opt, *draw(cfg.prompts_per_step), env,
                               cfg, gen, step, run.autocast)

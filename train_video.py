@@ -41,8 +41,8 @@ from checkpoint import (ROOT, atomic_write, check_config, read_meta, recorded_pa
 from data.robot.prepare import DATA_DIR
 from data.robot.task import (Clips, Layout, cached_tokens, make_draw, make_reward, make_sampler,
                              moving_windows, read_action_stats, windows)
-from grpo import HEADROOM_N, Env, GRPOConfig, grpo_step, headroom
-from model import GPT, GPTConfig, finite_weights
+from grpo import HEADROOM_N, PAPER_RECIPE, Env, GRPOConfig, grpo_step, headroom
+from model import GPT, GPTConfig
 from runtime import (ComputeBudget, NanPolicy, Run, check_ranges, check_ranks_in_sync,
                      control_after, control_beside, lr_at, memory_estimate, print_memory,
                      prompts_per_chunk, rank_map, unsharded)
@@ -73,6 +73,11 @@ class Mode:
 
 MODES = dict(single=Mode(100, 8, VideoReward(moving=1.0, object=0.5, push=0.1), 0.3),
              multi=Mode(40, 4, VideoReward(moving=1.0, object=0.5, push=0.0), 1.0))
+# --recipe's RL settings (the rest GRPOConfig's; the prompts: the mode's). default: one round a step
+# (no refill), no entropy bonus, AdamW (0.9, 0.99) without decay at a constant rate (no warm-up)
+RECIPES = dict(default=dict(beta=0.02, micro_batch=32, max_rounds=1, entropy_coef=0.0, warmup=0,
+                            betas=(0.9, 0.99), weight_decay=0.0), paper=PAPER_RECIPE["video"])
+DEFAULT, PAPER = (GRPOConfig(**r) for r in RECIPES.values())   # what --help shows
 
 
 # -----------------------------------------------------------------------------
@@ -85,8 +90,8 @@ add("--data", default=str(DATA_DIR), help="episode .npz directory (embedded data
 add("--out_dir", default=train_vq.OUT_DIR, help="checkpoints, caches, logs and eval.json go here")
 add("--stage", default="all", choices=["all", "tokenizer", "mle", "rlvr", "control"],
     help="the stages to run (control: the control alone for --control_compute: the lr sweep)")
-add("--mode", default="single", choices=["single", "multi"],
-    help="predict 1 frame, or --horizon frames with the true actions injected between them")
+add("--mode", default=None, choices=["single", "multi"], help="predict 1 frame, or --horizon "
+    "frames with the true actions injected between them (single; --recipe=paper: multi)")
 add("--init", default="auto", help="auto (the shipped MLE model if it fits the data, else "
     "scratch) | scratch | a video_mle/video_rlvr .safetensors")
 add("--vq", default="auto", help="tokenizer file (train_vq.py) of a model from scratch (auto: "
@@ -102,19 +107,28 @@ add("--batch_size", type=int, default=16, help="MLE windows per step (per rank)"
 add("--mle_lr", type=float, default=2e-3, help="MLE peak learning rate (cosine decay)")
 add("--warmup", type=int, default=100, help="MLE warmup steps")
 add("--weight_decay", type=float, default=0.1, help="AdamW weight decay of MLE")
-add("--eval_every", type=int, default=500, help="MLE steps between validation losses")
 add("--control_lr", type=float, default=0, help="the control's constant rate (0: the "
     "mode's scale, single 0.3, multi 1, x the start's final MLE rate)")
 add("--control_compute", type=float, default=0,
     help="--stage=control: its compute (an RLVR run's rl_compute, in its log.jsonl)")
-add = p.add_argument_group("RLVR").add_argument
+add = p.add_argument_group("RLVR (grpo.py); a flag not given takes --recipe's value").add_argument
+add("--recipe", default="default", choices=list(RECIPES), help="paper: the official video run "
+    "(vid_wm/verl run_ctx_msp_vgpt.sh), multi-step, {prompts_per_step} prompts in all x "
+    "{group_size} samples, lr {lr:g} constant (the first update at 0), {minibatches} minibatches, "
+    "micro-batch {micro_batch}, KL {beta:g} (k3 clamped at {kl_clamp:g}), entropy "
+    "{entropy_coef:g}, clip {clip_eps:g}, dual-clip {dual_clip:g}, std N - 1, AdamW {betas}, "
+    "weight decay {weight_decay:g}, T {temperature:g}".format_map(vars(PAPER)))
 add("--rl_steps", type=int, default=None, help="GRPO steps (default: single 100, multi 40)")
-add("--prompts_per_step", type=int, default=None,
-    help="windows per GRPO step and rank (default: single 8, multi 4)")
-add("--group_size", type=int, default=8, help="samples per prompt (G)")
-add("--rl_lr", type=float, default=1e-4, help="GRPO learning rate")
-add("--beta", type=float, default=0.02, help="KL coefficient")
-add("--micro_batch", type=int, default=32, help="sequences per forward/backward")
+add("--prompts_per_step", type=int, default=None, help="windows per GRPO step, in all under "
+    f"torchrun (default: single 8, multi 4; paper {PAPER.prompts_per_step})")
+add("--group_size", type=int, default=None,
+    help=f"samples per prompt, G ({DEFAULT.group_size}; paper {PAPER.group_size})")
+add("--rl_lr", type=float, default=None,
+    help=f"GRPO learning rate ({DEFAULT.lr:g}; paper {PAPER.lr:g})")
+add("--beta", type=float, default=None,
+    help=f"KL coefficient ({DEFAULT.beta:g}; paper {PAPER.beta:g})")
+add("--micro_batch", type=int, default=None,
+    help=f"sequences per forward/backward ({DEFAULT.micro_batch}; paper {PAPER.micro_batch})")
 add("--grad_ckpt", type=int, default=0, help="1: activation checkpointing")
 add("--lpips", default=None, help="LPIPS-VGG weights (tools/convert_lpips.py): the "
     "reward is mae+lpips, and the evaluation reports lpips")
@@ -124,18 +138,24 @@ add("--final_eval", default="test", choices=["val", "test"],
     help="the split of eval.json: val to choose flags on, test once for the result")
 train_vq.add_run_flags(add)   # --train_limit and the system flags: one home
 args = p.parse_args()
-mode = MODES[args.mode]
-# the mode's defaults where a flag is not given
+mode_name = args.mode or ("multi" if args.recipe == "paper" else "single")   # the official's: multi
+mode = MODES[mode_name]
 rl_steps = mode.rl_steps if args.rl_steps is None else args.rl_steps
-prompts_per_step = mode.prompts_per_step if args.prompts_per_step is None else args.prompts_per_step
+# the RL stage's settings, in one object read from here on: the recipe's, then the GRPO flags given
+recipe = {"prompts_per_step": mode.prompts_per_step, **RECIPES[args.recipe]}   # paper's: 128
+given = dict(prompts_per_step=args.prompts_per_step, group_size=args.group_size, lr=args.rl_lr,
+             beta=args.beta, micro_batch=args.micro_batch)
+cfg = GRPOConfig(**{**recipe, **{k: v for k, v in given.items() if v is not None}})
+# as resolved, the two flags other files read: the checkpoints' mode (eval.py), MLE's micro-batch
+args = argparse.Namespace(**{**vars(args), "mode": mode_name, "micro_batch": cfg.micro_batch})
 # every bad value stops here with one line naming its flag, before any data is read or file written
 check_ranges(p, args, at_least_1=("clip_len", "horizon", "n_layer", "n_embd", "mle_steps",
-                                  "batch_size", "group_size", "micro_batch", "eval_every",
-                                  "threads", "ckpt_every"),
+                                  "batch_size", "micro_batch", "threads", "ckpt_every"),
              at_least_0=("mle_lr", "warmup", "weight_decay", "control_lr", "control_compute",
-                         "rl_lr", "beta", "test_limit", "train_limit"))
-if min(rl_steps, prompts_per_step) < 1:
-    p.error(f"--rl_steps and --prompts_per_step must be >= 1, got {rl_steps}, {prompts_per_step}")
+                         "test_limit", "train_limit"))
+check_ranges(p, cfg, at_least_1=("prompts_per_step", "group_size"), at_least_0=("beta",))
+if not (rl_steps >= 1 and cfg.lr >= 0):
+    p.error(f"need --rl_steps >= 1 and --rl_lr >= 0, got {rl_steps}, {cfg.lr}")
 if args.clip_len < 2 or args.n_embd % 32:
     p.error(f"need --clip_len >= 2 and --n_embd a multiple of 32 (got {args.clip_len}, "
             f"{args.n_embd})")
@@ -150,6 +170,8 @@ print0, fail, barrier = run.print0, run.fail, run.barrier   # rank 0 prints / st
 # every file a run writes besides the tokenizer's resumable state (video_vq_train.safetensors)
 FILES = dict(vq=out_dir / train_vq.VQ_FILE,
              **{k: out_dir / f"video_{k}.safetensors" for k in ("mle", "rlvr", "mle_more")})
+if cfg.prompts_per_step % world:   # torchrun: whole groups on each rank
+    fail(f"--prompts_per_step {cfg.prompts_per_step}: a multiple of the {world} ranks")
 if args.init not in ("auto", "scratch") and not Path(args.init).is_file():
     fail(f"--init {args.init}: no such checkpoint file")
 if args.stage == "control" and not args.control_compute:
@@ -220,7 +242,8 @@ def run_mle(run, model, name, ckpt, layout, tokens, horizon, steps, lr_of_step, 
         return float(np.mean([model(*pair(val_tok, val[i:i + 64, 0], val[i:i + 64, 1]))[1].item()
                               for i in range(0, len(val), 64)]))
 
-    return mle.train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, budget)
+    return mle.train(run, model, name, ckpt, steps, next_batch, val_loss, lr_of_step, budget,
+                     eval_every=500)   # MLE steps between validation losses
 
 
 # -----------------------------------------------------------------------------
@@ -291,9 +314,9 @@ if args.stage in ("all", "rlvr", "control"):
     def mle_more(budget):
         """The equal-compute control: MLE on a copy of the start at a constant rate, --control_lr
         or the mode's control_scale x the start's own final MLE rate (mle.final_lr; a start that
-        records no MLE schedule: --rl_lr), until `budget` (RLVR's compute) is spent."""
+        records no MLE schedule: the RL rate), until `budget` (RLVR's compute) is spent."""
         final = mle.final_lr(mle_path)
-        lr = args.control_lr or (args.rl_lr if final is None else mode.control_scale * final)
+        lr = args.control_lr or (cfg.lr if final is None else mode.control_scale * final)
         print0(f"control: MLE continued from the start at lr {lr:.3g} for RLVR's compute")
         return run_mle(run, copy.deepcopy(start_model), "mle_more", FILES["mle_more"], layout,
                        tokens, horizon, 10 ** 9, mle.control_lr(lr), budget), FILES["mle_more"]
@@ -301,7 +324,9 @@ if args.stage == "control":   # the control alone, for a given compute (the lr s
     models["mle_more"] = mle_more(ComputeBudget(args.control_compute))
 # RLVR, then the equal-compute control, then the held-out comparison of the three
 if args.stage in ("all", "rlvr"):
-    reward = replace(mode.reward, name=run.or_fail(pick_reward, "auto", lpips_net))
+    # the mode's reward, or --recipe=paper's: the metric alone (its yaml's loss_weight: mae, lpips)
+    reward = replace(VideoReward() if args.recipe == "paper" else mode.reward,
+                     name=run.or_fail(pick_reward, "auto", lpips_net))
     if train_eps[0]["background"] is None:   # not the embedded robot's: e.g. Meta-World or RT-1
         print0(f"reward: {args.data} has no background images, so no object term or push term")
         reward = replace(reward, object=0.0, push=0.0)
@@ -320,62 +345,57 @@ if args.stage in ("all", "rlvr"):
     # the scene moves), the reward of the decoded frames and the multi-step sampler
     clips = Clips(train_eps, tokens["train"], layout, horizon, CONTEXT)
     pool = moving_windows(clips)
-    print0(f"rlvr: {len(pool)} train windows; per step {prompts_per_step} prompts x "
-           f"{args.group_size} samples x {world} ranks, {horizon} predicted frame(s) each")
-    # a completion: the predicted frames' codes with the true actions injected between them; one
-    # round of the draw's prompts a step (no refill), no entropy bonus, AdamW with betas
-    # (0.9, 0.99), no weight decay and a constant rate (no warm-up)
-    cfg = GRPOConfig(group_size=args.group_size, temperature=1.0, clip_eps=0.2, beta=args.beta,
-                     max_new_tokens=horizon * layout.L + (horizon - 1) * D, minibatches=2,
-                     micro_batch=args.micro_batch, prompts_per_step=0, max_rounds=1,
-                     entropy_coef=0.0, lr=args.rl_lr, warmup=0, betas=(0.9, 0.99),
-                     weight_decay=0.0)
+    # a rank's prompts; a completion: the predicted frames' codes with the true actions injected
+    cfg = replace(cfg, prompts_per_step=cfg.prompts_per_step // world,
+                  max_new_tokens=horizon * layout.L + (horizon - 1) * D)
+    print0(f"rlvr ({args.recipe}): {len(pool)} train windows; per step {cfg.prompts_per_step} "
+           f"prompts x {cfg.group_size} samples x {world} ranks, {horizon} predicted frame(s) each")
     print_memory("rlvr", memory_estimate(   # the step's memory, per rank
-        start_model.config, args.dtype != "float32", args.beta > 0, args.grad_ckpt,
-        layout.prompt_len(CONTEXT), cfg.max_new_tokens, prompts_per_step, args.group_size,
-        args.micro_batch, prompts_per_chunk(prompts_per_step, args.group_size, cfg.minibatches,
-                                            args.micro_batch)), print0)
+        start_model.config, args.dtype != "float32", cfg.beta > 0, args.grad_ckpt,
+        layout.prompt_len(CONTEXT), cfg.max_new_tokens, cfg.prompts_per_step, cfg.group_size,
+        cfg.micro_batch, prompts_per_chunk(cfg.prompts_per_step, cfg.group_size, cfg.minibatches,
+                                           cfg.micro_batch)), print0)
     # the policy, a copy of the start (the comparison's "mle" stays as it is), its frozen start as
     # the KL's reference, AdamW
-    model = copy.deepcopy(start_model)
-    ref = run.reference(model) if cfg.beta > 0 else None   # FSDP: sharded too
-    model, trained = run.wrap(model, grad_ckpt=args.grad_ckpt)   # on the device; DDP or FSDP
+    raw_model = copy.deepcopy(start_model)   # the GPT itself
+    ref_model = run.reference(raw_model) if cfg.beta > 0 else None   # FSDP: sharded too
+    raw_model, model = run.wrap(raw_model, grad_ckpt=args.grad_ckpt)   # model: DDP or FSDP's
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,
                             weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(args.seed + 1000 + run.rank)   # prompts and samples
-    draw = make_draw(clips, pool, prompts_per_step, bool(reward.object))   # draw(gen): a step's
-    source = Env(make_reward(vq, clips, reward, lpips_net, run.device),
-                    sampler=make_sampler(horizon, layout.L))
+    draw = make_draw(clips, pool, cfg.prompts_per_step, bool(reward.object))   # draw(gen): a step's
+    env = Env(make_reward(vq, clips, reward, lpips_net, run.device),
+              sampler=make_sampler(horizon, layout.L))
     nan = NanPolicy(run, "rlvr")   # --on_nan: a NaN/inf stops the run, or skips the step
-    if not finite_weights(model):   # a poisoned start stops before anything samples from it
-        nan.nonfinite(0, model, "non-finite weights in the policy")
+    nan.check_start(raw_model)   # a poisoned start stops before anything samples from it
     # the headroom line (grpo.headroom), of the start here and of RLVR after the loop: on fixed
     # validation windows where the scene moves, the greedy prediction's MAE against the best of G
     held_clips = Clips(val_eps, tokens["val"], layout, horizon, CONTEXT)
     held = moving_windows(held_clips)   # none (a tiny split): no headroom line
     held = held and make_draw(held_clips, held, HEADROOM_N, False)(torch.Generator().manual_seed(0))
     by_mae = Env(make_reward(vq, held_clips, VideoReward("mae"), None, run.device),
-                    sampler=source.sampler)
+                 sampler=env.sampler)
 
     def head(name):   # every rank gathers FSDP's weights; rank 0 samples and prints
-        with unsharded(model):
-            return headroom(model, *held, by_mae, cfg, run.autocast, name, "MAE x 1e-3",
+        with unsharded(raw_model):
+            return headroom(raw_model, *held, by_mae, cfg, run.autocast, name, "MAE x 1e-3",
                             -1000) if master and held else {}
     heads = {"mle": head("the start")}   # RLVR can only sharpen what its samples already find
 
     # a re-run continues a stopped RLVR exactly; its compute so far counts for the control
-    step, rl_done = resume_stage(run, FILES["rlvr"], model, opt, gen, "rlvr")
+    step, rl_done = resume_stage(run, FILES["rlvr"], raw_model, opt, gen, "rlvr")
     prev = read_meta(FILES["rlvr"])["metrics"] if step else {}
     totals = dict(rl_seconds=prev.get("rl_seconds", 0.0), rl_compute=prev.get("rl_compute", 0))
     budget.add(totals["rl_compute"])
     bar = tqdm(total=rl_steps, initial=step, desc="rlvr", disable=not master or rl_done)
     while step < rl_steps and not rl_done:
-        prompts, items = draw(gen)   # constant rate (cfg.warmup 0): AdamW's lr as made
+        for group in opt.param_groups:   # the recipe's schedule (paper: the first update at 0)
+            group["lr"] = cfg.lr_at(step)
         try:   # rollout -> reward -> advantages -> PPO-clip + KL updates
-            stats = grpo_step(trained, ref, opt, prompts, items, source, cfg, gen, step,
+            stats = grpo_step(model, ref_model, opt, *draw(gen), env, cfg, gen, step,
                               run.autocast)
         except FloatingPointError as e:   # a NaN/inf reward, loss, gradient norm or weight
-            nan.nonfinite(step, model, str(e))   # stops, or logs a skipped step
+            nan.nonfinite(step, raw_model, str(e))   # stops, or logs a skipped step
             stats = {}
         step += 1
         bar.update(1)
@@ -387,8 +407,8 @@ if args.stage in ("all", "rlvr"):
             bar.set_postfix(reward=f"{stats['reward_mean']:.3f}", kept=stats["groups_kept"],
                             kl=f"{stats['kl']:.4f}")
             if step % WATCH_EVERY == 0 or step == rl_steps:   # greedy on val, rank 0
-                with unsharded(model):   # FSDP: every rank gathers the weights
-                    r = eval_video(model, vq, val_eps, tokens["val"], spec, desc=None) if master \
+                with unsharded(raw_model):   # FSDP: every rank gathers the weights
+                    r = eval_video(raw_model, vq, val_eps, tokens["val"], spec, desc=None) if master \
                         else None
                 if master:
                     print0(f"\nrlvr step {step}: reward {stats['reward_mean']:.4f} kl "
@@ -398,15 +418,15 @@ if args.stage in ("all", "rlvr"):
                                  val_mae_moving=r["mae_moving"])
             run.log({"stage": "rlvr", **stats, **totals})
         # every --ckpt_every steps the resumable state; at the end the weights alone
-        save_stage(run, FILES["rlvr"], model, opt, step, {**stats, **totals}, gen,
+        save_stage(run, FILES["rlvr"], raw_model, opt, step, {**stats, **totals}, gen,
                    done=step == rl_steps)
     bar.close()
     budget.close()   # RLVR's compute is final: the control stops once it has used as much
-    check_ranks_in_sync(run, model, "rlvr")   # under torchrun: the same weights on every rank
+    check_ranks_in_sync(run, raw_model, "rlvr")   # under torchrun: the same weights on every rank
     barrier()
     heads["rlvr"] = head("RLVR")
     control_after(run, child, mle_more, FILES["rlvr"])
-    models["rlvr"] = model, FILES["rlvr"]
+    models["rlvr"] = raw_model, FILES["rlvr"]
     models["mle_more"] = load_video_model(FILES["mle_more"], run.device)[0], FILES["mle_more"]
 if args.stage in ("all", "rlvr", "control"):
     # the held-out comparison on the --final_eval split, greedy and sampled with the paper's

@@ -160,6 +160,12 @@ def test_rt1_format_episodes_train(tmp_path):
 def test_help_lists_at_most_35_flags_and_train_vq_its_own():
     out = run([sys.executable, "train_video.py", "--help"])
     assert len(re.findall(r"^  --", out, re.M)) <= 35 and "--still_code" not in out
+    # --recipe=paper's values, those of vid_wm/verl's run_ctx_msp_vgpt.sh over its trainer yaml
+    text = " ".join(out.split())
+    for official in ("multi-step, 128 prompts in all x 5 samples", "lr 5e-05 constant (the first update at 0)",
+                     "4 minibatches, micro-batch 8", "KL 0.001 (k3 clamped at 10), entropy 0",
+                     "clip 0.2, dual-clip 3, std N - 1, AdamW (0.9, 0.999), weight decay 0.01, T 1"):
+        assert official in text, official
     out = run([sys.executable, "train_vq.py", "--help"])
     assert all(flag in out for flag in ("--steps", "--n_codes", "--crop", "--lr"))
 
@@ -199,7 +205,8 @@ def test_torchrun_two_ranks_rlvr_identical_weights(trained):
           "--vq", tmp / "out" / "video_vq.safetensors", "--mode=multi")
     out = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
                "train_video.py", "--data", str(tmp / "data"), "--out_dir", str(tmp / "ddp"), "--stage=rlvr",
-               "--init", str(start / "video_mle.safetensors"), "--mode=multi", *TINY], timeout=180)
+               "--init", str(start / "video_mle.safetensors"), "--mode=multi", *TINY, "--prompts_per_step=4"],
+              timeout=180)   # 4 prompts in all: 2 a rank
     sums = re.search(r"weight checksums per rank \[(\d+), (\d+)\]", out)
     assert sums and sums.group(1) == sums.group(2), out[-2000:]
     assert (tmp / "ddp" / "eval.json").is_file()
@@ -236,3 +243,26 @@ def test_torchrun_shards_train_clips_and_final_eval_equals_one_process(trained):
     for r in (0, 1):
         part = load_file(str(tmp / "ddp12" / f"tokens_train_rank{r}of2.safetensors"))
         assert all(torch.equal(part[k], whole[k][r::2]) for k in whole)
+
+
+@pytest.mark.slow
+def test_recipe_paper_two_ranks_and_its_first_update_at_lr_0(trained):
+    """--recipe=paper under torchrun (small overrides win): 2 steps, the same weights on both ranks, moved from the
+    start; on one process its first update runs at lr 0 (verl's schedule): one step leaves the start's weights
+    exactly as they were (AdamW's decay too is lr x 0.01)."""
+    tmp, _ = trained
+    start = tmp / "out" / "video_mle.safetensors"
+    common = ["--data", str(tmp / "data"), "--stage=rlvr", "--init", str(start), "--recipe=paper", *TINY]
+    out = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+               "train_video.py", *common, "--out_dir", str(tmp / "paper2")], timeout=180)
+    assert "rlvr (paper): " in out and "per step 1 prompts x 2 samples x 2 ranks, 3 predicted frame(s)" in out
+    sums = re.search(r"weight checksums per rank \[(\d+), (\d+)\]", out)
+    assert sums and sums.group(1) == sums.group(2), out[-2000:]
+    steps = [json.loads(line) for line in (tmp / "paper2" / "log.jsonl").read_text().splitlines()]
+    assert [d["step"] for d in steps if d["stage"] == "rlvr" and "step" in d] == [1, 2]
+    old = load_file(str(start))
+    two = load_file(str(tmp / "paper2" / "video_rlvr.safetensors"))
+    assert any(not torch.equal(two[k], old[k]) for k in old)
+    run([sys.executable, "train_video.py", *common, "--out_dir", str(tmp / "paper1"), "--rl_steps=1"])
+    one = load_file(str(tmp / "paper1" / "video_rlvr.safetensors"))
+    assert all(torch.equal(one[k], old[k]) for k in old)

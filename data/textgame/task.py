@@ -88,6 +88,15 @@ def is_changed(record: dict) -> bool:
     return bool(diff["modified"] or diff["removed"] or diff["score"])
 
 
+def is_gold(record: dict) -> bool:
+    """The official split's "gold" (RLVR-World's process_jsonl_train.py): an object there before
+    and after changed its properties or contents; an object added or removed, or the score alone,
+    does not count."""
+    after = {obj["uuid"]: obj for obj in record["next_state"]["objects"]}
+    return any(obj["uuid"] in after and not same_object(obj, after[obj["uuid"]])
+               for obj in record["state"]["objects"])
+
+
 # -----------------------------------------------------------------------------
 # the text the model reads and writes
 
