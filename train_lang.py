@@ -123,8 +123,7 @@ check_ranges(p, args, at_least_0=("mle_lr", "rl_lr", "eval_limit", "rl_steps"),
                          "ckpt_every") + (() if recipe else ("rl_steps",)))
 if args.n_embd % 32 or (args.recipe == "paper" and not recipe):
     p.error(f"--n_embd must be a multiple of 32, got {args.n_embd}" if args.n_embd % 32 else
-            f"--recipe=paper: the paper has recipes for {sorted(PAPER_RECIPE.keys() & TASKS)}, "
-            f"not {args.task}")
+            f"--recipe=paper: the paper's recipes: {sorted(PAPER_RECIPE.keys() & TASKS)}")
 
 # -----------------------------------------------------------------------------
 # setup (runtime.Run: one process or a torchrun rank, --device, seeds, autocast, 1 thread); every
@@ -190,8 +189,7 @@ if args.stage in ("all", "rlvr"):
     nan.check_start(raw_model)   # a poisoned start stops before anything samples from it
     # the headroom line (grpo.headroom): RLVR can only sharpen what its samples already find
     heads = {"mle": prompts.headroom(raw_model, env, "the start")}
-    # a re-run continues a stopped RLVR exactly
-    step, rl_done = resume_stage(run, rl_file, raw_model, opt, gen, "rlvr")
+    step, rl_done = resume_stage(run, rl_file, raw_model, opt, gen, "rlvr")   # a re-run: exactly
     draw, rl_steps = prompts.schedule(step)   # the pool, or --recipe=paper's epochs from `step`
     prev = read_meta(rl_file)["metrics"] if step else {}   # the steps so far, for the control
     totals = {k: prev.get(k, 0) for k in ("rl_seconds", "rl_compute")}

@@ -408,8 +408,8 @@ if args.stage in ("all", "rlvr"):
                             kl=f"{stats['kl']:.4f}")
             if step % WATCH_EVERY == 0 or step == rl_steps:   # greedy on val, rank 0
                 with unsharded(raw_model):   # FSDP: every rank gathers the weights
-                    r = eval_video(raw_model, vq, val_eps, tokens["val"], spec, desc=None) if master \
-                        else None
+                    r = eval_video(raw_model, vq, val_eps, tokens["val"], spec,
+                                   desc=None) if master else None
                 if master:
                     print0(f"\nrlvr step {step}: reward {stats['reward_mean']:.4f} kl "
                            f"{stats['kl']:.4f} val mae {r['mae']:.4f} ssim {r['ssim']:.4f} "

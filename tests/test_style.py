@@ -30,8 +30,9 @@ def test_grpo_is_the_seven_steps_in_few_short_functions():
     functions = function_lengths("grpo.py")
     long = [(name, n) for name, n in functions if n > 40]
     assert not long, f"grpo.py: functions over 40 lines: {long}"
-    # 16 since the plain step (`plain_grpo_step`, issue 64) stands beside the fast one
-    assert len(functions) <= 16, f"grpo.py: {len(functions)} functions (at most 16)"
+    # 17 since the plain step (`plain_grpo_step`, issue 64) stands beside the fast one and the RL
+    # schedule is GRPOConfig.lr_at (verl's first update at lr 0, issue 66)
+    assert len(functions) <= 17, f"grpo.py: {len(functions)} functions (at most 17)"
 
 
 def test_the_core_stays_small():
