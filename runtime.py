@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 import zlib
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import field, fields
 from pathlib import Path
 
@@ -36,6 +36,7 @@ from model import GPT, Block, finite_weights, is_fsdp
 
 # a rank's wait at a collective: NCCL's 10 minutes is less than rank 0 may work alone at scale
 DIST_TIMEOUT = datetime.timedelta(minutes=60)
+FAILED = "failed"   # the group store's key of the first failing rank's line (Run.fail)
 MAX_SKIPS = 10   # --on_nan=skip stops the run after this many skipped steps in a row
 
 
@@ -47,9 +48,10 @@ class Run:
         self.recorded = {}   # entries recorded beside the flags (train_lang.py: its tokenizer)
         self.or_fail(check_device, args.device)
         self.ddp = int(os.environ.get("RANK", -1)) != -1   # launched by torchrun
-        # one process: rank 0 of 1 on --device; torchrun: its rank, and a GPU its local one
-        self.rank, self.world, self.device = (join_process_group(args.device) if self.ddp
-                                              else (0, 1, args.device))
+        # one process: rank 0 of 1 on --device; torchrun: its rank, a GPU its local one, the
+        # group's store and the thread watching it for a failing rank's line (fail)
+        self.rank, self.world, self.device, self.store, self.watcher = (
+            join_process_group(args.device) if self.ddp else (0, 1, args.device, None, None))
         self.master = self.rank == 0
         self.forks = self.world == 1 and self.device == "cpu"   # a second core for forked work
         # --fsdp=1: the GPT sharded across the ranks (wrap); one process keeps it whole
@@ -73,10 +75,12 @@ class Run:
             print(*a, **k, flush=True)
 
     def fail(self, msg):
-        # close progress bars first, so the error is the last line
-        for bar in list(getattr(tqdm, "_instances", ())):
-            bar.close()
-        print(f"error: {msg}", file=sys.stderr, flush=True)
+        """End the run, `msg` the last line on stderr; under torchrun every rank ends at once with
+        the first failing rank's line (watch_failures), none left waiting in a collective."""
+        if getattr(self, "watcher", None) and self.watcher.is_alive():
+            self.store.compare_set(FAILED, "", msg)   # (a line posted first stays)
+            self.watcher.join(60)   # it prints the line and ends this process
+        last_line(msg)
         sys.exit(1)
 
     def or_fail(self, fn, *a):
@@ -106,6 +110,9 @@ class Run:
 
     def finish(self):
         if self.ddp:
+            dist.barrier()   # every rank is done: the watchers read "" (no failure) and stop
+            self.store.compare_set(FAILED, "", "")
+            self.watcher.join()
             dist.barrier()   # no rank tears the group down while another still talks to it
             dist.destroy_process_group()
 
@@ -183,17 +190,58 @@ def check_ranks_in_sync(run, model, stage):
 
 
 def join_process_group(device):
-    """A torchrun rank joins the others (NCCL, gloo) -> (rank, world size, device: LOCAL_RANK's)."""
+    """A torchrun rank joins the others (NCCL on its GPU, or gloo) -> (rank, world size, device:
+    LOCAL_RANK's GPU, the group's store, the thread watching it: watch_failures)."""
     # each torchrun attempt keeps its keys under its own prefix: after a restart the shared store
     # still holds the dead attempt's addresses, and a new rank would dial them
     store, rank, world = next(dist.rendezvous("env://"))
-    store = dist.PrefixStore(f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
-    dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo", store=store,
-                            rank=rank, world_size=world, timeout=DIST_TIMEOUT)
-    if device.startswith("cuda"):
-        device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
-        torch.cuda.set_device(device)
-    return dist.get_rank(), dist.get_world_size(), device
+    prefix = f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    gpu = device.startswith("cuda") and torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}")
+    if gpu:
+        torch.cuda.set_device(gpu)
+    store = dist.PrefixStore(prefix, store)
+    dist.init_process_group(backend="nccl" if gpu else "gloo", store=store, rank=rank,
+                            world_size=world, timeout=DIST_TIMEOUT, device_id=gpu or None)
+    return (dist.get_rank(), dist.get_world_size(), str(gpu or device), store,
+            watch_failures(prefix, world))
+
+
+def watch_failures(prefix, world):
+    """Start this rank's watcher -> the thread: once any rank's Run.fail posts its line in the
+    group's store, it prints that line, silences the process and ends it when every rank has
+    printed (the store may live in rank 0). So all ranks stop at once with the same line; none
+    waits for a dead peer in a collective (NCCL would, DIST_TIMEOUT)."""
+    # a connection of its own: the get below holds it while it waits
+    store = dist.PrefixStore(prefix, dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ[
+        "MASTER_PORT"]), timeout=datetime.timedelta(days=3650)))
+
+    def watch():
+        try:
+            msg = store.get(FAILED).decode()   # a rank's line, or "" (Run.finish: none failed)
+        except dist.DistError:   # the store is gone: the run has ended
+            return
+        if not msg:
+            return
+        last_line(msg)
+        quiet = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):   # nothing after the line (the main thread's collective, broken)
+            os.dup2(quiet, fd)
+        with suppress(dist.DistError):   # every rank has printed it (or 30 s have passed)
+            if store.add(f"{FAILED}.printed", 1) == world:
+                store.set(f"{FAILED}.all", "")
+            store.wait([f"{FAILED}.all"], datetime.timedelta(seconds=30))
+        os._exit(1)
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def last_line(msg):
+    """`msg` as this process's last line, on stderr: after its output, progress bars closed."""
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
+    sys.stdout.flush()
+    print(f"error: {msg}", file=sys.stderr, flush=True)
 
 
 def check_device(device):
