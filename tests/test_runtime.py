@@ -279,6 +279,7 @@ def test_process_group_waits_longer_than_nccls_default(tmp_path, monkeypatch):
     monkeypatch.setattr(runtime.dist, "init_process_group", lambda **kw: seen.update(kw))
     monkeypatch.setattr(runtime.dist, "get_rank", lambda: 0)
     monkeypatch.setattr(runtime.dist, "get_world_size", lambda: 1)
+    monkeypatch.setattr(runtime, "watch_failures", lambda *a: None)
     make_run(tmp_path)
     assert seen["timeout"] == runtime.DIST_TIMEOUT >= datetime.timedelta(minutes=30)
 
@@ -364,9 +365,8 @@ def test_a_nan_reward_on_one_rank_stops_both_at_once_with_the_same_line(tmp_path
         time.sleep(0.05)
     for p in procs:
         p.kill()
-    nan_at = float((tmp_path / "nan_at").read_text())
-    assert [p.wait() for p in procs] == [1, 1] and all(ended[r] - nan_at < 10 for r in (0, 1)), (ended, nan_at)
-    errs = [(tmp_path / f"err{r}").read_text() for r in (0, 1)]
+    nan_at, errs = float((tmp_path / "nan_at").read_text()), [(tmp_path / f"err{r}").read_text() for r in (0, 1)]
+    assert [p.wait() for p in procs] == [1, 1] and all(ended[r] - nan_at < 10 for r in (0, 1)), (ended, nan_at, errs)
     last = [e.splitlines()[-1] for e in errs]
     # the failing rank's line, last on both (nothing after it: no traceback of the broken collective)
     assert last[0] == last[1] == ("error: rlvr: reward_fn returned a non-finite reward at step 1; stopping before it "
