@@ -73,8 +73,7 @@ class Run:
             print(*a, **k, flush=True)
 
     def fail(self, msg):
-        """End the run, `msg` the last line on stderr; under torchrun every rank, at once, with
-        the first failing rank's line (watch_failures)."""
+        # torchrun: every rank ends at once with the first failing rank's line (watch_failures)
         if getattr(self, "watcher", None) and self.watcher.is_alive():
             self.store.compare_set(FAILED, "", msg)   # (a line posted first stays)
             self.watcher.join(60)   # it prints the line and ends this process
@@ -128,16 +127,14 @@ class Run:
         return model, model
 
     def reference(self, model):
-        """The KL's frozen reference: a copy of `model` in the forwards' dtype (--fsdp=1: cast where
-        `model` is, the CPU, then sharded; grpo_step gathers it for its log-probs after the policy's
-        weights are freed)."""
+        """The KL's frozen reference: `model` copied in the forwards' dtype (--fsdp=1: on the CPU,
+        then sharded; grpo_step gathers it for its log-probs after the policy's are freed)."""
         ref = copy.deepcopy(model).eval().requires_grad_(False).to(self.dtype)
         return self.shard(ref) if self.fsdp else ref.to(self.device)
 
     def shard(self, model):
-        """`model` sharded by FSDP: a unit per block, then the root (embeddings, norm, head), each
-        moved to the device as it is sharded. --dtype=bfloat16: gathered in bf16 (no autocast
-        casts), gradients reduced in float32, the shards AdamW steps stay float32."""
+        """`model` sharded by FSDP, a unit per block then the root (embeddings, norm, head), each
+        moved to the device in turn; bf16: gathered in bf16, gradients reduced in float32."""
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard   # (takes a second)
         mp = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32)
         for m in (*model.h, model):
@@ -481,9 +478,8 @@ def memory_estimate(config, low_precision, reference, grad_ckpt, prompt_len, new
     """Bytes of one RLVR step's peak on a rank, by part -> dict ("peak": their sum at the worst
     moment). `prompts` x `samples` rows are sampled with a KV cache holding each prompt once; a
     micro-batch of the update holds `micro_batch` rows of `new_tokens`, `prompts_per_chunk`
-    prompts. DDP: its gradients are its all-reduce buckets (Run.wrap). fsdp: 1/world of the
-    weights, gradients, AdamW state and reference, each gathered whole in a phase of its own, in
-    the forwards' dtype (Run.shard: so bf16 weights, no autocast casts, a bf16 residual stream)."""
+    prompts. fsdp: 1/world of the weights, gradients, AdamW state and reference, each gathered
+    whole in a phase of its own in the forwards' dtype (Run.shard: no autocast casts then)."""
     with torch.device("meta"):   # the GPT's and a block's parameters, without memory or time
         P, block = (sum(p.numel() for p in m.parameters()) for m in (GPT(config), Block(config)))
     c, shard = config, P / world if fsdp else P   # (shard: a rank's)
