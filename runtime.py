@@ -219,8 +219,9 @@ def watch_failures(prefix, rank, world):
         with suppress(dist.DistError):   # (the store is gone: the run has ended)
             msg = store.get(FAILED).decode()   # a rank's line, or "" (Run.finish: none failed)
         if msg:
-            last_line(msg)
-            os.dup2(os.open(os.devnull, os.O_WRONLY), 2)   # nothing after it (a broken collective)
+            last_line(msg)   # then nothing: the main thread's error as peers exit ends it at once
+            sys.excepthook = lambda *a: os._exit(1)   # (finalizing torch there may abort)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 2)   # (and C++'s warnings go nowhere)
             with suppress(dist.DistError):   # every rank has printed it (the store may be rank 0's)
                 store.set(f"{FAILED}{rank}", "")
                 store.wait([f"{FAILED}{r}" for r in range(world)], datetime.timedelta(seconds=30))
