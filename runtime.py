@@ -49,7 +49,7 @@ class Run:
         self.recorded = {}   # entries recorded beside the flags (train_lang.py: its tokenizer)
         self.or_fail(check_device, args.device)
         self.ddp = int(os.environ.get("RANK", -1)) != -1   # launched by torchrun
-        # one process: rank 0 of 1 on --device; torchrun: its rank, a GPU its local one (and fail's)
+        # one process: rank 0 of 1 on --device; torchrun: its rank, its GPU, fail's store, watcher
         self.rank, self.world, self.device, self.store, self.watcher = (
             join_process_group(args.device) if self.ddp else (0, 1, args.device, None, None))
         self.master = self.rank == 0
@@ -521,8 +521,9 @@ def memory_estimate(config, low_precision, reference, grad_ckpt, prompt_len, new
 def rlvr_memory(run, config, cfg, prompts, prompt_len, grad_ckpt):
     """memory_estimate of a GRPO step of `prompts` prompts, the longest `prompt_len` tokens, on a
     rank of `run` -> (its parts, cfg). A GPU's cfg.rollout_prompts 0 becomes the most prompts whose
-    rollout fits 80% of its memory: from the flags and its size, not its free memory (cached blocks
-    count as taken: more in a resumed process), so a resumed run samples the same tokens."""
+    rollout fits 80% of its memory: from the flags and its size, not its free memory (PyTorch's
+    cached blocks count as taken there: it differs in a resumed process), so a resumed run samples
+    the same tokens."""
     G, mb = cfg.group_size, cfg.micro_batch
 
     def estimate(n):
