@@ -16,10 +16,11 @@ from functools import partial
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from model import GPT, GPTConfig, is_fsdp, rope_tables
+from model import GPT, GPTConfig, rope_tables
 
 FORMAT = "nanorlvr-1"
 ROOT = Path(__file__).resolve().parent   # the repository: paths inside it are recorded relative
@@ -163,29 +164,33 @@ def prefixed(tensors, prefix):
     return {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
 
 
-def load_weights(model, sd, path, assign=False):
+def load_weights(model, sd, path, assign=False, ranks=False):
     """Put the state dict `sd` into `model` (assign: sd's tensors become the parameters, uncopied);
-    a ValueError naming `path` unless its names and shapes are the model's."""
+    a ValueError naming `path` unless its names and shapes are the model's. ranks: every rank
+    calls it, rank 0 with `sd`, which it sends to the others (FSDP: each keeps its shards)."""
     ours = model.state_dict()
     if getattr(model.config, "tie_embeddings", False):
         ours.pop("lm_head.weight")   # wte.weight's, not saved
     missing, unused = sorted(ours.keys() - sd.keys()), sorted(sd.keys() - ours.keys())
     shapes = [f"{k} {tuple(sd[k].shape)} != {tuple(t.shape)}" for k, t in ours.items()
               if k in sd and sd[k].shape != t.shape]
-    if missing or unused or shapes:
+    if (missing or unused or shapes) and not (ranks and dist.get_rank()):
         raise ValueError(f"{path}: weights do not fit the model (missing {missing[:4]}, unused "
                          f"{unused[:4]}, shapes {shapes[:4]}); saved with another config?")
-    if is_fsdp(model):   # FSDP: each rank keeps its shards of the full tensors
+    if ranks:   # one tensor at a time from rank 0, so no rank holds a second copy
         from torch.distributed.checkpoint import state_dict as dcp
-        dcp.set_model_state_dict(model, sd, options=dcp.StateDictOptions(full_state_dict=True,
-                                                                         strict=False))
+        dcp.set_model_state_dict(model, sd, options=dcp.StateDictOptions(
+            full_state_dict=True, broadcast_from_rank0=True, strict=False))
     else:
         model.load_state_dict(sd, strict=False, assign=assign)
 
 
 def resume(path, model, optimizer=None):
-    """Load weights, optimizer and extra state from `path` into these objects -> (meta, state)."""
-    tensors, meta = read_checkpoint(path)
+    """Load weights, optimizer and extra state from `path` into these objects -> (meta, state).
+    Under torchrun (every rank calls it) rank 0 alone reads `path` and sends each rank its part."""
+    ranks = dist.is_initialized()
+    tensors, meta = ({}, None) if ranks and dist.get_rank() else read_checkpoint(path)
+    meta = from_rank0(meta)
     model = getattr(model, "module", model)
     ours = json.loads(json.dumps(asdict(model.config)))  # tuples become lists, as in the file
     # a field newer than the file (GPTConfig.rope_scaling) is there at its default
@@ -195,7 +200,7 @@ def resume(path, model, optimizer=None):
         diff = ", ".join(f"{k}={saved.get(k)!r} there, {ours.get(k)!r} here"
                          for k in sorted(saved.keys() | ours.keys()) if saved.get(k) != ours.get(k))
         raise ValueError(f"{path}: saved by a run with another model config ({diff})")
-    load_weights(model, prefixed(tensors, "model."), path)
+    load_weights(model, prefixed(tensors, "model."), path, ranks=ranks)
     if optimizer is not None:
         if meta["optimizer_groups"] is None:
             raise ValueError(f"{path}: no optimizer state to resume from")
@@ -205,16 +210,25 @@ def resume(path, model, optimizer=None):
             state.setdefault(int(i), {})[name] = v
         osd = {"state": state, "param_groups": meta["optimizer_groups"]}
         try:
-            if is_fsdp(model):   # FSDP: by parameter name, each rank its shards
+            if ranks:   # by parameter name, from rank 0 (FSDP: each rank its shards)
                 from torch.distributed.checkpoint import state_dict as dcp
                 osd = renamed(osd, [name for name, _ in model.named_parameters()])
-                dcp.set_optimizer_state_dict(model, optimizer, osd,
-                                             options=dcp.StateDictOptions(full_state_dict=True))
+                dcp.set_optimizer_state_dict(model, optimizer, osd if tensors else {},
+                                             options=dcp.StateDictOptions(
+                                                 full_state_dict=True, broadcast_from_rank0=True))
             else:
                 optimizer.load_state_dict(osd)
         except (ValueError, KeyError, TypeError, RuntimeError) as e:
             raise ValueError(f"{path}: optimizer state does not fit this model ({e})") from None
-    return meta, prefixed(tensors, "state.")
+    return meta, from_rank0(prefixed(tensors, "state."))
+
+
+def from_rank0(obj):
+    """Rank 0's `obj` on every rank under torchrun (all call it); else `obj`."""
+    box = [obj]
+    if dist.is_initialized():
+        dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 # -----------------------------------------------------------------------------
@@ -304,11 +318,13 @@ def save_stage(run, ckpt, model, opt, step, metrics, g, done):
 
 
 def resume_stage(run, ckpt, model, opt, g, name):
-    """-> (step to go on from, done?); restores weights (unfinished: optimizer, generators)."""
-    if not (run.args.resume and ckpt.is_file()):
-        return 0, False
+    """-> (step to go on from, done?); restores weights (unfinished: optimizer, generators). Rank 0
+    decides from its file system and sends the others their part (`resume`)."""
     try:
-        done = read_meta(ckpt)["metrics"].get("done")
+        meta = from_rank0(run.master and run.args.resume and ckpt.is_file() and read_meta(ckpt))
+        if not meta:
+            return 0, False
+        done = meta["metrics"].get("done")
         meta, state = resume(ckpt, model, None if done else opt)
     except ValueError as e:
         run.fail(f"{e} (pass --resume=0 or another --out_dir to start over)")

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from engine import cast_copy, generate
 from runtime import (check_step, join_passes, join_rows, no_sync_unless_last, over_ranks,
-                     plan_update, rollout_chunk, unsharded)
+                     plan_update, unsharded)
 
 
 @dataclass
@@ -225,7 +225,7 @@ def rollout(model, prompts, records, env, cfg, generator, autocast=nullcontext()
     G, parts = cfg.group_size, []
     reps = [r for r in records for _ in range(G)]   # each prompt's record for each of its G rows
     model.eval()
-    n = rollout_chunk(model, prompts, cfg)   # prompts per sampler call (runtime.py)
+    n = cfg.rollout_prompts or len(prompts)   # prompts a sampler call (GPU: runtime.rlvr_memory)
     for s in range(0, len(prompts), n):
         chunk = prompts[s:s + n]
         with autocast:

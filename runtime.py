@@ -23,8 +23,9 @@ import sys
 import threading
 import time
 import zlib
-from contextlib import contextmanager, nullcontext
 from collections import namedtuple
+from contextlib import contextmanager, nullcontext, suppress
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -36,6 +37,8 @@ from model import GPT, Block, finite_weights, is_fsdp
 
 # a rank's wait at a collective: NCCL's 10 minutes is less than rank 0 may work alone at scale
 DIST_TIMEOUT = datetime.timedelta(minutes=60)
+FAILED = "failed"   # the group store's key of the first failing rank's line (Run.fail)
+HELD = ("weights", "grads", "adamw", "reference", "autocast_copy")   # memory a whole step holds
 MAX_SKIPS = 10   # --on_nan=skip stops the run after this many skipped steps in a row
 
 
@@ -47,9 +50,9 @@ class Run:
         self.recorded = {}   # entries recorded beside the flags (train_lang.py: its tokenizer)
         self.or_fail(check_device, args.device)
         self.ddp = int(os.environ.get("RANK", -1)) != -1   # launched by torchrun
-        # one process: rank 0 of 1 on --device; torchrun: its rank, and a GPU its local one
-        self.rank, self.world, self.device = (join_process_group(args.device) if self.ddp
-                                              else (0, 1, args.device))
+        # one process: rank 0 of 1 on --device; torchrun: its rank, its GPU, fail's store, watcher
+        self.rank, self.world, self.device, self.store, self.watcher = (
+            join_process_group(args.device) if self.ddp else (0, 1, args.device, None, None))
         self.master = self.rank == 0
         self.forks = self.world == 1 and self.device == "cpu"   # a second core for forked work
         # --fsdp=1: the GPT sharded across the ranks (wrap); one process keeps it whole
@@ -63,20 +66,19 @@ class Run:
         if args.dtype == "float16":   # its gradients underflow; bfloat16 has float32's range
             self.fail("--dtype=float16: needs a gradient scaler (none here); use --dtype=bfloat16")
         self.dtype = getattr(torch, args.dtype)   # the forwards' (autocast's, a frozen reference's)
-        # FSDP + checkpointing: no cast cache (it would keep a bf16 copy of every gathered block)
-        cache = not (self.fsdp and getattr(args, "grad_ckpt", 0))
         self.autocast = torch.autocast(torch.device(self.device).type, dtype=self.dtype,
-                                       enabled=args.dtype != "float32", cache_enabled=cache)
+                                       enabled=args.dtype != "float32")
 
     def print0(self, *a, **k):
         if self.master:
             print(*a, **k, flush=True)
 
     def fail(self, msg):
-        # close progress bars first, so the error is the last line
-        for bar in list(getattr(tqdm, "_instances", ())):
-            bar.close()
-        print(f"error: {msg}", file=sys.stderr, flush=True)
+        # torchrun: every rank ends at once with the first failing rank's line (watch_failures)
+        if getattr(self, "watcher", None) and self.watcher.is_alive():
+            self.store.compare_set(FAILED, "", msg)   # (a line posted first stays)
+            self.watcher.join(60)   # it prints the line and ends this process
+        last_line(msg)
         sys.exit(1)
 
     def or_fail(self, fn, *a):
@@ -114,30 +116,38 @@ class Run:
 
     def finish(self):
         if self.ddp:
+            dist.barrier()   # every rank is done: the watchers read "" (no failure) and stop
+            self.store.compare_set(FAILED, "", "")
+            self.watcher.join()
             dist.barrier()   # no rank tears the group down while another still talks to it
             dist.destroy_process_group()
 
     def wrap(self, model, grad_ckpt=False):
-        """-> (model on the device, the module to train: DDP-wrapped, or sharded with --fsdp=1)."""
-        model = model.to(self.device)
+        """-> (model on the device, the module to train: DDP-wrapped, or sharded with --fsdp=1:
+        from the CPU a unit at a time, so no GPU holds the whole float32 model)."""
+        model = model if self.fsdp else model.to(self.device)
         if grad_ckpt:   # (a VQ-VAE has none)
             model.grad_ckpt = True
         if self.fsdp:
             self.shard(model).h[-1].set_reshard_after_backward(False)   # no_sync_unless_last frees
-        ddp = self.ddp and not self.fsdp
-        return model, torch.nn.parallel.DistributedDataParallel(model) if ddp else model
+        elif self.ddp:   # its gradients: views of its all-reduce buckets (no second copy)
+            ddp = torch.nn.parallel.DistributedDataParallel
+            return model, ddp(model, gradient_as_bucket_view=True)
+        return model, model
 
     def reference(self, model):
-        """The KL's frozen reference: a copy of `model` in the forwards' dtype (--fsdp=1: sharded;
-        grpo_step gathers it for its log-probs after the policy's weights are freed)."""
-        ref = copy.deepcopy(model).eval().requires_grad_(False).to(self.device, self.dtype)
-        return self.shard(ref) if self.fsdp else ref
+        """The KL's frozen reference: `model` copied in the forwards' dtype (--fsdp=1: on the CPU,
+        then sharded; grpo_step gathers it for its log-probs after the policy's are freed)."""
+        ref = copy.deepcopy(model).eval().requires_grad_(False).to(self.dtype)
+        return self.shard(ref) if self.fsdp else ref.to(self.device)
 
     def shard(self, model):
-        """`model` sharded by FSDP: a unit per block, then the root (embeddings, norm, head)."""
-        from torch.distributed.fsdp import fully_shard   # (the import takes most of a second)
+        """`model` sharded by FSDP, a unit per block then the root (embeddings, norm, head), each
+        moved to the device in turn; bf16: gathered in bf16, gradients reduced in float32."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard   # (takes a second)
+        mp = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32)
         for m in (*model.h, model):
-            fully_shard(m)
+            fully_shard(m, mp_policy=mp)
         with torch.no_grad(), self.autocast:   # FSDP finds its root at the first forward (the
             model(torch.zeros(1, 1, dtype=torch.long, device=self.device))   # sampler calls blocks)
         model.reshard()   # (the root keeps its forward's weights; AdamW must get the shards)
@@ -196,17 +206,50 @@ def check_ranks_in_sync(run, model, stage):
 
 
 def join_process_group(device):
-    """A torchrun rank joins the others (NCCL, gloo) -> (rank, world size, device: LOCAL_RANK's)."""
+    """A torchrun rank joins the others (NCCL on its GPU, or gloo) -> (rank, world size, device:
+    LOCAL_RANK's GPU, the group's store, watch_failures's thread)."""
     # each torchrun attempt keeps its keys under its own prefix: after a restart the shared store
     # still holds the dead attempt's addresses, and a new rank would dial them
     store, rank, world = next(dist.rendezvous("env://"))
-    store = dist.PrefixStore(f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
-    dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo", store=store,
-                            rank=rank, world_size=world, timeout=DIST_TIMEOUT)
-    if device.startswith("cuda"):
-        device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
-        torch.cuda.set_device(device)
-    return dist.get_rank(), dist.get_world_size(), device
+    prefix = f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    gpu = device.startswith("cuda") and torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    if gpu:   # (NCCL binds to it at once: device_id)
+        torch.cuda.set_device(gpu)
+    dist.init_process_group(backend="nccl" if gpu else "gloo", rank=rank, world_size=world,
+                            store=(store := dist.PrefixStore(prefix, store)), timeout=DIST_TIMEOUT,
+                            device_id=gpu or None)
+    return rank, world, str(gpu or device), store, watch_failures(prefix, rank, world)
+
+
+def watch_failures(prefix, rank, world):
+    """Start this rank's watcher -> the thread: once a rank's Run.fail posts its line in the group's
+    store, every rank prints it and ends, none left waiting for a dead peer (NCCL: DIST_TIMEOUT)."""
+    store = dist.PrefixStore(prefix, dist.TCPStore(   # its own connection: its get holds it
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+        timeout=datetime.timedelta(days=3650)))
+
+    def watch():
+        msg = ""
+        with suppress(dist.DistError):   # (the store is gone: the run has ended)
+            msg = store.get(FAILED).decode()   # a rank's line, or "" (Run.finish: none failed)
+        if msg:
+            last_line(msg)   # then nothing: the main thread's error as peers exit ends it at once
+            sys.excepthook = lambda *a: os._exit(1)   # (finalizing torch there may abort)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 2)   # (and C++'s warnings go nowhere)
+            with suppress(dist.DistError):   # every rank has printed it (the store may be rank 0's)
+                store.set(f"{FAILED}{rank}", "")
+                store.wait([f"{FAILED}{r}" for r in range(world)], datetime.timedelta(seconds=30))
+            os._exit(1)
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def last_line(msg):
+    """`msg`, the process's last line, on stderr (after its progress bars, closed)."""
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
+    print(f"error: {msg}", file=sys.stderr, flush=True)
 
 
 def check_device(device):
@@ -311,16 +354,6 @@ def over_ranks(policy, sums, maxes):
         dist.all_reduce(t, op=op)
         out.append(dict(zip(d, t.tolist())))
     return tuple(out)
-
-
-def rollout_chunk(model, prompts, cfg):
-    """grpo.rollout's prompts a call: cfg.rollout_prompts, else all, or what 80% of a GPU holds."""
-    c, G = model.config, cfg.group_size
-    if cfg.rollout_prompts or model.wte.weight.device.type != "cuda":
-        return cfg.rollout_prompts or len(prompts)
-    tokens = max(map(len, prompts)) + G * cfg.max_new_tokens   # a prompt's KV cache
-    each = c.n_layer * 8 * c.n_kv_head * c.head_dim * tokens + G * c.vocab_size * 16
-    return max(1, min(len(prompts), int(0.8 * torch.cuda.mem_get_info()[0]) // each))
 
 
 def join_rows(parts):
@@ -473,7 +506,7 @@ def memory_estimate(config, low_precision, reference, grad_ckpt, prompt_len, new
     moment). `prompts` x `samples` rows are sampled with a KV cache holding each prompt once; a
     micro-batch of the update holds `micro_batch` rows of `new_tokens`, `prompts_per_chunk`
     prompts. fsdp: 1/world of the weights, gradients, AdamW state and reference, each gathered
-    whole in a phase of its own (grad_ckpt: autocast caches no casts, Run)."""
+    whole in a phase of its own in the forwards' dtype (Run.shard: no autocast casts then)."""
     with torch.device("meta"):   # the GPT's and a block's parameters, without memory or time
         P, block = (sum(p.numel() for p in m.parameters()) for m in (GPT(config), Block(config)))
     c, shard = config, P / world if fsdp else P   # (shard: a rank's)
@@ -482,24 +515,26 @@ def memory_estimate(config, low_precision, reference, grad_ckpt, prompt_len, new
     kv = c.n_layer * 2 * c.n_kv_head * c.head_dim * act     # bytes of one token's keys and values
     tokens = prompts_per_chunk * prompt_len + micro_batch * new_tokens   # one update forward's
     scored = micro_batch * new_tokens * c.vocab_size        # logits: at the targets' positions
-    # per token and layer, what the backward keeps: the float32 residual and norms, q, k, v, the
-    # attention output, the MLP's gate, up and their product (checkpointing: the residual only)
-    per_layer = (4 * 3 * c.n_embd + act * ((c.n_head + 2 * c.n_kv_head) * c.head_dim
-                                           + 2 * c.n_embd + 4 * c.mlp_hidden))
-    kept = 4 * c.n_embd if grad_ckpt else per_layer
+    # per token and layer, what the backward keeps: the residual and norms (float32, FSDP's bf16),
+    # q, k, v, the attention output, the MLP's gate, up and their product (checkpointing: residual)
+    res = act if fsdp else 4
+    per_layer = (res * 3 * c.n_embd + act * ((c.n_head + 2 * c.n_kv_head) * c.head_dim
+                                             + 2 * c.n_embd + 4 * c.mlp_hidden))
+    kept = res * c.n_embd if grad_ckpt else per_layer
     parts = dict(
         weights=4 * shard, grads=4 * shard, adamw=8 * shard, reference=act * shard * reference,
-        # autocast's bf16 casts: all (cached, or kept for backward); FSDP + checkpointing: a unit's
-        autocast_copy=2 * (unit if fsdp and grad_ckpt else P) * low_precision,
-        # gathered by FSDP in turn: the sampler's, the reference's weights, root and block (+ grads)
-        sampler_weights=4 * P * fsdp, reference_gathered=act * P * reference * fsdp,
+        # autocast's bf16 casts: all (cached, or kept for backward); FSDP: none
+        autocast_copy=2 * P * low_precision * (not fsdp),
+        # gathered by FSDP in turn: the sampler's, the reference's weights, root and block (+ their
+        # gradients; bf16's, then in float32 for the reduction)
+        sampler_weights=act * P * fsdp, reference_gathered=act * P * reference * fsdp,
         units=8 * unit * fsdp, kv_cache=kv * prompts * (prompt_len + samples * new_tokens),
         # the activations one micro-batch keeps for its backward (+ one block recomputed)
         activations=tokens * (c.n_layer * kept + (per_layer if grad_ckpt else 0)),
         # the logits of its targets: the forward's, a float32 copy, the log-softmax, its exp and
         # their product for the entropy, and the gradient of one of them
         logits=scored * (act + 4 * 5))
-    static = sum(parts[k] for k in ("weights", "grads", "adamw", "reference", "autocast_copy"))
+    static = sum(parts[k] for k in HELD)
     fixed = scored * (act + 4 * 3)   # a fixed log-prob pass's logits (no copy, no gradient)
     # the largest phase: the rollout (then bf16's old log-probs), the reference's, the update
     parts["peak"] = static + max(
@@ -507,6 +542,28 @@ def memory_estimate(config, low_precision, reference, grad_ckpt, prompt_len, new
         parts["reference_gathered"] + fixed * reference,
         parts["units"] + parts["activations"] + parts["logits"])
     return parts
+
+
+def rlvr_memory(run, config, cfg, prompts, prompt_len, grad_ckpt):
+    """memory_estimate of a GRPO step of `prompts` prompts, the longest `prompt_len` tokens, on a
+    rank of `run` -> (its parts, cfg). A GPU's cfg.rollout_prompts 0 becomes the most prompts whose
+    rollout fits 80% of its memory: from the flags and its size, not its free memory (PyTorch's
+    cached blocks count as taken there: it differs in a resumed process), so a resumed run samples
+    the same tokens."""
+    G, mb = cfg.group_size, cfg.micro_batch
+
+    def estimate(n):
+        return memory_estimate(config, run.args.dtype != "float32", cfg.beta > 0, grad_ckpt,
+                               prompt_len, cfg.max_new_tokens, n, G, mb,
+                               prompts_per_chunk(prompts, G, cfg.minibatches, mb), run.world,
+                               run.fsdp)
+    if not cfg.rollout_prompts and run.device != "cpu":   # the rollout: held, sampler, KV cache
+        one = estimate(1)
+        room = (0.8 * torch.cuda.get_device_properties(run.device).total_memory
+                - sum(one[k] for k in (*HELD, "sampler_weights")))
+        cfg = replace(cfg, rollout_prompts=int(min(prompts, max(1, room // one["kv_cache"]))))
+        run.recorded["rollout_prompts"] = cfg.rollout_prompts
+    return estimate(cfg.rollout_prompts or prompts), cfg
 
 
 def print_memory(stage, parts, print0):
@@ -517,7 +574,7 @@ def print_memory(stage, parts, print0):
 
 def print_estimates(config, cfg, pairs, mle_stage, room, low, grad_ckpt, batch_size, run):
     """train_lang.py's memory of an MLE step (its longest pair) and an RLVR step (its longest
-    prompt up to `room`; None: no RLVR stage), per rank."""
+    prompt up to `room`; None: no RLVR stage), per rank -> cfg (rollout_prompts: rlvr_memory's)."""
     if mle_stage:
         fit = [(len(p), len(a)) for p, a in pairs if len(p) + len(a) <= config.block_size + 1]
         p_len, a_len = max(fit or [(config.block_size // 2, config.block_size // 2)], key=sum)
@@ -526,8 +583,7 @@ def print_estimates(config, cfg, pairs, mle_stage, room, low, grad_ckpt, batch_s
                                             mb, run.world, run.fsdp), run.print0)
     if room is not None:
         longest = max([len(p) for p, _ in pairs if len(p) <= room] or [room])   # RLVR's longest
-        P, G, mb = cfg.prompts_per_step, cfg.group_size, cfg.micro_batch
-        print_memory("rlvr", memory_estimate(
-            config, low, cfg.beta > 0, grad_ckpt, longest, cfg.max_new_tokens,
-            cfg.rollout_prompts or P, G, mb, prompts_per_chunk(P, G, cfg.minibatches, mb),
-            run.world, run.fsdp), run.print0)
+        parts, cfg = rlvr_memory(run, config, cfg, cfg.prompts_per_step, longest, grad_ckpt)
+        n = cfg.rollout_prompts or cfg.prompts_per_step
+        print_memory(f"rlvr ({n} prompts sampled at once)", parts, run.print0)
+    return cfg

@@ -126,7 +126,7 @@ def load_start(run, args, train_recs, vocab_size, record):
     from scratch, BPE on the train records after it, and a new GPT of the flags' shape."""
     if args.init != "scratch":
         try:
-            model, tok, meta = load_lang_model(args.init, run.device)
+            model, tok, meta = load_lang_model(args.init, "cpu" if run.fsdp else run.device)
         except ValueError as e:
             run.fail(str(e))
         except (OSError, KeyError, TypeError) as e:   # e.g. an HF config.json without a key
@@ -397,6 +397,6 @@ def train_control(run, task, tok, start, pairs, val_recs, budget, max_new_tokens
     final = mle.final_lr(start)
     lr = lr or (run.args.rl_lr if final is None else final)
     run.print0(f"control: MLE continued from the start at lr {lr:.3g} for RLVR's compute")
-    model = load_model(start, run.device)[0]   # control_lr: 10 warm-up steps, then constant
+    model = load_model(start, "cpu" if run.fsdp else run.device)[0]   # control_lr: warm-up 10
     return train_mle(run, task, tok, model, "mle_more", pairs, val_recs, 10 ** 9,
                      mle.control_lr(lr), max_new_tokens, budget)

@@ -156,8 +156,8 @@ config = start_model.config   # RLVR's prompts leave room for the longest answer
 longest_prompt = min(config.block_size - cfg.max_new_tokens, cfg.max_prompt or config.block_size)
 do_mle = args.stage == "mle" or (args.stage in ("all", "memory") and not init_is_ckpt)
 if args.stage == "memory" or run.device != "cpu":   # a GPU step's memory by part, per rank
-    print_estimates(config, cfg, all_pairs, do_mle, longest_prompt if args.stage != "mle"
-                    else None, args.dtype != "float32", args.grad_ckpt, args.batch_size, run)
+    cfg = print_estimates(config, cfg, all_pairs, do_mle, longest_prompt if args.stage != "mle"
+                          else None, args.dtype != "float32", args.grad_ckpt, args.batch_size, run)
 if not writes:
     run.finish()
     raise SystemExit(0)
@@ -177,7 +177,7 @@ if args.stage in ("all", "rlvr"):
 
     # RLVR (grpo.py): the policy from the start, its frozen copy as the KL's reference (in the
     # forwards' dtype), AdamW; the prompts (tasks.RLPrompts): train, probe and held-out ones
-    raw_model = start_model or load_lang_model(start, run.device)[0]   # the GPT itself
+    raw_model = start_model or load_lang_model(start, "cpu" if run.fsdp else run.device)[0]
     ref_model = run.reference(raw_model) if cfg.beta > 0 else None   # FSDP: sharded too
     raw_model, model = run.wrap(raw_model, grad_ckpt=args.grad_ckpt)   # model: DDP or FSDP's
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,

@@ -44,8 +44,8 @@ from data.robot.task import (Clips, Layout, cached_tokens, make_draw, make_rewar
 from grpo import HEADROOM_N, PAPER_RECIPE, Env, GRPOConfig, grpo_step, headroom
 from model import GPT, GPTConfig
 from runtime import (ComputeBudget, NanPolicy, Run, check_ranges, check_ranks_in_sync,
-                     control_after, control_beside, lr_at, memory_estimate, print_memory,
-                     prompts_per_chunk, rank_map, unsharded)
+                     control_after, control_beside, lr_at, print_memory, rank_map, rlvr_memory,
+                     unsharded)
 from tokenizer_vq import load_vq
 from video_eval import (EvalSpec, eval_video, evaluate_video_models, load_video_model,
                         print_video_report)
@@ -264,6 +264,7 @@ elif args.stage in ("all", "tokenizer"):   # from scratch: train one
 else:                                      # --stage=mle from scratch: out_dir's, else shipped
     vq_path = FILES["vq"] if FILES["vq"].is_file() else SHIPPED_VQ
 if args.stage == "tokenizer":              # the tokenizer file is written: nothing else to do
+    run.finish()
     sys.exit(0)
 if not Path(vq_path).is_file():
     fail(f"tokenizer {vq_path} not found (run --stage=tokenizer first or pass --vq)")
@@ -350,11 +351,9 @@ if args.stage in ("all", "rlvr"):
                   max_new_tokens=horizon * layout.L + (horizon - 1) * D)
     print0(f"rlvr ({args.recipe}): {len(pool)} train windows; per step {cfg.prompts_per_step} "
            f"prompts x {cfg.group_size} samples x {world} ranks, {horizon} predicted frame(s) each")
-    print_memory("rlvr", memory_estimate(   # the step's memory, per rank
-        start_model.config, args.dtype != "float32", cfg.beta > 0, args.grad_ckpt,
-        layout.prompt_len(CONTEXT), cfg.max_new_tokens, cfg.prompts_per_step, cfg.group_size,
-        cfg.micro_batch, prompts_per_chunk(cfg.prompts_per_step, cfg.group_size, cfg.minibatches,
-                                           cfg.micro_batch)), print0)
+    parts, cfg = rlvr_memory(run, start_model.config, cfg, cfg.prompts_per_step,
+                             layout.prompt_len(CONTEXT), args.grad_ckpt)
+    print_memory("rlvr", parts, print0)   # per rank (a GPU: cfg.rollout_prompts fixed by it)
     # the policy, a copy of the start (the comparison's "mle" stays as it is), its frozen start as
     # the KL's reference, AdamW
     raw_model = copy.deepcopy(start_model)   # the GPT itself

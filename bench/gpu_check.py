@@ -623,7 +623,7 @@ def step_grpo(L, micro):
 
 def step_chunked():
     """grpo_step at --recipe=paper's batch per rank, sampled 2 prompts at a time
-    (--rollout_prompts=2), then all at once (a GPU: as many as memory allows): peaks, times."""
+    (--rollout_prompts=2), then all at once: peaks, times."""
     P, G, L, new, micro = S["chunked"]
     parts = []
     for n in (2, 0):

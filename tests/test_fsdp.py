@@ -1,22 +1,25 @@
 """--fsdp=1 on two gloo ranks (CPU): three GRPO steps sharded by FSDP, a unit per block (the KL's reference too),
-end with DDP's weights (with activation checkpointing too; in bf16 autocast then caches no casts), the checkpoints are
-the files DDP writes (checkpoint.load_model reads them), and a run resumed from the step-1 checkpoint ends with the
-step-3 weights (float32 and bf16; so does one resumed under FSDP from DDP's step-1 checkpoint). The ranks draw
-different prompts, so their kept groups and micro-batches differ: rank 1 has fewer chunks in a minibatch (FSDP's
-padding chunks) or none (at step 3)."""
+end with DDP's weights (with activation checkpointing too; in bf16 FSDP gathers bf16 weights, its shards stay
+float32), the checkpoints are the files DDP writes (checkpoint.load_model reads them), and a run resumed from the
+step-1 checkpoint ends with the step-3 weights (DDP, FSDP in float32 and bf16; so does one resumed under FSDP from
+DDP's step-1 checkpoint), rank 0 deciding: rank 1's own folder holds another run's finished checkpoint. The ranks
+draw different prompts, so their kept groups and micro-batches differ: rank 1 has fewer chunks in a minibatch (FSDP's
+padding chunks) or none (at step 3). The FSDP groups run under TORCH_DISTRIBUTED_DEBUG=DETAIL: gloo raises on a
+collective the ranks disagree on (torch 2.13's DDP crashes under it on a CPU: the DDP groups run without)."""
 import argparse
 import os
 import shutil
 import socket
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 import grpo
 from checkpoint import load_model, read_checkpoint
 from model import GPT, GPTConfig, is_fsdp
 from research import common  # train_lang.py's RL loop as a function
-from runtime import Run, no_sync_unless_last
+from runtime import Run, no_sync_unless_last, unsharded
 
 STEPS = 3
 
@@ -34,15 +37,18 @@ def count_threes(items, completions):
 def worker(rank, world, runs):
     """One rank of torchrun-like groups, one after the other: for each (port, fsdp, out, start) of `runs`, the RL stage
     of a tiny GPT for STEPS steps, checkpointed every step into out/rl.safetensors (first copied from `start`, to
-    resume); rank 0 keeps the step-1 checkpoint as out/step1.safetensors (the watch before step 2's save)."""
+    resume); rank 0 keeps the step-1 checkpoint as out/step1.safetensors (the watch before step 2's save). A resumed
+    group's rank 1 works in a folder of its own, out/rank1, holding the first run's finished checkpoint."""
     for port, fsdp, out, start, dtype, *grad_ckpt in runs:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                          WORLD_SIZE=str(world))
-        out.mkdir(exist_ok=True)
-        if start and rank == 0:   # before the group forms: rank 1 waits for rank 0 there
-            shutil.copy(start, out / "rl.safetensors")
+                          WORLD_SIZE=str(world), TORCH_DISTRIBUTED_DEBUG="DETAIL" if fsdp else "OFF")
+        dist.set_debug_level_from_env()
+        own = out / "rank1" if start and rank == 1 else out
+        own.mkdir(parents=True, exist_ok=True)
+        if start:   # before the group forms: rank 1 waits for rank 0 there
+            shutil.copy(start if rank == 0 else runs[0][2] / "rl.safetensors", own / "rl.safetensors")
         train(Run(argparse.Namespace(device="cpu", threads=1, seed=0, dtype=dtype, resume=1, ckpt_every=1,
-                                     fsdp=fsdp, grad_ckpt=int(bool(grad_ckpt))), out), rank, out, bool(grad_ckpt))
+                                     fsdp=fsdp, grad_ckpt=int(bool(grad_ckpt))), own), rank, own, bool(grad_ckpt))
 
 
 def train(run, rank, out, grad_ckpt):
@@ -55,9 +61,10 @@ def train(run, rank, out, grad_ckpt):
     parts = common.policy(run, model, cfg, grad_ckpt)   # research/common.py: train_lang.py's RL loop
     model, ref = parts[0], parts[2]   # the policy and its reference: DTensor shards (FSDP), a block a unit
     sharded = [isinstance(p, DTensor) for m in (model, ref) for p in (m.wte.weight, m.h[0].attn.c_attn.weight)]
-    with run.autocast:   # FSDP with activation checkpointing: autocast caches no casts
-        cache = torch.is_autocast_cache_enabled()
-    (out / f"sharded{rank}.txt").write_text(f"{sharded} {is_fsdp(model.h[0])} {is_fsdp(ref.h[0])} {cache}")
+    with unsharded(model):   # the weights FSDP gathers for the forwards, then those AdamW steps
+        dtypes = [model.h[0].attn.c_attn.weight.dtype]
+    dtypes.append(model.h[0].attn.c_attn.weight.dtype)
+    (out / f"sharded{rank}.txt").write_text(f"{sharded} {is_fsdp(model.h[0])} {is_fsdp(ref.h[0])} {dtypes}")
     g = torch.Generator().manual_seed(2 + rank)   # each rank its own prompts and samples
 
     def draw(n):   # -> n prompts of 2-4 tokens, their places in the round
@@ -110,9 +117,10 @@ def one_token_chunk(run, policy, rank, out):
 
 
 def test_fsdp_matches_ddp_and_resumes_exactly(tmp_path):
-    names = ("ddp", "fsdp", "again", "switched", "bf16", "bf16_again", "ckpt", "bf16_ckpt")
-    ddp, fsdp, again, switched, bf16, bf16_again, ckpt, bf16_ckpt = (tmp_path / name for name in names)
-    runs = [(free_port(), 0, ddp, None, "float32"), (free_port(), 1, fsdp, None, "float32"),
+    names = ("ddp", "fsdp", "again", "switched", "bf16", "bf16_again", "ckpt", "bf16_ckpt", "ddp_again")
+    ddp, fsdp, again, switched, bf16, bf16_again, ckpt, bf16_ckpt, ddp_again = (tmp_path / name for name in names)
+    runs = [(free_port(), 0, ddp, None, "float32"), (free_port(), 0, ddp_again, ddp / "step1.safetensors", "float32"),
+            (free_port(), 1, fsdp, None, "float32"),
             (free_port(), 1, again, fsdp / "step1.safetensors", "float32"),
             (free_port(), 1, switched, ddp / "step1.safetensors", "float32"),   # --fsdp may change on resume
             (free_port(), 1, bf16, None, "bfloat16"),   # bf16 autocast: the sampler's cast copy is not taken
@@ -121,19 +129,21 @@ def test_fsdp_matches_ddp_and_resumes_exactly(tmp_path):
             (free_port(), 1, bf16_ckpt, None, "bfloat16", True)]   # and recast (no autocast cache)
     torch.multiprocessing.spawn(worker, args=(2, runs), nprocs=2)
     sharded = [(out / f"sharded{r}.txt").read_text() for out in (ddp, fsdp, bf16_ckpt) for r in (0, 1)]
-    # DDP's whole weights; FSDP's DTensor shards, the root's and each block's (a unit of its own), the reference's too
-    assert sharded == (["[False, False, False, False] False False True"] * 2
-                       + ["[True, True, True, True] True True True"] * 2
-                       + ["[True, True, True, True] True True False"] * 2)
+    # DDP's whole weights; FSDP's DTensor shards, the root's and each block's (a unit of its own), the reference's too;
+    # the weights the forwards see (DDP's module's, FSDP's gathered ones), then those AdamW steps
+    f32, bf16_gathered = "[torch.float32, torch.float32]", "[torch.bfloat16, torch.float32]"
+    assert sharded == ([f"[False, False, False, False] False False {f32}"] * 2
+                       + [f"[True, True, True, True] True True {f32}"] * 2
+                       + [f"[True, True, True, True] True True {bf16_gathered}"] * 2)
     # rank 1 keeps one group at steps 1 and 2 (a chunk a minibatch; rank 0 has 2: one padding chunk), none at 3
     assert (fsdp / "rank1_kept.txt").read_text() == "110"
     # (passes without rows only on the rank with fewer micro-batches: rank 0 never)
     assert [(fsdp / f"pads{r}.txt").read_text() for r in (0, 1)] == ["[]", "[1, 1, 1, 1, 2, 2]"]
     assert [(fsdp / f"one_token{r}.txt").read_text() for r in (0, 1)] == ["True", "True"]
     step1 = fsdp / "step1.safetensors"
-    ddp, fsdp, again, switched, bf16, bf16_again, ckpt, bf16_ckpt = (
+    ddp, fsdp, again, switched, bf16, bf16_again, ckpt, bf16_ckpt, ddp_again = (
         read_checkpoint(out / "rl.safetensors")[0]
-        for out in (ddp, fsdp, again, switched, bf16, bf16_again, ckpt, bf16_ckpt))
+        for out in (ddp, fsdp, again, switched, bf16, bf16_again, ckpt, bf16_ckpt, ddp_again))
     assert ddp.keys() == fsdp.keys() and any(k.startswith("model.h.1.") for k in ddp)
     torch.manual_seed(0)
     start = GPT(GPTConfig.llama(vocab_size=8, block_size=32, n_layer=2, n_head=2, n_embd=16)).state_dict()
@@ -148,8 +158,9 @@ def test_fsdp_matches_ddp_and_resumes_exactly(tmp_path):
     assert meta["step"] == 1 and any(k.startswith("optim.") for k in tensors) and "state.rng1" in tensors
     model, _ = load_model(step1)
     assert not torch.equal(model.state_dict()["h.0.attn.c_attn.weight"], fsdp["model.h.0.attn.c_attn.weight"])
-    # resumed from step 1 under FSDP: the uninterrupted run's step-3 weights, bit for bit (bf16 too)
-    assert all(torch.equal(again[k], fsdp[k]) for k in fsdp)
+    # resumed from step 1 (rank 0's checkpoint, not rank 1's finished one): the uninterrupted run's step-3 weights, bit
+    # for bit (DDP, FSDP, bf16 too)
+    assert all(torch.equal(ddp_again[k], ddp[k]) for k in ddp) and all(torch.equal(again[k], fsdp[k]) for k in fsdp)
     assert all(torch.equal(bf16_again[k], bf16[k]) for k in bf16) and not torch.equal(bf16[k], fsdp[k])
     # bf16 with checkpointing (no autocast cache) runs; its weights differ from bf16's by rounding: uncached, a
     # weight's gradient sums its two passes' (prompts, rows) in float32, not in one shared bf16 cast

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,12 +22,13 @@ from safetensors.torch import save_file
 
 from model import GPT, GPTConfig
 import runtime
-from checkpoint import check_config, resume_stage, save_checkpoint, save_config, save_stage
+from checkpoint import check_config, read_meta, resume_stage, save_checkpoint, save_config, save_stage
 from runtime import (MAX_SKIPS, ComputeBudget, NanPolicy, Run, check_device, check_ranges,
                      check_ranks_in_sync, fork_alongside, fork_map, lr_at, rank_map)
 from tasks import generate_texts
 
 torch.set_num_threads(1)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_run(tmp_path, **kw):
@@ -277,6 +279,7 @@ def test_process_group_waits_longer_than_nccls_default(tmp_path, monkeypatch):
     monkeypatch.setattr(runtime.dist, "init_process_group", lambda **kw: seen.update(kw))
     monkeypatch.setattr(runtime.dist, "get_rank", lambda: 0)
     monkeypatch.setattr(runtime.dist, "get_world_size", lambda: 1)
+    monkeypatch.setattr(runtime, "watch_failures", lambda *a: None)
     make_run(tmp_path)
     assert seen["timeout"] == runtime.DIST_TIMEOUT >= datetime.timedelta(minutes=30)
 
@@ -312,3 +315,63 @@ def test_rank_map_and_shared_greedy_decoding_on_two_ranks(tmp_path):
     tok = SimpleNamespace(eos_id=0, n_vocab=None, decode=lambda ids: " ".join(map(str, ids)))
     alone = generate_texts(tiny(), tok, prompts, 6, batch_size=2)
     assert r0["shared"] == r1["shared"] == alone and len(set(alone)) > 1
+
+
+# a rank of two, launched as a scheduler would (no torchrun agent to stop the others): the RL loop, checkpointed each
+# step; at its second step rank `bad` gets a NaN reward for one sample (the other rank's are finite)
+NAN_RANK = """
+import argparse, sys, time, torch
+from pathlib import Path
+import grpo
+from model import GPT, GPTConfig
+from research import common
+from runtime import Run
+rank, bad, fsdp, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+run = Run(argparse.Namespace(device="cpu", threads=1, seed=0, dtype="float32", resume=1, ckpt_every=1,
+                             fsdp=fsdp), out)
+torch.manual_seed(0)
+cfg = grpo.GRPOConfig(group_size=4, max_new_tokens=6, prompts_per_step=2, max_rounds=1, micro_batch=4, warmup=0)
+parts = common.policy(run, GPT(GPTConfig.llama(vocab_size=8, block_size=32, n_layer=2, n_head=2, n_embd=16)), cfg)
+steps = []
+
+def reward(items, completions):
+    steps.append(1)
+    r = [sum(t == 3 for t in c) / 6 for c in completions]
+    if rank == bad and len(steps) == 2:
+        (out / "nan_at").write_text(str(time.time()))
+        r[0] = float("nan")
+    return r
+
+source = grpo.Source(reward, draw=lambda n: ([[1, 2, 3]] * n, list(range(n))))
+common.rl_loop(run, parts, source, cfg, torch.Generator().manual_seed(rank), out / "rl.safetensors", 3)
+"""
+
+
+@pytest.mark.parametrize("bad, fsdp", [(1, 1), (0, 0)])   # (rank 0 holds the group's store)
+def test_a_nan_reward_on_one_rank_stops_both_at_once_with_the_same_line(tmp_path, bad, fsdp):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # DETAIL: gloo raises on a mismatched collective (torch 2.13's DDP crashes under it on the CPU)
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
+           "TORCH_DISTRIBUTED_DEBUG": "DETAIL" if fsdp else "OFF", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", NAN_RANK, str(r), str(bad), str(fsdp), str(tmp_path)],
+                              cwd=ROOT, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              stdout=open(tmp_path / f"out{r}", "w"), stderr=open(tmp_path / f"err{r}", "w"))
+             for r in (0, 1)]
+    ended, t0 = {}, time.time()
+    while len(ended) < 2 and time.time() - t0 < 300:
+        ended.update({r: time.time() for r, p in enumerate(procs) if r not in ended and p.poll() is not None})
+        time.sleep(0.05)
+    for p in procs:
+        p.kill()
+    nan_at, errs = float((tmp_path / "nan_at").read_text()), [(tmp_path / f"err{r}").read_text() for r in (0, 1)]
+    assert [p.wait() for p in procs] == [1, 1] and all(ended[r] - nan_at < 10 for r in (0, 1)), (ended, nan_at, errs)
+    last = [e.splitlines()[-1] for e in errs]
+    # the failing rank's line, last on both (nothing after it: no traceback of the broken collective)
+    assert last[0] == last[1] == ("error: rlvr: reward_fn returned a non-finite reward at step 1; stopping before it "
+                                  "reaches the weights (the last checkpoint is intact; --on_nan=skip skips such steps)")
+    assert all(e.count("error:") == 1 and "Traceback" not in e for e in errs), errs
+    # step 1 logged and checkpointed, nothing of step 2
+    assert [json.loads(row)["step"] for row in (tmp_path / "log.jsonl").read_text().splitlines()] == [1]
+    assert read_meta(tmp_path / "rl.safetensors")["step"] == 1 and not list(tmp_path.glob("*.tmp"))
