@@ -342,7 +342,7 @@ def reward(items, completions):
         r[0] = float("nan")
     return r
 
-source = grpo.Source(reward, draw=lambda n: ([[1, 2, 3]] * n, list(range(n))))
+source = grpo.Env(reward, draw=lambda n: ([[1, 2, 3]] * n, list(range(n))))
 common.rl_loop(run, parts, source, cfg, torch.Generator().manual_seed(rank), out / "rl.safetensors", 3)
 """
 
