@@ -37,6 +37,7 @@ from common import (ROOT, bandwidth, decode_traffic, interleaved, machine, matmu
                     print_table, thread_list)
 
 import engine  # noqa: E402
+import engine_static  # noqa: E402
 from checkpoint import load_model  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -156,7 +157,7 @@ def bench(name, peak_fn, peak_flops):
     model = f"{ours.config.n_layer}x{ours.config.n_embd}, vocab {ours.config.vocab_size}"
     # the bytes a decode step moves (prompts padded to the longest), eager and static
     P, itemsize = max(len(x) for x in prompts), next(ours.parameters()).element_size()
-    eager, static = (decode_traffic(ours.config, itemsize, B, P, S, new, static=s, width=engine.WIDTH)
+    eager, static = (decode_traffic(ours.config, itemsize, B, P, S, new, static=s, width=engine_static.WIDTH)
                      for s in (False, True))
     bound = B * S * BANDWIDTH / eager["weights"]   # tok/s if a step only read the weights once
     rates = [n_tok / median(t[k]) for k in ("ours", "static", "hf")]
