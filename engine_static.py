@@ -13,8 +13,7 @@ from types import SimpleNamespace
 
 import torch
 
-import engine
-from model import additive, sample_next
+from model import KVCache, additive, decode_step, prefill, sample_next
 
 SYNC_EVERY = 32   # tokens between the host's looks at EOS; uniforms are drawn as many at a time
 CAPTURE = dict(seconds=0.0, graphs=0)   # the last call's CUDA graph captures (gpu_check)
@@ -23,8 +22,8 @@ WIDTH = 128
 MIN_ROWS = 8
 
 
-class StaticCache(engine.KVCache):
-    """engine.KVCache at a fixed shape: the position written next is a device tensor t (1,), a
+class StaticCache(KVCache):
+    """model.KVCache at a fixed shape: the position written next is a device tensor t (1,), a
     step reads the first `width` positions, new_mask (width,) hides those past t. kv starts at
     zeros (a masked position still enters a matmul: 0 x NaN would be NaN)."""
     # the position is t: length reads max_new whatever is written (all of it moves when rows
@@ -60,15 +59,14 @@ def static_generate(model, prompts, max_new, temperature, top_k, top_p, eos_id, 
                     num_samples, vocab, capture=True, compile=None, compact=True):
     """generate(graphs=True). `step` changes buffers in place only, so on a GPU it is captured
     once per shape (`cuda_graph`; capture False: run eagerly); compile (None: on a GPU) runs
-    engine.decode_step compiled by torch.compile. compact False: no row is ever dropped."""
-    logits, lens, cache = engine.prefill(model, prompts, max_new, num_samples, StaticCache,
-                                         causal=True)
+    decode_step compiled by torch.compile. compact False: no row is ever dropped."""
+    logits, lens, cache = prefill(model, prompts, max_new, num_samples, StaticCache, causal=True)
     N, device = len(logits), logits.device
     tokens = torch.full((N, max_new), -1, dtype=torch.long, device=device)
     logprobs = torch.zeros(N, max_new, device=device)
     draws = uniforms(generator, N, max_new, device)
     greedy, cuda = temperature == 0, device.type == "cuda"
-    decode = compiled_step() if (cuda if compile is None else compile) else engine.decode_step
+    decode = compiled_step() if (cuda if compile is None else compile) else decode_step
     # the decoding rows' state, dropped together: uniforms, last tokens, prompt lengths, done
     # (drew eos_id); cache.live: their rows of the output
     rows = SimpleNamespace(u=torch.zeros(N, 1, dtype=torch.float64, device=device), lens=lens)
@@ -137,18 +135,18 @@ STEP = {}   # decode_step compiled, made once (compiled_step)
 def compiled_step():
     """decode_step compiled by torch.compile; where compiling fails, one message and uncompiled."""
     if "fn" not in STEP:
-        body = torch.compile(engine.decode_step, dynamic=True)
+        body = torch.compile(decode_step, dynamic=True)
 
         def fn(*args):
             try:
                 return STEP["body"](*args)
             except Exception as e:   # noqa: BLE001  (any compiler failure: run uncompiled)
-                if STEP["body"] is engine.decode_step:
+                if STEP["body"] is decode_step:
                     raise
                 print(f"engine: torch.compile failed ({type(e).__name__}: {e}"[:300] + "); "
                       "the static path's decode step runs uncompiled", file=sys.stderr)
-                STEP["body"] = engine.decode_step
-                return engine.decode_step(*args)
+                STEP["body"] = decode_step
+                return decode_step(*args)
         STEP.update(fn=fn, body=body)
     return STEP["fn"]
 

@@ -79,6 +79,7 @@ from common import ROOT, bandwidth, cpu_name, decode_traffic, machine, print_tab
 
 import engine  # noqa: E402
 import engine_static  # noqa: E402
+import model  # noqa: E402
 import grpo  # noqa: E402
 from checkpoint import load_model  # noqa: E402
 from runtime import memory_estimate, prompts_per_chunk  # noqa: E402
@@ -742,7 +743,7 @@ def step_video():
 
 PROFILE = dict(wait=3, warmup=2, active=5)   # decode steps: run unrecorded, warming, recorded
 # the functions timed by section, by the module the static path calls them through
-RANGES = {"decode_step": engine, "decode_attention": engine, "sample_next": engine_static}
+RANGES = {"decode_step": engine_static, "decode_attention": model, "sample_next": engine_static}
 
 
 def step_profile(L):

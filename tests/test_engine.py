@@ -8,7 +8,7 @@ import torch
 
 import engine
 import engine_static
-from model import GPT, GPTConfig, sample_next
+from model import GPT, GPTConfig, KVCache, sample_next
 
 transformers = pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,7 +108,7 @@ def nan_when_empty():
 
 def test_rows_and_prompts_leaving_change_no_row(monkeypatch, nan_when_empty):
     """Rows that drew EOS leave the batch, and prompts with no row left leave the prompts' part
-    (KVCache.keep): greedy rows with eos_id equal the same rows without it (where no row leaves)
+    (model.KVCache.keep): greedy rows with eos_id equal the same rows without it (where no row leaves)
     up to their EOS, log-probs within 1e-5 (fewer rows: other matmul kernels), prompts shared
     and not."""
     torch.manual_seed(0)
@@ -116,12 +116,12 @@ def test_rows_and_prompts_leaving_change_no_row(monkeypatch, nan_when_empty):
     with torch.no_grad():   # large weights: greedy answers vary, each id ends rows at other steps
         for p in m.parameters():
             p.normal_(0, 0.5)
-    prompts, kept, keep = [[1, 2], [3], [4, 5, 6], [7, 1, 2, 3], [5, 5]], [], engine.KVCache.keep
+    prompts, kept, keep = [[1, 2], [3], [4, 5, 6], [7, 1, 2, 3], [5, 5]], [], KVCache.keep
 
     def recorded(self, rows):
         keep(self, rows)
         kept.append((self.length, len(self.prompts)))
-    monkeypatch.setattr(engine.KVCache, "keep", recorded)
+    monkeypatch.setattr(KVCache, "keep", recorded)
     for S in (1, 3):
         b = engine.generate(m, prompts, 40, temperature=0, num_samples=S)
         for eos in range(16):
