@@ -59,7 +59,7 @@ def summarize(per_record, changed):
 
 
 def evaluate(task, model, tok, records, max_new_tokens=256, batch_size=64, sampled=False, pass_k=0,
-             seed=0, desc="eval", share=None):
+             seed=0, desc="eval", share=None, position=None):
     """Score a language world model on records -> summary metrics (greedy) with `per_record` lists,
     the always-no-change baseline, and optionally "sampled" (T=1) and "pass@k" (best of k samples
     at T=1). share: who decodes the greedy batches (tasks.generate_texts; runtime.rank_map: the
@@ -76,7 +76,7 @@ def evaluate(task, model, tok, records, max_new_tokens=256, batch_size=64, sampl
 
     # greedy: the headline numbers, with the "nothing changes" answer scored by the same reward
     greedy = generate_texts(model, tok, prompts, max_new_tokens, 0.0, batch_size,
-                            desc=label("greedy"), share=share)
+                            desc=label("greedy"), share=share, position=position)
     scores = score(greedy)
     res = dict(summarize(scores, changed), n=len(records), n_changed=sum(changed),
                n_cropped=crop(prompts, model.config.block_size, max_new_tokens)[1],
@@ -117,10 +117,10 @@ def evaluate_checkpoints(task, ckpts, tok, splits, max_new_tokens, device="cpu",
             model = load_lang_model(ckpts[name], device)[0]
             if score:
                 return score(model, splits[split], share)
-            # forked or shared: no bars
+            # shared by ranks: no bars; forked: each job's bar on a line of its own
             return evaluate(task, model, tok, splits[split], max_new_tokens,
-                            desc=f"{split} {name}" if workers <= 1 and not share else None,
-                            share=share)
+                            desc=None if share else f"{split} {name}", share=share,
+                            position=jobs.index(job) if workers > 1 else None)
 
     outs = dict(zip(jobs, fork_map(run, jobs, workers)))
     # in the checkpoints' order, whatever order the jobs ran in

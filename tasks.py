@@ -191,9 +191,10 @@ def crop(prompts, block_size, max_new_tokens):
 
 
 def generate_texts(model, tok, prompts, max_new_tokens, temperature=0.0, batch_size=64,
-                   generator=None, desc=None, share=None):
+                   generator=None, desc=None, share=None, position=None):
     """Decode completions of token-id prompts (`crop`ped), in batches sorted by length -> list of
-    strings. share (greedy only; e.g. runtime.rank_map): computes the batches, as map does."""
+    strings. share (greedy only; e.g. runtime.rank_map): computes the batches, as map does.
+    desc: the progress bar's name (None: no bar), on line `position` (a forked worker's)."""
     model.eval()
     prompts = crop(prompts, model.config.block_size, max_new_tokens)[0]
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
@@ -207,7 +208,7 @@ def generate_texts(model, tok, prompts, max_new_tokens, temperature=0.0, batch_s
         return [tok.decode([t for t in row if 0 <= t != tok.eos_id]) for row in tokens.tolist()]
 
     out = [None] * len(prompts)
-    bar = tqdm(batches, desc=desc, leave=False, disable=desc is None)
+    bar = tqdm(batches, desc=desc, leave=False, disable=desc is None, position=position)
     for ids, texts in zip(batches, (share or map)(decode, bar)):
         for i, text in zip(ids, texts):
             out[i] = text

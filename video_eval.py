@@ -89,12 +89,13 @@ def frame_scores(x, true, mask, lpips_net):
 
 @torch.no_grad()
 def eval_video(model, vq, episodes, tokens, spec, lpips_net=None, grid_path=None, desc="eval",
-               share=None):
+               share=None, position=None):
     """Evaluate on windows starting every `horizon` frames of each clip, as EvalSpec `spec` says.
     tokens: the split's tokens (data/robot/task.tokenize_split, with at least `horizon` future
     frames), or None to compute them here. share (greedy only; e.g. runtime.rank_map: the torchrun
     ranks): computes the batches, as map(score, batches) would; they are summed up in order, so the
-    result is the same whoever computed them."""
+    result is the same whoever computed them. desc: the bar's name (None: none), on line
+    `position` (a forked worker's)."""
     if share and spec.temperature > 0:
         raise ValueError("eval_video: sampled batches draw from one stream, in order; not shared")
     model.eval()
@@ -107,7 +108,8 @@ def eval_video(model, vq, episodes, tokens, spec, lpips_net=None, grid_path=None
     g = torch.Generator().manual_seed(spec.seed)
     # score(s): the batch of windows from wins[s] on -> its part of the sums
     score = partial(score_windows, model, vq, episodes, tokens, layout, spec, g, lpips_net, wins)
-    bar = tqdm(range(0, len(wins), spec.batch_size), desc=desc, leave=False, disable=desc is None)
+    bar = tqdm(range(0, len(wins), spec.batch_size), desc=desc, leave=False, disable=desc is None,
+               position=position)
     parts = list((share or map)(score, bar))              # the batches' parts, summed in order
     if grid_path:   # the first 6 windows
         write_grid(sum((p["grid"] for p in parts), []), grid_path)
@@ -215,9 +217,10 @@ def evaluate_video_models(models, lpips_net, official, workers=1, share=None, au
         model, vq, episodes, tokens, spec, grid = models[name]
         if sampled:   # the paper's protocol, no grid
             spec, grid, name = replace(spec, **OFFICIAL), None, name + " T=1 top-k"
-        with autocast or nullcontext():   # forked or shared: no bars
+        with autocast or nullcontext():   # shared by ranks: no bars; forked: a line each
             return eval_video(model, vq, episodes, tokens, spec, lpips_net, grid,
-                              None if workers > 1 or share else name, batches)
+                              None if share else name, batches,
+                              jobs.index(job) if workers > 1 else None)
 
     if share:
         outs = {job: evaluate(job, share) for job in jobs if not job[1]}

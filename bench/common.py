@@ -111,7 +111,7 @@ def decode_traffic(config, itemsize, prompts, prompt_len, samples, new, vocab=No
       position) embeddings only the R rows looked up;
     - cache: the keys and values decode_attention reads (the prompts' once per prompt, shared by
       their samples; each row's own: on the eager path those written so far, new / 2 on average,
-      on the static path those written rounded up to `width` (engine.WIDTH; None: all `new`)) and
+      on the static path those written rounded up to `width` (engine_static.WIDTH; None: all `new`)) and
       the step's k, v written;
     - sampling: the logits (R, vocab_size) written, then sample_next's float32 copy, log_softmax,
       exp and float64 cumsum over the sampled ids;

@@ -32,7 +32,7 @@ the others still run; the exit status is 1 if any row is FAIL):
    --hf_lens: at which lengths). Per row: tokens/s, ms a decode step and the fraction of the
    weights bound (rows x bandwidth / bytes of weights a step reads, the bandwidth a measured
    device-to-device copy) and, for ours, of the weights + cache bound (the keys and values its
-   path reads added, the static path's written ones rounded up to engine.WIDTH:
+   path reads added, the static path's written ones rounded up to engine_static.WIDTH:
    common.decode_traffic, whose parts of a step are shown in ms); every id drawn must be one the
    tokenizer decodes. Then 64 greedy tokens of the static path captured against it uncaptured
    (equal: PASS) and against the eager path (shown). --compile_sampler adds a row per length: the
@@ -78,6 +78,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from common import ROOT, bandwidth, cpu_name, decode_traffic, machine, print_table, traffic_text
 
 import engine  # noqa: E402
+import engine_static  # noqa: E402
+import model  # noqa: E402
 import grpo  # noqa: E402
 from checkpoint import load_model  # noqa: E402
 from runtime import memory_estimate, prompts_per_chunk  # noqa: E402
@@ -408,7 +410,7 @@ def step_traffic(L, static):
     ours, tok = need("ours", "tok")
     B, G, _, new = S["sampler"]
     return decode_traffic(ours.config, DTYPE.itemsize, B, L, G, new, tok.n_vocab, static,
-                          engine.WIDTH)
+                          engine_static.WIDTH)
 
 
 def of_bound(n, sec, L, static=None, steps=None):
@@ -442,8 +444,8 @@ def step_sampler_ours(L, graphs, warm_up=True, eos=False, compile=None):
     def run(ps, n, samples):
         with torch.inference_mode():
             if graphs:
-                return engine.static_generate(ours, ps, n, 1.0, None, None, eos_id, gen, samples,
-                                              tok.n_vocab, compile=compile)
+                return engine_static.static_generate(ours, ps, n, 1.0, None, None, eos_id, gen,
+                                                     samples, tok.n_vocab, compile=compile)
             return engine.generate(ours, ps, n, temperature=1.0, eos_id=eos_id, generator=gen,
                                    num_samples=samples, vocab=tok.n_vocab)
     if warm_up:
@@ -455,8 +457,8 @@ def step_sampler_ours(L, graphs, warm_up=True, eos=False, compile=None):
     sec = time.perf_counter() - t0
     text, ok = sampled_ids_ok(toks)
     if graphs and CUDA:   # the captures are inside the timed call
-        text = (f"{engine.CAPTURE['graphs']} CUDA graphs captured in "
-                f"{engine.CAPTURE['seconds']:.2f} s; {text}")
+        text = (f"{engine_static.CAPTURE['graphs']} CUDA graphs captured in "
+                f"{engine_static.CAPTURE['seconds']:.2f} s; {text}")
     emitted = int((toks >= 0).sum())
     if eos:
         lengths = (toks >= 0).sum(1).float()
@@ -475,8 +477,8 @@ def step_graphs_greedy():
     prompts = [w[:n] for w, n in zip(windows(4, 64, seed=7), (40, 64, 52, 64))]
     graph = engine.generate(ours, prompts, 64, temperature=0, num_samples=2, graphs=True)[0]
     with torch.inference_mode():
-        plain = engine.static_generate(ours, prompts, 64, 0, None, None, None, None, 2, None,
-                                       capture=False)[0]
+        plain = engine_static.static_generate(ours, prompts, 64, 0, None, None, None, None, 2,
+                                              None, capture=False)[0]
     eager = engine.generate(ours, prompts, 64, temperature=0, num_samples=2)[0]
     differ = (graph != eager).any(0).nonzero()
     first = f"first at token {int(differ[0])}" if len(differ) else "equal"
@@ -495,12 +497,13 @@ def step_sampler_compiled(L):
     greedy = [w[:n] for w, n in zip(windows(2, 64, seed=7), (40, 64))]
     t0 = time.perf_counter()
     with torch.inference_mode():
-        engine.static_generate(ours, windows(B, L, seed=3), new, 1.0, None, None, None,
-                               torch.Generator().manual_seed(0), G, tok.n_vocab, compile=True)
+        engine_static.static_generate(ours, windows(B, L, seed=3), new, 1.0, None, None, None,
+                                      torch.Generator().manual_seed(0), G, tok.n_vocab,
+                                      compile=True)
         sync()
         compile_s = time.perf_counter() - t0
-        both = [engine.static_generate(ours, greedy, 64, 0, None, None, None, None, 2, None,
-                                       compile=c)[0] for c in (True, False)]
+        both = [engine_static.static_generate(ours, greedy, 64, 0, None, None, None, None, 2,
+                                              None, compile=c)[0] for c in (True, False)]
     differ = (both[0] != both[1]).any(0).nonzero()
     same = f"first differ at token {int(differ[0])}" if len(differ) else "equal"
     text, status = step_sampler_ours(L, True, warm_up=False, compile=not CUDA)
@@ -739,15 +742,16 @@ def step_video():
 # 9. where a decode step's time goes
 
 PROFILE = dict(wait=3, warmup=2, active=5)   # decode steps: run unrecorded, warming, recorded
-RANGES = ("decode_step", "decode_attention", "sample_next")   # engine's, timed by section
+# the functions timed by section, by the module the static path calls them through
+RANGES = {"decode_step": engine_static, "decode_attention": model, "sample_next": engine_static}
 
 
 def step_profile(L):
     """Step 4's shape, prompts of L tokens, on the static path uncaptured
-    (engine.static_generate(capture=False): the kernels one at a time) under torch.profiler, a
-    schedule recording PROFILE["active"] decode steps; engine's RANGES are wrapped in named ranges
-    for the split by section (put back after). -> the top ops by self time a step (device time,
-    on a CPU CPU time) in a markdown table, and a chrome trace, beside --out."""
+    (engine_static.static_generate(capture=False): the kernels one at a time) under
+    torch.profiler, a schedule recording PROFILE["active"] decode steps; the RANGES are wrapped
+    in named ranges for the split by section (put back after). -> the top ops by self time a
+    step (device time, on a CPU CPU time) in a markdown table, and a chrome trace, beside --out."""
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
     if "ours" not in STATE:   # dropped for the scripts of steps 7-8: loaded again
         step_load()
@@ -763,7 +767,7 @@ def step_profile(L):
         seen.update(avg=prof.key_averages(), events=prof.events())
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])
     prof = profile(activities=acts, schedule=schedule(**PROFILE, repeat=1), on_trace_ready=ready)
-    originals = {name: getattr(engine, name) for name in RANGES}
+    originals = {name: getattr(module, name) for name, module in RANGES.items()}
 
     def ranged(name):
         def fn(*a, **kw):
@@ -775,15 +779,15 @@ def step_profile(L):
             return result
         return fn
     try:
-        for name in RANGES:
-            setattr(engine, name, ranged(name))
+        for name, module in RANGES.items():
+            setattr(module, name, ranged(name))
         with prof, torch.inference_mode():
-            engine.static_generate(ours, windows(B, L, seed=3), new, 1.0, None, None, None,
-                                   torch.Generator().manual_seed(0), G, tok.n_vocab,
-                                   capture=False, compile=False)
+            engine_static.static_generate(ours, windows(B, L, seed=3), new, 1.0, None, None,
+                                          None, torch.Generator().manual_seed(0), G, tok.n_vocab,
+                                          capture=False, compile=False)
     finally:
         for name, fn in originals.items():
-            setattr(engine, name, fn)
+            setattr(RANGES[name], name, fn)
     if "avg" not in seen:
         raise RuntimeError(f"{new} new tokens: fewer decode steps than the profile's schedule")
     return profile_table(seen, md, trace, L), "PASS"

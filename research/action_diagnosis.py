@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: t
 from checkpoint import write_json  # noqa: E402
 from data.robot import sim  # noqa: E402
 from data.robot.task import Layout, action_bins, frame_codes, still_cells, tokenize_split, windows  # noqa: E402
-from engine import decode_step, prefill  # noqa: E402
+from model import decode_step, prefill  # noqa: E402
 from research.policy_eval import (MOVED_PX, SCENE_STREAM, decode, load_world_model, locate_gripper,  # noqa: E402
                                      move_checks, parse_policy, predict_frames, real_episodes)
 from stats import paired_bootstrap  # noqa: E402

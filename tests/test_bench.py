@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import engine
-from model import GPT, GPTConfig
+import engine_static
+from model import GPT, GPTConfig, KVCache
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = {"bench/bench_rollout.py": "ours / HF", "bench/bench_grpo.py": "TRL / ours", "bench/bench_mle.py": "MFU",
@@ -70,7 +71,7 @@ def test_decode_traffic_counts_the_weights_and_cache_engine_reads(family, static
             read.append(prompt + kn.nbytes + vn.nbytes + k.nbytes + v.nbytes)
             return kn, vn
         return write
-    for cls in (engine.KVCache, engine.StaticCache):
+    for cls in (KVCache, engine_static.StaticCache):
         monkeypatch.setattr(cls, "write", recorded(cls))
     toks, _ = engine.generate(model, prompts, new, generator=torch.Generator().manual_seed(0),
                               num_samples=S, graphs=static)

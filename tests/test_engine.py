@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import engine
-from model import GPT, GPTConfig, sample_next
+import engine_static
+from model import GPT, GPTConfig, KVCache, sample_next
 
 transformers = pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,29 +96,42 @@ def test_dropping_finished_rows_changes_no_row():
         assert greedy[n, :len(alone)].tolist() == alone.tolist() and (greedy[n, len(alone):] == -1).all()
 
 
-def test_packed_cache_equals_room_for_all(monkeypatch):
-    """On a CPU the generated keys and values are packed (KVCache.grow: moved into more room every
-    PACK steps, room for all max_new past PACKED_UNTIL): tokens and log-probs bit-identical to a cache
-    with room for all max_new from the start, with rows finishing (and leaving the batch) and not."""
-    torch.manual_seed(0)
-    m = GPT(GPTConfig.llama(vocab_size=8, block_size=128, n_layer=2, n_head=4, n_kv_head=2, n_embd=16)).eval()
-    prompts, new = [[1, 2], [3], [4, 5, 6], [7, 1, 2, 3]], engine.PACKED_UNTIL + 16
-    rooms, grow = [], engine.KVCache.grow
+@pytest.fixture
+def nan_when_empty():
+    """torch.empty gives NaN (deterministic mode fills new memory), not the stale values of an
+    earlier run, so a cache position never written cannot pass for a written one."""
+    torch.use_deterministic_algorithms(True)
+    assert torch.utils.deterministic.fill_uninitialized_memory
+    yield
+    torch.use_deterministic_algorithms(False)
 
-    def recorded(self):
-        grow(self)
-        rooms.append(self.new_kv.size(4))
-    monkeypatch.setattr(engine.KVCache, "grow", recorded)
-    for kw in (dict(eos_id=0), dict(), dict(temperature=0)):
-        packed = engine.generate(m, prompts, new, num_samples=3, **kw, generator=torch.Generator().manual_seed(1))
-        monkeypatch.setattr(engine.KVCache, "PACKS", False)
-        plain = engine.generate(m, prompts, new, num_samples=3, **kw, generator=torch.Generator().manual_seed(1))
-        monkeypatch.setattr(engine.KVCache, "PACKS", True)
-        assert torch.equal(packed[0], plain[0]) and torch.equal(packed[1], plain[1]), kw
-        lengths = (packed[0] >= 0).sum(1)
-        assert lengths.min() < lengths.max() if kw.get("eos_id") == 0 else lengths.min() == new
-    # room for PACK more at a time up to PACKED_UNTIL, then for all max_new at once
-    assert set(rooms) == {*range(2 * engine.PACK, engine.PACKED_UNTIL + 1, engine.PACK), new}
+
+def test_rows_and_prompts_leaving_change_no_row(monkeypatch, nan_when_empty):
+    """Rows that drew EOS leave the batch, and prompts with no row left leave the prompts' part
+    (model.KVCache.keep): greedy rows with eos_id equal the same rows without it (where no row leaves)
+    up to their EOS, log-probs within 1e-5 (fewer rows: other matmul kernels), prompts shared
+    and not."""
+    torch.manual_seed(0)
+    m = GPT(GPTConfig.llama(vocab_size=16, block_size=128, n_layer=2, n_head=4, n_kv_head=2, n_embd=16)).eval()
+    with torch.no_grad():   # large weights: greedy answers vary, each id ends rows at other steps
+        for p in m.parameters():
+            p.normal_(0, 0.5)
+    prompts, kept, keep = [[1, 2], [3], [4, 5, 6], [7, 1, 2, 3], [5, 5]], [], KVCache.keep
+
+    def recorded(self, rows):
+        keep(self, rows)
+        kept.append((self.length, len(self.prompts)))
+    monkeypatch.setattr(KVCache, "keep", recorded)
+    for S in (1, 3):
+        b = engine.generate(m, prompts, 40, temperature=0, num_samples=S)
+        for eos in range(16):
+            a = engine.generate(m, prompts, 40, temperature=0, eos_id=eos, num_samples=S)
+            for n in range(len(a[0])):
+                k = int((a[0][n] >= 0).sum())
+                assert torch.equal(a[0][n, :k], b[0][n, :k])
+                assert torch.allclose(a[1][n, :k], b[1][n, :k], atol=1e-5, rtol=0)
+    # rows left after some tokens were written, and whole prompts with them
+    assert any(t >= 4 and n < len(prompts) for t, n in kept), kept
 
 
 def test_generate_eos_padding_and_seeding():
@@ -281,7 +295,7 @@ def test_static_uniforms_drawn_in_blocks_equal_per_step_draws():
     """The static path's uniforms: blocks of SYNC_EVERY columns from a CPU generator give the
     numbers of one draw per column, and the generator ends in the same state."""
     g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
-    draws = engine.uniforms(g1, 5, 70, torch.device("cpu"))
+    draws = engine_static.uniforms(g1, 5, 70, torch.device("cpu"))
     for c in range(70):
         assert torch.equal(next(draws), torch.rand(5, 1, generator=g2, dtype=torch.float64))
     assert torch.equal(g1.get_state(), g2.get_state())
@@ -307,7 +321,7 @@ def test_cast_copy_casts_once_under_low_precision_autocast():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_static_blocks_and_dropped_rows_equal_all_rows_all_positions(dtype, monkeypatch):
     """The static path reading the generated keys in blocks of WIDTH positions and dropping done
-    rows by halves (engine.drop_done) against reading all max_new positions with every row kept:
+    rows by halves (engine_static.drop_done) against reading all max_new positions with every row kept:
     tokens equal, log-probs within 1e-5 (float32) or 1e-12 (float64 weights); greedy tokens and
     seeded samples without EOS equal to the eager path's. Equal-length prompts (a causal prefill,
     no mask) too."""
@@ -315,24 +329,24 @@ def test_static_blocks_and_dropped_rows_equal_all_rows_all_positions(dtype, monk
     cfg = GPTConfig.llama(vocab_size=8, block_size=128, n_layer=2, n_head=4, n_kv_head=2, n_embd=16)
     m = GPT(cfg).to(dtype).eval()
     kept = []   # the rows each drop_done kept
-    drop = engine.drop_done
+    drop = engine_static.drop_done
 
     def recorded(rows, cache):
         drop(rows, cache)
         kept.append(len(cache.live))
-    monkeypatch.setattr(engine, "drop_done", recorded)
-    monkeypatch.setattr(engine, "SYNC_EVERY", 4)   # the host looks at EOS (and drops) often
+    monkeypatch.setattr(engine_static, "drop_done", recorded)
+    monkeypatch.setattr(engine_static, "SYNC_EVERY", 4)   # the host looks at EOS (and drops) often
     tol = 1e-5 if dtype == torch.float32 else 1e-12
     for prompts in ([[1, 2, 3], [4, 5, 6], [7], [3, 1, 4, 1, 5, 2, 6]], [[1, 2, 3], [4, 5, 6]]):
         for kw in (dict(temperature=0), dict(temperature=0, eos_id=0), dict(temperature=1.0),
                    dict(temperature=1.0, eos_id=0), dict(temperature=0.8, top_k=4, eos_id=5)):
             def run(width, min_rows, compact=True, graphs=True):
-                monkeypatch.setattr(engine, "WIDTH", width)
-                monkeypatch.setattr(engine, "MIN_ROWS", min_rows)
+                monkeypatch.setattr(engine_static, "WIDTH", width)
+                monkeypatch.setattr(engine_static, "MIN_ROWS", min_rows)
                 g = torch.Generator().manual_seed(1)
                 if not graphs:
                     return engine.generate(m, prompts, 60, num_samples=4, generator=g, **kw)
-                return engine.static_generate(m, prompts, 60, kw.get("temperature", 1.0),
+                return engine_static.static_generate(m, prompts, 60, kw.get("temperature", 1.0),
                                               kw.get("top_k"), None, kw.get("eos_id"), g, 4, None,
                                               compact=compact)
             full = run(60, 1, compact=False)
@@ -352,12 +366,12 @@ def static_case(monkeypatch, compile):
     torch.manual_seed(0)
     cfg = GPTConfig.llama(vocab_size=8, block_size=96, n_layer=2, n_head=4, n_kv_head=2, n_embd=16)
     m = GPT(cfg).eval()
-    monkeypatch.setattr(engine, "WIDTH", 16)
-    monkeypatch.setattr(engine, "SYNC_EVERY", 8)
-    monkeypatch.setattr(engine, "MIN_ROWS", 2)
+    monkeypatch.setattr(engine_static, "WIDTH", 16)
+    monkeypatch.setattr(engine_static, "SYNC_EVERY", 8)
+    monkeypatch.setattr(engine_static, "MIN_ROWS", 2)
     prompts = [[1, 2, 3], [4, 5, 6], [7], [3, 1, 4, 1, 5, 2, 6]]
     with torch.inference_mode():
-        return engine.static_generate(m, prompts, 40, 1.0, None, None, 0,
+        return engine_static.static_generate(m, prompts, 40, 1.0, None, None, 0,
                                       torch.Generator().manual_seed(0), 2, None, compile=compile)
 
 
@@ -368,7 +382,7 @@ def test_static_compiled_step_equals_uncompiled(monkeypatch):
     blocks of WIDTH positions and dropped rows; log-probs within 1e-5."""
     plain = static_case(monkeypatch, False)
     assert (plain[0] == -1).any()   # rows finished (and were dropped)
-    monkeypatch.setattr(engine, "STEP", {})
+    monkeypatch.setattr(engine_static, "STEP", {})
     got = static_case(monkeypatch, True)
     assert torch.equal(got[0], plain[0]) and torch.allclose(got[1], plain[1], atol=1e-5)
 
@@ -381,7 +395,7 @@ def test_static_compile_failure_falls_back_to_uncompiled(monkeypatch, capsys):
         def fail(*a):
             raise RuntimeError("no compiler here")
         return fail
-    monkeypatch.setattr(engine, "STEP", {})
+    monkeypatch.setattr(engine_static, "STEP", {})
     monkeypatch.setattr(torch, "compile", broken)
     got = static_case(monkeypatch, True)
     assert torch.equal(got[0], plain[0]) and torch.equal(got[1], plain[1])
