@@ -218,10 +218,9 @@ class Env:
 
 @torch.no_grad()
 def rollout(model, prompts, records, env, cfg, generator, autocast=nullcontext()):
-    """Steps 1-2. G samples per prompt, scored -> N = P * G rows grouped by prompt: tokens (N, T)
-    (-1 after EOS), old_logp (N, T), mask (N, T) (the sampled tokens), rewards (N,), completions.
-    env.sampler: None (engine.generate), or (model, prompts, records, cfg, generator) -> tokens,
-    logprobs, sampled (N, T) when the task injects tokens (video's true actions: sampled False)."""
+    """Steps 1-2. G samples a prompt, scored -> N = P * G rows by prompt: tokens (N, T) (-1 after
+    EOS), old_logp, mask (the sampled tokens), rewards (N,), completions. env.sampler: None, or
+    (model, prompts, records, cfg, generator) -> tokens, logprobs, sampled (False: injected)."""
     G, parts = cfg.group_size, []
     reps = [r for r in records for _ in range(G)]   # each prompt's record for each of its G rows
     model.eval()
@@ -326,8 +325,7 @@ def logprobs_shared_prompts(model, b, sel, cfg):
 
 
 def fixed_logprobs(model, b, chunks, cfg, autocast):
-    """Log-probs (N, T) of every row of b under `model`, without gradient, one chunk at a time.
-    FSDP: the model gathered whole for these forwards (every rank enters, with rows or not)."""
+    """Log-probs (N, T) of b's rows under `model`, no gradient (FSDP: gathered; every rank)."""
     out = torch.zeros_like(b.old_logp) if b is not None else None
     with unsharded(model), torch.no_grad():
         for rows in chunks:
@@ -340,9 +338,8 @@ def fixed_logprobs(model, b, chunks, cfg, autocast):
 # steps 5-7: the optimizer steps
 
 def update(policy, optimizer, b, plan, cfg, step, autocast):
-    """Steps 5-7: for each minibatch, for each micro-batch: log-probs -> loss -> backward; then
-    clip and step -> the stats' sums. plan: `runtime.plan_update`'s minibatches. Only the
-    forwards run under `autocast`: its weight copies would outlive an optimizer step."""
+    """Steps 5-7: for each minibatch (runtime.plan_update), for each micro-batch: log-probs -> loss
+    -> backward; clip, step -> the stats' sums. Only the forwards run under `autocast`."""
     sums = dict(loss=0.0, kl=0.0, entropy=0.0, clip=0.0, grad_norm=0.0, ratio=0.0,
                 ratio_tokens=0, steps=0)
     for m, mb in enumerate(plan):
@@ -380,9 +377,8 @@ def update(policy, optimizer, b, plan, cfg, step, autocast):
 # one GRPO step
 
 def step_stats(policy, step, rounds, kept, sums, cfg, eos_id, recomputed, t0, t_rollout):
-    """The log, over every rank: rewards, lengths, EOS of every sampled group; the update's means
-    per minibatch (NaN: none); the compute in forward-token units (forward 1, with backward 3):
-    the rollout, per kept token the reference's and (bf16) old log-probs' passes, 3 an epoch."""
+    """The log over every rank: the sampled groups' rewards, lengths, EOS; the update's means per
+    minibatch; the compute (forward 1, with backward 3: the rollout, per kept token the passes)."""
     r = torch.cat([s["rewards"] for s in rounds]).view(-1, cfg.group_size)  # (groups, G)
     done = [c for s in rounds for c in s["completions"]]
     sampled = sum(s["prompt_tokens"] + int((s["tokens"] >= 0).sum()) for s in rounds)
@@ -408,14 +404,12 @@ def step_stats(policy, step, rounds, kept, sums, cfg, eos_id, recomputed, t0, t_
 
 def grpo_step(policy, ref_model, optimizer, prompts, records, env, cfg, generator, step=0,
               autocast=nullcontext()):
-    """`plain_grpo_step` made fast and scale-ready -> a dict of stats over every rank. It adds:
-    - dynamic sampling (DAPO): more prompts (env.draw) until cfg.prompts_per_step groups teach;
-    - the KV-cache sampler (engine.py): each prompt prefilled once for its G samples;
-    - `update`: epochs x minibatches of micro-batches that fit memory, each prompt run once for
-      its rows (model.forward(prompts=)), logits only where a token is scored;
-    - autocast: the old log-probs recomputed on the update's path (as verl: the first ratio 1);
-    - DDP / FSDP (policy wrapped, ref_model sharded): N ranks take the one-process step.
-    A non-finite weight, reward, loss or gradient norm: FloatingPointError."""
+    """`plain_grpo_step` made fast and scale-ready -> the stats over every rank. It adds: dynamic
+    sampling (DAPO: more prompts from env.draw until cfg.prompts_per_step groups teach); the KV-
+    cache sampler (engine.py); `update`'s epochs x minibatches of micro-batches that fit memory,
+    a prompt run once for its rows, logits only where scored; autocast, the old log-probs then
+    recomputed on the update's path (as verl: first ratio 1); DDP / FSDP (policy wrapped,
+    ref_model sharded), N ranks taking the one-process step. NaN/inf: FloatingPointError."""
     t0 = time.time()
     raw_model = getattr(policy, "module", policy)   # the GPT itself
     low_precision = check_step(raw_model, step, autocast)   # finite weights, no outer autocast
@@ -452,14 +446,13 @@ HEADROOM_N = 64   # the validation prompts of a run's headroom line: the first t
 
 def headroom(model, prompts, records, env, cfg, autocast=nullcontext(), name="the start",
              what="reward x 100", scale=100):
-    """What GRPO can learn from on `prompts` (their `records`), scored by env.reward_fn: the
-    reward of the greedy answer and the best of cfg.group_size samples at cfg.temperature (the RL
-    stage's G and T, from a fixed seed) -> dict: greedy and best (their means), fixed (the share of
-    prompts whose best sample beats the greedy answer: what sharpening can fix) and spread (the
-    share of groups whose rewards differ: the only ones that give GRPO a gradient). Prints it as
-    one line, the rewards x `scale` (video's -MAE: -1000)."""
+    """What GRPO can learn from on `prompts`: the greedy answer's env.reward_fn against the best
+    of cfg.group_size samples at cfg.temperature (a fixed seed) -> dict: their means, fixed (the
+    share of prompts where a sample beats greedy), spread (of groups whose rewards differ: the
+    only ones with a gradient). Printed as one line, the rewards x `scale` (video: -1000)."""
     g = torch.Generator().manual_seed(0)
     one = replace(cfg, group_size=1, temperature=0.0)   # greedy
+    print(f"headroom of {name} on {len(prompts)} val prompts ({what}): ", end="", flush=True)
     greedy = rollout(model, prompts, records, env, one, g, autocast)["rewards"]   # (P,)
     r = rollout(model, prompts, records, env, cfg, g, autocast)["rewards"].view(len(prompts), -1)
     best = r.max(1).values
@@ -467,8 +460,7 @@ def headroom(model, prompts, records, env, cfg, autocast=nullcontext(), name="th
              greedy=greedy.mean().item(), best=best.mean().item(),
              fixed=(best > greedy).float().mean().item(),
              spread=(r.std(1, unbiased=False) > 0).float().mean().item())
-    print(f"headroom of {name} on {h['n']} val prompts ({what}): greedy {h['greedy'] * scale:.2f}, "
-          f"best of {h['G']} samples at T={h['temperature']:g} {h['best'] * scale:.2f}; a sample "
-          f"beats greedy on {h['fixed']:.1%} of prompts, {h['spread']:.1%} of groups have reward "
-          f"spread", flush=True)
+    print(f"greedy {h['greedy'] * scale:.2f}, best of {h['G']} samples at T={h['temperature']:g} "
+          f"{h['best'] * scale:.2f}; a sample beats greedy on {h['fixed']:.1%} of prompts, "
+          f"{h['spread']:.1%} of groups have reward spread", flush=True)
     return h

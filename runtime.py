@@ -310,18 +310,18 @@ def no_sync_unless_last(policy, last):
         policy.h[-1].reshard()
 
 
-# the update's plan, per minibatch: this rank's micro-batches (row lists), the passes without rows
-# it runs to match the rank with the most, the loss's normalisers
+# the update's plan, per minibatch: this rank's micro-batches (row lists); `pad`, the passes without
+# rows it runs to match the others (FSDP: as many passes as the rank with the most; DDP: one on a
+# rank with none); the loss's normalisers `tokens` and `parts` (rows; verl's "micro-token-mean":
+# this rank's micro-batches), the counts summed over the ranks over their number: DDP and FSDP
+# average the ranks' gradients, which then equal one process's on all the rows
 Minibatch = namedtuple("Minibatch", "micro pad tokens parts")
 
 
 def plan_update(policy, b, cfg, generator):
     """The GRPO update's plan, once a step -> a Minibatch each: every epoch the N rows of Batch b
     (None: none) shuffled, cut into cfg.minibatches, each into micro-batches of cfg.micro_batch
-    rows (several: in row order, a prompt's samples together). Over the ranks: `pad` passes without
-    rows (FSDP: as many passes as the rank with the most; DDP: one on a rank with none); `tokens`
-    and `parts` (rows; verl's "micro-token-mean": this rank's micro-batches) summed over the ranks
-    over their number: DDP and FSDP average the gradients, which then equal one process's."""
+    rows (several: in row order, a prompt's samples together), evened out over the ranks."""
     N, mu = (0 if b is None else len(b.idx)), cfg.micro_batch
     per_mb = math.ceil(N / cfg.minibatches)
     orders = [torch.randperm(N, generator=generator).tolist() for _ in range(cfg.ppo_epochs)]

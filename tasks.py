@@ -103,8 +103,7 @@ def scratch_tokenizer(run, texts, vocab_size, write=True):
 
 
 def check_inputs(run, args):
-    """train_lang.py's flags checked by the run (its ranks, files), before anything is written
-    -> True when --init is a checkpoint file (False: scratch or an HF directory)."""
+    """train_lang.py's flags checked by the run, before any write -> --init is a checkpoint?"""
     rewards = TASKS[args.task].rewards
     is_ckpt = args.init != "scratch" and Path(args.init).is_file()
     if args.prompts_per_step % run.world:   # the global count: whole groups on each rank
@@ -122,8 +121,8 @@ def check_inputs(run, args):
 
 
 def load_start(run, args, train_recs, vocab_size, record):
-    """--init's (model, tokenizer), loaded before config.json is written (`record`; False: none);
-    from scratch, BPE on the train records after it, and a new GPT of the flags' shape."""
+    """--init's (model, tokenizer), loaded before config.json (`record`) is written; scratch: a
+    BPE on the train records after it, and a new GPT of the flags' shape."""
     if args.init != "scratch":
         try:
             model, tok, meta = load_lang_model(args.init, "cpu" if run.fsdp else run.device)
@@ -312,10 +311,10 @@ class RLPrompts:
         self.probe = self.pool(PROBE_N)
         fits = ((p, r) for r in val_recs if len(p := tok.prompt(data.prompt_text(r))) <= longest)
         self.held_out = [list(x) for x in zip(*islice(fits, HEADROOM_N))]   # or []
-        run.print0(f"rlvr: {len(self.pool.changed)} changed + {len(self.pool.unchanged)} "
-                   f"unchanged train prompts ({self.pool.dropped} over {longest} tokens left out); "
-                   f"a step {cfg.prompts_per_step} groups with reward spread a rank (up to "
-                   f"{cfg.max_rounds} rounds) x {cfg.group_size} samples; reward {args.reward}")
+        run.print0(f"rlvr: {len(self.pool.changed)} changed + {len(self.pool.unchanged)} unchanged "
+                   f"prompts ({self.pool.dropped} over {longest} tokens left out); per step "
+                   f"{cfg.prompts_per_step * run.world} prompts in all, {cfg.prompts_per_step} per "
+                   f"rank, groups with spread (<= {cfg.max_rounds} rounds) x {cfg.group_size}")
 
     def schedule(self, step):
         """-> (draw(n): a step's prompts and records from `step` on, the run's steps): the pool's
@@ -325,15 +324,13 @@ class RLPrompts:
         return EpochSampler.recipe(self.run, self.pool, self.cfg.prompts_per_step, step)
 
     def score_probe(self, model):
-        """The probe's rewards, greedy and at T=1: every rank gathers FSDP's weights, rank 0
-        scores (the others: {})."""
+        """The probe's rewards, greedy and T=1: every rank gathers FSDP's weights, rank 0 scores."""
         with unsharded(model), self.run.autocast:
             return probe_rewards(self.args.task, model, self.tok, *self.probe, self.args.reward,
                                  self.cfg.max_new_tokens) if self.run.master else {}
 
     def headroom(self, model, env, name):
-        """grpo.headroom's line on `held_out`: every rank gathers FSDP's weights, rank 0 samples
-        and prints (the others: {})."""
+        """grpo.headroom's line on `held_out`: every rank gathers FSDP's weights, rank 0 prints."""
         with unsharded(model):
             return headroom(model, *self.held_out, env, self.cfg, self.run.autocast, name,
                             f"{self.args.reward} reward x 100") if self.run.master and \

@@ -27,6 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
+from tqdm import tqdm
 
 from checkpoint import atomic_write
 
@@ -130,8 +131,10 @@ class VQVAE(nn.Module):
     def tokenize(self, frames, context=None, batch_size=256):
         """frames as in as_float_frames -> codes (N, grid * grid) long; context is ignored."""
         x = as_float_frames(frames, self.quantizer.codebook.device)
+        starts = tqdm(range(0, len(x), batch_size), desc="frames to codes", leave=False,
+                      disable=len(x) <= 8 * batch_size)   # a bar where it takes seconds
         return torch.cat([self.quantizer(self.encode(x[i:i + batch_size]))[2].flatten(1)
-                          for i in range(0, len(x), batch_size)])
+                          for i in starts])
 
     tokenize_context = tokenize        # a context frame gets the same 64 codes as any frame
 

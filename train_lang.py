@@ -1,13 +1,10 @@
 """
-Train a language world model: MLE (next-state prediction), then RLVR (GRPO, the task's own metric
-as the reward), then compare the MLE start, RLVR and the control (MLE continued for RLVR's compute)
-on held-out records, paired. Tasks: textgame (the default), webpage, any of tasks.py's.
-
+A language world model: MLE, then RLVR (GRPO, the task's metric as the reward), then the MLE
+start, RLVR and the control (MLE for RLVR's compute) on held-out records, paired. GPUs: README.
     python train_lang.py                 # CPU: RLVR from the shipped MLE checkpoint, control, eval
     python train_lang.py --init=scratch  # everything from scratch: data, tokenizer, MLE, RLVR
-GPUs: the README. Writes to --out_dir (out/<task>) the mle, rlvr, mle_more (the control)
-checkpoints, the tokenizer, config.json (the flags), log.jsonl, eval.json (test), eval_val.json
-(val), report.md. The same command again resumes; bad input is one "error:" line, before any write.
+Writes to --out_dir (out/<task>) the checkpoints, the tokenizer, config.json, log.jsonl, eval.json
+(test), eval_val.json (val), report.md. Run again, it resumes; bad input: one "error:" line.
 """
 import argparse
 import sys
@@ -65,28 +62,25 @@ g.add_argument("--recipe", default="default", choices=["default", "paper"],
                     "T 1.0, 2 (webpage 4) optimizer steps a batch, lr constant, every group kept, "
                     "std N-1, micro-batch token-means, its prompt filter and epochs")
 
-
-def rl_help(text, field):   # a flag's help: GRPOConfig's default, then the recipe's per task
-    paper = ", ".join(f"{t} {r[field]}" for t, r in PAPER_RECIPE.items() if t in TASKS)
-    return f"{text} ({getattr(C, field)}; --recipe=paper: {paper})"
-
-
+# an RL flag's help ends with GRPOConfig's default and the recipe's values
+P = {f: f"({getattr(C, f)}; --recipe=paper: "
+     + ", ".join(f"{t} {r[f]}" for t, r in PAPER_RECIPE.items() if t in TASKS) + ")"
+     for f in ("prompts_per_step", "group_size", "lr", "micro_batch", "max_new_tokens")}
 g.add_argument("--rl_steps", type=int, default=S, help="GRPO steps (30; the recipe: its epochs)")
-g.add_argument("--prompts_per_step", type=int, default=S, help=rl_help(
-    "groups WITH reward spread per step (DAPO refill)", "prompts_per_step"))
-g.add_argument("--group_size", type=int, default=S, help=rl_help("samples a prompt", "group_size"))
-g.add_argument("--rl_lr", type=float, default=S, help=rl_help(
-    f"AdamW's learning rate, after {C.warmup} steps of linear warm-up", "lr"))
-g.add_argument("--micro_batch", type=int, default=S, help=rl_help(
-    "sequences per forward/backward: GRPO, MLE, validation", "micro_batch"))
-g.add_argument("--max_new_tokens", type=int, default=S, help=rl_help("longest answer",
-                                                                     "max_new_tokens"))
+g.add_argument("--prompts_per_step", type=int, default=S,
+               help=f"groups WITH reward spread per step (DAPO refill) {P['prompts_per_step']}")
+g.add_argument("--group_size", type=int, default=S, help=f"samples a prompt {P['group_size']}")
+g.add_argument("--rl_lr", type=float, default=S,
+               help=f"AdamW's rate after {C.warmup} steps of linear warm-up {P['lr']}")
+g.add_argument("--micro_batch", type=int, default=S,
+               help=f"sequences a forward/backward: GRPO, MLE, validation {P['micro_batch']}")
+g.add_argument("--max_new_tokens", type=int, default=S,
+               help=f"the longest answer {P['max_new_tokens']}")
 g.add_argument("--graphs", type=int, default=0, help="1: sample on static shapes, each decode step "
                                                      "one CUDA graph on a GPU (engine_static.py)")
 g.add_argument("--reward", help="textgame: binary | task_specific; webpage: f1 (None: the first)")
 g = p.add_argument_group("evaluation")
-g.add_argument("--eval_limit", type=int, default=0,
-               help="the first N validation and test records in the final eval (0 = all)")
+g.add_argument("--eval_limit", type=int, default=0, help="the first N val, test records (0: all)")
 g = p.add_argument_group("system")
 g.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
 g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
@@ -108,8 +102,7 @@ recipe = PAPER_RECIPE.get(flags.task, {}) if flags.recipe == "paper" else {}
 RL_FLAGS = dict(prompts_per_step="prompts_per_step", group_size="group_size", rl_lr="lr",
                 micro_batch="micro_batch", max_new_tokens="max_new_tokens")
 rl = {**recipe, **{f: getattr(flags, k) for k, f in RL_FLAGS.items() if hasattr(flags, k)}}
-# the flags as the run uses them (config.json records them): the RL values in force, and the
-# defaults that depend on the task; --init=auto: the shipped MLE checkpoint for RLVR (MLE: scratch)
+# the flags in force (config.json's): the RL values, the task's defaults; --init=auto: shipped MLE
 shipped = ROOT / "checkpoints" / flags.task / "mle.safetensors"
 auto = str(shipped) if shipped.is_file() and flags.stage != "mle" else "scratch"
 args = argparse.Namespace(**{
@@ -126,11 +119,9 @@ if args.n_embd % 32 or (args.recipe == "paper" and not recipe):
             f"--recipe=paper: the paper's recipes: {sorted(PAPER_RECIPE.keys() & TASKS)}")
 
 # -----------------------------------------------------------------------------
-# setup (runtime.Run: one process or a torchrun rank, --device, seeds, autocast, 1 thread); every
-# input is checked before anything is written
+# setup (runtime.Run: a process or torchrun rank, device, seeds, 1 thread); inputs checked first
 out_dir = Path(args.out_dir or f"out/{args.task}")
 run = Run(args, out_dir, path_flags=("data_dir", "init", "out_dir", "tokenizer"))
-print0 = run.print0
 init_is_ckpt = check_inputs(run, args)   # True: --init is a checkpoint (else scratch or HF)
 writes = args.stage != "memory"   # --stage=memory only reads
 # with --resume=1, out_dir must hold no run with other flags (out_dir/config.json)
@@ -140,8 +131,9 @@ flags_to_save = writes and check_config(run, [f"{n}.safetensors" for n in ("mle"
 # -----------------------------------------------------------------------------
 # data (made on first run, like nanoGPT's prepare.py); the tokenizer and the start (--init)
 train_recs, val_recs, test_recs = load_splits(run, args.task, Path(args.data_dir))
-print0(f"data: {len(train_recs)} train / {len(val_recs)} val / {len(test_recs)} test records "
-       f"({sum(map(data.is_changed, train_recs)) / len(train_recs):.0%} of train change something)")
+changed = sum(map(data.is_changed, train_recs)) / len(train_recs)
+run.print0(f"data: {len(train_recs)} train / {len(val_recs)} val / {len(test_recs)} test records "
+           f"({changed:.0%} of train change something)")
 start_model, tok = load_start(run, args, train_recs, VOCAB_SIZE, flags_to_save)
 # the RL stage's settings, one object: per rank, sampling only the ids the tokenizer decodes
 cfg = GRPOConfig(**{**rl, "prompts_per_step": args.prompts_per_step // run.world,
@@ -218,10 +210,10 @@ if args.stage in ("all", "rlvr"):
             if step % PROBE_EVERY == 0 or step == rl_steps:
                 stats.update(prompts.score_probe(raw_model))
                 if run.master:
-                    print0(f"\nrlvr step {step}: reward {stats['reward_mean']:.3f} probe reward "
-                           f"{stats['probe_reward']:.3f} (greedy {stats['probe_greedy']:.3f}) "
-                           f"groups kept {stats['groups_kept']}/{stats['groups']} kl "
-                           f"{stats['kl']:.5f} entropy {stats['entropy']:.3f}")
+                    print(f"\nrlvr step {step}: reward {stats['reward_mean']:.3f} probe reward "
+                          f"{stats['probe_reward']:.3f} (greedy {stats['probe_greedy']:.3f}) "
+                          f"groups kept {stats['groups_kept']}/{stats['groups']} kl "
+                          f"{stats['kl']:.5f} entropy {stats['entropy']:.3f}", flush=True)
             run.log({"stage": "rlvr", **stats, **totals})
         # every --ckpt_every steps the resumable state; at the end the weights alone
         save_stage(run, rl_file, raw_model, opt, step, {**stats, **totals}, gen,
@@ -236,12 +228,11 @@ if args.stage in ("all", "rlvr"):
     ckpts = {"mle": start, "rlvr": str(rl_file)}
     if args.control:
         ckpts["mle_more"] = str(out_dir / "mle_more.safetensors")
-    # every model greedy on the same first --eval_limit records of each split: paired (eval.py)
-    limit = args.eval_limit or None
+    limit = args.eval_limit or None   # every model greedy on the same records: paired (eval.py)
     compare_checkpoints(run, args.task, ckpts, tok, {"val": val_recs[:limit],
                                                      "test": test_recs[:limit]},
                         cfg.max_new_tokens, heads)
-    print0(f"wrote eval.json (test) / eval_val.json (val) in {out_dir}; "
+    run.print0(f"wrote eval.json (test) / eval_val.json (val) in {out_dir}; "
            f"total {(time.time() - t0) / 60:.1f} min")
 if run.master:   # out_dir/report.md: the run on one page, with its pictures
     from tools.report import write_report

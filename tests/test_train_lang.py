@@ -213,4 +213,4 @@ def test_torchrun_prompts_per_step_is_global_and_the_recipe_runs(tmp_path):
     assert "--recipe=paper: epochs of" in p.stdout and "tokens left out" in p.stdout
     rows = [json.loads(x) for x in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
     step = [r for r in rows if r.get("step") == 1 and "groups" in r][0]
-    assert step["groups"] == 1 and step["groups_kept"] == 1   # rank 0's share; every group kept (recipe)
+    assert step["groups"] == 2 and step["groups_kept"] == 2   # both ranks' groups; every group kept (recipe)
