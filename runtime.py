@@ -494,7 +494,7 @@ def rank_map(fn, jobs):
 # (docs/engineering.md: --stage=memory, and the measured peaks it is held to)
 
 def prompts_per_chunk(prompts, samples, minibatches, micro_batch):
-    """The prompts one micro-batch of the GRPO update holds (grpo.minibatch_plan): up to all if a
+    """The prompts one micro-batch of the GRPO update holds (runtime.plan_update): up to all if a
     minibatch fits one; else (cut in row order) the prompts of its rows and one more."""
     rows = prompts * samples // minibatches   # a minibatch's rows
     return min(prompts, rows if rows <= micro_batch else -(-micro_batch // samples) + 1)
