@@ -422,13 +422,13 @@ def grpo_step(policy, ref_model, optimizer, prompts, records, env, cfg, generato
     # minibatches of micro-batches, shuffled each epoch, evened out over the ranks (runtime.py)
     plan = plan_update(policy, b, cfg, generator)
     every_row = [rows for mb in plan[:cfg.minibatches] for rows in mb.micro]   # the first epoch
-    # the log-probs the update holds fixed: bf16 / fp16's old ones recomputed on the update's path,
-    # the reference's (beta 0: none, the KL is to the sampler's)
+    # the log-probs the update holds fixed: the reference's (beta 0: the sampler's, the KL's log),
+    # bf16 / fp16's old ones recomputed on the update's path
+    if b is not None:
+        b = b._replace(ref_logp=b.old_logp.clone())
     if low_precision:
         old = fixed_logprobs(raw_model, b, every_row, cfg, autocast)
         b = b._replace(old_logp=old) if b is not None else None
-    if b is not None:
-        b = b._replace(ref_logp=b.old_logp.clone())
     if cfg.beta > 0 and ref_model is not None:
         ref = fixed_logprobs(ref_model, b, every_row, cfg, autocast)
         b = b._replace(ref_logp=ref) if b is not None else None

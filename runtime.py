@@ -55,8 +55,8 @@ class Run:
             join_process_group(args.device) if self.ddp else (0, 1, args.device, None, None))
         self.master = self.rank == 0
         self.forks = self.world == 1 and self.device == "cpu"   # a second core for forked work
-        # --fsdp=1: the GPT sharded across the ranks (wrap); one process keeps it whole
-        self.fsdp = self.ddp and bool(getattr(args, "fsdp", 0))
+        self.fsdp = self.ddp and bool(getattr(args, "fsdp", 0))   # --fsdp=1 (one process: whole)
+        self.load_device = "cpu" if self.fsdp else self.device   # wrap shards from the CPU
         if getattr(args, "fsdp", 0) and not self.ddp:
             self.print0("--fsdp=1 without torchrun: one process, nothing to shard (kept whole)")
         if self.ddp and getattr(args, "on_nan", "stop") == "skip":

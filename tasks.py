@@ -101,7 +101,6 @@ def scratch_tokenizer(run, texts, vocab_size, write=True):
     return Tokenizer.from_tiktoken_file(tok_file)
 
 
-
 def check_inputs(run, args):
     """train_lang.py's flags checked by the run, before any write -> --init is a checkpoint?"""
     rewards = TASKS[args.task].rewards
@@ -125,7 +124,7 @@ def load_start(run, args, train_recs, vocab_size, record):
     BPE on the train records after it, and a new GPT of the flags' shape."""
     if args.init != "scratch":
         try:
-            model, tok, meta = load_lang_model(args.init, "cpu" if run.fsdp else run.device)
+            model, tok, meta = load_lang_model(args.init, run.load_device)
         except ValueError as e:
             run.fail(str(e))
         except (OSError, KeyError, TypeError) as e:   # e.g. an HF config.json without a key
@@ -143,6 +142,7 @@ def load_start(run, args, train_recs, vocab_size, record):
     run.recorded["tokenizer"] = str(run.out_dir / kept)
     run.print0(f"init: {args.init} ({model.num_params() / 1e6:.2f}M non-embedding parameters)")
     return model, tok
+
 
 # -----------------------------------------------------------------------------
 # the splits, and records as token ids
@@ -297,7 +297,6 @@ class EpochSampler:
         return [x[1] for x in picks], [x[0] for x in picks]
 
 
-
 class RLPrompts:
     """train_lang.py's RLVR prompts of at most `longest` tokens: `pool` (drawn with `generator`),
     `probe` (train, scored every PROBE_EVERY steps), `held_out` (val, the headroom line's)."""
@@ -335,6 +334,7 @@ class RLPrompts:
             return headroom(model, *self.held_out, env, self.cfg, self.run.autocast, name,
                             f"{self.args.reward} reward x 100") if self.run.master and \
                 self.held_out else {}
+
 
 def reward_fn(task, tok, kind):
     """grpo_step's reward: token lists -> the task's reward `kind` of each decoded answer."""
@@ -395,6 +395,6 @@ def train_control(run, task, tok, start, pairs, val_recs, budget, max_new_tokens
     final = mle.final_lr(start)
     lr = lr or (run.args.rl_lr if final is None else final)
     run.print0(f"control: MLE continued from the start at lr {lr:.3g} for RLVR's compute")
-    model = load_model(start, "cpu" if run.fsdp else run.device)[0]   # control_lr: warm-up 10
+    model = load_model(start, run.load_device)[0]   # control_lr: 10 warm-up steps, then constant
     return train_mle(run, task, tok, model, "mle_more", pairs, val_recs, 10 ** 9,
                      mle.control_lr(lr), max_new_tokens, budget)

@@ -169,7 +169,7 @@ if args.stage in ("all", "rlvr"):
 
     # RLVR (grpo.py): the policy from the start, its frozen copy as the KL's reference (in the
     # forwards' dtype), AdamW; the prompts (tasks.RLPrompts): train, probe and held-out ones
-    raw_model = start_model or load_lang_model(start, "cpu" if run.fsdp else run.device)[0]
+    raw_model = start_model or load_lang_model(start, run.load_device)[0]   # the GPT itself
     ref_model = run.reference(raw_model) if cfg.beta > 0 else None   # FSDP: sharded too
     raw_model, model = run.wrap(raw_model, grad_ckpt=args.grad_ckpt)   # model: DDP or FSDP's
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,

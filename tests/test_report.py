@@ -32,6 +32,11 @@ def check_links(page):
     assert not missing, f"{page}: links to missing files {missing}"
 
 
+# the charts of every run's curves.svg and their curves (besides the probe's, or video's MAE)
+CHARTS = {"on-policy reward (the step's samples)": 1, "KL to the start (k3, per token)": 1,
+          "entropy of the samples, per token": 1, "groups kept (with reward spread)": 2}
+
+
 def check_curves(path, charts):
     """curves.svg parses as XML; each chart has its title, labelled axes and one polyline per
     curve, as many as its legend names -> {title: number of curves}."""
@@ -96,10 +101,7 @@ def test_the_report_of_a_tiny_text_run(tmp_path):
     assert time.time() - t0 < 5, "a text run's report takes at most 5 seconds"
     text = page.read_text()
     check_links(page)
-    check_curves(out / "curves.svg", {
-        "on-policy reward (the step's samples)": 1, "probe: reward on fixed train prompts": 2,
-        "KL to the start (k3, per token)": 1, "entropy of the samples, per token": 1,
-        "groups kept (with reward spread)": 2})
+    check_curves(out / "curves.svg", {**CHARTS, "probe: reward on fixed train prompts": 2})
     # the rule, checked from the scores: the first record RLVR fixed, broke, both right, both wrong
     a, b = rows["mle"]["per_record"]["exact"], rows["rlvr"]["per_record"]["exact"]
     firsts = [next(i for i in range(len(a)) if ok(a[i], b[i])) for ok in (
@@ -132,10 +134,7 @@ def test_the_report_of_a_video_run(tmp_path):
     page = write_report(tmp_path, command="python train_video.py --mode=multi")
     text = page.read_text()
     check_links(page)
-    check_curves(tmp_path / "curves.svg", {
-        "on-policy reward (the step's samples)": 1, "greedy MAE on the validation split": 1,
-        "KL to the start (k3, per token)": 1, "entropy of the samples, per token": 1,
-        "groups kept (with reward spread)": 2})
+    check_curves(tmp_path / "curves.svg", {**CHARTS, "greedy MAE on the validation split": 1})
     assert "rlvr - mle_more" in text and "No checkpoint of this run is at hand" in text
 
 
