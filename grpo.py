@@ -224,7 +224,7 @@ def rollout(model, prompts, records, env, cfg, generator, autocast=nullcontext()
     G, parts = cfg.group_size, []
     reps = [r for r in records for _ in range(G)]   # each prompt's record for each of its G rows
     model.eval()
-    n = cfg.rollout_prompts or len(prompts)   # prompts a sampler call (GPU: runtime.rlvr_memory)
+    n = cfg.rollout_prompts or len(prompts)   # prompts a sampler call (GPU: tools/memory.py)
     for s in range(0, len(prompts), n):
         chunk = prompts[s:s + n]
         with autocast:

@@ -19,7 +19,7 @@ from eval import compare_checkpoints
 from grpo import PAPER_RECIPE, Env, GRPOConfig, grpo_step
 import mle
 from runtime import (NanPolicy, Run, check_ranges, check_ranks_in_sync, control_after,
-                     control_beside, print_estimates)
+                     control_beside)
 from tasks import (PROBE_EVERY, TASKS, RLPrompts, check_inputs, encode, load_lang_model,
                    load_splits, load_start, reward_fn, train_control, train_mle)
 
@@ -148,6 +148,7 @@ config = start_model.config   # RLVR's prompts leave room for the longest answer
 longest_prompt = min(config.block_size - cfg.max_new_tokens, cfg.max_prompt or config.block_size)
 do_mle = args.stage == "mle" or (args.stage in ("all", "memory") and not init_is_ckpt)
 if args.stage == "memory" or run.device != "cpu":   # a GPU step's memory by part, per rank
+    from tools.memory import print_estimates   # (a planning tool: it sizes GPU rollout chunks)
     cfg = print_estimates(config, cfg, all_pairs, do_mle, longest_prompt if args.stage != "mle"
                           else None, args.dtype != "float32", args.grad_ckpt, args.batch_size, run)
 if not writes:

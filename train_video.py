@@ -44,8 +44,7 @@ from data.robot.task import (Clips, Layout, cached_tokens, make_draw, make_rewar
 from grpo import HEADROOM_N, PAPER_RECIPE, Env, GRPOConfig, grpo_step, headroom
 from model import GPT, GPTConfig
 from runtime import (ComputeBudget, NanPolicy, Run, check_ranges, check_ranks_in_sync,
-                     control_after, control_beside, lr_at, print_memory, rank_map, rlvr_memory,
-                     unsharded)
+                     control_after, control_beside, lr_at, rank_map, unsharded)
 from tokenizer_vq import load_vq
 from video_eval import (EvalSpec, eval_video, evaluate_video_models, load_video_model,
                         print_video_report)
@@ -351,9 +350,11 @@ if args.stage in ("all", "rlvr"):
                   max_new_tokens=horizon * layout.L + (horizon - 1) * D)
     print0(f"rlvr ({args.recipe}): {len(pool)} train windows; per step {cfg.prompts_per_step} "
            f"prompts x {cfg.group_size} samples x {world} ranks, {horizon} predicted frame(s) each")
-    parts, cfg = rlvr_memory(run, start_model.config, cfg, cfg.prompts_per_step,
-                             layout.prompt_len(CONTEXT), args.grad_ckpt)
-    print_memory("rlvr", parts, print0)   # per rank (a GPU: cfg.rollout_prompts fixed by it)
+    if run.device != "cpu":   # a GPU step's memory by part, per rank; it fixes the rollout chunks
+        from tools.memory import print_memory, rlvr_memory
+        parts, cfg = rlvr_memory(run, start_model.config, cfg, cfg.prompts_per_step,
+                                 layout.prompt_len(CONTEXT), args.grad_ckpt)
+        print_memory("rlvr", parts, print0)   # (cfg.rollout_prompts: the most that fit)
     # the policy, a copy of the start (the comparison's "mle" stays as it is), its frozen start as
     # the KL's reference, AdamW
     raw_model = copy.deepcopy(start_model)   # the GPT itself

@@ -56,7 +56,7 @@ the others still run; the exit status is 1 if any row is FAIL):
    trace (chrome://tracing, ui.perfetto.dev), written beside --out (*_sampler_profile.md, .json.gz).
 Memory: the step's peak of all the process holds (the models of earlier steps included):
 torch.cuda.max_memory_allocated on a GPU, on a CPU the peak RSS (VmHWM, reset before each step).
-Subprocess rows have no memory column; the GRPO rows also give runtime.memory_estimate's peak.
+Subprocess rows have no memory column; the GRPO rows also give tools.memory.memory_estimate's peak.
 """
 import argparse
 import contextlib
@@ -82,7 +82,7 @@ import engine_static  # noqa: E402
 import model  # noqa: E402
 import grpo  # noqa: E402
 from checkpoint import load_model  # noqa: E402
-from runtime import memory_estimate, prompts_per_chunk  # noqa: E402
+from tools.memory import memory_estimate, prompts_per_chunk  # noqa: E402
 from tokenizer_text import load_tokenizer  # noqa: E402
 
 # -----------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""runtime.memory_estimate against the measured peak of one RLVR step on the CPU, at a mid-size shape where the
+"""tools.memory.memory_estimate against the measured peak of one RLVR step on the CPU, at a mid-size shape where the
 model, its optimizer, activations and logits dwarf the interpreter: within 25%. The process's peak resident memory
 (VmHWM, reset after the imports) is what the step adds."""
 import json
@@ -15,7 +15,7 @@ MEASURE = """
 import copy, json, sys, torch
 from grpo import Env, GRPOConfig, grpo_step
 from model import GPT, GPTConfig
-from runtime import memory_estimate
+from tools.memory import memory_estimate
 torch.set_num_threads(1)
 def rss(key):
     return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(key))
@@ -56,7 +56,7 @@ def test_estimate_is_within_a_quarter_of_the_measured_peak(grad_ckpt):
 def test_the_readme_scale_command_fits_80_gb():
     """The README's 1-GPU command at R1-Distill-Qwen-1.5B's shape, 3k-token prompts and 1,024 new tokens."""
     from model import GPTConfig
-    from runtime import memory_estimate
+    from tools.memory import memory_estimate
     qwen = GPTConfig.llama(vocab_size=151936, block_size=8192, n_layer=28, n_head=12, n_kv_head=2, n_embd=1536,
                            mlp_hidden=8960, qkv_bias=True, tie_embeddings=False)
     # --dtype=bfloat16 --grad_ckpt=1 --prompts_per_step=16 --group_size=8 --micro_batch=4 (a chunk: 2 prompts)
@@ -68,7 +68,7 @@ def test_the_readme_8_gpu_recipe_fits_80_gb_per_rank():
     """--recipe=paper on 8 ranks: 128 prompts in all, 16 a rank x 5 samples, the official longest prompts (7,192) and
     answers (4,096), micro-batches of 2 (a chunk: 2 prompts); 128 prompts on one rank would not fit (rollout chunks)."""
     from model import GPTConfig
-    from runtime import memory_estimate, prompts_per_chunk
+    from tools.memory import memory_estimate, prompts_per_chunk
     qwen = GPTConfig.llama(vocab_size=151936, block_size=16384, n_layer=28, n_head=12, n_kv_head=2, n_embd=1536,
                            mlp_hidden=8960, qkv_bias=True, tie_embeddings=False)
     est = memory_estimate(qwen, True, True, True, 7192, 4096, 16, 5, 2, prompts_per_chunk(16, 5, 2, 2))
@@ -85,7 +85,7 @@ def test_a_7b_model_on_8_ranks_with_fsdp():
     the reference (its log-probs), the update's root and block (+ activations and logits: the peak). Under 70 GB a
     rank (DDP: over 190)."""
     from model import GPTConfig
-    from runtime import memory_estimate, prompts_per_chunk
+    from tools.memory import memory_estimate, prompts_per_chunk
     qwen = GPTConfig.llama(vocab_size=152064, block_size=16384, n_layer=28, n_head=28, n_kv_head=4, n_embd=3584,
                            mlp_hidden=18944, qkv_bias=True, tie_embeddings=False)
     args = (qwen, True, True, True, 7192, 4096, 16, 5, 2, prompts_per_chunk(16, 5, 2, 2))
@@ -98,7 +98,7 @@ def test_a_7b_model_on_8_ranks_with_fsdp():
 
 
 def test_rollout_prompts_are_fixed_by_the_flags_and_the_gpus_size(monkeypatch):
-    """On a GPU, runtime.rlvr_memory fixes the prompts a rollout samples at once (GRPOConfig.rollout_prompts 0):
+    """On a GPU, tools.memory.rlvr_memory fixes the prompts a rollout samples at once (GRPOConfig.rollout_prompts 0):
     the most whose rollout (what a step holds throughout, the sampler's weights, their KV cache) fits 80% of the GPU by
     the estimate, from its size alone: torch.cuda.mem_get_info, whose free memory counts PyTorch's cached blocks as
     taken (less after an update, more in a resumed process), is never read. Recorded in the checkpoints; the CPU's:
@@ -110,7 +110,7 @@ def test_rollout_prompts_are_fixed_by_the_flags_and_the_gpus_size(monkeypatch):
 
     from grpo import GRPOConfig
     from model import GPTConfig
-    from runtime import HELD, memory_estimate, prompts_per_chunk, rlvr_memory
+    from tools.memory import HELD, memory_estimate, prompts_per_chunk, rlvr_memory
 
     def unused(*a):
         raise AssertionError("free memory read")
