@@ -218,7 +218,8 @@ def test_video_rerun_with_other_flags_is_refused(video_data, tmp_path):
 PATTERNS = ("experiments/*.py", "research/*.py", "tools/*.py", "bench/*.py", "data/*/prepare.py")
 SCRIPTS = ["train_lang.py", "train_video.py", "train_vq.py", "eval.py", "video_eval.py",
            *(str(f.relative_to(ROOT)) for pattern in PATTERNS for f in sorted(ROOT.glob(pattern))
-             if f.name not in ("__init__.py", "envs.py", "common.py", "trace_step.py", "video_terms.py"))]
+             if f.name not in ("__init__.py", "envs.py", "common.py", "memory.py", "trace_step.py",
+                                "video_terms.py"))]
 
 
 # one fresh interpreter runs every script's --help (run_path, as `python SCRIPT --help` would), the packages that
