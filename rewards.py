@@ -165,15 +165,11 @@ def _validated(obj) -> dict | None:
     if not isinstance(obj, dict) or "modified" not in obj or "removed" not in obj:
         return None
     modified, removed, score = obj["modified"], obj["removed"], obj.get("score")
+    # a uuid is an int, exactly: JSON's true and false (Python bools, a kind of int) are not
     ok = (isinstance(modified, list) and isinstance(removed, list)
           and ("score" not in obj or isinstance(score, dict))
-          and all(isinstance(o, dict) and _is_uuid(o.get("uuid")) for o in modified))
+          and all(isinstance(o, dict) and type(o.get("uuid")) is int for o in modified))
     return {"modified": modified, "removed": removed, "score": score} if ok else None
-
-
-def _is_uuid(value) -> bool:
-    """A uuid is an integer; JSON's true and false (Python bools, a kind of int) are not."""
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 # --------------------------------------------------------------------------------- merge it
@@ -182,7 +178,7 @@ def apply_diff(state: dict, diff: dict) -> dict:
     A modified object replaces the object with its uuid, or is added when the uuid is new (the
     official merge drops new ones; docs/rewards.md); removal wins over modification. The score:
     {} keeps the state's, a non-empty one replaces it, None (no "score" written) predicts none."""
-    removed = {u for u in diff["removed"] if _is_uuid(u)}   # an entry not a uuid removes nothing
+    removed = {u for u in diff["removed"] if type(u) is int}   # an entry not a uuid removes nothing
     changes = {obj["uuid"]: obj for obj in diff["modified"]}
     # the kept objects in the state's order, each replaced by its change; then the new objects
     objects = [changes.pop(obj["uuid"], obj) for obj in state["objects"]
