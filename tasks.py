@@ -24,7 +24,7 @@ from engine import generate
 from grpo import HEADROOM_N, headroom
 import mle
 from model import GPT, GPTConfig
-from rewards import reward_textgame, reward_webpage, score_textgame, score_webpage
+from rewards import TEXTGAME_KINDS, reward_textgame, reward_webpage, score_textgame, score_webpage
 from runtime import unsharded
 from tokenizer_text import Tokenizer, load_tokenizer
 
@@ -52,7 +52,7 @@ def from_module(module):
 # the registry, --task's choices: one explicit line each, not a scan of data/*/ (read in one place)
 TASKS = {
     "textgame": Task(data=textgame_task, prepare=textgame_prepare, score=score_textgame,
-                     headline="accuracy", rewards=("binary", "task_specific"),
+                     headline="accuracy", rewards=TEXTGAME_KINDS,
                      reward=reward_textgame, no_change='{"modified":[],"removed":[],"score":{}}'),
     "webpage": Task(data=webpage_task, prepare=webpage_prepare, score=score_webpage,
                     headline="f1", rewards=("f1",), reward=reward_webpage,
