@@ -11,8 +11,7 @@ Evaluate world-model checkpoints on a held-out split: one entry point for every 
     python eval.py --task=video --ckpt=out/video/video_rlvr.safetensors --official=1 \
         --grid=g.gif  (--task=video -h)
 
-Every language task writes "what changes" as text and is scored by its reward in rewards.py
-(tasks.py):
+Every language task writes "what changes" as text, scored by its reward in rewards.py (tasks.py):
 - textgame: the state difference is merged into the current state and compared with the true next
   state; `accuracy` = exact state (binary reward), `task_specific` = the graded reward.
 - webpage: the three sections of changed page items; `precision`, `recall`, `f1` (per record, then
@@ -23,8 +22,7 @@ under "pass@k", per record under "per_record" (one value per record, in file ord
 and "answers" (the greedy answers), plus the baseline that exposes fake gains: always answering
 "nothing changes", scored by the same reward. With --compare the paired differences (bootstrap 95%
 intervals over the same records) are printed too.
-`n_cropped` counts prompts too long for the model's block_size, which keep only their last tokens
-(tasks.crop).
+`n_cropped` counts the prompts over the model's block_size, cut to their last tokens (tasks.crop).
 data/textgame/compose.jsonl, the text game's composition split (records whose game, room objects and
 action never occur together in train; data/textgame/prepare.py), is made when it is missing.
 
@@ -174,7 +172,7 @@ def compare_checkpoints(run, task, ckpts, tok, splits, max_new_tokens, headroom=
                                    run.autocast, workers, rank_map if run.world > 1 else None)
     if run.master:
         for split, r in results.items():
-            r = {k: {**v, "headroom": (headroom or {})[k]} if k in (headroom or {}) else v
+            r = {k: v | {"headroom": headroom[k]} if k in (headroom or ()) else v
                  for k, v in r.items()}
             write_json(run.out_dir / ("eval.json" if split == "test" else "eval_val.json"), r)
             print_comparison(task, split, r)   # RLVR - start, RLVR - control: paired 95% CIs
@@ -182,9 +180,8 @@ def compare_checkpoints(run, task, ckpts, tok, splits, max_new_tokens, headroom=
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                allow_abbrev=False)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     add = p.add_argument
     add("--task", default="textgame", choices=sorted(TASKS), help="a language task "
         "(--task=video, a video world model: python eval.py --task=video --help)")
@@ -205,14 +202,7 @@ def main():
     check_ranges(p, args, at_least_1=("max_new_tokens", "batch_size", "threads"),
                  at_least_0=("limit", "pass_k"))
     torch.set_num_threads(args.threads)
-    rows = text_main(args)   # checkpoint -> result, reported
-    if args.json:   # the --ckpt's result, or with --compare both under their checkpoints
-        write_json(args.json, rows[args.ckpt] if not args.compare else rows)
-
-
-def text_main(args):
-    """A language task: --ckpt (and --compare) on the records, greedy, T=1 and pass@k."""
-    T = TASKS[args.task]
+    T = TASKS[args.task]   # --ckpt (and --compare) on the records, greedy, T=1 and pass@k
     data = Path(args.data) if args.data else ROOT / "data" / args.task / f"{args.split}.jsonl"
     # the composition split: made from train when missing
     if data.resolve() == COMPOSE_PATH.resolve():
@@ -232,8 +222,7 @@ def text_main(args):
         for ck in ckpts:
             model, tok, _ = load_lang_model(ck, args.device)
             rows[ck] = evaluate(args.task, model, tok, records, args.max_new_tokens,
-                                args.batch_size, True, args.pass_k, args.seed,
-                                desc=Path(ck).name)
+                                args.batch_size, True, args.pass_k, args.seed, desc=Path(ck).name)
     except ValueError as e:
         sys.exit(f"error: {e}")
     names = {k: f"{i}:{Path(k).name}" for i, k in enumerate(rows)}   # two files may share a name
@@ -242,7 +231,8 @@ def text_main(args):
     if args.pass_k:
         for k, v in rows.items():
             print(f"{names[k]}: pass@{args.pass_k} = {pct(v[f'pass@{args.pass_k}'][T.headline])}")
-    return rows
+    if args.json:   # the --ckpt's result, or with --compare both under their checkpoints
+        write_json(args.json, rows[args.ckpt] if not args.compare else rows)
 
 
 if __name__ == "__main__":

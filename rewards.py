@@ -66,8 +66,7 @@ def textgame_metrics(text, state: dict, next_state: dict) -> dict:
     object_acc = correct / (correct + errors) if correct + errors else 1.0
     # score accuracy: the share of the true score keys (score, gameOver, gameWon) predicted equal
     true_score = next_state["score"]
-    score_right = sum(1 for key, value in true_score.items()
-                      if key in pred["score"] and pred["score"][key] == value)
+    score_right = sum(pred["score"].get(k, _ABSENT) == v for k, v in true_score.items())
     score_acc = score_right / len(true_score) if true_score else 1.0
     exact = int(errors == 0 and score_right == len(true_score))   # every check right
     # changed-field accuracy: the share of the changed fields that the prediction gets right
@@ -116,23 +115,18 @@ def parse_diff(text) -> dict | None:
 
 def _answer_segment(text: str) -> str:
     """The part of the text that should hold the JSON (the official extraction): after the last
-    "The final answer is:", else the last ```json block of >= 10 characters, else the whole text."""
+    "The final answer is:", else the stripped content of the last ```json block (the official
+    regex r"```json\\s*([\\s\\S]*?)\\s*```"'s, found by str.find: that regex is quadratic) when it
+    has >= 10 characters, else the whole text."""
     finals = list(_FINAL_ANSWER.finditer(text))
     if finals:
         return text[finals[-1].end():]
-    fenced = _last_fenced(text)
-    return fenced if fenced is not None and len(fenced) >= 10 else text
-
-
-def _last_fenced(text: str) -> str | None:
-    """The stripped content of the last ```json block, as the official regex
-    r"```json\\s*([\\s\\S]*?)\\s*```" finds it, or None (by str.find: that regex is quadratic)."""
-    last, pos = None, 0
+    fenced, pos = None, 0
     while (start := text.find("```json", pos)) != -1:
         if (end := text.find("```", start + 7)) == -1:   # unclosed: no block, for the regex too
             break
-        last, pos = text[start + 7:end].strip(), end + 3
-    return last
+        fenced, pos = text[start + 7:end].strip(), end + 3
+    return fenced if fenced is not None and len(fenced) >= 10 else text
 
 
 def _variants(text: str):
@@ -171,15 +165,11 @@ def _validated(obj) -> dict | None:
     if not isinstance(obj, dict) or "modified" not in obj or "removed" not in obj:
         return None
     modified, removed, score = obj["modified"], obj["removed"], obj.get("score")
+    # a uuid is an int, exactly: JSON's true and false (Python bools, a kind of int) are not
     ok = (isinstance(modified, list) and isinstance(removed, list)
           and ("score" not in obj or isinstance(score, dict))
-          and all(isinstance(o, dict) and _is_uuid(o.get("uuid")) for o in modified))
+          and all(isinstance(o, dict) and type(o.get("uuid")) is int for o in modified))
     return {"modified": modified, "removed": removed, "score": score} if ok else None
-
-
-def _is_uuid(value) -> bool:
-    """A uuid is an integer; JSON's true and false (Python bools, a kind of int) are not."""
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 # --------------------------------------------------------------------------------- merge it
@@ -188,7 +178,7 @@ def apply_diff(state: dict, diff: dict) -> dict:
     A modified object replaces the object with its uuid, or is added when the uuid is new (the
     official merge drops new ones; docs/rewards.md); removal wins over modification. The score:
     {} keeps the state's, a non-empty one replaces it, None (no "score" written) predicts none."""
-    removed = {u for u in diff["removed"] if _is_uuid(u)}   # an entry not a uuid removes nothing
+    removed = {u for u in diff["removed"] if type(u) is int}   # an entry not a uuid removes nothing
     changes = {obj["uuid"]: obj for obj in diff["modified"]}
     # the kept objects in the state's order, each replaced by its change; then the new objects
     objects = [changes.pop(obj["uuid"], obj) for obj in state["objects"]
@@ -213,8 +203,7 @@ def _object_counts(pred: dict, true: dict) -> tuple[int, int]:
         properties, true_properties = guess.get("properties"), obj["properties"]
         if isinstance(properties, dict):
             # each true property is right or wrong; each property the truth lacks is wrong
-            right = sum(1 for key, value in true_properties.items()
-                        if key in properties and properties[key] == value)
+            right = sum(properties.get(k, _ABSENT) == v for k, v in true_properties.items())
             correct += right
             errors += len(true_properties) - right + len(properties.keys() - true_properties.keys())
         else:   # no properties to compare: one error

@@ -24,7 +24,7 @@ from engine import generate
 from grpo import HEADROOM_N, headroom
 import mle
 from model import GPT, GPTConfig
-from rewards import reward_textgame, reward_webpage, score_textgame, score_webpage
+from rewards import TEXTGAME_KINDS, reward_textgame, reward_webpage, score_textgame, score_webpage
 from runtime import unsharded
 from tokenizer_text import Tokenizer, load_tokenizer
 
@@ -52,7 +52,7 @@ def from_module(module):
 # the registry, --task's choices: one explicit line each, not a scan of data/*/ (read in one place)
 TASKS = {
     "textgame": Task(data=textgame_task, prepare=textgame_prepare, score=score_textgame,
-                     headline="accuracy", rewards=("binary", "task_specific"),
+                     headline="accuracy", rewards=TEXTGAME_KINDS,
                      reward=reward_textgame, no_change='{"modified":[],"removed":[],"score":{}}'),
     "webpage": Task(data=webpage_task, prepare=webpage_prepare, score=score_webpage,
                     headline="f1", rewards=("f1",), reward=reward_webpage,
@@ -206,12 +206,9 @@ def generate_texts(model, tok, prompts, max_new_tokens, temperature=0.0, batch_s
         # generate pads finished rows with -1; the text stops before the end-of-sequence token
         return [tok.decode([t for t in row if 0 <= t != tok.eos_id]) for row in tokens.tolist()]
 
-    out = [None] * len(prompts)
     bar = tqdm(batches, desc=desc, leave=False, disable=desc is None, position=position)
-    for ids, texts in zip(batches, (share or map)(decode, bar)):
-        for i, text in zip(ids, texts):
-            out[i] = text
-    return out
+    texts = [text for batch in (share or map)(decode, bar) for text in batch]   # in `order`
+    return [text for _, text in sorted(zip(order, texts))]   # in the prompts' order
 
 
 def probe_rewards(task, model, tok, prompts, records, kind, max_new_tokens, samples=4):
@@ -265,19 +262,6 @@ class EpochSampler:
         self.every = n_unchanged is None or not pool.unchanged
         self.n_unch = len(pool.unchanged) if self.every else n_unchanged
 
-    @classmethod
-    def recipe(cls, run, pool, per_rank, step):
-        """--recipe=paper's draw from `step` on (verl's text-game dataset: each epoch the changed
-        records and N unchanged ones, reshuffled), and its steps -> (the sampler, the steps)."""
-        draw = cls(pool, PAPER_UNCHANGED.get(run.args.reward), run.args.seed, run.rank, run.world,
-                   drawn=step)
-        if not (per_epoch := draw.steps_per_epoch(per_rank)):
-            run.fail(f"--recipe=paper: {len(draw)} prompts, fewer than a step's")
-        steps = run.args.rl_steps or PAPER_EPOCHS * per_epoch   # --rl_steps=0: the epochs
-        run.print0(f"--recipe=paper: epochs of {len(draw)} prompts, {len(pool.changed)} changed + "
-                   f"{draw.n_unch} unchanged, reshuffled; {steps} steps ({PAPER_EPOCHS} epochs)")
-        return draw, steps
-
     def __len__(self):
         return len(self.pool.changed) + self.n_unch
 
@@ -303,8 +287,7 @@ class RLPrompts:
     def __init__(self, run, args, tok, train_recs, val_recs, longest, cfg, generator):
         self.run, self.args, self.tok, self.cfg = run, args, tok, cfg
         data = TASKS[args.task].data   # the recipe's "changed" records: the official gold ones
-        changed = PAPER_GOLD.get(args.task, data.is_changed) if args.recipe == "paper" \
-            else data.is_changed
+        changed = (args.recipe == "paper" and PAPER_GOLD.get(args.task)) or data.is_changed
         self.pool = PromptPool(train_recs, data.prompt_text, changed, tok, longest,
                                UNCHANGED_FRAC, generator)
         self.probe = self.pool(PROBE_N)
@@ -317,10 +300,18 @@ class RLPrompts:
 
     def schedule(self, step):
         """-> (draw(n): a step's prompts and records from `step` on, the run's steps): the pool's
-        draws with replacement and --rl_steps, or --recipe=paper's epochs."""
-        if self.args.recipe != "paper":
-            return self.pool, self.args.rl_steps
-        return EpochSampler.recipe(self.run, self.pool, self.cfg.prompts_per_step, step)
+        draws with replacement and --rl_steps, or --recipe=paper's epochs (EpochSampler)."""
+        run, args, pool = self.run, self.args, self.pool
+        if args.recipe != "paper":
+            return pool, args.rl_steps
+        draw = EpochSampler(pool, PAPER_UNCHANGED.get(args.reward), args.seed, run.rank, run.world,
+                            drawn=step)
+        if not (per_epoch := draw.steps_per_epoch(self.cfg.prompts_per_step)):
+            run.fail(f"--recipe=paper: {len(draw)} prompts, fewer than a step's")
+        steps = args.rl_steps or PAPER_EPOCHS * per_epoch   # --rl_steps=0: the epochs
+        run.print0(f"--recipe=paper: epochs of {len(draw)} prompts, {len(pool.changed)} changed + "
+                   f"{draw.n_unch} unchanged, reshuffled; {steps} steps ({PAPER_EPOCHS} epochs)")
+        return draw, steps
 
     def score_probe(self, model):
         """The probe's rewards, greedy and T=1: every rank gathers FSDP's weights, rank 0 scores."""

@@ -29,6 +29,9 @@ from checkpoint import atomic_write_text
 # GPT-2's pre-tokenizer as tiktoken writes it: GPT-2's splits, with faster possessive quantifiers
 GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 EOT = "<|endoftext|>"
+# the special tokens transformers hands a chat template (its special_tokens_map), by name
+CHAT_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
+               "mask_token")
 
 
 def check_bytes(ranks, where):
@@ -250,11 +253,6 @@ def hf_config(file):
         except (OSError, ValueError, AttributeError) as e:
             raise ValueError(f"cannot read {config_file}: {e!r}") from e
     return config, tokens
-
-
-# the special tokens transformers hands a chat template (its special_tokens_map), by name
-CHAT_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
-               "mask_token")
 
 
 def hf_pattern(pre, unsupported):

@@ -22,7 +22,7 @@ from data.textgame.simulator import generate_split as textgame_split
 from data.textgame.task import make_diff, target_text as textgame_target
 from data.webpage.simulator import generate_split as webpage_split
 from data.webpage.task import target_text as webpage_target
-from rewards import MAX_ANSWER_CHARS, _last_fenced, textgame_metrics, textgame_reward, web_prf
+from rewards import MAX_ANSWER_CHARS, _answer_segment, textgame_metrics, textgame_reward, web_prf
 from video_rewards import (LPIPS, WORST_VIDEO_REWARD, VideoReward, mae, mse, psnr, repetition_rate, ssim,
                      video_reward)
 
@@ -422,11 +422,12 @@ def test_every_prefix_and_repeated_filler_at_the_cap_is_fast():
 def test_fenced_block_extraction_matches_the_official_regex():
     official = re.compile(r"```json\s*([\s\S]*?)\s*```")       # RLVR-World's; quadratic on long whitespace
     rng = random.Random(0)
-    parts = ["```json", "```", " ", "\n", "\t", "\u2003", "\x1c", "x", "{}", "json", "`", "``", "a b"]
-    for _ in range(20_000):
-        text = "".join(rng.choice(parts) for _ in range(rng.randrange(12)))
+    parts = ["```json", "```", " ", "\n", "\t", "\u2003", "\x1c", "x", "{}", "json", "`", "``", "a b", "ab cd ef"]
+    for _ in range(20_000):                            # ~600 blocks of >= 10 characters, ~3,500 shorter
+        text = "".join(rng.choice(parts) for _ in range(rng.randrange(16)))
         found = official.findall(text)
-        assert _last_fenced(text) == (found[-1] if found else None), repr(text)
+        # the last block's content when it has >= 10 characters, else the whole text
+        assert _answer_segment(text) == (found[-1] if found and len(found[-1]) >= 10 else text), repr(text)
 
 
 def test_deeply_nested_but_valid_answer_is_scored():
