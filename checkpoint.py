@@ -77,7 +77,6 @@ def save_checkpoint(path, model, *, args=None, step=0, metrics=None, optimizer=N
                     full=None):
     """Write `path` (.safetensors) atomically. state: name -> tensor; full: `gather_state`'s."""
     path = Path(path)
-    model = getattr(model, "module", model)  # unwrap DDP
     sd = model.state_dict() if full is None else full[0]
     if getattr(model.config, "tie_embeddings", False):
         sd.pop("lm_head.weight")  # the same storage as wte.weight; safetensors refuses shared ones
@@ -191,7 +190,6 @@ def resume(path, model, optimizer=None):
     ranks = dist.is_initialized()
     tensors, meta = ({}, None) if ranks and dist.get_rank() else read_checkpoint(path)
     meta = from_rank0(meta)
-    model = getattr(model, "module", model)
     ours = json.loads(json.dumps(asdict(model.config)))  # tuples become lists, as in the file
     # a field newer than the file (GPTConfig.rope_scaling) is there at its default
     defaults = {f.name: f.default for f in fields(model.config) if f.default is not MISSING}
