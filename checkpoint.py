@@ -211,9 +211,8 @@ def resume(path, model, optimizer=None):
             if ranks:   # by parameter name, from rank 0 (FSDP: each rank its shards)
                 from torch.distributed.checkpoint import state_dict as dcp
                 osd = renamed(osd, [name for name, _ in model.named_parameters()])
-                dcp.set_optimizer_state_dict(model, optimizer, osd if tensors else {},
-                                             options=dcp.StateDictOptions(
-                                                 full_state_dict=True, broadcast_from_rank0=True))
+                full = dcp.StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+                dcp.set_optimizer_state_dict(model, optimizer, osd if tensors else {}, options=full)
             else:
                 optimizer.load_state_dict(osd)
         except (ValueError, KeyError, TypeError, RuntimeError) as e:
@@ -259,8 +258,7 @@ def check_config(run, stage_files):
     if not run.args.resume:
         return record
     if not path.is_file():
-        found = [f for f in stage_files if (run.out_dir / f).is_file()]
-        if found:
+        if found := [f for f in stage_files if (run.out_dir / f).is_file()]:
             run.fail(f"{run.out_dir} holds {', '.join(found)} but no {CONFIG} recording the "
                      f"flags they were trained with; {ways_out}")
         return record
@@ -332,8 +330,7 @@ def resume_stage(run, ckpt, model, opt, g, name):
     if f"rng{run.rank}" not in state or f"rng{run.world}" in state:
         run.fail(f"{ckpt}: saved by another number of ranks; resume with the same torchrun size")
     g.set_state(state[f"rng{run.rank}"])
-    if f"torch_rng{run.rank}" in state:
-        torch.set_rng_state(state[f"torch_rng{run.rank}"])
+    torch.set_rng_state(state[f"torch_rng{run.rank}"])
     run.print0(f"{name}: resuming from step {meta['step']}")
     return meta["step"], False
 
