@@ -77,7 +77,6 @@ def save_checkpoint(path, model, *, args=None, step=0, metrics=None, optimizer=N
                     full=None):
     """Write `path` (.safetensors) atomically. state: name -> tensor; full: `gather_state`'s."""
     path = Path(path)
-    model = getattr(model, "module", model)  # unwrap DDP
     sd = model.state_dict() if full is None else full[0]
     if getattr(model.config, "tie_embeddings", False):
         sd.pop("lm_head.weight")  # the same storage as wte.weight; safetensors refuses shared ones
@@ -191,7 +190,6 @@ def resume(path, model, optimizer=None):
     ranks = dist.is_initialized()
     tensors, meta = ({}, None) if ranks and dist.get_rank() else read_checkpoint(path)
     meta = from_rank0(meta)
-    model = getattr(model, "module", model)
     ours = json.loads(json.dumps(asdict(model.config)))  # tuples become lists, as in the file
     # a field newer than the file (GPTConfig.rope_scaling) is there at its default
     defaults = {f.name: f.default for f in fields(model.config) if f.default is not MISSING}
@@ -213,9 +211,8 @@ def resume(path, model, optimizer=None):
             if ranks:   # by parameter name, from rank 0 (FSDP: each rank its shards)
                 from torch.distributed.checkpoint import state_dict as dcp
                 osd = renamed(osd, [name for name, _ in model.named_parameters()])
-                dcp.set_optimizer_state_dict(model, optimizer, osd if tensors else {},
-                                             options=dcp.StateDictOptions(
-                                                 full_state_dict=True, broadcast_from_rank0=True))
+                full = dcp.StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+                dcp.set_optimizer_state_dict(model, optimizer, osd if tensors else {}, options=full)
             else:
                 optimizer.load_state_dict(osd)
         except (ValueError, KeyError, TypeError, RuntimeError) as e:
@@ -261,8 +258,7 @@ def check_config(run, stage_files):
     if not run.args.resume:
         return record
     if not path.is_file():
-        found = [f for f in stage_files if (run.out_dir / f).is_file()]
-        if found:
+        if found := [f for f in stage_files if (run.out_dir / f).is_file()]:
             run.fail(f"{run.out_dir} holds {', '.join(found)} but no {CONFIG} recording the "
                      f"flags they were trained with; {ways_out}")
         return record
@@ -334,8 +330,7 @@ def resume_stage(run, ckpt, model, opt, g, name):
     if f"rng{run.rank}" not in state or f"rng{run.world}" in state:
         run.fail(f"{ckpt}: saved by another number of ranks; resume with the same torchrun size")
     g.set_state(state[f"rng{run.rank}"])
-    if f"torch_rng{run.rank}" in state:
-        torch.set_rng_state(state[f"torch_rng{run.rank}"])
+    torch.set_rng_state(state[f"torch_rng{run.rank}"])
     run.print0(f"{name}: resuming from step {meta['step']}")
     return meta["step"], False
 

@@ -19,7 +19,6 @@ from tqdm import tqdm
 from checkpoint import read_meta, resume_stage, save_stage
 from runtime import NanPolicy, lr_at, no_sync_unless_last, unsharded
 
-
 WARMUP = 100   # warm-up steps of the MLE schedule (runtime.lr_at) of train_lang.py
 
 

@@ -96,14 +96,6 @@ class Run:
         if self.ddp:
             dist.barrier()
 
-    def any_rank(self, flag):
-        """True on every rank if any rank's `flag` is (one rank leaving a loop alone would hang)."""
-        if not self.ddp:
-            return flag
-        t = torch.tensor([int(flag)], device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item())
-
     def sum_ranks(self, x):
         """A number summed over the ranks (one process: x itself)."""
         if not self.ddp:
@@ -111,6 +103,10 @@ class Run:
         t = torch.tensor([float(x)], dtype=torch.float64, device=self.device)
         dist.all_reduce(t)
         return t.item()
+
+    def any_rank(self, flag):
+        """True on every rank if any rank's `flag` is (one rank leaving a loop alone would hang)."""
+        return self.sum_ranks(bool(flag)) > 0
 
     def finish(self):
         if self.ddp:
