@@ -49,7 +49,7 @@ from runtime import (ComputeBudget, NanPolicy, Run, check_ranges, check_ranks_in
 from tokenizer_vq import load_vq
 from video_eval import (EvalSpec, eval_video, evaluate_video_models, load_video_model,
                         print_video_report)
-from video_rewards import VideoReward, load_lpips, pick_reward
+from video_rewards import VideoReward, load_lpips
 
 # the shipped world model both modes start from: the per-frame one trained on 4000 episodes, on
 # 7-frame windows (it follows the gripper), and the shipped tokenizer, for --stage=mle
@@ -327,7 +327,7 @@ if args.stage == "control":   # the control alone, for a given compute (the lr s
 if args.stage in ("all", "rlvr"):
     # the mode's reward, or --recipe=paper's: the metric alone (its yaml's loss_weight: mae, lpips)
     reward = replace(VideoReward() if args.recipe == "paper" else mode.reward,
-                     name=run.or_fail(pick_reward, "auto", lpips_net))
+                     name="mae+lpips" if lpips_net is not None else "mae+ssim")
     if train_eps[0]["background"] is None:   # not the embedded robot's: e.g. Meta-World or RT-1
         print0(f"reward: {args.data} has no background images, so no object term or push term")
         reward = replace(reward, object=0.0, push=0.0)
