@@ -66,11 +66,8 @@ def ensure_data(run):
         run.fail(f"--data {data}: no .npz episodes for {', '.join(missing)} (a folder per split "
                  f"of .npz episodes, or one folder of them)")
     run.barrier()   # every rank has looked before rank 0 writes
-    if run.master and ours:
-        try:   # every split if none is there, and action_stats.json
-            ensure_splits(DATA_DIR)
-        except ValueError as e:   # some splits there, not all
-            run.fail(f"--data {data}: {e}")
+    if run.master and ours:   # every split if none is there, and action_stats.json
+        run.or_fail(ensure_splits, DATA_DIR)   # a ValueError: some splits there, not all
     run.barrier()   # the other ranks wait for rank 0's files
 
 
@@ -108,7 +105,6 @@ def train_tokenizer(run, vq, cfg, batch, state):
     with torch.no_grad():   # the codebook from encoder outputs (DDP copies rank 0's)
         z = vq.encode(batch(g)).permute(0, 2, 3, 1).flatten(0, 2)   # (B*h*w, code_dim) latents
         vq.quantizer.restart(z, torch.ones(cfg.n_codes, dtype=torch.bool))
-        vq.quantizer.initialised.fill_(True)                # so the forward pass keeps it
     _, trained = run.wrap(vq)                               # DDP under torchrun
     opt = torch.optim.Adam(vq.parameters(), lr=cfg.lr)
     step, _ = resume_stage(run, state, vq, opt, g, "tokenizer")   # 0, or where a run stopped
