@@ -75,13 +75,9 @@ def load_clips(run, clip_len, test_limit=0):
     """[train, val, test] clips of `clip_len` frames from --data resized to SIZE (data/robot/task's
     dicts). Under torchrun a rank reads every world-th train episode, the held-out splits whole."""
     limits = {"train": run.args.train_limit, "val": 0, "test": test_limit}   # episodes (0: all)
-    try:
-        splits = [clips(load_split(run.args.data, split, SIZE, n,
-                                   *((run.rank, run.world) if split == "train" else (0, 1))),
-                        clip_len)
-                  for split, n in limits.items()]
-    except ValueError as e:   # a bad episode file: one line naming it
-        run.fail(str(e))
+    splits = [clips(run.or_fail(load_split, run.args.data, split, SIZE, n,
+                                *((run.rank, run.world) if split == "train" else (0, 1))), clip_len)
+              for split, n in limits.items()]   # a bad episode file: one line naming it
     if not all(splits):
         run.fail(f"{run.args.data}: some split has no episode of >= {clip_len} frames")
     return splits
