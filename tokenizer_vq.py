@@ -67,9 +67,8 @@ class VectorQuantizer(nn.Module):
         """z (B, dim, h, w) -> (z_q, straight-through gradient; loss; indices (B, h, w))."""
         B, C, h, w = z.shape
         flat = z.permute(0, 2, 3, 1).reshape(-1, C)
-        if self.training and not bool(self.initialised):
+        if self.training and not bool(self.initialised):   # the first batch seeds every code
             self.restart(flat, torch.ones(len(self.codebook), dtype=torch.bool))
-            self.initialised.fill_(True)
         cb = self.codebook
         dist = flat.pow(2).sum(1, keepdim=True) - 2 * flat @ cb.t() + cb.pow(2).sum(1)[None]
         idx = dist.argmin(1)
@@ -90,14 +89,12 @@ class VectorQuantizer(nn.Module):
         rows = flat.detach()[torch.randint(len(flat), (n,), device=flat.device)]
         self.codebook.data[which] = rows + 0.01 * rows.std() * torch.randn_like(rows)
         self.usage[which] = 1.0
+        self.initialised.fill_(True)   # seeded from data: the forward pass keeps it
         return n
 
     def restart_dead(self, flat, threshold=0.03):
         """Re-seed the codes used < `threshold` times per batch (running mean) -> their count."""
         return self.restart(flat, self.usage < threshold)
-
-    def lookup(self, idx):
-        return self.codebook[idx]                                     # (..., dim)
 
 
 class VQVAE(nn.Module):
@@ -143,7 +140,7 @@ class VQVAE(nn.Module):
         """codes (N, grid * grid) long -> frames (N, 3, H, W) float in [0, 1]; with self.copy_gate,
         each cell whose code is the context frame's code there is the context's pixels."""
         g = self.config.grid
-        z = self.quantizer.lookup(codes.view(-1, g, g)).permute(0, 3, 1, 2)
+        z = self.quantizer.codebook[codes.view(-1, g, g)].permute(0, 3, 1, 2)   # (N, dim, g, g)
         x = (self.decoder(z) + 0.5).clamp(0, 1)                          # (N, 3, H, W)
         if not self.copy_gate or context is None:
             return x

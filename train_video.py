@@ -15,12 +15,9 @@ JSON of the test split (greedy, "per_record" per window, "sampled" at T=1 top-k 
 paired bootstrap intervals of RLVR - MLE, RLVR - mle_more, ... A re-run resumes where it stopped
 (runtime.Run); a NaN/inf stops the run naming the step.
 
-RLVR is a loop of grpo.grpo_step below over three pieces that a study may replace
-(research/video_terms.py): `draw` picks the step's prompts (train windows where the scene moves),
-the reward decodes each completion (with tokenizer_vq's copy gate) and scores it
-(video_rewards.VideoReward: mae+ssim, or mae+lpips with --lpips, minus the mode's moving, object and
-push terms), the sampler rolls out frame by frame injecting the true actions (multi-step); every
-WATCH_EVERY steps the loop scores the validation split.
+RLVR is a loop of grpo.grpo_step over data/robot/task.py's prompt draw, reward (frames decoded with
+tokenizer_vq's copy gate, scored by video_rewards.VideoReward) and multi-step sampler, pieces that a
+study may replace (research/video_terms.py).
 """
 import argparse
 import copy
@@ -48,7 +45,7 @@ from runtime import (ComputeBudget, NanPolicy, Run, check_ranges, check_ranks_in
 from tokenizer_vq import load_vq
 from video_eval import (EvalSpec, eval_video, evaluate_video_models, load_video_model,
                         print_video_report)
-from video_rewards import VideoReward, load_lpips, pick_reward
+from video_rewards import VideoReward, load_lpips
 
 # the shipped world model both modes start from: the per-frame one trained on 4000 episodes, on
 # 7-frame windows (it follows the gripper), and the shipped tokenizer, for --stage=mle
@@ -182,20 +179,16 @@ barrier()
 lo, hi = run.or_fail(read_action_stats, args.data)   # per-dimension action range: 256 bins each
 
 # --init=auto: the shipped MLE model, when this run post-trains and its action dimensions fit
-init = args.init
-if init == "auto":
-    init = "scratch"                            # unless the shipped model fits, below
-    if SHIPPED_MLE.is_file() and args.stage in ("all", "rlvr", "control"):
-        shipped_lo = read_meta(SHIPPED_MLE)["args"]["action_lo"]   # its vocabulary's actions
-        if len(shipped_lo) == len(lo):
-            init = str(SHIPPED_MLE)
-        else:
-            print0(f"--init=auto: the shipped model's vocabulary is for {len(shipped_lo)}-dim "
-                   f"actions, {args.data} has {len(lo)}-dim ones; training from scratch "
-                   f"(tokenizer, MLE, RLVR)")
+init = "scratch" if args.init == "auto" else args.init   # unless the shipped model fits, below
+if args.init == "auto" and SHIPPED_MLE.is_file() and args.stage in ("all", "rlvr", "control"):
+    dims = len(read_meta(SHIPPED_MLE)["args"]["action_lo"])   # its vocabulary's action dimensions
+    if dims == len(lo):
+        init = str(SHIPPED_MLE)
+    else:
+        print0(f"--init=auto: the shipped model's vocabulary is for {dims}-dim actions, "
+               f"{args.data} has {len(lo)}-dim ones; training from scratch (tokenizer, MLE, RLVR)")
 if init == "scratch" and args.stage in ("rlvr", "control"):
-    fail(f"--stage={args.stage} needs --init=<video_mle checkpoint> (it post-trains a trained "
-         f"model)")
+    fail(f"--stage={args.stage} needs --init=<video_mle checkpoint>: it post-trains a model")
 # with --resume=1, out_dir must hold no run with other flags (out_dir/config.json, runtime.py)
 record = check_config(run, [FILES["mle"].name, FILES["rlvr"].name, FILES["mle_more"].name])
 
@@ -283,8 +276,7 @@ if master and Path(vq_path).resolve() != FILES["vq"].resolve():
 barrier()
 # what every world-model checkpoint records beside the flags (config.json keeps them as given):
 # its tokenizer (relative, beside it), decoded with the copy gate, and its action bins
-run.recorded.update(vq=str(FILES["vq"]), copy_gate=1, action_lo=lo.tolist(),
-                    action_hi=hi.tolist())
+run.recorded.update(vq=str(FILES["vq"]), copy_gate=1, action_lo=lo.tolist(), action_hi=hi.tolist())
 splits = {"train": train_eps, "val": val_eps, "test": test_eps}
 # every split tokenized once (cached): per clip the context codes, future codes and action tokens
 tokens = cached_tokens(run, FILES["vq"], vq, layout, splits, horizon, lo, hi, train_vq.SIZE)
@@ -326,7 +318,7 @@ if args.stage == "control":   # the control alone, for a given compute (the lr s
 if args.stage in ("all", "rlvr"):
     # the mode's reward, or --recipe=paper's: the metric alone (its yaml's loss_weight: mae, lpips)
     reward = replace(VideoReward() if args.recipe == "paper" else mode.reward,
-                     name=run.or_fail(pick_reward, "auto", lpips_net))
+                     name="mae+lpips" if lpips_net is not None else "mae+ssim")
     if train_eps[0]["background"] is None:   # not the embedded robot's: e.g. Meta-World or RT-1
         print0(f"reward: {args.data} has no background images, so no object term or push term")
         reward = replace(reward, object=0.0, push=0.0)
@@ -392,8 +384,7 @@ if args.stage in ("all", "rlvr"):
         for group in opt.param_groups:   # the recipe's schedule (paper: the first update at 0)
             group["lr"] = cfg.lr_at(step)
         try:   # rollout -> reward -> advantages -> PPO-clip + KL updates
-            stats = grpo_step(model, ref_model, opt, *draw(gen), env, cfg, gen, step,
-                              run.autocast)
+            stats = grpo_step(model, ref_model, opt, *draw(gen), env, cfg, gen, step, run.autocast)
         except FloatingPointError as e:   # a NaN/inf reward, loss, gradient norm or weight
             nan.nonfinite(step, raw_model, str(e))   # stops, or logs a skipped step
             stats = {}
@@ -414,8 +405,7 @@ if args.stage in ("all", "rlvr"):
                     print0(f"\nrlvr step {step}: reward {stats['reward_mean']:.4f} kl "
                            f"{stats['kl']:.4f} val mae {r['mae']:.4f} ssim {r['ssim']:.4f} "
                            f"mae_moving {r['mae_moving']:.4f}")
-                    stats.update(val_mae=r["mae"], val_ssim=r["ssim"],
-                                 val_mae_moving=r["mae_moving"])
+                    stats.update({f"val_{k}": r[k] for k in ("mae", "ssim", "mae_moving")})
             run.log({"stage": "rlvr", **stats, **totals})
         # every --ckpt_every steps the resumable state; at the end the weights alone
         save_stage(run, FILES["rlvr"], raw_model, opt, step, {**stats, **totals}, gen,

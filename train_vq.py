@@ -66,11 +66,8 @@ def ensure_data(run):
         run.fail(f"--data {data}: no .npz episodes for {', '.join(missing)} (a folder per split "
                  f"of .npz episodes, or one folder of them)")
     run.barrier()   # every rank has looked before rank 0 writes
-    if run.master and ours:
-        try:   # every split if none is there, and action_stats.json
-            ensure_splits(DATA_DIR)
-        except ValueError as e:   # some splits there, not all
-            run.fail(f"--data {data}: {e}")
+    if run.master and ours:   # every split if none is there, and action_stats.json
+        run.or_fail(ensure_splits, DATA_DIR)   # a ValueError: some splits there, not all
     run.barrier()   # the other ranks wait for rank 0's files
 
 
@@ -78,13 +75,9 @@ def load_clips(run, clip_len, test_limit=0):
     """[train, val, test] clips of `clip_len` frames from --data resized to SIZE (data/robot/task's
     dicts). Under torchrun a rank reads every world-th train episode, the held-out splits whole."""
     limits = {"train": run.args.train_limit, "val": 0, "test": test_limit}   # episodes (0: all)
-    try:
-        splits = [clips(load_split(run.args.data, split, SIZE, n,
-                                   *((run.rank, run.world) if split == "train" else (0, 1))),
-                        clip_len)
-                  for split, n in limits.items()]
-    except ValueError as e:   # a bad episode file: one line naming it
-        run.fail(str(e))
+    splits = [clips(run.or_fail(load_split, run.args.data, split, SIZE, n,
+                                *((run.rank, run.world) if split == "train" else (0, 1))), clip_len)
+              for split, n in limits.items()]   # a bad episode file: one line naming it
     if not all(splits):
         run.fail(f"{run.args.data}: some split has no episode of >= {clip_len} frames")
     return splits
@@ -108,7 +101,6 @@ def train_tokenizer(run, vq, cfg, batch, state):
     with torch.no_grad():   # the codebook from encoder outputs (DDP copies rank 0's)
         z = vq.encode(batch(g)).permute(0, 2, 3, 1).flatten(0, 2)   # (B*h*w, code_dim) latents
         vq.quantizer.restart(z, torch.ones(cfg.n_codes, dtype=torch.bool))
-        vq.quantizer.initialised.fill_(True)                # so the forward pass keeps it
     _, trained = run.wrap(vq)                               # DDP under torchrun
     opt = torch.optim.Adam(vq.parameters(), lr=cfg.lr)
     step, _ = resume_stage(run, state, vq, opt, g, "tokenizer")   # 0, or where a run stopped

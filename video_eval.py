@@ -160,9 +160,10 @@ def video_result(parts, wins, spec):
     moving = {k: [sum(p["rows"][k][i] for p in parts) for i in (1, 2)] for k in acc}
     reps, changed = (torch.cat([p[k] for p in parts]) for k in ("reps", "changed"))
 
-    def per_window(name, key):
-        """One value per window (the mean over its `horizon` frames), in window order."""
-        return torch.cat([r[key] for r in acc[name]]).view(len(wins), spec.horizon).mean(1).tolist()
+    def per_window(name):
+        """mae and ssim per window (the mean over its `horizon` frames), in window order."""
+        return {k: torch.cat([r[k] for r in acc[name]]).view(len(wins), -1).mean(1).tolist()
+                for k in ("mae", "ssim")}
 
     def summary(name):
         rows = acc[name]
@@ -175,11 +176,9 @@ def video_result(parts, wins, spec):
                context=spec.context, horizon=spec.horizon, temperature=spec.temperature,
                top_k=spec.top_k, repetition_rate=float(reps.mean()),
                copy_last_frame=summary("copy"), tokenizer_ceiling=summary("ceiling"))
-    res["per_record"] = dict(mae=per_window("pred", "mae"), ssim=per_window("pred", "ssim"),
-                             repetition=reps.tolist(), changed=changed.tolist(),
+    res["per_record"] = dict(per_window("pred"), repetition=reps.tolist(), changed=changed.tolist(),
                              windows=[list(w) for w in wins])
-    res["copy_last_frame"]["per_record"] = dict(mae=per_window("copy", "mae"),
-                                                ssim=per_window("copy", "ssim"))
+    res["copy_last_frame"]["per_record"] = per_window("copy")
     if "objects" in parts[0]:   # the embedded robot data: the objects kept, the action followed
         res["objects"], effects, res["action_effect"] = object_report([p["objects"] for p in parts])
         res["per_record"].update(effects)
@@ -233,11 +232,9 @@ def evaluate_video_models(models, lpips_net, official, workers=1, share=None, au
 
 
 def print_video_report(rows, pairs, file=None):
-    """The report of this file's command line and train_video.py's. rows: name -> eval_video
-    result, with the paper's protocol's result under "sampled" when it ran; pairs: (a, b) names, b
-    "copy" for the first row's copy-last-frame. The table (each greedy row, then its sampled one,
-    then the first row's baselines), and the paired differences of `pairs` greedy, then of the
-    models' pairs sampled (copying does not sample)."""
+    """The table of rows (name -> eval_video's result, the paper's protocol's under "sampled"):
+    each greedy row, its sampled one, the first row's baselines; then the paired differences of
+    pairs ((a, b) names; b "copy": the first row's copy-last-frame) greedy, then sampled."""
     tag = "T={temperature:g} top-k {top_k}".format(**OFFICIAL)
     cols = ("mae", "mse", "psnr", "ssim", "lpips", "mae_moving")
 

@@ -63,17 +63,6 @@ def video_reward(cfg, pred, true, lpips_net=None, context=None, background=None)
     return r.masked_fill(bad, WORST_VIDEO_REWARD - cfg.moving - cfg.object - cfg.push)
 
 
-def pick_reward(name, lpips_net):
-    """'auto' -> 'mae+lpips' with LPIPS weights loaded, else 'mae+ssim'; raises if impossible."""
-    if name == "auto":
-        name = "mae+lpips" if lpips_net is not None else "mae+ssim"
-    if name not in REWARDS:
-        raise ValueError(f"unknown video reward {name!r}; choose from {sorted(REWARDS)}")
-    if name == "mae+lpips" and lpips_net is None:
-        raise ValueError("mae+lpips needs LPIPS weights (--lpips=FILE, tools/convert_lpips.py)")
-    return name
-
-
 # ---------------------------------------------------------------------------------- metrics
 def _check_frames(pred, true, *others, min_side=None):
     """A ValueError unless pred, true and `others` are float tensors of one shape (N, ...); with
@@ -222,17 +211,13 @@ def load_lpips(path, device="cpu"):
     if path is None:
         return None
     from safetensors.torch import load_file
-    try:
-        sd = load_file(str(path))
-    except Exception as e:
-        raise ValueError(f"{path}: bad LPIPS weights ({e}); see tools/convert_lpips.py") from None
     net = LPIPS()
-    # the file names the lin layers lin0 ... lin4; the module holds them as lins.0 ... lins.4
-    sd = {k.replace("lin", "lins.", 1) if k.startswith("lin") else k: v for k, v in sd.items()}
-    try:
-        net.load_state_dict(sd)
-    except RuntimeError as e:
-        raise ValueError(f"{path}: not LPIPS-VGG weights ({str(e)[:200]})") from None
+    try:   # the file names the lin layers lin0 ... lin4; the module holds them as lins.0 ... lins.4
+        net.load_state_dict({k.replace("lin", "lins.", 1) if k.startswith("lin") else k: v
+                             for k, v in load_file(str(path)).items()})
+    except Exception as e:   # no safetensors file, or not these tensors
+        raise ValueError(f"{path}: not LPIPS-VGG weights ({str(e)[:200]}); "
+                         "see tools/convert_lpips.py") from None
     return net.to(device).eval().requires_grad_(False)
 
 

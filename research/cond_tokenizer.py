@@ -127,7 +127,7 @@ class CondVQVAE(nn.Module):
     @torch.no_grad()
     def detokenize(self, codes, context, batch_size=256):
         g, ctx = self.config.grid, as_float_frames(context, self._device())
-        z = self.quantizer.lookup(codes.view(-1, g, g)).permute(0, 3, 1, 2)
+        z = self.quantizer.codebook[codes.view(-1, g, g)].permute(0, 3, 1, 2)
         return torch.cat([self.decode(z[i:i + batch_size], ctx[i:i + batch_size],
                                       hard=True)[0].clamp(0, 1)
                           for i in range(0, len(z), batch_size)])
@@ -164,7 +164,6 @@ def train(frame_vq, frames, steps=2000, batch=32, crop=32, lr=1e-3, move_weight=
             with torch.no_grad():
                 z = vq.encode(x, ctx).permute(0, 2, 3, 1).flatten(0, 2)
                 vq.quantizer.restart(z, torch.ones(vq.config.n_codes, dtype=torch.bool))
-                vq.quantizer.initialised.fill_(True)
         rec, qloss, _ = vq(x, ctx)
         err = rec - x
         w = 1 + move_weight * ((x - ctx).abs().amax(1, keepdim=True) > 0.05).float()

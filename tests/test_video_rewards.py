@@ -4,7 +4,7 @@ import torch
 from safetensors.torch import save_file
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
-from video_rewards import (LPIPS, REWARDS, load_lpips, mae, moving_mae, mse, object_miss, pick_reward, psnr,
+from video_rewards import (LPIPS, REWARDS, load_lpips, mae, moving_mae, mse, object_miss, psnr,
                      repetition_rate, ssim, video_reward, VideoReward)
 
 
@@ -87,12 +87,8 @@ def test_repetition_rate_counts_repeats_only_where_truth_moves():
 
 def test_named_rewards():
     pred, true = image_pairs(3)
-    assert pick_reward("auto", None) == "mae+ssim"
-    assert pick_reward("auto", object()) == "mae+lpips"
-    with pytest.raises(ValueError):
-        pick_reward("mae+lpips", None)
-    with pytest.raises(ValueError):
-        pick_reward("psnr", None)
+    with pytest.raises(ValueError, match="unknown video reward 'psnr'"):
+        video_reward(VideoReward(name="psnr"), pred, true)
     r = video_reward(VideoReward(), pred, true)
     assert torch.allclose(r, -(mae(pred, true) + 1 - ssim(pred, true)))
     assert torch.allclose(video_reward(VideoReward(), true, true), torch.zeros(4), atol=1e-6)
