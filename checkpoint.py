@@ -330,7 +330,8 @@ def resume_stage(run, ckpt, model, opt, g, name):
     if f"rng{run.rank}" not in state or f"rng{run.world}" in state:
         run.fail(f"{ckpt}: saved by another number of ranks; resume with the same torchrun size")
     g.set_state(state[f"rng{run.rank}"])
-    torch.set_rng_state(state[f"torch_rng{run.rank}"])
+    if f"torch_rng{run.rank}" in state:   # (an older unfinished checkpoint has none)
+        torch.set_rng_state(state[f"torch_rng{run.rank}"])
     run.print0(f"{name}: resuming from step {meta['step']}")
     return meta["step"], False
 
