@@ -114,9 +114,10 @@ check_ranges(p, args, at_least_0=("mle_lr", "rl_lr", "eval_limit", "rl_steps"),
              at_least_1=("n_layer", "n_embd", "block_size", "mle_steps", "batch_size",
                          "prompts_per_step", "group_size", "micro_batch", "max_new_tokens",
                          "ckpt_every") + (() if recipe else ("rl_steps",)))
-if args.n_embd % 32 or (args.recipe == "paper" and not recipe):
-    p.error(f"--n_embd must be a multiple of 32, got {args.n_embd}" if args.n_embd % 32 else
-            f"--recipe=paper: the paper's recipes: {sorted(PAPER_RECIPE.keys() & TASKS)}")
+if args.n_embd % 32:
+    p.error(f"--n_embd must be a multiple of 32, got {args.n_embd}")
+if args.recipe == "paper" and not recipe:
+    p.error(f"--recipe=paper: the paper's recipes: {sorted(PAPER_RECIPE.keys() & TASKS)}")
 
 # -----------------------------------------------------------------------------
 # setup (runtime.Run: a process or torchrun rank, device, seeds, 1 thread); inputs checked first
@@ -234,7 +235,7 @@ if args.stage in ("all", "rlvr"):
                                                      "test": test_recs[:limit]},
                         cfg.max_new_tokens, heads)
     run.print0(f"wrote eval.json (test) / eval_val.json (val) in {out_dir}; "
-           f"total {(time.time() - t0) / 60:.1f} min")
+               f"total {(time.time() - t0) / 60:.1f} min")
 if run.master:   # out_dir/report.md: the run on one page, with its pictures
     from tools.report import write_report
     write_report(out_dir, sys.argv, time.time() - t0)
