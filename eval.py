@@ -161,15 +161,19 @@ def print_comparison(task, split, rows, file=None, metrics=None, what="transitio
                     paired_diffs(rows, pairs, [m]), True, file)
 
 
-def compare_checkpoints(run, task, ckpts, tok, splits, max_new_tokens, headroom=None):
+def compare_checkpoints(run, task, ckpts, tok, splits, max_new_tokens, headroom=None, done=None):
     """A text run's final comparison (train_lang.py's, a study's): every checkpoint of {name: path}
     greedy on every split {split: records}, paired; rank 0 writes eval.json (test) and
     eval_val.json (val) in out_dir, with each model's `headroom` {name: dict} beside its results,
-    and prints each split's report -> {split: {name: result}}."""
+    and prints each split's report -> {split: {name: result}}. done: the same of some checkpoints,
+    evaluated already (evaluate_checkpoints's), not run again."""
+    done = done or {split: {} for split in splits}
+    todo = {name: path for name, path in ckpts.items() if name not in done[next(iter(splits))]}
     # a CPU: two processes share the jobs; torchrun: each rank decodes a share of every job
-    workers = 2 if run.forks else 1
-    results = evaluate_checkpoints(task, ckpts, tok, splits, max_new_tokens, run.device,
-                                   run.autocast, workers, rank_map if run.world > 1 else None)
+    new = evaluate_checkpoints(task, todo, tok, splits, max_new_tokens, run.device, run.autocast,
+                               2 if run.forks else 1, rank_map if run.world > 1 else None)
+    results = {split: {name: (done[split] | new[split])[name] for name in ckpts}
+               for split in splits}
     if run.master:
         for split, r in results.items():
             r = {k: v | {"headroom": headroom[k]} if k in (headroom or ()) else v

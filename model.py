@@ -325,6 +325,8 @@ def sample_next(logits, temperature, top_k, top_p, generator, u=None):
 # =============================================================================
 # the fast path: prompts run once, their keys and values kept for the rows that continue them
 # (GPT.forward(prompts=) in the GRPO update, the sampler's prefill below)
+ROW_PASSES = 4   # forward(prompts=, at=): the rows by length in 4 passes, less padding
+
 
 class PromptCache:
     """Keys and values of a batch of prompts, k[layer] and v[layer] (B, n_kv_head, P, head_dim),
@@ -355,7 +357,8 @@ def run_cached(model, idx, pos, mask, cache, last=False, at=None):
 
 def forward_shared_prompts(model, idx, prompts, at=None):
     """GPT.forward(idx, prompts=(prompt_idx (B, L) right-padded, prompt_len (B,), rows (N,))): each
-    prompt runs once, however many rows continue it, then the N rows with its keys and values."""
+    prompt runs once, however many rows continue it, then the N rows with its keys and values; with
+    `at`, in ROW_PASSES passes of rows of like length, each cut to its longest."""
     prompt_idx, prompt_len, rows = prompts
     (B, L), (N, T), device = prompt_idx.size(), idx.size(), idx.device
     assert L + T <= model.config.block_size, \
@@ -364,15 +367,26 @@ def forward_shared_prompts(model, idx, prompts, at=None):
     cache = PromptCache(model.config.n_layer)
     prompt_pos = torch.arange(L, device=device).expand(B, L)
     run_cached(model, prompt_idx, prompt_pos, None, cache, last=True)
-    cache.rows = rows
-    # row n attends to prompt rows[n]'s real tokens, then causally to its own
-    causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
-    seen = torch.arange(L, device=device) < prompt_len[rows].unsqueeze(1)    # (N, L)
-    allowed = torch.cat([seen.unsqueeze(1).expand(N, T, L), causal.expand(N, T, T)], dim=2)
-    mask = additive(allowed.unsqueeze(1), model.wte.weight.dtype)             # (N, 1, T, L + T)
-    # a row's tokens go on from its prompt's length
-    pos = prompt_len[rows].unsqueeze(1) + torch.arange(T, device=device)      # (N, T)
-    return run_cached(model, idx, pos, mask, cache, at=at)
+    # passes of rows of like length (to a row's last position with a target; no `at`: T), one if
+    # all have one length (nothing to cut) or under FSDP (the same passes on every rank)
+    length = idx.new_full((N,), T) if at is None else \
+        (at * torch.arange(1, T + 1, device=device)).amax(1)
+    order, out = length.argsort(stable=True), []
+    one = bool((length == length[0]).all()) or is_fsdp(model)
+    for sel in order.tensor_split(1 if one else min(N, ROW_PASSES)):
+        t, cache.rows = max(int(length[sel].max()), 1), rows[sel]   # cut to the pass's longest
+        # row n attends to prompt rows[n]'s real tokens, then causally to its own
+        causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+        seen = torch.arange(L, device=device) < prompt_len[cache.rows].unsqueeze(1)   # (n, L)
+        allowed = torch.cat([seen.unsqueeze(1).expand(-1, t, L), causal.expand(len(sel), t, t)], 2)
+        mask = additive(allowed.unsqueeze(1), model.wte.weight.dtype)          # (n, 1, t, L + t)
+        # a row's tokens go on from its prompt's length
+        pos = prompt_len[cache.rows].unsqueeze(1) + torch.arange(t, device=device)     # (n, t)
+        out.append(run_cached(model, idx[sel, :t], pos, mask, cache,
+                              at=None if at is None else at[sel, :t]))
+    # back in the rows' order (a stable sort keeps each row's positions in order)
+    owner = order if at is None else order.repeat_interleave(at[order].sum(1))
+    return torch.cat(out)[owner.argsort(stable=True)]
 
 
 # =============================================================================

@@ -7,6 +7,7 @@ Writes to --out_dir (out/<task>) the checkpoints, the tokenizer, config.json, lo
 (test), eval_val.json (val), report.md. Run again, it resumes; bad input: one "error:" line.
 """
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -14,8 +15,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from checkpoint import ROOT, check_config, read_meta, resume_stage, save_stage
-from eval import compare_checkpoints
+from checkpoint import ROOT, check_config, read_meta, resume_stage, save_stage, write_json
+from eval import compare_checkpoints, evaluate_checkpoints
 from grpo import PAPER_RECIPE, Env, GRPOConfig, grpo_step
 import mle
 from runtime import (NanPolicy, Run, check_ranges, check_ranks_in_sync, control_after,
@@ -163,11 +164,19 @@ if do_mle:
     start_model = None   # RLVR and the control start from the checkpoint: free its memory
 if args.stage in ("all", "rlvr"):
     rl_file = out_dir / "rlvr.safetensors"
+    limit = args.eval_limit or None   # every model greedy on the same records: paired (eval.py)
+    splits = {"val": val_recs[:limit], "test": test_recs[:limit]}
+    start_eval = out_dir / "eval_start.json"   # the start's, if the control's process made it
 
     def control(budget):   # MLE continued for RLVR's compute: beside RLVR on a CPU, else after
         return train_control(run, args.task, tok, start, all_pairs, val_recs, budget,
                              cfg.max_new_tokens)
-    budget, child = control_beside(run, control if args.control else None, rl_file)
+
+    def beside(budget):   # the second core: the start's evaluation while RLVR's first steps run
+        write_json(start_eval, evaluate_checkpoints(args.task, {"mle": start}, tok, splits,
+                                                    cfg.max_new_tokens))
+        control(budget)   # (it has waited for RLVR's compute then: it catches up)
+    budget, child = control_beside(run, beside if args.control else None, rl_file)
 
     # RLVR (grpo.py): the policy from the start, its frozen copy as the KL's reference (in the
     # forwards' dtype), AdamW; the prompts (tasks.RLPrompts): train, probe and held-out ones
@@ -230,10 +239,8 @@ if args.stage in ("all", "rlvr"):
     ckpts = {"mle": start, "rlvr": str(rl_file)}
     if args.control:
         ckpts["mle_more"] = str(out_dir / "mle_more.safetensors")
-    limit = args.eval_limit or None   # every model greedy on the same records: paired (eval.py)
-    compare_checkpoints(run, args.task, ckpts, tok, {"val": val_recs[:limit],
-                                                     "test": test_recs[:limit]},
-                        cfg.max_new_tokens, heads)
+    done = json.loads(start_eval.read_text()) if child else None   # the control's: the start's
+    compare_checkpoints(run, args.task, ckpts, tok, splits, cfg.max_new_tokens, heads, done)
     run.print0(f"wrote eval.json (test) / eval_val.json (val) in {out_dir}; "
                f"total {(time.time() - t0) / 60:.1f} min")
 if run.master:   # out_dir/report.md: the run on one page, with its pictures

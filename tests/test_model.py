@@ -57,6 +57,13 @@ def test_shared_prompt_pass_equals_concatenated(pair):
             p = prompts[int(rows[n])]
             full, _ = ours(torch.tensor([p + conts[n].tolist()]))
             assert torch.allclose(shared[n], full[0, len(p):], atol=1e-5)
+        # at: the rows run by length in passes (model.ROW_PASSES), each cut to its longest; the
+        # logits of the positions at, in row order. Rows of 6, 1, 0, 4 and 2 positions
+        at = torch.arange(6) < torch.tensor([6, 1, 0, 4, 2])[:, None]
+        at[3, 1] = False   # a gap: a row's length runs to its last position with a target
+        passes, _ = ours(conts, prompts=(prompt_idx, torch.tensor([3, 7]), rows), at=at)
+        assert passes.shape == (int(at.sum()), shared.size(-1))
+        assert torch.allclose(passes, shared[at], atol=1e-5)
 
 
 def test_plain_generate_crops_to_the_block_and_stops_at_eos():
