@@ -174,7 +174,7 @@ if args.stage in ("all", "rlvr"):
 
     def beside(budget):   # the second core: the start's evaluation while RLVR's first steps run
         write_json(start_eval, evaluate_checkpoints(args.task, {"mle": start}, tok, splits,
-                                                    cfg.max_new_tokens))
+                                                    cfg.max_new_tokens, run.device, run.autocast))
         control(budget)   # (it has waited for RLVR's compute then: it catches up)
     budget, child = control_beside(run, beside if args.control else None, rl_file)
 
