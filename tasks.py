@@ -217,8 +217,9 @@ def probe_rewards(task, model, tok, prompts, records, kind, max_new_tokens, samp
     def mean_reward(texts, recs):
         return sum(TASKS[task].reward(t, r, kind) for t, r in zip(texts, recs)) / len(texts)
     g = torch.Generator().manual_seed(0)
-    greedy = generate_texts(model, tok, prompts, max_new_tokens)   # in eval mode, no gradients
-    sampled = generate_texts(model, tok, prompts * samples, max_new_tokens, 1.0, generator=g)
+    greedy = generate_texts(model, tok, prompts, max_new_tokens, desc="probe greedy")   # eval mode
+    sampled = generate_texts(model, tok, prompts * samples, max_new_tokens, 1.0, generator=g,
+                             desc="probe T=1")
     model.train()
     return dict(probe_greedy=mean_reward(greedy, records),
                 probe_reward=mean_reward(sampled, records * samples))
