@@ -4,7 +4,7 @@ then RLVR (GRPO whose reward is a metric of the decoded frames against the true 
 on held-out episodes the MLE start, RLVR, and the control: the MLE start trained further by MLE for
 RLVR's compute ("mle_more"), so a gain is not just more compute. CPU, from the shipped world model
 checkpoints/video_mle_4000.safetensors (embedded robot-pushing data; research/README.md):
-    python train_video.py                      # single-step, 100 GRPO steps (~6 min on 2 cores)
+    python train_video.py                      # single-step, 100 GRPO steps (6-9 min on 2 cores)
     python train_video.py --mode=multi --out_dir=out/video_multi   # 7 frames, true actions injected
     python train_video.py --init=scratch       # tokenizer, MLE, RLVR and eval in one go
     torchrun --nproc_per_node=8 train_video.py --data=/path/rt1 --init=scratch --device=cuda \
